@@ -1,1 +1,5 @@
-pub fn x() -> u32 { 1 }
+//! cupool's pure core: no CUDA, no FFI. The preload library, the CLI and the
+//! tests all build on it.
+
+pub mod log;
+pub mod options;

@@ -1,0 +1,59 @@
+//! The cupool log: event vocabulary, the line-oriented JSON writer used by the
+//! shim, and the reader used by the CLI tools.
+//!
+//! A log is one JSON document written one line at a time, so that a file cut
+//! short by SIGKILL is still readable line by line:
+//!
+//! ```text
+//! {"schema":"cupool-log","version":1,"process":{..},"options":{..},"events":[
+//! {"seq":0,"t_ns":0,"ev":"start"}
+//! ,{"seq":1,"t_ns":812,"ev":"alloc",...}
+//! ],"end":{...}}
+//! ```
+//! `docs/log-schema.md` documents every field.
+
+mod names;
+mod read;
+mod write;
+
+pub use names::{Api, EventKind, MemKind};
+pub use read::{read_log, summarize, DeviceSummary, Log, Summary};
+pub use write::{write_event, write_header, write_trailer_open, EventLine, SCHEMA, VERSION};
+
+/// One fixed-size record of something the shim saw. `Copy` and heap-free so
+/// that recording it on the hot path never allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub seq: u64,
+    pub t_ns: u64,
+    pub kind: EventKind,
+    pub api: Api,
+    pub mem: MemKind,
+    /// Device ordinal; -1 when unknown.
+    pub device: i32,
+    pub ptr: u64,
+    pub size: u64,
+    /// Stream of stream-ordered calls, VMM handle of map/unmap, leak count of checkpoints.
+    pub aux: u64,
+    pub tid: u32,
+    /// CUDA result code of failed calls.
+    pub result: i32,
+}
+
+impl Event {
+    pub const fn new(kind: EventKind, api: Api) -> Event {
+        Event {
+            seq: 0,
+            t_ns: 0,
+            kind,
+            api,
+            mem: MemKind::Device,
+            device: -1,
+            ptr: 0,
+            size: 0,
+            aux: 0,
+            tid: 0,
+            result: 0,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Shows cupool's interception on a real GPU: every case runs the same program
+# plainly and under the shim, and compare.py checks cupool's log against the
+# program's own counts and compute-sanitizer's leak report. Run through the
+# device tool from the repository root, with the built shim and CLI in .gpu/:
+#   cargo build --release && mkdir -p .gpu && cp target/release/{libcupool.so,cupool} .gpu/
+#   bash scripts/gpu-check.sh            (prints a table last)
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+root=$(pwd)
+bin=$root/.gpu
+work=$(mktemp -d /tmp/cupool-gpu.XXXX)
+out=${OUT:-$work}
+src=$root/scripts/gpu
+rows=()
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+nvcc --version | tail -1
+
+build() { nvcc -O2 -arch=native "$@" 2>&1 | grep -v "^$" >&2; }
+build -cudart shared -o $work/leaks_shared $src/leaks.cu -lcuda
+build -o $work/leaks_static $src/leaks.cu -lcuda
+build -o $work/driver $src/driver.cu -lcuda
+echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
+
+# case NAME [--sanitize] -- CMD...
+run_case() {
+  local name=$1; shift
+  local sanitize=0
+  if [ "$1" = --sanitize ]; then sanitize=1; shift; fi
+  shift # --
+  local d=$work/$name; mkdir -p $d/logs
+  local t0=$(date +%s.%N)
+  "$@" >$d/plain.out 2>$d/plain.err; local rc_plain=$?
+  local t1=$(date +%s.%N)
+  $bin/cupool run --log-dir $d/logs -- "$@" >$d/shim.out 2>$d/shim.err; local rc_shim=$?
+  local t2=$(date +%s.%N)
+  local san=()
+  if [ $sanitize = 1 ]; then
+    compute-sanitizer --leak-check full "$@" >$d/sanitizer.out 2>&1
+    san=($d/sanitizer.out)
+  fi
+  local row
+  row=$(python3 $src/compare.py $name $d/logs $d/plain.out $d/shim.out "${san[@]}")
+  [ $rc_plain = $rc_shim ] || row="$row rc_plain=$rc_plain rc_shim=$rc_shim (EXIT STATUS DIFFERS)"
+  rows+=("$row $(python3 -c "print(f'plain={$t1-$t0:.1f}s shim={$t2-$t1:.1f}s')")")
+  tail -n 12 $d/shim.err | sed "s/^/[$name] /" >&2
+}
+
+run_case cudart-shared --sanitize -- $work/leaks_shared
+run_case cudart-static --sanitize -- $work/leaks_static
+run_case driver-api --sanitize -- $work/driver
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_case torch-no-caching -- python3 $src/torch_count.py
+run_case torch-caching -- python3 $src/torch_count.py
+run_case cupy -- python3 $src/cupy_count.py
+XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform run_case jax-platform -- python3 $src/jax_count.py
+run_case jax-default -- python3 $src/jax_count.py
+
+# Exit status and signals through the CLI.
+$bin/cupool run -q --log-dir $work/status -- python3 -c "import torch; torch.zeros(1, device='cuda'); import sys; sys.exit(7)"
+rows+=("exit-status            | $([ $? = 7 ] && echo PASS || echo FAIL)                                     | cupool run returned the program's 7")
+$bin/cupool run -q --log-dir $work/term -- python3 -c "import torch,os,signal; torch.zeros(1, device='cuda'); os.kill(os.getpid(), signal.SIGTERM)"
+rc=$?
+rows+=("sigterm                | $([ $rc = 143 ] && python3 -c "import json,glob,sys; l=json.load(open(glob.glob('$work/term/cupool.*.json')[0])); sys.exit(0 if l['end']['exit']['name']=='SIGTERM' else 1)" && echo PASS || echo FAIL)                                     | rc=$rc, log ends with exit.signal SIGTERM")
+
+cp -r $work/*/shim.err $out/ 2>/dev/null
+tar czf $out/gpu-check-logs.tgz -C $work . 2>/dev/null
+echo
+echo "case                   | verdict                                  | figures"
+printf '%s\n' "${rows[@]}"

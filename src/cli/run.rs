@@ -1,0 +1,167 @@
+//! `cupool run -- CMD ARGS...`
+
+use crate::summary;
+use clap::Args;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Directory for the logs (one cupool.<pid>.json per process).
+    #[arg(long, default_value = "cupool-logs")]
+    log_dir: PathBuf,
+    /// pool | passthrough.
+    #[arg(long)]
+    mode: Option<String>,
+    /// Keep only failures, checkpoints and the leak report, not every alloc/free.
+    #[arg(long)]
+    no_trace: bool,
+    /// Per-device byte cap, e.g. 16g.
+    #[arg(long)]
+    limit: Option<String>,
+    /// Any other option as key=value (see below); may be repeated.
+    #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
+    options: Vec<String>,
+    /// Print no summary at the end.
+    #[arg(short, long)]
+    quiet: bool,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+pub fn options_help() -> String {
+    let mut s = String::from(
+        "Options travel to the shim in CUPOOL_OPTIONS=key=value:key=value (flags override it):\n",
+    );
+    for (key, default, what) in cupool_core::options::OPTION_HELP {
+        s.push_str(&format!("  {key:<10} default {default:<12} {what}\n"));
+    }
+    s
+}
+
+/// The preload library: `$CUPOOL_LIB`, else beside this executable.
+fn shim_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("CUPOOL_LIB") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join("libcupool.so"), dir.join("../lib/libcupool.so")]
+        .into_iter()
+        .find(|p| p.exists())
+}
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_owned()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_owned())
+    }
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let Some(shim) = shim_path() else {
+        eprintln!("cupool: cannot find libcupool.so beside the cupool executable; set CUPOOL_LIB");
+        return ExitCode::from(125);
+    };
+    let log_dir = absolute(&args.log_dir);
+    let run_id = format!("{:x}-{:x}", std::process::id(), cupool_core_time_ns());
+    let mut opts: Vec<String> = std::env::var("CUPOOL_OPTIONS")
+        .ok()
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    opts.push(format!("log_dir={}", log_dir.display()));
+    opts.push(format!("run_id={run_id}"));
+    if let Some(m) = &args.mode {
+        opts.push(format!("mode={m}"));
+    }
+    if args.no_trace {
+        opts.push("trace=0".into());
+    }
+    if let Some(l) = &args.limit {
+        opts.push(format!("limit={l}"));
+    }
+    opts.extend(args.options.iter().cloned());
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(existing) if !existing.trim().is_empty() => {
+            format!("{existing}:{}", absolute(&shim).display())
+        }
+        _ => absolute(&shim).display().to_string(),
+    };
+
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("CUPOOL_OPTIONS", opts.join(":"));
+    unsafe {
+        // The terminal's ^C reaches the child directly; cupool waits and reports.
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        libc::signal(
+            libc::SIGTERM,
+            forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGHUP,
+            forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cupool: cannot run {}: {e}", args.command[0]);
+            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
+    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    let status = loop {
+        match child.wait() {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("cupool: waiting for the child failed: {e}");
+                return ExitCode::from(125);
+            }
+        }
+    };
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    if !args.quiet {
+        let logs = summary::logs_of_run(&log_dir, &run_id);
+        summary::print_text(&logs, &log_dir, &mut std::io::stderr());
+    }
+    ExitCode::from(code as u8)
+}
+
+fn cupool_core_time_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}

@@ -1,0 +1,102 @@
+//! Handing out cupool's wrappers where the program asks the driver for entry
+//! points. The real resolver runs first; its answer is replaced only when the
+//! pointer it returned *is* a function cupool wraps, identified by address
+//! (never by the requested name: the driver picks the ABI version, and a
+//! wrapper must have exactly that ABI).
+
+#![allow(non_snake_case)]
+
+use super::Entry;
+use crate::call_real;
+use crate::ffi::*;
+use crate::real::{Lib, Slot};
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+pub static CU_GET_PROC_ADDRESS: Slot = Slot::new(c"cuGetProcAddress", Lib::Driver);
+pub static CU_GET_PROC_ADDRESS_V2: Slot = Slot::new(c"cuGetProcAddress_v2", Lib::Driver);
+
+/// The wrapper for the real driver function at `real`, if cupool wraps it.
+fn wrapper_for(real: usize) -> Option<*mut c_void> {
+    let table = super::driver::TABLE;
+    if let Some(e) = table.iter().find(|e| e.real.get() == Some(real)) {
+        return Some(e.wrapper());
+    }
+    // Not an exported symbol's address: ask the dynamic linker what is there.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    if unsafe { libc::dladdr(real as *const c_void, &mut info) } == 0
+        || info.dli_saddr as usize != real
+        || info.dli_sname.is_null()
+    {
+        return None;
+    }
+    let name = unsafe { CStr::from_ptr(info.dli_sname) };
+    let e = table.iter().find(|e| e.real.name == name)?;
+    (e.real.learn(real) == real).then(|| e.wrapper())
+}
+
+/// Replaces `*pfn` by cupool's wrapper when it points at a wrapped function.
+pub unsafe fn substitute(pfn: *mut *mut c_void) {
+    if pfn.is_null() || (*pfn).is_null() {
+        return;
+    }
+    if let Some(Some(w)) = crate::diag::shielded(|| wrapper_for(*pfn as usize)) {
+        *pfn = w;
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    let r = call_real!(
+        CU_GET_PROC_ADDRESS,
+        fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult,
+        (symbol, pfn, version, flags),
+        CUDA_ERROR_NOT_FOUND
+    );
+    if r == CUDA_SUCCESS {
+        substitute(pfn);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    let r = call_real!(
+        CU_GET_PROC_ADDRESS_V2,
+        fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult,
+        (symbol, pfn, version, flags, status),
+        CUDA_ERROR_NOT_FOUND
+    );
+    if r == CUDA_SUCCESS {
+        substitute(pfn);
+    }
+    r
+}
+
+/// Looks `name` up in a table for `dlsym`: cupool's wrapper when the caller's
+/// handle really resolves `name` to the function cupool wraps.
+pub fn dlsym_substitute(table: &[Entry], handle: *mut c_void, name: &CStr) -> *mut c_void {
+    let Some(e) = table.iter().find(|e| e.real.name == name) else {
+        return std::ptr::null_mut();
+    };
+    let found = unsafe { crate::real::dlsym(handle, name) } as usize;
+    let wrapper = e.wrapper();
+    if found == 0 || found == wrapper as usize {
+        return std::ptr::null_mut(); // the real dlsym answers the same
+    }
+    if e.real.learn(found) == found {
+        wrapper
+    } else {
+        std::ptr::null_mut() // a second copy of the library: leave it alone
+    }
+}

@@ -1,1 +1,0 @@
-fn main() { println!("{}", cupool_core::x()); }

@@ -1,0 +1,197 @@
+//! The seam between hooks and bookkeeping: what every hook calls after (or
+//! around) the real CUDA call. Also where the pool will sit.
+
+use crate::ffi::*;
+use crate::real::{Lib, Slot};
+use crate::tracker::{self, Live, Space};
+use crate::{call_real, events, guard, state};
+use cupool_core::log::{Api, Event, EventKind, MemKind};
+
+static CU_CTX_GET_CURRENT: Slot = Slot::new(c"cuCtxGetCurrent", Lib::Driver);
+static CU_CTX_GET_DEVICE: Slot = Slot::new(c"cuCtxGetDevice", Lib::Driver);
+
+/// The context current on this thread and its device; (0, -1) when none.
+pub fn current_context() -> (u64, i32) {
+    unsafe {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        let r = call_real!(
+            CU_CTX_GET_CURRENT,
+            fn(*mut CUcontext) -> CUresult,
+            (&mut ctx),
+            CUDA_ERROR_UNKNOWN
+        );
+        if r != CUDA_SUCCESS || ctx.is_null() {
+            return (0, -1);
+        }
+        let mut dev: CUdevice = -1;
+        let r = call_real!(
+            CU_CTX_GET_DEVICE,
+            fn(*mut CUdevice) -> CUresult,
+            (&mut dev),
+            CUDA_ERROR_UNKNOWN
+        );
+        (ctx as u64, if r == CUDA_SUCCESS { dev } else { -1 })
+    }
+}
+
+/// Reads the pointer a successful allocation wrote to its out-parameter.
+#[inline]
+pub unsafe fn out_ptr<T: Copy + Into<u64>>(out: *const T, result: i32) -> u64 {
+    if result == 0 && !out.is_null() {
+        (*out).into()
+    } else {
+        0
+    }
+}
+
+/// One allocation call: `api`, `kind`, the bytes it occupies, and its stream.
+#[derive(Clone, Copy)]
+pub struct Site {
+    pub api: Api,
+    pub kind: MemKind,
+    pub space: Space,
+}
+
+impl Site {
+    pub const fn new(api: Api, kind: MemKind) -> Site {
+        Site {
+            api,
+            kind,
+            space: if matches!(kind, MemKind::Vmm) {
+                Space::VmmHandle
+            } else {
+                Space::Pointer
+            },
+        }
+    }
+}
+
+/// Wraps an allocating call: runs it, then records the result once.
+/// `call` returns (CUDA result, pointer or handle, bytes occupied).
+/// Nested inside another cupool hook (the runtime calling the driver), it
+/// only passes through: the outer hook records.
+#[inline]
+pub fn track_alloc(
+    site: Site,
+    stream: u64,
+    device_hint: Option<i32>,
+    call: impl FnOnce() -> (i32, u64, u64),
+) -> i32 {
+    let Some(_guard) = guard::Guard::enter() else {
+        return call().0;
+    };
+    let (result, ptr, bytes) = call();
+    crate::diag::shielded(|| {
+        let (ctx, dev) = current_context();
+        let device = device_hint.unwrap_or(dev);
+        if result == 0 {
+            tracker::insert(
+                site.space,
+                ptr,
+                Live {
+                    size: bytes,
+                    t_ns: state::now_ns(),
+                    ctx,
+                    device,
+                    kind: site.kind,
+                    api: site.api,
+                    tid: guard::tid(),
+                    stream,
+                },
+            );
+            let mut e = Event::new(EventKind::Alloc, site.api);
+            e.mem = site.kind;
+            e.device = device;
+            e.ptr = ptr;
+            e.size = bytes;
+            e.aux = stream;
+            events::record(e);
+        } else {
+            tracker::failed(site.kind, device);
+            let mut e = Event::new(EventKind::AllocFailed, site.api);
+            e.mem = site.kind;
+            e.device = device;
+            e.size = bytes;
+            e.result = result;
+            events::record(e);
+        }
+    });
+    result
+}
+
+/// Wraps a freeing call. The allocation leaves the table before the real free,
+/// so another thread that is handed the same address right after cannot have
+/// its record removed by us.
+#[inline]
+pub fn track_free(api: Api, space: Space, ptr: u64, call: impl FnOnce() -> i32) -> i32 {
+    if ptr == 0 {
+        return call(); // cudaFree(NULL) is the runtime's initialisation idiom, not a free
+    }
+    let Some(_guard) = guard::Guard::enter() else {
+        return call();
+    };
+    let known = crate::diag::shielded(|| tracker::remove(space, ptr)).flatten();
+    let result = call();
+    crate::diag::shielded(|| match (known, result) {
+        (Some(live), 0) => {
+            let mut e = Event::new(EventKind::Free, api);
+            e.mem = live.kind;
+            e.device = live.device;
+            e.ptr = ptr;
+            e.size = live.size;
+            events::record(e);
+        }
+        (Some(live), _) => tracker::restore(space, ptr, live), // CUDA kept it: so do we
+        (None, 0) => {} // allocated before cupool could see it (e.g. inside another hook's init)
+        (None, r) => {
+            let mut e = Event::new(EventKind::InvalidFree, api);
+            e.ptr = ptr;
+            e.result = r;
+            events::record(e);
+        }
+    });
+    result
+}
+
+/// Observes a VMM map or unmap: recorded in the timeline, not counted as memory
+/// (the physical allocation was counted at `cuMemCreate`).
+pub fn track_mapping(kind: EventKind, api: Api, ptr: u64, size: u64, handle: u64, result: i32) {
+    if result != 0 || guard::inside() {
+        return;
+    }
+    crate::diag::shielded(|| {
+        let mut e = Event::new(kind, api);
+        e.mem = MemKind::Vmm;
+        e.ptr = ptr;
+        e.size = size;
+        e.aux = handle;
+        events::record(e);
+    });
+}
+
+/// A context (or a device's primary context) died. `device` -1: learn it from what died: everything it holds dies with it.
+pub fn checkpoint(api: Api, device: i32, dies: impl FnMut(&Live) -> bool) {
+    crate::diag::shielded(|| {
+        let died = tracker::take_where(dies);
+        let device = if device >= 0 {
+            device
+        } else {
+            died.first().map_or(-1, |(_, l)| l.device)
+        };
+        let died = died
+            .into_iter()
+            .map(|(k, l)| {
+                (
+                    k,
+                    if l.kind == MemKind::Vmm {
+                        Space::VmmHandle
+                    } else {
+                        Space::Pointer
+                    },
+                    l,
+                )
+            })
+            .collect();
+        crate::report::checkpoint(api, device, died);
+    });
+}

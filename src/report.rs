@@ -1,0 +1,191 @@
+//! The end of the log: per-device summary and the leak report. Written from
+//! bookkeeping alone: by the time it runs the CUDA driver may be shut down.
+
+use crate::tracker::{self, Live, Space};
+use crate::{events, state};
+use cupool_core::log;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+
+#[derive(Clone, Copy, Debug)]
+pub enum ExitInfo {
+    /// Normal exit; the status when the program called `exit`.
+    Exit(Option<i32>),
+    Signal(i32),
+}
+
+/// Leaks found at context destruction, kept until the end record.
+struct CheckpointLeak {
+    key: u64,
+    space: Space,
+    live: Live,
+    at: log::Api,
+    t_ns: u64,
+}
+const MAX_CHECKPOINT_LEAKS: usize = 100_000;
+static CHECKPOINT_LEAKS: Mutex<Vec<CheckpointLeak>> = Mutex::new(Vec::new());
+
+/// A context (or every context of a device) died: whatever it still held was leaked.
+pub fn checkpoint(at: log::Api, device: i32, died: Vec<(u64, Space, Live)>) {
+    let bytes = died.iter().map(|(_, _, l)| l.size).sum();
+    let mut e = log::Event::new(log::EventKind::Checkpoint, at);
+    e.device = device;
+    e.size = bytes;
+    e.aux = died.len() as u64;
+    events::record(e);
+    let t_ns = state::now_ns();
+    let mut kept = CHECKPOINT_LEAKS.lock();
+    for (key, space, live) in died {
+        if kept.len() < MAX_CHECKPOINT_LEAKS {
+            kept.push(CheckpointLeak {
+                key,
+                space,
+                live,
+                at,
+                t_ns,
+            });
+        }
+    }
+}
+
+pub fn lock_for_fork() {
+    std::mem::forget(CHECKPOINT_LEAKS.lock());
+}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork(in_child: bool) {
+    CHECKPOINT_LEAKS.force_unlock();
+    if in_child {
+        CHECKPOINT_LEAKS.lock().clear();
+    }
+}
+
+pub fn process_json() -> Value {
+    let cmdline: Vec<String> = std::fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let exe = std::fs::read_link("/proc/self/exe")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    json!({
+        "pid": std::process::id(),
+        "ppid": unsafe { libc::getppid() },
+        "cmdline": cmdline,
+        "exe": exe,
+        "start_unix_ms": state::start_unix_ms(),
+    })
+}
+
+fn counters_json(device: i32, c: &tracker::Counters) -> Value {
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    json!({
+        "device": device,
+        "allocs": get(&c.allocs),
+        "frees": get(&c.frees),
+        "failures": get(&c.failures),
+        "current_bytes": get(&c.current_bytes),
+        "peak_bytes": get(&c.peak_bytes),
+        "current_count": get(&c.current_count),
+        "peak_count": get(&c.peak_count),
+    })
+}
+
+fn leak_json(key: u64, space: Space, live: &Live, at: &str, now_ns: u64) -> Value {
+    let mut v = json!({
+        "ptr": format!("{key:#x}"),
+        "size": live.size,
+        "device": live.device,
+        "kind": live.kind.as_str(),
+        "api": live.api.as_str(),
+        "age_ms": now_ns.saturating_sub(live.t_ns) / 1_000_000,
+        "tid": live.tid,
+        "at": at,
+    });
+    if live.stream != 0 {
+        v["stream"] = json!(format!("{:#x}", live.stream));
+    }
+    if space == Space::VmmHandle {
+        v["handle"] = v["ptr"].take();
+        v.as_object_mut().map(|o| o.remove("ptr"));
+    }
+    v
+}
+
+fn exit_json(how: ExitInfo) -> Value {
+    match how {
+        ExitInfo::Exit(status) => json!({"how": "exit", "status": status}),
+        ExitInfo::Signal(sig) => json!({"how": "signal", "signal": sig, "name": signal_name(sig)}),
+    }
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGKILL => "SIGKILL",
+        _ => "signal",
+    }
+}
+
+/// Builds and writes the end record. Called once, by `state::finish`.
+pub fn write_end(how: ExitInfo) {
+    let now_ns = state::now_ns();
+    let (live, complete) = tracker::snapshot();
+    let checkpoint_leaks = std::mem::take(&mut *CHECKPOINT_LEAKS.lock());
+    if !events::log_open() && live.is_empty() && checkpoint_leaks.is_empty() {
+        return; // nothing was traced and nothing leaked: write nothing at all
+    }
+    if !events::ensure_open() {
+        return;
+    }
+    let mut leaks: Vec<(u64, Value)> = checkpoint_leaks
+        .iter()
+        .map(|c| {
+            (
+                c.live.size,
+                leak_json(c.key, c.space, &c.live, c.at.as_str(), c.t_ns),
+            )
+        })
+        .collect();
+    leaks.extend(live.iter().map(|(key, l)| {
+        let space = if l.kind == log::MemKind::Vmm {
+            Space::VmmHandle
+        } else {
+            Space::Pointer
+        };
+        (l.size, leak_json(*key, space, l, "exit", now_ns))
+    }));
+    leaks.sort_by(|a, b| b.0.cmp(&a.0));
+    let leak_bytes: u64 = leaks.iter().map(|(s, _)| s).sum();
+    let devices: Vec<Value> = tracker::device_counters()
+        .map(|(d, c)| counters_json(d, c))
+        .collect();
+    let end = json!({
+        "end_unix_ms": state::unix_ms(),
+        "duration_ms": now_ns / 1_000_000,
+        "exit": exit_json(how),
+        "devices": devices,
+        "host": counters_json(-1, tracker::host_counters()),
+        "leak_summary": {"bytes": leak_bytes, "count": leaks.len()},
+        "leaks": leaks.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+        "dropped_events": events::dropped(),
+        "complete": complete,
+    });
+    events::close_with(|out| {
+        log::write_trailer_open(out);
+        out.push_str(&end.to_string());
+        out.push_str("}\n");
+    });
+}

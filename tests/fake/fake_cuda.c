@@ -1,0 +1,1505 @@
+/*
+ * Fake CUDA driver (soname libcuda.so.1) for tests on machines without a GPU.
+ *
+ * "Device" memory is host memory.  The library keeps its own table of live
+ * allocations so that it can enforce the same rules as the real driver
+ * (unknown pointer -> CUDA_ERROR_INVALID_VALUE, no context ->
+ * CUDA_ERROR_INVALID_CONTEXT, memory limit -> CUDA_ERROR_OUT_OF_MEMORY, ...)
+ * and so that it can report ground-truth counters at exit (FAKE_CUDA_STATS).
+ *
+ * Environment:
+ *   FAKE_CUDA_DEVICES    number of devices (default 2, at most FAKE_MAX_DEVICES)
+ *   FAKE_CUDA_TOTAL_MEM  bytes of memory per device (default 1 GiB)
+ *   FAKE_CUDA_STATS      file to which the destructor appends one line
+ *
+ * Build: cc -shared -fPIC -fvisibility=hidden -Wl,-soname,libcuda.so.1
+ *        -o libcuda.so.1 fake_cuda.c -pthread
+ * Only the functions marked EXPORT are in the dynamic symbol table.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fake_cuda_api.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/*
+ * cuGetProcAddress must hand out exactly the addresses of our exported
+ * functions.  Writing `&cuMemAlloc_v2` inside a -fPIC library goes through the
+ * GOT, which the dynamic linker may bind to *another* object's cuMemAlloc_v2
+ * (for instance an LD_PRELOADed shim).  A hidden alias always resolves to the
+ * definition in this library, and it has the same address as the export.
+ */
+#define LOCAL_ALIAS(f) extern __typeof__(f) local_##f __attribute__((visibility("hidden"), alias(#f)))
+
+#define FAKE_MAX_DEVICES 16
+#define FAKE_DRIVER_VERSION 13000
+#define FAKE_ALIGN 256
+#define FAKE_MMAP_THRESHOLD (1u << 20)
+#define FAKE_CTX_STACK 32
+
+/* ------------------------------------------------------------------------ */
+/* Global state.  Everything below is protected by g_lock unless noted.     */
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile int g_inited; /* cuInit succeeded; set once, under g_lock */
+static volatile int g_deinit; /* destructor ran: the driver is shutting down */
+static int g_ndev = 2;
+static size_t g_total_mem = (size_t)1 << 30;
+static size_t g_used[FAKE_MAX_DEVICES]; /* device + vmm-physical bytes per device */
+
+enum alloc_kind {
+    K_DEVICE,   /* cuMemAlloc_v2 */
+    K_PITCHED,  /* cuMemAllocPitch_v2 */
+    K_MANAGED,  /* cuMemAllocManaged */
+    K_ASYNC,    /* cuMemAllocAsync */
+    K_POOL,     /* cuMemAllocFromPoolAsync */
+    K_HOST,     /* cuMemAllocHost_v2 / cuMemHostAlloc */
+    K_VMM_MAP,  /* a cuMemMap'ed range; memory owned by the mapping */
+};
+
+static int kind_is_device(int k) { return k <= K_POOL; }
+
+enum backing { B_MALLOC, B_MMAP, B_NONE };
+
+struct alloc {
+    uintptr_t base;
+    size_t size;     /* size as seen by the program */
+    size_t map_len;  /* length of the mmap when backing == B_MMAP */
+    int kind;
+    int backing;
+    int device;
+    struct CUctx_st *ctx; /* owning context (NULL for VMM mappings) */
+};
+
+/* Sorted by base address: exact lookups and range lookups are binary searches. */
+static struct alloc *g_tab;
+static size_t g_ntab, g_captab;
+
+/* Counters for FAKE_CUDA_STATS (successful calls only). */
+static struct {
+    unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases;
+} g_stats;
+
+#define CTX_MAGIC 0xC0C0C7A1u
+#define CTX_DEAD 0xDEADC7A1u
+
+struct CUctx_st {
+    unsigned magic;
+    int device;
+    int primary;
+    int refcount; /* primary contexts only */
+    int active;   /* 0 once destroyed / reset / released to zero */
+};
+
+static struct CUctx_st g_primary[FAKE_MAX_DEVICES];
+
+/* Per-thread context stack, like the real driver's. */
+static __thread struct CUctx_st *t_stack[FAKE_CTX_STACK];
+static __thread int t_depth;
+
+struct CUstream_st {
+    unsigned flags;
+    int priority;
+};
+struct CUevent_st {
+    unsigned flags;
+};
+struct vmm_handle {
+    int fd;
+    size_t size;
+    int device;
+};
+struct reservation {
+    uintptr_t base;
+    size_t size;
+    void *map_base; /* what mmap returned (may precede base because of alignment) */
+    size_t map_len;
+};
+
+/* A tiny set of live handles, so stale or bogus handles are rejected instead
+ * of dereferenced.  Linear search is fine: tests create few handles. */
+struct handle_set {
+    void **items;
+    size_t n, cap;
+};
+static struct handle_set g_ctxs, g_streams, g_events, g_vmm, g_resv;
+
+static int set_add(struct handle_set *s, void *p)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        void **items = realloc(s->items, cap * sizeof(void *));
+        if (!items)
+            return -1;
+        s->items = items;
+        s->cap = cap;
+    }
+    s->items[s->n++] = p;
+    return 0;
+}
+
+static int set_has(const struct handle_set *s, const void *p)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->items[i] == p)
+            return 1;
+    return 0;
+}
+
+static int set_del(struct handle_set *s, const void *p)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->items[i] == p) {
+            s->items[i] = s->items[--s->n];
+            return 1;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Allocation table                                                         */
+
+/* Index of the first entry whose base is > p. */
+static size_t tab_upper(uintptr_t p)
+{
+    size_t lo = 0, hi = g_ntab;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_tab[mid].base <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static struct alloc *tab_find_exact(uintptr_t p)
+{
+    size_t i = tab_upper(p);
+    if (i > 0 && g_tab[i - 1].base == p)
+        return &g_tab[i - 1];
+    return NULL;
+}
+
+/* Entry containing the byte range [p, p+len) (len 0 is treated as 1). */
+static struct alloc *tab_find_range(uintptr_t p, size_t len)
+{
+    size_t i = tab_upper(p);
+    if (i == 0)
+        return NULL;
+    struct alloc *a = &g_tab[i - 1];
+    if (len == 0)
+        len = 1;
+    if (p - a->base >= a->size || len > a->size - (p - a->base))
+        return NULL;
+    return a;
+}
+
+static int tab_insert(const struct alloc *a)
+{
+    if (g_ntab == g_captab) {
+        size_t cap = g_captab ? g_captab * 2 : 64;
+        struct alloc *t = realloc(g_tab, cap * sizeof(*t));
+        if (!t)
+            return -1;
+        g_tab = t;
+        g_captab = cap;
+    }
+    size_t i = tab_upper(a->base);
+    memmove(&g_tab[i + 1], &g_tab[i], (g_ntab - i) * sizeof(*g_tab));
+    g_tab[i] = *a;
+    g_ntab++;
+    return 0;
+}
+
+static void tab_remove(struct alloc *a)
+{
+    size_t i = (size_t)(a - g_tab);
+    memmove(&g_tab[i], &g_tab[i + 1], (g_ntab - i - 1) * sizeof(*g_tab));
+    g_ntab--;
+}
+
+static void release_backing(const struct alloc *a)
+{
+    if (a->backing == B_MALLOC)
+        free((void *)a->base);
+    else if (a->backing == B_MMAP)
+        munmap((void *)a->base, a->map_len);
+}
+
+/* Removes every entry for which drop(entry, arg) is true, releasing memory. */
+static void tab_drop_if(int (*drop)(const struct alloc *, const void *), const void *arg)
+{
+    size_t w = 0;
+    for (size_t r = 0; r < g_ntab; r++) {
+        struct alloc *a = &g_tab[r];
+        if (drop(a, arg)) {
+            if (kind_is_device(a->kind))
+                g_used[a->device] -= a->size;
+            release_backing(a);
+        } else {
+            g_tab[w++] = *a;
+        }
+    }
+    g_ntab = w;
+}
+
+static int owned_by_ctx(const struct alloc *a, const void *ctx)
+{
+    return a->kind != K_VMM_MAP && a->ctx == ctx;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Context helpers                                                          */
+
+static struct CUctx_st *cur_ctx_raw(void) { return t_depth ? t_stack[t_depth - 1] : NULL; }
+
+static int ctx_valid(const struct CUctx_st *c)
+{
+    if (!c)
+        return 0;
+    if (c >= g_primary && c < g_primary + FAKE_MAX_DEVICES)
+        return (int)(c - g_primary) < g_ndev;
+    return set_has(&g_ctxs, c) && c->magic == CTX_MAGIC;
+}
+
+/* Checks that the driver is initialised (call with g_lock held or not; the
+ * flags are only ever set once). */
+static CUresult check_init(void)
+{
+    if (g_deinit)
+        return CUDA_ERROR_DEINITIALIZED;
+    if (!g_inited)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return CUDA_SUCCESS;
+}
+
+/* Current usable context.  Call with g_lock held. */
+static CUresult need_ctx(struct CUctx_st **out)
+{
+    struct CUctx_st *c = cur_ctx_raw();
+    if (!c || !ctx_valid(c) || !c->active)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+static int stream_valid(CUstream s)
+{
+    /* NULL, CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2) are implicit. */
+    return (uintptr_t)s <= 2 || set_has(&g_streams, s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory helpers                                                           */
+
+static void *backing_alloc(size_t size, int *backing, size_t *map_len)
+{
+    if (size >= FAKE_MMAP_THRESHOLD) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t len = (size + page - 1) & ~(page - 1);
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+        *backing = B_MMAP;
+        *map_len = len;
+        return p;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, FAKE_ALIGN, size) != 0)
+        return NULL;
+    *backing = B_MALLOC;
+    *map_len = 0;
+    return p;
+}
+
+/* Common path of every allocation entry point.  `out` receives the address. */
+static CUresult do_alloc(uintptr_t *out, size_t size, int kind)
+{
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *ctx;
+    r = need_ctx(&ctx);
+    if (r)
+        goto out;
+    int dev = ctx->device;
+    if (kind != K_HOST && (size > g_total_mem || g_used[dev] > g_total_mem - size)) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    struct alloc a = {.size = size, .kind = kind, .device = dev, .ctx = ctx};
+    void *p = backing_alloc(size, &a.backing, &a.map_len);
+    if (!p) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    a.base = (uintptr_t)p;
+    if (tab_insert(&a) != 0) {
+        release_backing(&a);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    if (kind == K_HOST) {
+        g_stats.host_allocs++;
+    } else {
+        g_used[dev] += size;
+        g_stats.allocs++;
+    }
+    *out = a.base;
+out:
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* Common path of cuMemFree_v2 / cuMemFreeAsync / cuMemFreeHost. */
+static CUresult do_free(uintptr_t p, int host)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *ctx;
+    r = need_ctx(&ctx);
+    if (r)
+        goto out;
+    if (p == 0)
+        goto out; /* freeing NULL is a no-op */
+    struct alloc *a = tab_find_exact(p);
+    if (!a || a->kind == K_VMM_MAP || (a->kind == K_HOST) != host) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    struct alloc copy = *a;
+    tab_remove(a);
+    release_backing(&copy);
+    if (host) {
+        g_stats.host_frees++;
+    } else {
+        g_used[copy.device] -= copy.size;
+        g_stats.frees++;
+    }
+out:
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Initialisation and devices                                               */
+
+static size_t env_size(const char *name, size_t dflt)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return dflt;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || *end)
+        return dflt;
+    return (size_t)v;
+}
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (g_deinit)
+        return CUDA_ERROR_DEINITIALIZED;
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (!g_inited) {
+        size_t n = env_size("FAKE_CUDA_DEVICES", 2);
+        g_ndev = n > FAKE_MAX_DEVICES ? FAKE_MAX_DEVICES : (int)n;
+        g_total_mem = env_size("FAKE_CUDA_TOTAL_MEM", (size_t)1 << 30);
+        for (int i = 0; i < FAKE_MAX_DEVICES; i++)
+            g_primary[i] = (struct CUctx_st){.magic = CTX_MAGIC, .device = i, .primary = 1};
+        g_inited = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = FAKE_DRIVER_VERSION;
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_dev(CUdevice dev)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    return (dev < 0 || dev >= g_ndev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_dev(ordinal);
+    if (r)
+        return r;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    *count = g_ndev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_dev(dev);
+    if (r)
+        return r;
+    snprintf(name, (size_t)len, "Fake CUDA Device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_dev(dev);
+    if (r)
+        return r;
+    *bytes = g_total_mem;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Contexts                                                                 */
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_dev(dev);
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    g_primary[dev].refcount++;
+    g_primary[dev].active = 1;
+    *pctx = &g_primary[dev];
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Destroys the primary context's state: like the real driver, all memory
+ * allocated in it is gone.  Call with g_lock held. */
+static void primary_reset_locked(CUdevice dev)
+{
+    tab_drop_if(owned_by_ctx, &g_primary[dev]);
+    g_primary[dev].refcount = 0;
+    g_primary[dev].active = 0;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult r = check_dev(dev);
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    if (g_primary[dev].refcount <= 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    } else if (--g_primary[dev].refcount == 0) {
+        /* "The context is automatically reset once the last reference to it
+         * is released." */
+        primary_reset_locked(dev);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CUresult r = check_dev(dev);
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    primary_reset_locked(dev);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_dev(dev);
+    if (r)
+        return r;
+    if (t_depth == FAKE_CTX_STACK)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = calloc(1, sizeof(*c));
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct CUctx_st){.magic = CTX_MAGIC, .device = dev, .active = 1};
+    pthread_mutex_lock(&g_lock);
+    if (set_add(&g_ctxs, c) != 0) {
+        pthread_mutex_unlock(&g_lock);
+        free(c);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&g_lock);
+    t_stack[t_depth++] = c; /* a new context becomes current */
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    /* Primary contexts are managed through cuDevicePrimaryCtx*. */
+    if (!ctx_valid(ctx) || ctx->primary) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    tab_drop_if(owned_by_ctx, ctx);
+    set_del(&g_ctxs, ctx);
+    /* The struct is deliberately not freed: other threads may still hold the
+     * handle, and a dead magic lets us reject it. */
+    ctx->magic = CTX_DEAD;
+    ctx->active = 0;
+    pthread_mutex_unlock(&g_lock);
+    if (cur_ctx_raw() == ctx)
+        t_depth--;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    *pctx = cur_ctx_raw();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    if (!ctx) {
+        /* NULL unbinds: equivalent to popping the top of the stack. */
+        if (t_depth)
+            t_depth--;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&g_lock);
+    int ok = ctx_valid(ctx);
+    pthread_mutex_unlock(&g_lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth)
+        t_stack[t_depth - 1] = ctx;
+    else
+        t_stack[t_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    int ok = ctx_valid(ctx);
+    pthread_mutex_unlock(&g_lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth == FAKE_CTX_STACK)
+        return CUDA_ERROR_INVALID_VALUE;
+    t_stack[t_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    if (!t_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = t_stack[--t_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+{
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r)
+        *device = c->device;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Device memory                                                            */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return do_alloc((uintptr_t *)dptr, bytesize, K_DEVICE);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return do_free((uintptr_t)dptr, 0); }
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                   unsigned int ElementSizeBytes)
+{
+    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (WidthInBytes > SIZE_MAX - 511)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (WidthInBytes + 511) & ~(size_t)511;
+    if (Height > SIZE_MAX / pitch)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = do_alloc((uintptr_t *)dptr, pitch * Height, K_PITCHED);
+    if (!r)
+        *pPitch = pitch;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    return do_alloc((uintptr_t *)dptr, bytesize, K_MANAGED);
+}
+
+/* Stream-ordered allocation happens at once: there is no real stream. */
+static CUresult alloc_on_stream(CUdeviceptr *dptr, size_t bytesize, CUstream s, int kind)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    int ok = stream_valid(s);
+    pthread_mutex_unlock(&g_lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return do_alloc((uintptr_t *)dptr, bytesize, kind);
+}
+
+static CUresult free_on_stream(CUdeviceptr dptr, CUstream s)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    int ok = stream_valid(s);
+    pthread_mutex_unlock(&g_lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return do_free((uintptr_t)dptr, 0);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_on_stream(dptr, bytesize, hStream, K_ASYNC);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_on_stream(dptr, bytesize, hStream, K_ASYNC);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_on_stream(dptr, hStream); }
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_on_stream(dptr, hStream);
+}
+
+/* There is no pool API in the fake, so any non-NULL pool handle is accepted. */
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream hStream)
+{
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_on_stream(dptr, bytesize, hStream, K_POOL);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                             CUstream hStream)
+{
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_on_stream(dptr, bytesize, hStream, K_POOL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pinned host memory                                                       */
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return do_alloc((uintptr_t *)pp, bytesize, K_HOST);
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    if (Flags & ~0xfu) /* PORTABLE | DEVICEMAP | WRITECOMBINED | 0x8 */
+        return CUDA_ERROR_INVALID_VALUE;
+    return do_alloc((uintptr_t *)pp, bytesize, K_HOST);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return do_free((uintptr_t)p, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Virtual memory management.  Physical allocations are memfd files, address */
+/* reservations are PROT_NONE mappings, cuMemMap maps the file over them, so  */
+/* aliasing behaves as on a GPU.                                             */
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags)
+{
+    if (!handle || !prop || size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    if (dev < 0 || dev >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+
+    pthread_mutex_lock(&g_lock);
+    if (size > g_total_mem || g_used[dev] > g_total_mem - size) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    struct vmm_handle *h = calloc(1, sizeof(*h));
+    int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+    if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0 || set_add(&g_vmm, h) != 0) {
+        free(h);
+        if (fd >= 0)
+            close(fd);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    *h = (struct vmm_handle){.fd = fd, .size = size, .device = dev};
+    g_used[dev] += size;
+    g_stats.vmm_creates++;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+out:
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    struct vmm_handle *h = (struct vmm_handle *)(uintptr_t)handle;
+    pthread_mutex_lock(&g_lock);
+    if (!set_del(&g_vmm, h)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    /* Existing mappings keep the pages alive until unmapped, as on a GPU. */
+    close(h->fd);
+    g_used[h->device] -= h->size;
+    g_stats.vmm_releases++;
+    free(h);
+out:
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+static struct reservation *resv_containing(uintptr_t p, size_t len)
+{
+    for (size_t i = 0; i < g_resv.n; i++) {
+        struct reservation *v = g_resv.items[i];
+        if (p >= v->base && p - v->base < v->size && len <= v->size - (p - v->base))
+            return v;
+    }
+    return NULL;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                    unsigned long long flags)
+{
+    (void)addr; /* only a hint for the real driver too */
+    if (!ptr || size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (alignment & (alignment - 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (size % page)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (alignment < page)
+        alignment = page;
+    size_t len = size + alignment - page;
+    void *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct reservation *v = malloc(sizeof(*v));
+    if (!v) {
+        munmap(m, len);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    uintptr_t base = ((uintptr_t)m + alignment - 1) & ~(uintptr_t)(alignment - 1);
+    *v = (struct reservation){.base = base, .size = size, .map_base = m, .map_len = len};
+    pthread_mutex_lock(&g_lock);
+    int err = set_add(&g_resv, v);
+    pthread_mutex_unlock(&g_lock);
+    if (err) {
+        munmap(m, len);
+        free(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ptr = base;
+    return CUDA_SUCCESS;
+}
+
+static int inside_range(const struct alloc *a, const void *arg)
+{
+    const uintptr_t *r = arg; /* {base, size} */
+    return a->kind == K_VMM_MAP && a->base >= r[0] && a->base - r[0] < r[1];
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct reservation *v = NULL;
+    for (size_t i = 0; i < g_resv.n; i++) {
+        struct reservation *c = g_resv.items[i];
+        if (c->base == ptr && c->size == size)
+            v = c;
+    }
+    if (!v) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        uintptr_t range[2] = {v->base, v->size};
+        tab_drop_if(inside_range, range); /* forget mappings still inside */
+        set_del(&g_resv, v);
+        munmap(v->map_base, v->map_len);
+        free(v);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags)
+{
+    if (size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    struct vmm_handle *h = (struct vmm_handle *)(uintptr_t)handle;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    pthread_mutex_lock(&g_lock);
+    if (!set_has(&g_vmm, h) || offset > h->size || size > h->size - offset || offset % page || size % page ||
+        !resv_containing(ptr, size)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    /* Refuse overlaps with an existing mapping. */
+    size_t i = tab_upper(ptr + size - 1);
+    if (i > 0 && g_tab[i - 1].base + g_tab[i - 1].size > ptr) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    void *m = mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, h->fd,
+                   (off_t)offset);
+    if (m == MAP_FAILED) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    struct alloc a = {.base = ptr, .size = size, .kind = K_VMM_MAP, .backing = B_NONE, .device = h->device};
+    if (tab_insert(&a) != 0) {
+        mmap(m, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+out:
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    if (!resv_containing(ptr, size)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    /* The range must consist of whole mappings. */
+    size_t found = 0;
+    for (size_t i = 0; i < g_ntab; i++) {
+        const struct alloc *a = &g_tab[i];
+        if (a->kind != K_VMM_MAP)
+            continue;
+        int starts_inside = a->base >= ptr && a->base < ptr + size;
+        int ends_inside = a->base + a->size > ptr && a->base + a->size <= ptr + size;
+        if (starts_inside != ends_inside) {
+            r = CUDA_ERROR_INVALID_VALUE;
+            goto out;
+        }
+        found += starts_inside;
+    }
+    if (!found) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    uintptr_t range[2] = {ptr, size};
+    tab_drop_if(inside_range, range);
+    /* Put the reservation back to inaccessible. */
+    mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+out:
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Queries                                                                  */
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *pfree, size_t *ptotal)
+{
+    if (!pfree || !ptotal)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r) {
+        *ptotal = g_total_mem;
+        *pfree = g_total_mem - g_used[c->device];
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r) {
+        struct alloc *a = tab_find_range(dptr, 1);
+        if (!a) {
+            r = CUDA_ERROR_NOT_FOUND;
+        } else {
+            if (pbase)
+                *pbase = a->base;
+            if (psize)
+                *psize = a->size;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
+{
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct alloc *a = tab_find_range(ptr, 1);
+    if (!a) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
+        *(CUdeviceptr *)data = a->base;
+    } else if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
+        *(size_t *)data = a->size;
+    } else if (attribute == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
+        *(int *)data = a->device;
+    } else {
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events (no asynchrony: everything is complete at once)      */
+
+static CUresult stream_create(CUstream *ph, unsigned int flags, int priority)
+{
+    if (!ph || (flags & ~1u)) /* only CU_STREAM_NON_BLOCKING */
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r) {
+        struct CUstream_st *s = malloc(sizeof(*s));
+        if (!s || set_add(&g_streams, s) != 0) {
+            free(s);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *s = (struct CUstream_st){.flags = flags, .priority = priority};
+            *ph = s;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) { return stream_create(phStream, Flags, 0); }
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    return stream_create(phStream, flags, priority);
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    int found = set_del(&g_streams, hStream);
+    pthread_mutex_unlock(&g_lock);
+    if (!found)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(hStream);
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_stream(CUstream s)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    int ok = stream_valid(s);
+    pthread_mutex_unlock(&g_lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream hStream) { return check_stream(hStream); }
+
+EXPORT CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
+{
+    if (!captureStatus)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_stream(hStream);
+    if (!r)
+        *captureStatus = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+    return r;
+}
+
+EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    if (!phEvent)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r) {
+        struct CUevent_st *e = malloc(sizeof(*e));
+        if (!e || set_add(&g_events, e) != 0) {
+            free(e);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            e->flags = Flags;
+            *phEvent = e;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+static CUresult check_event(CUevent e, CUstream s)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    int ok = set_has(&g_events, e) && stream_valid(s);
+    pthread_mutex_unlock(&g_lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return check_event(hEvent, hStream); }
+EXPORT CUresult cuEventQuery(CUevent hEvent) { return check_event(hEvent, NULL); }
+EXPORT CUresult cuEventSynchronize(CUevent hEvent) { return check_event(hEvent, NULL); }
+
+EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    int found = set_del(&g_events, hEvent);
+    pthread_mutex_unlock(&g_lock);
+    if (!found)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(hEvent);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Copies: the device side must lie inside one known allocation, which      */
+/* catches out-of-bounds pointers handed out by a sub-allocating shim.      */
+
+static CUresult check_device_range(uintptr_t p, size_t n)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r && n && !tab_find_range(p, n))
+        r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    if (ByteCount && !srcHost)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device_range(dstDevice, ByteCount);
+    if (!r && ByteCount)
+        memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
+    return r;
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    if (ByteCount && !dstHost)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device_range(srcDevice, ByteCount);
+    if (!r && ByteCount)
+        memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
+    return r;
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    CUresult r = check_device_range(dstDevice, N);
+    if (!r && N)
+        memset((void *)(uintptr_t)dstDevice, uc, N);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+
+EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *s;
+    switch (error) {
+    case CUDA_SUCCESS: s = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: s = "invalid argument"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: s = "out of memory"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: s = "initialization error"; break;
+    case CUDA_ERROR_DEINITIALIZED: s = "driver shutting down"; break;
+    case CUDA_ERROR_INVALID_DEVICE: s = "invalid device ordinal"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: s = "invalid device context"; break;
+    case CUDA_ERROR_INVALID_HANDLE: s = "invalid resource handle"; break;
+    case CUDA_ERROR_NOT_FOUND: s = "named symbol not found"; break;
+    case CUDA_ERROR_UNKNOWN: s = "unknown error"; break;
+    default: *pStr = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+    *pStr = s;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* cuGetProcAddress                                                         */
+
+LOCAL_ALIAS(cuInit);
+LOCAL_ALIAS(cuDriverGetVersion);
+LOCAL_ALIAS(cuDeviceGet);
+LOCAL_ALIAS(cuDeviceGetCount);
+LOCAL_ALIAS(cuDeviceGetName);
+LOCAL_ALIAS(cuDeviceTotalMem_v2);
+LOCAL_ALIAS(cuDevicePrimaryCtxRetain);
+LOCAL_ALIAS(cuDevicePrimaryCtxRelease_v2);
+LOCAL_ALIAS(cuDevicePrimaryCtxReset_v2);
+LOCAL_ALIAS(cuCtxCreate_v2);
+LOCAL_ALIAS(cuCtxDestroy_v2);
+LOCAL_ALIAS(cuCtxGetCurrent);
+LOCAL_ALIAS(cuCtxSetCurrent);
+LOCAL_ALIAS(cuCtxPushCurrent_v2);
+LOCAL_ALIAS(cuCtxPopCurrent_v2);
+LOCAL_ALIAS(cuCtxGetDevice);
+LOCAL_ALIAS(cuCtxSynchronize);
+LOCAL_ALIAS(cuMemAlloc_v2);
+LOCAL_ALIAS(cuMemFree_v2);
+LOCAL_ALIAS(cuMemAllocPitch_v2);
+LOCAL_ALIAS(cuMemAllocManaged);
+LOCAL_ALIAS(cuMemAllocAsync);
+LOCAL_ALIAS(cuMemAllocAsync_ptsz);
+LOCAL_ALIAS(cuMemFreeAsync);
+LOCAL_ALIAS(cuMemFreeAsync_ptsz);
+LOCAL_ALIAS(cuMemAllocFromPoolAsync);
+LOCAL_ALIAS(cuMemAllocFromPoolAsync_ptsz);
+LOCAL_ALIAS(cuMemAllocHost_v2);
+LOCAL_ALIAS(cuMemHostAlloc);
+LOCAL_ALIAS(cuMemFreeHost);
+LOCAL_ALIAS(cuMemCreate);
+LOCAL_ALIAS(cuMemRelease);
+LOCAL_ALIAS(cuMemAddressReserve);
+LOCAL_ALIAS(cuMemAddressFree);
+LOCAL_ALIAS(cuMemMap);
+LOCAL_ALIAS(cuMemUnmap);
+LOCAL_ALIAS(cuMemGetInfo_v2);
+LOCAL_ALIAS(cuMemGetAddressRange_v2);
+LOCAL_ALIAS(cuPointerGetAttribute);
+LOCAL_ALIAS(cuStreamCreate);
+LOCAL_ALIAS(cuStreamCreateWithPriority);
+LOCAL_ALIAS(cuStreamDestroy_v2);
+LOCAL_ALIAS(cuStreamSynchronize);
+LOCAL_ALIAS(cuStreamIsCapturing);
+LOCAL_ALIAS(cuEventCreate);
+LOCAL_ALIAS(cuEventRecord);
+LOCAL_ALIAS(cuEventQuery);
+LOCAL_ALIAS(cuEventSynchronize);
+LOCAL_ALIAS(cuEventDestroy_v2);
+LOCAL_ALIAS(cuMemcpyHtoD_v2);
+LOCAL_ALIAS(cuMemcpyDtoH_v2);
+LOCAL_ALIAS(cuMemsetD8_v2);
+LOCAL_ALIAS(cuGetErrorString);
+LOCAL_ALIAS(cuGetProcAddress);
+LOCAL_ALIAS(cuGetProcAddress_v2);
+
+struct proc_entry {
+    const char *name; /* base name, as callers ask for it */
+    int min_version;  /* first CUDA version that has the symbol */
+    void *fn;         /* newest variant */
+    void *ptsz;       /* per-thread-default-stream variant, if any */
+};
+
+#define P(base, ver, f) {base, ver, (void *)local_##f, NULL}
+#define PS(base, ver, f) {base, ver, (void *)local_##f, (void *)local_##f##_ptsz}
+
+static const struct proc_entry g_procs[] = {
+    P("cuInit", 2000, cuInit),
+    P("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    P("cuDeviceGet", 2000, cuDeviceGet),
+    P("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    P("cuDeviceGetName", 2000, cuDeviceGetName),
+    P("cuDeviceTotalMem", 2000, cuDeviceTotalMem_v2),
+    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset_v2),
+    P("cuCtxCreate", 2000, cuCtxCreate_v2),
+    P("cuCtxDestroy", 2000, cuCtxDestroy_v2),
+    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    P("cuCtxPushCurrent", 2000, cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", 2000, cuCtxPopCurrent_v2),
+    P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuMemAlloc", 2000, cuMemAlloc_v2),
+    P("cuMemFree", 2000, cuMemFree_v2),
+    P("cuMemAllocPitch", 2000, cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    PS("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    PS("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    PS("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    P("cuMemAllocHost", 2000, cuMemAllocHost_v2),
+    P("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    P("cuMemFreeHost", 2000, cuMemFreeHost),
+    P("cuMemCreate", 10020, cuMemCreate),
+    P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    P("cuMemAddressFree", 10020, cuMemAddressFree),
+    P("cuMemMap", 10020, cuMemMap),
+    P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuMemGetInfo", 2000, cuMemGetInfo_v2),
+    P("cuMemGetAddressRange", 2000, cuMemGetAddressRange_v2),
+    P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    P("cuStreamCreate", 2000, cuStreamCreate),
+    P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    P("cuStreamDestroy", 2000, cuStreamDestroy_v2),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    P("cuEventCreate", 2000, cuEventCreate),
+    P("cuEventRecord", 2000, cuEventRecord),
+    P("cuEventQuery", 2000, cuEventQuery),
+    P("cuEventSynchronize", 2000, cuEventSynchronize),
+    P("cuEventDestroy", 2000, cuEventDestroy_v2),
+    P("cuMemcpyHtoD", 2000, cuMemcpyHtoD_v2),
+    P("cuMemcpyDtoH", 2000, cuMemcpyDtoH_v2),
+    P("cuMemsetD8", 2000, cuMemsetD8_v2),
+    P("cuGetErrorString", 6000, cuGetErrorString),
+    /* "cuGetProcAddress" is special-cased below (v1 before 12.0). */
+    P("cuGetProcAddress", 11030, cuGetProcAddress_v2),
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, unsigned long long flags,
+                                    int *symbolStatus)
+{
+    if (!symbol || !pfn || (flags & ~3ULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (g_deinit)
+        return CUDA_ERROR_DEINITIALIZED;
+    for (size_t i = 0; i < sizeof(g_procs) / sizeof(g_procs[0]); i++) {
+        const struct proc_entry *e = &g_procs[i];
+        if (strcmp(e->name, symbol) != 0)
+            continue;
+        if (cudaVersion < e->min_version) {
+            *pfn = NULL;
+            if (symbolStatus)
+                *symbolStatus = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        void *fn = e->fn;
+        if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && e->ptsz)
+            fn = e->ptsz;
+        if (fn == (void *)local_cuGetProcAddress_v2 && cudaVersion < 12000)
+            fn = (void *)local_cuGetProcAddress;
+        *pfn = fn;
+        if (symbolStatus)
+            *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    *pfn = NULL;
+    if (symbolStatus)
+        *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsigned long long flags)
+{
+    return local_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* fork and exit                                                            */
+
+static void atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&g_lock); }
+
+/* The child starts with its own view of the "GPU": no allocations and zeroed
+ * counters, so its FAKE_CUDA_STATS line covers only what it did itself.  The
+ * inherited copies of the parent's buffers are simply forgotten. */
+static void atfork_child(void)
+{
+    pthread_mutex_unlock(&g_lock); /* locked by this same thread in prepare */
+    g_ntab = 0;
+    memset(g_used, 0, sizeof(g_used));
+    memset(&g_stats, 0, sizeof(g_stats));
+}
+
+__attribute__((constructor)) static void fake_cuda_ctor(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+__attribute__((destructor)) static void fake_cuda_dtor(void)
+{
+    const char *path = getenv("FAKE_CUDA_STATS");
+    if (path && *path) {
+        pthread_mutex_lock(&g_lock);
+        unsigned long long live = 0, live_bytes = 0;
+        for (size_t i = 0; i < g_ntab; i++)
+            if (kind_is_device(g_tab[i].kind)) {
+                live++;
+                live_bytes += g_tab[i].size;
+            }
+        char line[512];
+        int n = snprintf(line, sizeof(line),
+                         "pid=%d allocs=%llu frees=%llu host_allocs=%llu host_frees=%llu vmm_creates=%llu "
+                         "vmm_releases=%llu live=%llu live_bytes=%llu\n",
+                         (int)getpid(), g_stats.allocs, g_stats.frees, g_stats.host_allocs, g_stats.host_frees,
+                         g_stats.vmm_creates, g_stats.vmm_releases, live, live_bytes);
+        pthread_mutex_unlock(&g_lock);
+        int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            /* One write per line so concurrent processes do not interleave. */
+            ssize_t w = write(fd, line, (size_t)n);
+            (void)w;
+            close(fd);
+        }
+    }
+    /* Like the real driver during teardown: later calls fail. */
+    g_deinit = 1;
+}

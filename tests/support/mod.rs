@@ -1,0 +1,652 @@
+//! Test support for integration tests (`mod support;`).
+//!
+//! Builds the fake CUDA driver (`libcuda.so.1`), the fake runtime
+//! (`libcudart.so.13`) and the C test programs from `tests/fake/` with the
+//! system C compiler, once per test binary, into
+//! `target/fake-cuda/<hash of sources and recipe>/`, and runs programs with
+//! or without the cupool shim preloaded.
+//!
+//! Programs (see the comment at the top of each `tests/fake/*.c`):
+//! `prog_runtime` (shared fake cudart), `prog_runtime_static` (fake cudart
+//! compiled in), `prog_dlopen` (+ `libplugin.so`), `prog_driver`,
+//! `prog_getproc`, `prog_fork`, `prog_sleep`, `prog_nocuda`, `prog_threads`.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+/// Every program built by [`fakes`].
+pub const PROGRAMS: &[&str] = &[
+    "prog_runtime",
+    "prog_runtime_static",
+    "prog_dlopen",
+    "prog_driver",
+    "prog_getproc",
+    "prog_fork",
+    "prog_sleep",
+    "prog_nocuda",
+    "prog_threads",
+];
+
+/// File (inside a run's log directory) where the fake driver appends its
+/// per-process ground-truth counters.
+pub const FAKE_STATS_FILE: &str = "fake-stats.txt";
+
+/// The built fakes: one directory holding the libraries and the programs.
+pub struct Fakes {
+    dir: PathBuf,
+}
+
+impl Fakes {
+    /// Directory with `libcuda.so.1`, `libcudart.so.13`, `libplugin.so` and
+    /// the programs.
+    pub fn lib_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of a built program (one of [`PROGRAMS`]).
+    pub fn prog(&self, name: &str) -> PathBuf {
+        assert!(PROGRAMS.contains(&name), "unknown fake program {name:?}");
+        self.dir.join(name)
+    }
+
+    pub fn libcuda(&self) -> PathBuf {
+        self.dir.join("libcuda.so.1")
+    }
+
+    pub fn libcudart(&self) -> PathBuf {
+        self.dir.join("libcudart.so.13")
+    }
+
+    pub fn libplugin(&self) -> PathBuf {
+        self.dir.join("libplugin.so")
+    }
+
+    /// Environment that makes `dlopen("libcuda.so.1")` (from the shim, or
+    /// from a program without an rpath) find the fake first, even where a
+    /// real driver is installed. The programs themselves also carry
+    /// `RUNPATH=$ORIGIN`.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut path = self.dir.display().to_string();
+        if let Ok(old) = std::env::var("LD_LIBRARY_PATH") {
+            if !old.is_empty() {
+                path.push(':');
+                path.push_str(&old);
+            }
+        }
+        vec![("LD_LIBRARY_PATH".to_string(), path)]
+    }
+}
+
+/// Builds everything on first use (per test binary) and returns the result.
+/// Panics with the compiler's output when a build fails.
+pub fn fakes() -> &'static Fakes {
+    static FAKES: OnceLock<Fakes> = OnceLock::new();
+    FAKES.get_or_init(build_fakes)
+}
+
+/// `target/<profile>/libcupool.so`, next to the `cupool` binary.
+///
+/// `cargo test` builds the `cupool` binary for integration tests but never
+/// the cdylib, so the first call in each test binary runs
+/// `cargo build --lib` for the same profile and target directory (cargo does
+/// not hold its build lock while tests run; concurrent test binaries simply
+/// queue on it). Set `CUPOOL_TEST_SHIM=<path>` to use a prebuilt shim
+/// instead and skip the build.
+pub fn shim_path() -> PathBuf {
+    static SHIM: OnceLock<PathBuf> = OnceLock::new();
+    SHIM.get_or_init(|| {
+        if let Some(p) = std::env::var_os("CUPOOL_TEST_SHIM").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
+        let shim = cli().with_file_name("libcupool.so");
+        build_shim(&shim);
+        shim
+    })
+    .clone()
+}
+
+fn build_shim(shim: &Path) {
+    let profile_dir = shim.parent().expect("shim has a parent");
+    let target = profile_dir.parent().expect("profile dir has a parent");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(name) => name.to_string(),
+        None => panic!(
+            "cannot tell the cargo profile from {}",
+            profile_dir.display()
+        ),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--lib",
+            "-p",
+            "cupool",
+            "--profile",
+            &profile,
+        ])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(target)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {cargo:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo build --lib (for {}) failed:\n{}",
+        shim.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        shim.exists(),
+        "cargo build --lib did not produce {}",
+        shim.display()
+    );
+}
+
+/// The `cupool` CLI binary.
+pub fn cli() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cupool"))
+}
+
+/// The cargo target directory (`target/`), derived from the CLI's location.
+pub fn target_dir() -> PathBuf {
+    cli()
+        .parent()
+        .and_then(Path::parent)
+        .expect("CARGO_BIN_EXE_cupool has no grandparent")
+        .to_path_buf()
+}
+
+/// A fresh, empty directory under `target/fake-cuda/scratch/` for one test.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = target_dir()
+        .join("fake-cuda")
+        .join("scratch")
+        .join(format!("{name}-{}-{n}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    dir
+}
+
+/// `CUPOOL_OPTIONS` value: `log_dir=<dir>` plus `:<extra>` when non-empty.
+pub fn cupool_options(log_dir: &Path, extra_options: &str) -> String {
+    let mut opts = format!("log_dir={}", log_dir.display());
+    if !extra_options.is_empty() {
+        opts.push(':');
+        opts.push_str(extra_options);
+    }
+    opts
+}
+
+/// Command for `prog` with the shim preloaded, `CUPOOL_OPTIONS`, the fake
+/// environment and `FAKE_CUDA_STATS=<log_dir>/fake-stats.txt`. Creates
+/// `log_dir`. Use it directly to spawn (e.g. to kill `prog_sleep`).
+pub fn preloaded_command(
+    prog: &Path,
+    args: &[&str],
+    log_dir: &Path,
+    extra_options: &str,
+) -> Command {
+    let mut cmd = plain_command(prog, args, log_dir);
+    cmd.env("LD_PRELOAD", shim_path())
+        .env("CUPOOL_OPTIONS", cupool_options(log_dir, extra_options));
+    cmd
+}
+
+/// Command for `prog` without the shim (any inherited `LD_PRELOAD` and
+/// `CUPOOL_OPTIONS` removed), with the fake environment and
+/// `FAKE_CUDA_STATS` in `stats_dir` (created).
+pub fn plain_command(prog: &Path, args: &[&str], stats_dir: &Path) -> Command {
+    fs::create_dir_all(stats_dir).unwrap_or_else(|e| panic!("create {}: {e}", stats_dir.display()));
+    let mut cmd = Command::new(prog);
+    cmd.args(args)
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUPOOL_OPTIONS")
+        .envs(fakes().env())
+        .env("FAKE_CUDA_STATS", stats_dir.join(FAKE_STATS_FILE))
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `prog` with the shim preloaded (see [`preloaded_command`]).
+pub fn run_preloaded(prog: &Path, args: &[&str], log_dir: &Path, extra_options: &str) -> Output {
+    let mut cmd = preloaded_command(prog, args, log_dir, extra_options);
+    cmd.output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", prog.display()))
+}
+
+/// Runs `prog` without the shim (see [`plain_command`]).
+pub fn run_plain(prog: &Path, args: &[&str], stats_dir: &Path) -> Output {
+    let mut cmd = plain_command(prog, args, stats_dir);
+    cmd.output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", prog.display()))
+}
+
+/// Spawns a command with piped stdout and waits until it prints a line equal
+/// to `marker` (e.g. `"ready"`). Returns the child and the lines read so far.
+pub fn spawn_until(mut cmd: Command, marker: &str) -> (Child, Vec<String>) {
+    use std::io::BufRead;
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut reader = std::io::BufReader::new(stdout);
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).expect("read child stdout");
+        if n == 0 {
+            let status = child.wait();
+            panic!("child exited ({status:?}) before printing {marker:?}; output: {lines:?}");
+        }
+        let line = line.trim_end().to_string();
+        let done = line == marker;
+        lines.push(line);
+        if done {
+            return (child, lines);
+        }
+    }
+}
+
+/// Lossy stdout of a finished program.
+pub fn stdout_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Parses the last `result: ok k=v ...` line of a program's stdout.
+pub fn result_line(stdout: &str) -> Option<HashMap<String, u64>> {
+    let line = stdout.lines().rev().find(|l| l.starts_with("result: "))?;
+    let rest = line.strip_prefix("result: ok")?;
+    Some(parse_kv(rest))
+}
+
+/// Value of a `key=<number>` line in a program's stdout (e.g. `child_pid`).
+pub fn stdout_value(stdout: &str, key: &str) -> Option<u64> {
+    let prefix = format!("{key}=");
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn parse_kv(s: &str) -> HashMap<String, u64> {
+    s.split_whitespace()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Ground-truth lines written by the fake driver's destructor, one map per
+/// process (`pid`, `allocs`, `frees`, `host_allocs`, `host_frees`,
+/// `vmm_creates`, `vmm_releases`, `live`, `live_bytes`). Empty when no
+/// process wrote any (e.g. all were SIGKILLed).
+pub fn fake_stats(dir: &Path) -> Vec<HashMap<String, u64>> {
+    match fs::read_to_string(dir.join(FAKE_STATS_FILE)) {
+        Ok(text) => text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(parse_kv)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The fake-stats line of one process.
+pub fn fake_stats_for(dir: &Path, pid: u64) -> Option<HashMap<String, u64>> {
+    fake_stats(dir)
+        .into_iter()
+        .find(|s| s.get("pid") == Some(&pid))
+}
+
+/// Reads every `cupool.<pid>.json` in `dir`, sorted by pid.
+///
+/// A complete file is parsed as one JSON document. A partial one (process
+/// killed, or still running) is rebuilt line by line: the header line (up to
+/// and including `"events":[`) gets `]}` appended, every following line is
+/// one event after stripping a leading `,`; an unparsable *last* line (cut
+/// off mid-write) is dropped, an `],"end":...` line is attached as `end` if
+/// it parses. Each returned object gets test-side annotations:
+/// `"_file"` (file name), `"_partial"` (bool) and, for partial files,
+/// `"_bad_lines"` (unparsable lines other than the last one; should be 0).
+pub fn read_logs(dir: &Path) -> Vec<Value> {
+    let mut files: Vec<(u64, PathBuf)> = match fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let pid = name
+                    .strip_prefix("cupool.")?
+                    .strip_suffix(".json")?
+                    .parse()
+                    .ok()?;
+                Some((pid, e.path()))
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    files.sort();
+    files
+        .into_iter()
+        .filter_map(|(_, path)| {
+            let text = fs::read_to_string(&path).ok()?;
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let parsed = parse_log(&text);
+            if parsed.is_none() {
+                eprintln!("read_logs: {name}: no parsable header line");
+            }
+            let mut v = parsed?;
+            v["_file"] = Value::String(name);
+            Some(v)
+        })
+        .collect()
+}
+
+/// Parses the text of one cupool log (complete or partial); see [`read_logs`].
+pub fn parse_log(text: &str) -> Option<Value> {
+    if let Ok(mut v) = serde_json::from_str::<Value>(text) {
+        if v.is_object() {
+            v["_partial"] = Value::Bool(false);
+            return Some(v);
+        }
+    }
+    let mut lines = text.lines();
+    let header = lines.next()?.trim_end();
+    if !header.ends_with("\"events\":[") {
+        return None;
+    }
+    let mut v: Value = serde_json::from_str(&format!("{header}]}}")).ok()?;
+    let rest: Vec<&str> = lines.filter(|l| !l.trim().is_empty()).collect();
+    let mut events = Vec::new();
+    let mut bad = 0u64;
+    for (i, line) in rest.iter().enumerate() {
+        let line = line.trim();
+        let is_last = i + 1 == rest.len();
+        if line.starts_with(']') {
+            // `],"end":{...}}`: parse it as the tail of a tiny object.
+            match serde_json::from_str::<Value>(&format!("{{\"_\":[{line}")) {
+                Ok(tail) => v["end"] = tail["end"].clone(),
+                Err(_) if is_last => {}
+                Err(_) => bad += 1,
+            }
+            continue;
+        }
+        let body = line.strip_prefix(',').unwrap_or(line);
+        match serde_json::from_str::<Value>(body) {
+            Ok(ev) => events.push(ev),
+            Err(_) if is_last => {}
+            Err(_) => bad += 1,
+        }
+    }
+    v["events"] = Value::Array(events);
+    v["_partial"] = Value::Bool(true);
+    v["_bad_lines"] = Value::from(bad);
+    Some(v)
+}
+
+/// The log of process `pid`.
+pub fn log_for_pid(logs: &[Value], pid: u64) -> Option<&Value> {
+    logs.iter()
+        .find(|l| l["process"]["pid"].as_u64() == Some(pid))
+}
+
+/// Events of a log with `"ev" == ev`.
+pub fn events<'a>(log: &'a Value, ev: &str) -> Vec<&'a Value> {
+    log["events"]
+        .as_array()
+        .map(|a| a.iter().filter(|e| e["ev"] == ev).collect())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Building
+
+/// One compiler invocation: output file name (in the build dir) and arguments.
+struct Step {
+    out: &'static str,
+    args: Vec<String>,
+}
+
+fn source_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("fake")
+}
+
+fn compiler() -> OsString {
+    std::env::var_os("CC")
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "cc".into())
+}
+
+/// The build, in two phases: the libraries, then everything that links them.
+fn recipe() -> (Vec<Step>, Vec<Step>) {
+    let src = source_dir();
+    let s = |f: &str| src.join(f).display().to_string();
+    let common = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-fno-omit-frame-pointer",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        v.push(format!("-I{}", src.display()));
+        v.extend(extra.iter().map(|x| x.to_string()));
+        v
+    };
+    // RUNPATH=$ORIGIN: the programs find the fake libraries next to them, and
+    // their own dlopen calls (libcuda.so.1, libplugin.so) search there too.
+    let rpath = "-Wl,-rpath,$ORIGIN";
+    let cudart = "-l:libcudart.so.13";
+    let step = |out: &'static str, mut args: Vec<String>, tail: &[&str]| {
+        args.extend(tail.iter().map(|x| x.to_string()));
+        Step { out, args }
+    };
+
+    let libs = vec![
+        step(
+            "libcuda.so.1",
+            common(&[
+                "-shared",
+                "-fPIC",
+                "-fvisibility=hidden",
+                "-Wl,-soname,libcuda.so.1",
+            ]),
+            &[&s("fake_cuda.c"), "-pthread"],
+        ),
+        step(
+            "libcudart.so.13",
+            common(&[
+                "-shared",
+                "-fPIC",
+                "-fvisibility=hidden",
+                "-Wl,-soname,libcudart.so.13",
+                rpath,
+            ]),
+            &[&s("fake_cudart.c"), "-ldl", "-pthread"],
+        ),
+    ];
+    let progs = vec![
+        step(
+            "prog_runtime",
+            common(&[]),
+            &[&s("prog_runtime.c"), &s("workload.c"), "-L.", cudart, rpath],
+        ),
+        step(
+            "prog_runtime_static",
+            common(&[]),
+            &[
+                &s("prog_runtime.c"),
+                &s("workload.c"),
+                &s("fake_cudart.c"),
+                "-ldl",
+                "-pthread",
+                rpath,
+            ],
+        ),
+        step(
+            "libplugin.so",
+            common(&["-shared", "-fPIC", "-fvisibility=hidden"]),
+            &[&s("plugin.c"), &s("workload.c"), "-L.", cudart, rpath],
+        ),
+        step(
+            "prog_dlopen",
+            common(&[]),
+            &[&s("prog_dlopen.c"), "-ldl", rpath],
+        ),
+        step(
+            "prog_driver",
+            common(&[]),
+            &[&s("prog_driver.c"), "-L.", "-l:libcuda.so.1", rpath],
+        ),
+        step(
+            "prog_getproc",
+            common(&[]),
+            &[&s("prog_getproc.c"), "-ldl", rpath],
+        ),
+        step(
+            "prog_fork",
+            common(&[]),
+            &[&s("prog_fork.c"), "-L.", cudart, rpath],
+        ),
+        step(
+            "prog_sleep",
+            common(&[]),
+            &[&s("prog_sleep.c"), "-L.", cudart, rpath],
+        ),
+        step("prog_nocuda", common(&[]), &[&s("prog_nocuda.c")]),
+        step(
+            "prog_threads",
+            common(&[]),
+            &[&s("prog_threads.c"), "-L.", cudart, "-pthread", rpath],
+        ),
+    ];
+    (libs, progs)
+}
+
+/// FNV-1a, stable across Rust versions (unlike `DefaultHasher`).
+fn fnv1a(hash: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *hash ^= u64::from(*b);
+        *hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
+/// Hash of the recipe, the compiler name and every file in `tests/fake/`.
+fn build_key(libs: &[Step], progs: &[Step]) -> String {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    fnv1a(&mut h, compiler().to_string_lossy().as_bytes());
+    for st in libs.iter().chain(progs) {
+        fnv1a(&mut h, st.out.as_bytes());
+        for a in &st.args {
+            fnv1a(&mut h, a.as_bytes());
+            fnv1a(&mut h, b"\0");
+        }
+    }
+    let mut files: Vec<PathBuf> = fs::read_dir(source_dir())
+        .expect("read tests/fake")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    for f in files {
+        fnv1a(&mut h, f.file_name().unwrap().to_string_lossy().as_bytes());
+        fnv1a(&mut h, &fs::read(&f).expect("read fake source"));
+    }
+    format!("{h:016x}")
+}
+
+/// Runs the steps of one phase in parallel inside `dir`.
+fn run_phase(dir: &Path, steps: &[Step]) {
+    let children: Vec<_> = steps
+        .iter()
+        .map(|st| {
+            let child = Command::new(compiler())
+                .current_dir(dir)
+                .arg("-o")
+                .arg(st.out)
+                .args(&st.args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run the C compiler {:?}: {e}", compiler()));
+            (st, child)
+        })
+        .collect();
+    let mut failures = String::new();
+    for (st, child) in children {
+        let out = child.wait_with_output().expect("wait for cc");
+        if !out.status.success() {
+            failures.push_str(&format!(
+                "\n--- {} failed ({}): cc -o {} {}\n{}{}",
+                st.out,
+                out.status,
+                st.out,
+                st.args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "building the fake CUDA programs failed:{failures}"
+    );
+}
+
+const COMPLETE_MARKER: &str = ".complete";
+
+fn build_fakes() -> Fakes {
+    let (libs, progs) = recipe();
+    let root = target_dir().join("fake-cuda");
+    let final_dir = root.join(build_key(&libs, &progs));
+    if final_dir.join(COMPLETE_MARKER).exists() {
+        return Fakes { dir: final_dir };
+    }
+    // Build in a private directory and rename it into place, so that test
+    // binaries running in parallel never see a half-built directory.
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let tmp = root.join(format!("tmp-{}-{nanos}", std::process::id()));
+    fs::create_dir_all(&tmp).unwrap_or_else(|e| panic!("create {}: {e}", tmp.display()));
+    run_phase(&tmp, &libs);
+    run_phase(&tmp, &progs);
+    fs::write(tmp.join(COMPLETE_MARKER), b"").expect("write marker");
+    if final_dir.exists() && !final_dir.join(COMPLETE_MARKER).exists() {
+        // Left over from an interrupted run of an older version of this code.
+        let _ = fs::remove_dir_all(&final_dir);
+    }
+    if let Err(e) = fs::rename(&tmp, &final_dir) {
+        // Another test binary won the race; use its (identical) build.
+        let _ = fs::remove_dir_all(&tmp);
+        assert!(
+            final_dir.join(COMPLETE_MARKER).exists(),
+            "rename {} -> {}: {e}",
+            tmp.display(),
+            final_dir.display()
+        );
+    }
+    Fakes { dir: final_dir }
+}
