@@ -17,9 +17,10 @@ int main(int argc, char** argv) {
     CK(cuCtxSetCurrent(primary));
     for (int i = 0; i < loops; i++) {
         CUdeviceptr p;
-        CK(cuMemAlloc(&p, (size_t(1) << (i % 22)) + 7 * i));
+        size_t size = (size_t(1) << (i % 22)) + 7 * i;
+        CK(cuMemAlloc(&p, size));
         device_allocs++;
-        CK(cuMemsetD8(p, 1, 16));
+        CK(cuMemsetD8(p, 1, size));
         CK(cuMemFree(p));
     }
     CUdeviceptr pitched; size_t pitch;
