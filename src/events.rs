@@ -49,11 +49,7 @@ pub fn record(mut e: Event) {
     }
     let opts = state::options();
     if !opts.log
-        || (!opts.trace
-            && matches!(
-                e.kind,
-                EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap
-            ))
+        || (!opts.trace && matches!(e.kind, EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap))
     {
         return;
     }
@@ -104,10 +100,7 @@ fn open_log_file() -> Option<LogFile> {
     let opts = state::options();
     let dir = std::path::Path::new(&opts.log_dir);
     if let Err(e) = std::fs::create_dir_all(dir) {
-        diag::error(&format!(
-            "cannot create log_dir {}: {e}; no log will be written",
-            dir.display()
-        ));
+        diag::error(&format!("cannot create log_dir {}: {e}; no log will be written", dir.display()));
         return None;
     }
     let pid = std::process::id();
@@ -121,39 +114,22 @@ fn open_log_file() -> Option<LogFile> {
             format!("{}/cupool.{pid}.{n}.json", dir.display())
         };
         let c = std::ffi::CString::new(path.as_str()).ok()?;
-        fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o644,
-            )
-        };
+        fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o644) };
         if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
             break;
         }
     }
     if fd < 0 {
-        diag::error(&format!(
-            "cannot create {path}: {}; no log will be written",
-            std::io::Error::last_os_error()
-        ));
+        diag::error(&format!("cannot create {path}: {}; no log will be written", std::io::Error::last_os_error()));
         return None;
     }
     let mut text = String::with_capacity(1 << 16);
     log::write_header(&mut text, &crate::report::process_json(), &opts.to_json());
-    log::write_event(
-        &mut text,
-        &Event::new(EventKind::Start, log::Api::None),
-        EventLine::First,
-    );
+    log::write_event(&mut text, &Event::new(EventKind::Start, log::Api::None), EventLine::First);
     write_all(fd, text.as_bytes());
     text.clear();
     diag::note(&format!("writing {path}"));
-    Some(LogFile {
-        fd,
-        text,
-        batch: Vec::with_capacity(1024),
-    })
+    Some(LogFile { fd, text, batch: Vec::with_capacity(1024) })
 }
 
 fn write_all(fd: i32, mut bytes: &[u8]) {
@@ -219,9 +195,7 @@ fn start_writer() {
     let mut wake = [-1; 2];
     let mut ack = [-1; 2];
     unsafe {
-        if libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC) != 0
-            || libc::pipe2(ack.as_mut_ptr(), libc::O_CLOEXEC) != 0
-        {
+        if libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC) != 0 || libc::pipe2(ack.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
             diag::error("cannot create the writer's pipe; events will be written at exit only");
             return;
         }
@@ -229,9 +203,7 @@ fn start_writer() {
     WAKE_FD.store(wake[1], Ordering::Release);
     ACK_FD.store(ack[0], Ordering::Release);
     let (wake_rd, ack_wr) = (wake[0], ack[1]);
-    let spawned = std::thread::Builder::new()
-        .name("cupool-writer".into())
-        .spawn(move || writer(wake_rd, ack_wr));
+    let spawned = std::thread::Builder::new().name("cupool-writer".into()).spawn(move || writer(wake_rd, ack_wr));
     if spawned.is_err() {
         diag::error("cannot start the writer thread; events will be written at exit only");
     }
@@ -246,17 +218,10 @@ fn writer(wake_rd: i32, ack_wr: i32) {
     }
     let period = state::options().flush_ms as i32;
     loop {
-        let mut pfd = libc::pollfd {
-            fd: wake_rd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: wake_rd, events: libc::POLLIN, revents: 0 };
         let ready = unsafe { libc::poll(&mut pfd, 1, period) };
         let mut byte = 0u8;
-        if ready > 0
-            && unsafe { libc::read(wake_rd, (&mut byte as *mut u8).cast(), 1) } == 1
-            && byte != 0
-        {
+        if ready > 0 && unsafe { libc::read(wake_rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
             state::finish(crate::report::ExitInfo::Signal(byte as i32));
             unsafe { libc::write(ack_wr, (&byte as *const u8).cast(), 1) };
             return;
@@ -272,10 +237,7 @@ fn writer(wake_rd: i32, ack_wr: i32) {
 /// From a signal handler: has the writer finish the log, waiting at most
 /// `timeout_ms`. Only async-signal-safe calls.
 pub fn finish_from_signal(sig: i32, timeout_ms: i32) -> bool {
-    let (wake, ack) = (
-        WAKE_FD.load(Ordering::Acquire),
-        ACK_FD.load(Ordering::Acquire),
-    );
+    let (wake, ack) = (WAKE_FD.load(Ordering::Acquire), ACK_FD.load(Ordering::Acquire));
     if wake < 0 || ack < 0 {
         return false;
     }
@@ -284,11 +246,7 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32) -> bool {
         if libc::write(wake, (&byte as *const u8).cast(), 1) != 1 {
             return false;
         }
-        let mut pfd = libc::pollfd {
-            fd: ack,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: ack, events: libc::POLLIN, revents: 0 };
         libc::poll(&mut pfd, 1, timeout_ms) > 0
     }
 }
@@ -315,10 +273,7 @@ pub fn reset_in_child() {
         unsafe { libc::close(file.fd) };
         // The text buffer was the parent's, already written: dropping it is fine.
     }
-    for fd in [
-        WAKE_FD.swap(-1, Ordering::AcqRel),
-        ACK_FD.swap(-1, Ordering::AcqRel),
-    ] {
+    for fd in [WAKE_FD.swap(-1, Ordering::AcqRel), ACK_FD.swap(-1, Ordering::AcqRel)] {
         if fd >= 0 {
             unsafe { libc::close(fd) };
         }

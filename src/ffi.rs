@@ -15,6 +15,8 @@ pub type CUmemoryPool = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 
 pub const CUDA_SUCCESS: CUresult = 0;
+/// Also `cudaErrorMemoryAllocation`: runtime and driver share the value.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 /// `cudaErrorSharedObjectSymbolNotFound`: what we return when the real runtime

@@ -7,10 +7,12 @@ pub extern "C" fn prepare() {
     crate::events::lock_all();
     crate::tracker::lock_all();
     crate::report::lock_for_fork();
+    crate::pool::lock_all();
 }
 
 pub extern "C" fn parent() {
     unsafe {
+        crate::pool::unlock_all(false);
         crate::report::unlock_after_fork(false);
         crate::tracker::unlock_all();
         crate::events::unlock_all();
@@ -19,6 +21,7 @@ pub extern "C" fn parent() {
 
 pub extern "C" fn child() {
     unsafe {
+        crate::pool::unlock_all(true);
         crate::report::unlock_after_fork(true);
         crate::tracker::unlock_all();
         crate::events::unlock_all();

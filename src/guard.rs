@@ -26,9 +26,7 @@ impl Guard {
             let depth = d.get();
             d.set(depth + 1);
             if depth == 0 {
-                Some(Guard {
-                    _not_send: std::marker::PhantomData,
-                })
+                Some(Guard { _not_send: std::marker::PhantomData })
             } else {
                 d.set(depth);
                 None

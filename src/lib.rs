@@ -12,6 +12,7 @@ mod ffi;
 mod fork;
 mod guard;
 mod hooks;
+mod pool;
 mod real;
 mod record;
 mod report;

@@ -60,12 +60,7 @@ pub fn libcuda() -> *mut c_void {
     let name = c"libcuda.so.1".as_ptr();
     let mut h = unsafe { libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD) };
     if h.is_null() {
-        h = unsafe {
-            libc::dlopen(
-                name,
-                libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NODELETE,
-            )
-        };
+        h = unsafe { libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NODELETE) };
     }
     if !h.is_null() {
         LIBCUDA.store(h, Ordering::Release);
@@ -81,11 +76,7 @@ fn local_cudart() -> *mut c_void {
         return h;
     }
     let mut path = [0u8; 4096];
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _: usize,
-        data: *mut c_void,
-    ) -> c_int {
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
         let name = (*info).dlpi_name;
         if name.is_null() {
             return 0;
@@ -130,11 +121,7 @@ const ABSENT: usize = 1;
 
 impl Slot {
     pub const fn new(name: &'static CStr, lib: Lib) -> Slot {
-        Slot {
-            name,
-            lib,
-            ptr: AtomicUsize::new(0),
-        }
+        Slot { name, lib, ptr: AtomicUsize::new(0) }
     }
 
     /// The real function's address, or `None` if it cannot be found.
@@ -189,10 +176,7 @@ impl Slot {
     /// Records a real address learned elsewhere (from `cuGetProcAddress` or a
     /// caller's `dlsym`), unless one is known already. Returns the address in force.
     pub fn learn(&self, p: usize) -> usize {
-        match self
-            .ptr
-            .compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.ptr.compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => p,
             Err(ABSENT) => {
                 self.ptr.store(p, Ordering::Release);

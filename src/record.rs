@@ -6,6 +6,8 @@ use crate::real::{Lib, Slot};
 use crate::tracker::{self, Live, Space};
 use crate::{call_real, events, guard, state};
 use cupool_core::log::{Api, Event, EventKind, MemKind};
+use cupool_core::options::Mode;
+use cupool_core::pool::BlockId;
 
 static CU_CTX_GET_CURRENT: Slot = Slot::new(c"cuCtxGetCurrent", Lib::Driver);
 static CU_CTX_GET_DEVICE: Slot = Slot::new(c"cuCtxGetDevice", Lib::Driver);
@@ -14,22 +16,12 @@ static CU_CTX_GET_DEVICE: Slot = Slot::new(c"cuCtxGetDevice", Lib::Driver);
 pub fn current_context() -> (u64, i32) {
     unsafe {
         let mut ctx: CUcontext = std::ptr::null_mut();
-        let r = call_real!(
-            CU_CTX_GET_CURRENT,
-            fn(*mut CUcontext) -> CUresult,
-            (&mut ctx),
-            CUDA_ERROR_UNKNOWN
-        );
+        let r = call_real!(CU_CTX_GET_CURRENT, fn(*mut CUcontext) -> CUresult, (&mut ctx), CUDA_ERROR_UNKNOWN);
         if r != CUDA_SUCCESS || ctx.is_null() {
             return (0, -1);
         }
         let mut dev: CUdevice = -1;
-        let r = call_real!(
-            CU_CTX_GET_DEVICE,
-            fn(*mut CUdevice) -> CUresult,
-            (&mut dev),
-            CUDA_ERROR_UNKNOWN
-        );
+        let r = call_real!(CU_CTX_GET_DEVICE, fn(*mut CUdevice) -> CUresult, (&mut dev), CUDA_ERROR_UNKNOWN);
         (ctx as u64, if r == CUDA_SUCCESS { dev } else { -1 })
     }
 }
@@ -54,15 +46,7 @@ pub struct Site {
 
 impl Site {
     pub const fn new(api: Api, kind: MemKind) -> Site {
-        Site {
-            api,
-            kind,
-            space: if matches!(kind, MemKind::Vmm) {
-                Space::VmmHandle
-            } else {
-                Space::Pointer
-            },
-        }
+        Site { api, kind, space: if matches!(kind, MemKind::Vmm) { Space::VmmHandle } else { Space::Pointer } }
     }
 }
 
@@ -71,52 +55,107 @@ impl Site {
 /// Nested inside another cupool hook (the runtime calling the driver), it
 /// only passes through: the outer hook records.
 #[inline]
-pub fn track_alloc(
-    site: Site,
-    stream: u64,
-    device_hint: Option<i32>,
-    call: impl FnOnce() -> (i32, u64, u64),
-) -> i32 {
+pub fn track_alloc(site: Site, stream: u64, device_hint: Option<i32>, call: impl FnOnce() -> (i32, u64, u64)) -> i32 {
     let Some(_guard) = guard::Guard::enter() else {
         return call().0;
     };
+    passthrough(site, stream, device_hint, call)
+}
+
+fn passthrough(site: Site, stream: u64, device_hint: Option<i32>, call: impl FnOnce() -> (i32, u64, u64)) -> i32 {
     let (result, ptr, bytes) = call();
     crate::diag::shielded(|| {
         let (ctx, dev) = current_context();
         let device = device_hint.unwrap_or(dev);
         if result == 0 {
-            tracker::insert(
-                site.space,
-                ptr,
-                Live {
-                    size: bytes,
-                    t_ns: state::now_ns(),
-                    ctx,
-                    device,
-                    kind: site.kind,
-                    api: site.api,
-                    tid: guard::tid(),
-                    stream,
-                },
-            );
-            let mut e = Event::new(EventKind::Alloc, site.api);
-            e.mem = site.kind;
-            e.device = device;
-            e.ptr = ptr;
-            e.size = bytes;
-            e.aux = stream;
-            events::record(e);
+            record_alloc(site, stream, ctx, device, ptr, bytes, tracker::NO_BLOCK);
         } else {
-            tracker::failed(site.kind, device);
-            let mut e = Event::new(EventKind::AllocFailed, site.api);
-            e.mem = site.kind;
-            e.device = device;
-            e.size = bytes;
-            e.result = result;
-            events::record(e);
+            record_failure(site, device, bytes, result);
         }
     });
     result
+}
+
+/// A device allocation that the pool may serve. `bytes` is what the call
+/// occupies (pitch × rows for pitched memory); `write` stores the pointer
+/// (and pitch) into the caller's out-parameters; `call` is the real CUDA call,
+/// used in passthrough mode, for 0 bytes, and whenever the pool cannot help.
+#[inline]
+pub fn pooled_alloc(site: Site, bytes: u64, write: impl FnOnce(u64), call: impl FnOnce() -> (i32, u64, u64)) -> i32 {
+    let Some(_guard) = guard::Guard::enter() else {
+        return call().0;
+    };
+    if state::options().mode == Mode::Pool && bytes > 0 {
+        if let Some(Some(result)) = crate::diag::shielded(|| from_pool(site, bytes)) {
+            return match result {
+                Ok(ptr) => {
+                    write(ptr);
+                    0
+                }
+                Err(code) => code,
+            };
+        }
+    }
+    passthrough(site, 0, None, call)
+}
+
+/// `None`: the pool cannot be used here (no context); the caller passes through.
+fn from_pool(site: Site, bytes: u64) -> Option<Result<u64, i32>> {
+    let (mut ctx, mut device) = current_context();
+    if ctx == 0 && site.api.as_str().starts_with("cuda") {
+        // The runtime creates its context lazily; let it, exactly as cudaMalloc would.
+        unsafe {
+            call_real!(crate::hooks::runtime::CUDA_FREE, fn(*mut std::ffi::c_void) -> i32, (std::ptr::null_mut()), 1)
+        };
+        (ctx, device) = current_context();
+    }
+    if ctx == 0 {
+        return None;
+    }
+    let pool = crate::pool::pool_of(ctx, device);
+    match crate::pool::allocate(pool, bytes) {
+        Ok(block) => {
+            record_alloc(site, 0, ctx, device, block.addr, bytes, block.id.to_raw());
+            Some(Ok(block.addr))
+        }
+        Err(_) => {
+            record_failure(site, device, bytes, CUDA_ERROR_OUT_OF_MEMORY);
+            crate::report::out_of_memory(pool, bytes);
+            Some(Err(CUDA_ERROR_OUT_OF_MEMORY))
+        }
+    }
+}
+
+fn record_alloc(site: Site, stream: u64, ctx: u64, device: i32, ptr: u64, bytes: u64, block: u32) {
+    let live = Live {
+        size: bytes,
+        t_ns: state::now_ns(),
+        ctx,
+        device,
+        kind: site.kind,
+        api: site.api,
+        tid: guard::tid(),
+        stream,
+        block,
+    };
+    tracker::insert(site.space, ptr, live);
+    let mut e = Event::new(EventKind::Alloc, site.api);
+    e.mem = site.kind;
+    e.device = device;
+    e.ptr = ptr;
+    e.size = bytes;
+    e.aux = stream;
+    events::record(e);
+}
+
+fn record_failure(site: Site, device: i32, bytes: u64, result: i32) {
+    tracker::failed(site.kind, device);
+    let mut e = Event::new(EventKind::AllocFailed, site.api);
+    e.mem = site.kind;
+    e.device = device;
+    e.size = bytes;
+    e.result = result;
+    events::record(e);
 }
 
 /// Wraps a freeing call. The allocation leaves the table before the real free,
@@ -131,7 +170,14 @@ pub fn track_free(api: Api, space: Space, ptr: u64, call: impl FnOnce() -> i32) 
         return call();
     };
     let known = crate::diag::shielded(|| tracker::remove(space, ptr)).flatten();
-    let result = call();
+    let pooled = known.filter(|l| l.block != tracker::NO_BLOCK);
+    let result = match pooled {
+        Some(live) => {
+            crate::diag::shielded(|| crate::pool::free(live.ctx, BlockId::from_raw(live.block)));
+            0
+        }
+        None => call(),
+    };
     crate::diag::shielded(|| match (known, result) {
         (Some(live), 0) => {
             let mut e = Event::new(EventKind::Free, api);
@@ -173,24 +219,10 @@ pub fn track_mapping(kind: EventKind, api: Api, ptr: u64, size: u64, handle: u64
 pub fn checkpoint(api: Api, device: i32, dies: impl FnMut(&Live) -> bool) {
     crate::diag::shielded(|| {
         let died = tracker::take_where(dies);
-        let device = if device >= 0 {
-            device
-        } else {
-            died.first().map_or(-1, |(_, l)| l.device)
-        };
+        let device = if device >= 0 { device } else { died.first().map_or(-1, |(_, l)| l.device) };
         let died = died
             .into_iter()
-            .map(|(k, l)| {
-                (
-                    k,
-                    if l.kind == MemKind::Vmm {
-                        Space::VmmHandle
-                    } else {
-                        Space::Pointer
-                    },
-                    l,
-                )
-            })
+            .map(|(k, l)| (k, if l.kind == MemKind::Vmm { Space::VmmHandle } else { Space::Pointer }, l))
             .collect();
         crate::report::checkpoint(api, device, died);
     });

@@ -38,15 +38,71 @@ pub fn checkpoint(at: log::Api, device: i32, died: Vec<(u64, Space, Live)>) {
     let mut kept = CHECKPOINT_LEAKS.lock();
     for (key, space, live) in died {
         if kept.len() < MAX_CHECKPOINT_LEAKS {
-            kept.push(CheckpointLeak {
-                key,
-                space,
-                live,
-                at,
-                t_ns,
-            });
+            kept.push(CheckpointLeak { key, space, live, at, t_ns });
         }
     }
+}
+
+/// OOM snapshots kept for the end record (the first few are the telling ones).
+const MAX_OOMS: usize = 16;
+static OOMS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
+
+/// The pool could not serve `bytes` even after releasing its cache: record
+/// what the device memory looked like, for the end record.
+pub fn out_of_memory(pool: &crate::pool::ContextPool, bytes: u64) {
+    let mut e = log::Event::new(log::EventKind::Oom, log::Api::None);
+    e.device = pool.device;
+    e.size = bytes;
+    e.result = 2;
+    events::record(e);
+    let mut ooms = OOMS.lock();
+    if ooms.len() >= MAX_OOMS {
+        return;
+    }
+    let p = pool.pool.lock();
+    let mut largest: Vec<_> = p.live_blocks().map(|b| b.requested).collect();
+    largest.sort_unstable_by(|a, b| b.cmp(a));
+    largest.truncate(10);
+    let f = p.fragmentation();
+    ooms.push(json!({
+        "t_ns": state::now_ns(),
+        "device": pool.device,
+        "requested": bytes,
+        "reserved": f.reserved,
+        "allocated": f.allocated,
+        "free_in_pool": f.free_bytes,
+        "largest_free_block": f.largest_free_block,
+        "largest_live": largest,
+    }));
+}
+
+fn pools_json() -> Vec<Value> {
+    crate::pool::all()
+        .into_iter()
+        .filter_map(|p| {
+            let pool = p.pool.try_lock_for(std::time::Duration::from_millis(200))?;
+            let s = pool.stats();
+            let f = pool.fragmentation();
+            let stat = |st: &cupool_core::pool::Stat| json!({"current": st.current, "peak": st.peak});
+            Some(json!({
+                "device": p.device,
+                "allocated_bytes": stat(&s.allocated_bytes),
+                "requested_bytes": stat(&s.requested_bytes),
+                "reserved_bytes": stat(&s.reserved_bytes),
+                "active_bytes": stat(&s.active_bytes),
+                "inactive_split_bytes": stat(&s.inactive_split_bytes),
+                "segment": stat(&s.segment),
+                "num_device_alloc": s.num_device_alloc,
+                "num_device_free": s.num_device_free,
+                "num_alloc_retries": s.num_alloc_retries,
+                "num_ooms": s.num_ooms,
+                "num_syncs": s.num_syncs,
+                "largest_free_block": f.largest_free_block,
+                "peak_reserved_over_peak_requested":
+                    if s.requested_bytes.peak == 0 { 1.0 } else { s.reserved_bytes.peak as f64 / s.requested_bytes.peak as f64 },
+            }))
+        })
+        .collect()
 }
 
 pub fn lock_for_fork() {
@@ -65,15 +121,10 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
 pub fn process_json() -> Value {
     let cmdline: Vec<String> = std::fs::read("/proc/self/cmdline")
         .map(|b| {
-            b.split(|&c| c == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
+            b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
         })
         .unwrap_or_default();
-    let exe = std::fs::read_link("/proc/self/exe")
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
+    let exe = std::fs::read_link("/proc/self/exe").map(|p| p.display().to_string()).unwrap_or_default();
     json!({
         "pid": std::process::id(),
         "ppid": unsafe { libc::getppid() },
@@ -152,26 +203,15 @@ pub fn write_end(how: ExitInfo) {
     }
     let mut leaks: Vec<(u64, Value)> = checkpoint_leaks
         .iter()
-        .map(|c| {
-            (
-                c.live.size,
-                leak_json(c.key, c.space, &c.live, c.at.as_str(), c.t_ns),
-            )
-        })
+        .map(|c| (c.live.size, leak_json(c.key, c.space, &c.live, c.at.as_str(), c.t_ns)))
         .collect();
     leaks.extend(live.iter().map(|(key, l)| {
-        let space = if l.kind == log::MemKind::Vmm {
-            Space::VmmHandle
-        } else {
-            Space::Pointer
-        };
+        let space = if l.kind == log::MemKind::Vmm { Space::VmmHandle } else { Space::Pointer };
         (l.size, leak_json(*key, space, l, "exit", now_ns))
     }));
     leaks.sort_by(|a, b| b.0.cmp(&a.0));
     let leak_bytes: u64 = leaks.iter().map(|(s, _)| s).sum();
-    let devices: Vec<Value> = tracker::device_counters()
-        .map(|(d, c)| counters_json(d, c))
-        .collect();
+    let devices: Vec<Value> = tracker::device_counters().map(|(d, c)| counters_json(d, c)).collect();
     let end = json!({
         "end_unix_ms": state::unix_ms(),
         "duration_ms": now_ns / 1_000_000,
@@ -181,6 +221,8 @@ pub fn write_end(how: ExitInfo) {
         "leak_summary": {"bytes": leak_bytes, "count": leaks.len()},
         "leaks": leaks.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
         "dropped_events": events::dropped(),
+        "pools": pools_json(),
+        "ooms": std::mem::take(&mut *OOMS.lock()),
         "complete": complete,
     });
     events::close_with(|out| {

@@ -4,17 +4,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-const SIGNALS: [libc::c_int; 7] = [
-    libc::SIGTERM,
-    libc::SIGINT,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGABRT,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-];
-static mut PREVIOUS: [std::mem::MaybeUninit<libc::sigaction>; 7] =
-    [const { std::mem::MaybeUninit::uninit() }; 7];
+const SIGNALS: [libc::c_int; 7] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGABRT, libc::SIGSEGV, libc::SIGBUS];
+static mut PREVIOUS: [std::mem::MaybeUninit<libc::sigaction>; 7] = [const { std::mem::MaybeUninit::uninit() }; 7];
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// How long a dying process waits for its log to be finished.
@@ -27,9 +19,7 @@ pub fn install() {
     for (i, &sig) in SIGNALS.iter().enumerate() {
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = handler
-                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                as usize;
+            act.sa_sigaction = handler as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
             act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
             libc::sigemptyset(&mut act.sa_mask);
             let prev = std::ptr::addr_of_mut!(PREVIOUS[i]).cast::<libc::sigaction>();
@@ -57,8 +47,7 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         f => unsafe {
             // The program's own handler decides; if it exits, `exit` finishes the log.
             if prev.sa_flags & libc::SA_SIGINFO != 0 {
-                let h: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                    std::mem::transmute(f);
+                let h: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(f);
                 h(sig, info, ctx);
             } else {
                 let h: extern "C" fn(libc::c_int) = std::mem::transmute(f);

@@ -33,19 +33,13 @@ pub fn options() -> &'static Options {
 }
 
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Nanoseconds since the shim started.
@@ -70,10 +64,7 @@ pub fn recording() -> bool {
 
 #[cold]
 fn start() -> bool {
-    if STATE
-        .compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
+    if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // Another thread is starting; its events come first, ours are recorded once it is done.
         while STATE.load(Ordering::Acquire) == STARTING {
             std::hint::spin_loop();
@@ -89,11 +80,7 @@ fn start() -> bool {
         crate::diag::quiet_panics();
         unsafe {
             libc::atexit(at_exit);
-            libc::pthread_atfork(
-                Some(crate::fork::prepare),
-                Some(crate::fork::parent),
-                Some(crate::fork::child),
-            );
+            libc::pthread_atfork(Some(crate::fork::prepare), Some(crate::fork::parent), Some(crate::fork::child));
         }
     });
     if opts.log {
@@ -104,9 +91,7 @@ fn start() -> bool {
 }
 
 extern "C" fn at_exit() {
-    finish(crate::report::ExitInfo::Exit(
-        crate::hooks::process::exit_status(),
-    ));
+    finish(crate::report::ExitInfo::Exit(crate::hooks::process::exit_status()));
 }
 
 /// Writes the end of the log exactly once. Later CUDA calls still work; they are just not recorded.
@@ -114,10 +99,7 @@ pub fn finish(how: crate::report::ExitInfo) {
     if PID.load(Ordering::Relaxed) != std::process::id() {
         return; // a vfork child, or a forked child that never used CUDA itself
     }
-    if STATE
-        .compare_exchange(ACTIVE, FINISHED, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
+    if STATE.compare_exchange(ACTIVE, FINISHED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
         crate::diag::shielded(|| crate::report::write_end(how));
     }
 }

@@ -22,7 +22,11 @@ pub struct Live {
     pub api: Api,
     pub tid: u32,
     pub stream: u64,
+    /// The pool block serving it, or `NO_BLOCK` when CUDA allocated it directly.
+    pub block: u32,
 }
+
+pub const NO_BLOCK: u32 = u32::MAX;
 
 /// Device pointers and pinned host pointers share one address space (UVA);
 /// VMM handles are opaque numbers and get a table of their own.
@@ -49,9 +53,8 @@ impl Hasher for PtrHasher {
 type Table = HashMap<u64, Live, BuildHasherDefault<PtrHasher>>;
 
 const SHARDS: usize = 64;
-static POINTERS: LazyLock<[Mutex<Table>; SHARDS]> = LazyLock::new(|| {
-    std::array::from_fn(|_| Mutex::new(Table::with_capacity_and_hasher(256, Default::default())))
-});
+static POINTERS: LazyLock<[Mutex<Table>; SHARDS]> =
+    LazyLock::new(|| std::array::from_fn(|_| Mutex::new(Table::with_capacity_and_hasher(256, Default::default()))));
 static HANDLES: LazyLock<Mutex<Table>> = LazyLock::new(|| Mutex::new(Table::default()));
 
 fn table(space: Space, key: u64) -> &'static Mutex<Table> {
@@ -107,8 +110,7 @@ impl Counters {
 }
 
 pub const MAX_DEVICES: usize = 64;
-static DEVICES: LazyLock<[Counters; MAX_DEVICES + 1]> =
-    LazyLock::new(|| std::array::from_fn(|_| Counters::default()));
+static DEVICES: LazyLock<[Counters; MAX_DEVICES + 1]> = LazyLock::new(|| std::array::from_fn(|_| Counters::default()));
 static HOST: LazyLock<Counters> = LazyLock::new(Counters::default);
 
 /// The counters for an allocation of `kind` on `device`; the last slot collects unknown devices.
@@ -116,10 +118,12 @@ pub fn counters(kind: MemKind, device: i32) -> &'static Counters {
     if !kind.is_device() {
         return &HOST;
     }
-    &DEVICES[usize::try_from(device)
-        .ok()
-        .filter(|&d| d < MAX_DEVICES)
-        .unwrap_or(MAX_DEVICES)]
+    &DEVICES[usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES).unwrap_or(MAX_DEVICES)]
+}
+
+/// Device-memory bytes live on `device` (pooled or not), for the memory cap.
+pub fn device_bytes(device: i32) -> u64 {
+    counters(MemKind::Device, device).current_bytes.load(Ordering::Relaxed)
 }
 
 pub fn host_counters() -> &'static Counters {
@@ -151,9 +155,7 @@ pub fn remove(space: Space, key: u64) -> Option<Live> {
 }
 
 pub fn failed(kind: MemKind, device: i32) {
-    counters(kind, device)
-        .failures
-        .fetch_add(1, Ordering::Relaxed);
+    counters(kind, device).failures.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Removes and returns every live allocation that `dies` selects (context destruction).

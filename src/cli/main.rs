@@ -8,11 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "cupool",
-    version,
-    about = "Pool, track and leak-check CUDA device memory of any program"
-)]
+#[command(name = "cupool", version, about = "Pool, track and leak-check CUDA device memory of any program")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -33,9 +33,7 @@ pub struct RunArgs {
 }
 
 pub fn options_help() -> String {
-    let mut s = String::from(
-        "Options travel to the shim in CUPOOL_OPTIONS=key=value:key=value (flags override it):\n",
-    );
+    let mut s = String::from("Options travel to the shim in CUPOOL_OPTIONS=key=value:key=value (flags override it):\n");
     for (key, default, what) in cupool_core::options::OPTION_HELP {
         s.push_str(&format!("  {key:<10} default {default:<12} {what}\n"));
     }
@@ -49,9 +47,7 @@ fn shim_path() -> Option<PathBuf> {
     }
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [dir.join("libcupool.so"), dir.join("../lib/libcupool.so")]
-        .into_iter()
-        .find(|p| p.exists())
+    [dir.join("libcupool.so"), dir.join("../lib/libcupool.so")].into_iter().find(|p| p.exists())
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -67,9 +63,7 @@ fn absolute(p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_owned()
     } else {
-        std::env::current_dir()
-            .map(|d| d.join(p))
-            .unwrap_or_else(|_| p.to_owned())
+        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_owned())
     }
 }
 
@@ -80,11 +74,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     let log_dir = absolute(&args.log_dir);
     let run_id = format!("{:x}-{:x}", std::process::id(), cupool_core_time_ns());
-    let mut opts: Vec<String> = std::env::var("CUPOOL_OPTIONS")
-        .ok()
-        .into_iter()
-        .filter(|s| !s.is_empty())
-        .collect();
+    let mut opts: Vec<String> = std::env::var("CUPOOL_OPTIONS").ok().into_iter().filter(|s| !s.is_empty()).collect();
     opts.push(format!("log_dir={}", log_dir.display()));
     opts.push(format!("run_id={run_id}"));
     if let Some(m) = &args.mode {
@@ -105,21 +95,13 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
 
     let mut cmd = Command::new(&args.command[0]);
-    cmd.args(&args.command[1..])
-        .env("LD_PRELOAD", preload)
-        .env("CUPOOL_OPTIONS", opts.join(":"));
+    cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("CUPOOL_OPTIONS", opts.join(":"));
     unsafe {
         // The terminal's ^C reaches the child directly; cupool waits and reports.
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        libc::signal(
-            libc::SIGTERM,
-            forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGHUP,
-            forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        );
+        libc::signal(libc::SIGTERM, forward as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, forward as extern "C" fn(libc::c_int) as libc::sighandler_t);
         cmd.pre_exec(|| {
             for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
                 libc::signal(sig, libc::SIG_DFL);
@@ -131,11 +113,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cupool: cannot run {}: {e}", args.command[0]);
-            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            });
+            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
         }
     };
     CHILD.store(child.id() as i32, Ordering::Relaxed);
@@ -149,9 +127,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             }
         }
     };
-    let code = status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     if !args.quiet {
         let logs = summary::logs_of_run(&log_dir, &run_id);
         summary::print_text(&logs, &log_dir, &mut std::io::stderr());
@@ -160,8 +136,5 @@ pub fn run(args: RunArgs) -> ExitCode {
 }
 
 fn cupool_core_time_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }

@@ -64,19 +64,10 @@ fn exit_text(s: &Summary) -> String {
 pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
     let summaries: Vec<Summary> = logs.iter().map(summarize).collect();
     if summaries.is_empty() {
-        let _ = writeln!(
-            out,
-            "cupool: no CUDA memory activity recorded (logs: {})",
-            dir.display()
-        );
+        let _ = writeln!(out, "cupool: no CUDA memory activity recorded (logs: {})", dir.display());
         return;
     }
-    let _ = writeln!(
-        out,
-        "cupool: {} process(es) used CUDA memory; logs in {}",
-        summaries.len(),
-        dir.display()
-    );
+    let _ = writeln!(out, "cupool: {} process(es) used CUDA memory; logs in {}", summaries.len(), dir.display());
     for s in &summaries {
         let mut cmd = s.cmdline.clone();
         if cmd.chars().count() > 40 {
@@ -95,12 +86,8 @@ pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
             );
         }
         if s.host.allocs > 0 {
-            let _ = writeln!(
-                out,
-                "    pinned host: peak {:>10}  {} allocs",
-                human_bytes(s.host.peak_bytes),
-                s.host.allocs
-            );
+            let _ =
+                writeln!(out, "    pinned host: peak {:>10}  {} allocs", human_bytes(s.host.peak_bytes), s.host.allocs);
         }
     }
     let total: u64 = summaries.iter().map(|s| s.leak_bytes).sum();
@@ -109,30 +96,41 @@ pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
         let _ = writeln!(out, "cupool: no leaks");
         return;
     }
-    let _ = writeln!(
-        out,
-        "cupool: {} in {count} allocation(s) not freed:",
-        human_bytes(total)
-    );
-    let mut all: Vec<(u64, &Value)> = summaries
-        .iter()
-        .flat_map(|s| s.leaks.iter().map(move |l| (s.pid, l)))
-        .collect();
-    all.sort_by_key(|(_, l)| std::cmp::Reverse(l["size"].as_u64().unwrap_or(0)));
-    for (pid, l) in all.iter().take(8) {
-        let _ = writeln!(
-            out,
-            "    {:>10}  {:<8} {:<22} device {:<2} pid {:<8} at {}",
-            human_bytes(l["size"].as_u64().unwrap_or(0)),
-            l["kind"].as_str().unwrap_or("?"),
-            l["api"].as_str().unwrap_or("?"),
-            l["device"],
-            pid,
-            l["at"].as_str().unwrap_or("?"),
-        );
+    let _ = writeln!(out, "cupool: {} in {count} allocation(s) not freed:", human_bytes(total));
+    // Identical leaks are grouped, LeakSanitizer style: "N bytes in M allocations".
+    let mut groups: Vec<(u64, usize, String)> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for s in &summaries {
+        for l in &s.leaks {
+            let size = l["size"].as_u64().unwrap_or(0);
+            let at = match l["at"].as_str().unwrap_or("?") {
+                "not finished" => "alive when killed",
+                other => other,
+            };
+            let what = format!(
+                "{:<8} {:<22} device {:<2} pid {:<8} at {at}",
+                l["kind"].as_str().unwrap_or("?"),
+                l["api"].as_str().unwrap_or("?"),
+                l["device"],
+                s.pid
+            );
+            let key = format!("{size}|{what}");
+            match index.get(&key) {
+                Some(&i) => groups[i].1 += 1,
+                None => {
+                    index.insert(key, groups.len());
+                    groups.push((size, 1, what));
+                }
+            }
+        }
     }
-    if all.len() > 8 {
-        let _ = writeln!(out, "    ... and {} more (see the logs)", all.len() - 8);
+    groups.sort_by_key(|(size, n, _)| std::cmp::Reverse(size * *n as u64));
+    for (size, n, what) in groups.iter().take(8) {
+        let amount = if *n == 1 { human_bytes(*size) } else { format!("{} x {n}", human_bytes(*size)) };
+        let _ = writeln!(out, "    {amount:>16}  {what}");
+    }
+    if groups.len() > 8 {
+        let _ = writeln!(out, "    ... and {} more kinds of leak (see the logs)", groups.len() - 8);
     }
 }
 
@@ -155,11 +153,7 @@ pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
     let mut logs = Vec::new();
     let mut failed = false;
     for p in paths {
-        let files = if p.is_dir() {
-            log_files(p)
-        } else {
-            vec![p.clone()]
-        };
+        let files = if p.is_dir() { log_files(p) } else { vec![p.clone()] };
         for f in files {
             match read_log(&f) {
                 Ok(l) => logs.push(l),

@@ -34,3 +34,24 @@ macro_rules! entry {
     };
 }
 pub(crate) use entry;
+
+/// Pitch of pooled pitched allocations: rows start 512-byte aligned, the
+/// texture pitch alignment of every GPU CUDA 13 supports.
+pub fn pitch_for(width: usize) -> usize {
+    width.div_ceil(512).max(1) * 512
+}
+
+/// With a `limit`, the device looks that large: total is the cap, and free is
+/// what the cap leaves after everything this process holds on the device
+/// (memory the pool keeps cached counts as used, as in PyTorch's cache, so
+/// free memory never rises because of cupool's caching).
+pub unsafe fn apply_limit(free: *mut usize, total: *mut usize) {
+    let limit = crate::state::options().limit;
+    if limit == 0 || free.is_null() || total.is_null() {
+        return;
+    }
+    let (_, device) = crate::record::current_context();
+    let used = crate::pool::held_bytes(device);
+    *total = (*total).min(limit as usize);
+    *free = (*free).min(limit.saturating_sub(used) as usize);
+}

@@ -1,0 +1,122 @@
+//! Pool latency with a backend that does nothing (bump addresses, no tags).
+//!
+//! * `pair/<size>`: one `allocate` + `free` of the same size, steady state.
+//! * `mixed/1000_live`: free a random live block and allocate a random size
+//!   (512 B..16 MiB, log-uniform, seeded), 1000 blocks live; time per free+alloc.
+//! * `mutex/<threads>`: alloc+free pairs of 4 KiB through one `Mutex<Pool>`
+//!   (one lock per call, as the shim does); time per pair as one thread sees it.
+//!
+//! `cargo bench -p cupool-core --bench pool -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use cupool_core::pool::{Backend, Block, Pool, PoolConfig};
+
+struct NoOp {
+    next: u64,
+}
+
+impl Backend for NoOp {
+    fn allocate_segment(&mut self, size: u64) -> Option<u64> {
+        let a = self.next;
+        self.next += size;
+        Some(a)
+    }
+    fn release_segment(&mut self, _addr: u64, _size: u64) {}
+}
+
+fn new_pool() -> Pool<NoOp> {
+    Pool::new(NoOp { next: 1 << 40 }, PoolConfig::default())
+}
+
+/// xorshift64*: deterministic and cheap.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn pairs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pair");
+    for (name, size) in [("512B", 512u64), ("4KiB", 4 << 10), ("1MiB", 1 << 20), ("8MiB", 8 << 20), ("64MiB", 64 << 20)]
+    {
+        let mut pool = new_pool();
+        let b = pool.allocate(size).unwrap();
+        pool.free(b.id);
+        g.bench_function(name, |bench| {
+            bench.iter(|| {
+                let b = pool.allocate(black_box(size)).unwrap();
+                pool.free(b.id);
+                b.addr
+            })
+        });
+        assert_eq!(pool.stats().num_device_alloc, 1);
+    }
+    g.finish();
+}
+
+fn mixed(c: &mut Criterion) {
+    const LIVE: usize = 1000;
+    let mut rng = Rng(0x5EED_CAFE_F00D_0001);
+    // Log-uniform sizes 512 B..16 MiB, drawn once.
+    let sizes: Vec<u64> = (0..4096)
+        .map(|_| {
+            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+            2f64.powf(9.0 + 15.0 * u) as u64
+        })
+        .collect();
+    let mut pool = new_pool();
+    let mut live: Vec<Block> = (0..LIVE).map(|i| pool.allocate(sizes[i % sizes.len()]).unwrap()).collect();
+    let mut g = c.benchmark_group("mixed");
+    g.bench_function("1000_live", |bench| {
+        bench.iter(|| {
+            let r = rng.next();
+            let slot = (r % LIVE as u64) as usize;
+            pool.free(live[slot].id);
+            live[slot] = pool.allocate(sizes[(r >> 32) as usize % sizes.len()]).unwrap();
+        })
+    });
+    g.finish();
+    pool.check_invariants().unwrap();
+}
+
+fn contended(c: &mut Criterion) {
+    let mut g = c.benchmark_group("mutex");
+    for threads in [1usize, 8] {
+        let pool = Mutex::new(new_pool());
+        g.bench_function(format!("{threads}_threads"), |bench| {
+            bench.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for _ in 0..threads {
+                        s.spawn(|| {
+                            for _ in 0..iters {
+                                let b = pool.lock().unwrap().allocate(black_box(4096)).unwrap();
+                                pool.lock().unwrap().free(b.id);
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = pairs, mixed, contended
+}
+criterion_main!(benches);

@@ -1,0 +1,79 @@
+//! The public vocabulary of the pool: the backend trait and block handles.
+
+/// Where segments come from (the device) and how freed blocks are fenced.
+pub trait Backend {
+    /// Obtain a fresh segment of exactly `size` bytes (size is a multiple of
+    /// SEGMENT_ALIGN = 2 MiB). None = device out of memory. The address must
+    /// be a multiple of 512.
+    fn allocate_segment(&mut self, size: u64) -> Option<u64>;
+    /// Give a whole, completely free segment back to the device.
+    fn release_segment(&mut self, addr: u64, size: u64);
+    /// Called when a block is freed. None: the block may be reused at once.
+    /// Some(tag): reuse only after `is_complete(tag)` is true (GPU work queued
+    /// before the free may still touch it). Tags are non-decreasing over time;
+    /// a tag names a point of the GPU timeline, so equal tags complete together.
+    fn free_tag(&mut self) -> Option<u64> {
+        None
+    }
+    /// Has all GPU work queued before the free that produced `tag` finished?
+    fn is_complete(&mut self, tag: u64) -> bool {
+        let _ = tag;
+        true
+    }
+    /// Wait until every tag handed out so far is complete. Returns false if
+    /// waiting is impossible now (e.g. a stream capture is active); then
+    /// pending blocks stay pending.
+    fn synchronize(&mut self) -> bool {
+        true
+    }
+}
+
+/// Opaque handle of an allocated block (a slab index). It stays valid until
+/// the block is freed; after that the same value may name another block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub(super) u32);
+
+impl BlockId {
+    /// The raw slab index, e.g. to store it in a compact table.
+    pub fn to_raw(self) -> u32 {
+        self.0
+    }
+    /// Inverse of [`BlockId::to_raw`].
+    pub fn from_raw(raw: u32) -> Self {
+        BlockId(raw)
+    }
+}
+
+/// A block handed out by [`Pool::allocate`](super::Pool::allocate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub id: BlockId,
+    pub addr: u64,
+    /// Usable size: the rounded request, or the whole block when it was not split.
+    pub size: u64,
+}
+
+/// An allocated block with its segment, from [`Pool::lookup`](super::Pool::lookup) and
+/// [`Pool::live_blocks`](super::Pool::live_blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub id: BlockId,
+    pub addr: u64,
+    pub size: u64,
+    /// Size the caller asked for.
+    pub requested: u64,
+    pub segment_addr: u64,
+    pub segment_size: u64,
+}
+
+/// The pool could not serve a request even after its whole recovery sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfMemory;
+
+impl std::fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("out of device memory")
+    }
+}
+
+impl std::error::Error for OutOfMemory {}

@@ -1,0 +1,164 @@
+//! Block and segment records.
+//!
+//! Blocks live in a slab (`Vec<BlockRec>`) addressed by `u32` indices; vacant
+//! slots form a LIFO list threaded through `next`, so steady-state splitting
+//! and merging never touches the heap. The blocks of one segment form a doubly
+//! linked list in address order, which is what coalescing walks.
+
+/// "No block": end of a list.
+pub(crate) const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Slot on the vacant list.
+    Vacant,
+    /// Handed out to the caller.
+    Allocated,
+    /// Freed by the caller, waiting for its tag to complete.
+    Pending,
+    /// In the free index.
+    Free,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockRec {
+    pub addr: u64,
+    pub size: u64,
+    /// Size asked for by the caller (allocated blocks only).
+    pub requested: u64,
+    /// Neighbours in the segment, by address; `NIL` at the ends.
+    pub prev: u32,
+    pub next: u32,
+    /// Segment slot.
+    pub seg: u32,
+    pub state: State,
+}
+
+impl BlockRec {
+    /// Is this block only part of its segment?
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SegRec {
+    pub addr: u64,
+    pub size: u64,
+    pub small: bool,
+    /// First block (lowest address); `NIL` when the slot is vacant.
+    pub head: u32,
+}
+
+/// Slab of block records with a vacant-slot list.
+pub(crate) struct BlockSlab {
+    recs: Vec<BlockRec>,
+    vacant: u32,
+}
+
+impl BlockSlab {
+    pub fn new() -> Self {
+        BlockSlab { recs: Vec::new(), vacant: NIL }
+    }
+
+    /// Stores `rec` in a vacant slot (or a new one) and returns its index.
+    #[inline]
+    pub fn insert(&mut self, rec: BlockRec) -> u32 {
+        if self.vacant != NIL {
+            let i = self.vacant;
+            let slot = &mut self.recs[i as usize];
+            debug_assert_eq!(slot.state, State::Vacant);
+            self.vacant = slot.next;
+            *slot = rec;
+            i
+        } else {
+            let i = self.recs.len();
+            assert!(i < NIL as usize, "cupool: more than 2^32 - 1 blocks");
+            self.recs.push(rec);
+            i as u32
+        }
+    }
+
+    /// Puts slot `i` on the vacant list.
+    #[inline]
+    pub fn remove(&mut self, i: u32) {
+        let vacant = self.vacant;
+        let slot = &mut self.recs[i as usize];
+        slot.state = State::Vacant;
+        slot.next = vacant;
+        slot.prev = NIL;
+        self.vacant = i;
+    }
+
+    /// The record at `i` if that slot is in use.
+    #[inline]
+    pub fn get(&self, i: u32) -> Option<&BlockRec> {
+        self.recs.get(i as usize).filter(|r| r.state != State::Vacant)
+    }
+
+    /// Every slot, vacant ones included, with its index.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &BlockRec)> + '_ {
+        self.recs.iter().enumerate().map(|(i, r)| (i as u32, r))
+    }
+}
+
+impl std::ops::Index<u32> for BlockSlab {
+    type Output = BlockRec;
+    #[inline]
+    fn index(&self, i: u32) -> &BlockRec {
+        &self.recs[i as usize]
+    }
+}
+
+impl std::ops::IndexMut<u32> for BlockSlab {
+    #[inline]
+    fn index_mut(&mut self, i: u32) -> &mut BlockRec {
+        &mut self.recs[i as usize]
+    }
+}
+
+/// Slab of segment records (segments come and go rarely).
+pub(crate) struct SegSlab {
+    recs: Vec<SegRec>,
+    vacant: Vec<u32>,
+}
+
+impl SegSlab {
+    pub fn new() -> Self {
+        SegSlab { recs: Vec::new(), vacant: Vec::new() }
+    }
+
+    pub fn insert(&mut self, rec: SegRec) -> u32 {
+        match self.vacant.pop() {
+            Some(i) => {
+                self.recs[i as usize] = rec;
+                i
+            }
+            None => {
+                self.recs.push(rec);
+                (self.recs.len() - 1) as u32
+            }
+        }
+    }
+
+    pub fn remove(&mut self, i: u32) {
+        self.recs[i as usize].head = NIL;
+        self.vacant.push(i);
+    }
+}
+
+impl std::ops::Index<u32> for SegSlab {
+    type Output = SegRec;
+    #[inline]
+    fn index(&self, i: u32) -> &SegRec {
+        &self.recs[i as usize]
+    }
+}
+
+impl std::ops::IndexMut<u32> for SegSlab {
+    #[inline]
+    fn index_mut(&mut self, i: u32) -> &mut SegRec {
+        &mut self.recs[i as usize]
+    }
+}

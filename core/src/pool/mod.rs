@@ -1,0 +1,384 @@
+//! The pool: carves device segments into blocks, PyTorch-style.
+//!
+//! * Requests are rounded to 512 B. Rounded sizes up to `small_max` come from
+//!   the small pool (2 MiB segments), all others from the large pool; the two
+//!   never share a segment.
+//! * A request takes the exact best fit of its pool (smallest free block that
+//!   is big enough, lowest address among equals), split if the remainder is
+//!   worth keeping (see [`PoolConfig::should_split`]).
+//! * A freed block merges at once with free neighbours of its segment, unless
+//!   the backend hands out a tag for it: then it stays pending until the tag
+//!   completes, because queued GPU work may still touch it.
+//! * On a miss: reclaim completed pending blocks, then grow by one segment,
+//!   then synchronize, then release the cache and grow again, then fail.
+//!
+//! Everything is deterministic and there is no `unsafe`.
+
+mod api;
+mod block;
+mod config;
+mod free_index;
+mod inspect;
+mod size;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use block::{BlockRec, BlockSlab, SegRec, SegSlab, State, NIL};
+use free_index::FreeIndex;
+
+pub use api::{Backend, Block, BlockId, BlockInfo, OutOfMemory};
+pub use config::PoolConfig;
+pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
+pub use size::{round_size, MIN_BLOCK, SEGMENT_ALIGN};
+pub use stats::{Fragmentation, PoolStats, Stat};
+
+/// A caching allocator over segments obtained from a [`Backend`]. Not
+/// thread-safe by itself: wrap it in a mutex.
+pub struct Pool<B: Backend> {
+    backend: B,
+    config: PoolConfig,
+    blocks: BlockSlab,
+    segs: SegSlab,
+    /// Segment start -> segment slot, for address lookups.
+    seg_by_addr: BTreeMap<u64, u32>,
+    /// Free blocks: `[large, small]`.
+    free: [FreeIndex; 2],
+    /// Pending blocks with their tags, oldest first (tags non-decreasing).
+    pending: VecDeque<(u32, u64)>,
+    /// Highest tag known to be complete.
+    completed_upto: Option<u64>,
+    stats: PoolStats,
+}
+
+impl<B: Backend> Pool<B> {
+    /// A pool with no segments; `config` is passed through [`PoolConfig::validate`].
+    pub fn new(backend: B, config: PoolConfig) -> Self {
+        Pool {
+            backend,
+            config: config.validate(),
+            blocks: BlockSlab::new(),
+            segs: SegSlab::new(),
+            seg_by_addr: BTreeMap::new(),
+            free: [FreeIndex::new(), FreeIndex::new()],
+            pending: VecDeque::new(),
+            completed_upto: None,
+            stats: PoolStats::default(),
+        }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// The configuration in force (after validation).
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &PoolStats {
+        &self.stats
+    }
+
+    /// Resets the peaks of every [`Stat`] to their current values.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peaks();
+    }
+
+    /// Number of blocks freed but still waiting for their tag.
+    pub fn pending_blocks(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Allocates a block of at least `requested` bytes (0 is served as 1).
+    /// Fails only after the whole recovery sequence failed.
+    #[inline]
+    pub fn allocate(&mut self, requested: u64) -> Result<Block, OutOfMemory> {
+        let rounded = match round_size(requested) {
+            Some(r) if r <= self.config.limit => r,
+            _ => {
+                self.stats.num_ooms += 1;
+                return Err(OutOfMemory);
+            }
+        };
+        let small = self.config.is_small(rounded);
+        match self.find_free(small, rounded) {
+            Some(i) => Ok(self.take(i, small, rounded, requested)),
+            None => self.allocate_slow(small, rounded, requested),
+        }
+    }
+
+    #[cold]
+    fn allocate_slow(&mut self, small: bool, rounded: u64, requested: u64) -> Result<Block, OutOfMemory> {
+        if self.reclaim_completed() > 0 {
+            if let Some(i) = self.find_free(small, rounded) {
+                return Ok(self.take(i, small, rounded, requested));
+            }
+        }
+        let seg_size = self.config.segment_size(rounded).filter(|&s| s <= self.config.limit);
+        if let Some(seg_size) = seg_size {
+            if let Some(i) = self.grow(small, seg_size) {
+                return Ok(self.take(i, small, rounded, requested));
+            }
+        }
+        // (1) Wait for the GPU and reuse every pending block.
+        if !self.pending.is_empty() && self.backend.synchronize() {
+            self.stats.num_syncs += 1;
+            let last = self.pending.back().map(|&(_, t)| t);
+            self.completed_upto = self.completed_upto.max(last);
+            self.reclaim_completed();
+            if let Some(i) = self.find_free(small, rounded) {
+                return Ok(self.take(i, small, rounded, requested));
+            }
+        }
+        // (2) Give every cached segment back and try the device again.
+        if let Some(seg_size) = seg_size {
+            self.stats.num_alloc_retries += 1;
+            self.release_free_segments(0);
+            if let Some(i) = self.grow(small, seg_size) {
+                return Ok(self.take(i, small, rounded, requested));
+            }
+        }
+        // (3)
+        self.stats.num_ooms += 1;
+        Err(OutOfMemory)
+    }
+
+    /// Frees a block returned by [`Pool::allocate`]. An id that does not name
+    /// an allocated block (a double free) is ignored.
+    #[inline]
+    pub fn free(&mut self, id: BlockId) {
+        let i = id.0;
+        let b = match self.blocks.get(i) {
+            Some(b) if b.state == State::Allocated => *b,
+            _ => return,
+        };
+        let s = &mut self.stats;
+        s.allocated_bytes.dec(b.size);
+        s.requested_bytes.dec(b.requested);
+        s.allocation.dec(1);
+        match self.backend.free_tag() {
+            None => self.make_free(i),
+            Some(tag) => {
+                debug_assert!(self.pending.back().is_none_or(|&(_, t)| t <= tag));
+                self.blocks[i].state = State::Pending;
+                self.pending.push_back((i, tag));
+            }
+        }
+    }
+
+    /// Reclaims completed pending blocks, then gives every completely free
+    /// segment back to the backend. Returns the bytes released.
+    pub fn empty_cache(&mut self) -> u64 {
+        self.reclaim_completed();
+        self.release_free_segments(0)
+    }
+
+    /// Reclaims completed pending blocks, then gives completely free segments
+    /// back, largest first (lowest address among equals), until at most
+    /// `target_bytes` are reserved. Returns the bytes released.
+    pub fn trim_to(&mut self, target_bytes: u64) -> u64 {
+        self.reclaim_completed();
+        self.release_free_segments(target_bytes)
+    }
+
+    // ---- internals -------------------------------------------------------
+
+    /// Best fit in the pool, removed from the free index.
+    #[inline]
+    fn find_free(&mut self, small: bool, rounded: u64) -> Option<u32> {
+        let e = self.free[small as usize].best_fit(rounded)?;
+        if !self.config.may_use(small, e.size, rounded) {
+            return None;
+        }
+        self.unindex(e.idx);
+        Some(e.idx)
+    }
+
+    /// Hands out block `i` (free, not indexed), splitting off the remainder.
+    #[inline]
+    fn take(&mut self, i: u32, small: bool, rounded: u64, requested: u64) -> Block {
+        let b = self.blocks[i];
+        let size = if self.config.should_split(small, b.size, rounded) {
+            let rest = self.blocks.insert(BlockRec {
+                addr: b.addr + rounded,
+                size: b.size - rounded,
+                requested: 0,
+                prev: i,
+                next: b.next,
+                seg: b.seg,
+                state: State::Free,
+            });
+            if b.next != NIL {
+                self.blocks[b.next].prev = rest;
+            }
+            let r = &mut self.blocks[i];
+            r.next = rest;
+            r.size = rounded;
+            self.index(rest);
+            rounded
+        } else {
+            b.size
+        };
+        let r = &mut self.blocks[i];
+        r.state = State::Allocated;
+        r.requested = requested;
+        let s = &mut self.stats;
+        s.allocated_bytes.inc(size);
+        s.requested_bytes.inc(requested);
+        s.active_bytes.inc(size);
+        s.allocation.inc(1);
+        s.active.inc(1);
+        Block { id: BlockId(i), addr: b.addr, size }
+    }
+
+    /// Turns an allocated or pending block into a free one, merging it with
+    /// free neighbours, and indexes the result.
+    #[inline]
+    fn make_free(&mut self, mut i: u32) {
+        let b = self.blocks[i];
+        self.stats.active_bytes.dec(b.size);
+        self.stats.active.dec(1);
+        if b.prev != NIL && self.blocks[b.prev].state == State::Free {
+            let p = b.prev;
+            self.unindex(p);
+            let pr = &mut self.blocks[p];
+            pr.size += b.size;
+            pr.next = b.next;
+            if b.next != NIL {
+                self.blocks[b.next].prev = p;
+            }
+            self.blocks.remove(i);
+            i = p;
+        }
+        let n = self.blocks[i].next;
+        if n != NIL && self.blocks[n].state == State::Free {
+            self.unindex(n);
+            let nr = self.blocks[n];
+            let r = &mut self.blocks[i];
+            r.size += nr.size;
+            r.next = nr.next;
+            if nr.next != NIL {
+                self.blocks[nr.next].prev = i;
+            }
+            self.blocks.remove(n);
+        }
+        self.blocks[i].state = State::Free;
+        self.index(i);
+    }
+
+    /// Adds free block `i` to its pool's index.
+    #[inline]
+    fn index(&mut self, i: u32) {
+        let b = &self.blocks[i];
+        let small = self.segs[b.seg].small;
+        self.free[small as usize].insert(b.size, b.addr, i);
+        if b.is_split() {
+            self.stats.inactive_split_bytes.inc(b.size);
+            self.stats.inactive_split.inc(1);
+        }
+    }
+
+    /// Removes free block `i` from its pool's index (before its links change).
+    #[inline]
+    fn unindex(&mut self, i: u32) {
+        let b = &self.blocks[i];
+        let small = self.segs[b.seg].small;
+        self.free[small as usize].remove(b.size, b.addr);
+        if b.is_split() {
+            self.stats.inactive_split_bytes.dec(b.size);
+            self.stats.inactive_split.dec(1);
+        }
+    }
+
+    /// Frees the pending blocks whose tags are complete, oldest first.
+    /// Returns how many were freed.
+    fn reclaim_completed(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(&(i, tag)) = self.pending.front() {
+            let known = self.completed_upto.is_some_and(|c| tag <= c);
+            if !known {
+                if !self.backend.is_complete(tag) {
+                    break;
+                }
+                self.completed_upto = Some(tag);
+            }
+            self.pending.pop_front();
+            self.make_free(i);
+            n += 1;
+        }
+        n
+    }
+
+    /// Obtains a segment of `size` bytes; returns its single block (free,
+    /// not indexed).
+    fn grow(&mut self, small: bool, size: u64) -> Option<u32> {
+        if self.stats.reserved_bytes.current.saturating_add(size) > self.config.limit {
+            return None;
+        }
+        let addr = self.backend.allocate_segment(size)?;
+        debug_assert_eq!(addr % MIN_BLOCK, 0, "segment address not 512-aligned");
+        let s = &mut self.stats;
+        s.num_device_alloc += 1;
+        s.reserved_bytes.inc(size);
+        if small {
+            s.reserved_bytes_small.inc(size);
+        } else {
+            s.reserved_bytes_large.inc(size);
+        }
+        s.segment.inc(1);
+        let seg = self.segs.insert(SegRec { addr, size, small, head: NIL });
+        let i =
+            self.blocks.insert(BlockRec { addr, size, requested: 0, prev: NIL, next: NIL, seg, state: State::Free });
+        self.segs[seg].head = i;
+        self.seg_by_addr.insert(addr, seg);
+        Some(i)
+    }
+
+    /// Releases completely free segments, largest first (lowest address among
+    /// equals), while more than `target` bytes are reserved.
+    fn release_free_segments(&mut self, target: u64) -> u64 {
+        if self.stats.reserved_bytes.current <= target {
+            return 0;
+        }
+        let mut whole: Vec<(u64, u64, u32)> = Vec::new();
+        for ix in &self.free {
+            for e in ix.iter() {
+                if !self.blocks[e.idx].is_split() {
+                    whole.push((e.size, e.addr, e.idx));
+                }
+            }
+        }
+        whole.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut released = 0;
+        for (size, addr, i) in whole {
+            if self.stats.reserved_bytes.current <= target {
+                break;
+            }
+            self.unindex(i);
+            let seg = self.blocks[i].seg;
+            let small = self.segs[seg].small;
+            self.blocks.remove(i);
+            self.segs.remove(seg);
+            self.seg_by_addr.remove(&addr);
+            let s = &mut self.stats;
+            s.reserved_bytes.dec(size);
+            if small {
+                s.reserved_bytes_small.dec(size);
+            } else {
+                s.reserved_bytes_large.dec(size);
+            }
+            s.segment.dec(1);
+            s.num_device_free += 1;
+            self.backend.release_segment(addr, size);
+            released += size;
+        }
+        released
+    }
+}

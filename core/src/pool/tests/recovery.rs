@@ -1,0 +1,142 @@
+//! Pending frees, synchronization, out-of-memory recovery, releasing segments.
+
+use super::*;
+
+#[test]
+fn pending_blocks_wait_for_their_tag() {
+    let mut p = pool(PoolConfig::default());
+    p.backend_mut().deferred = true;
+    let a = alloc(&mut p, MIB);
+    let b = alloc(&mut p, MIB);
+    free(&mut p, a);
+    assert_eq!(p.pending_blocks(), 1);
+    assert_eq!(p.stats().active_bytes.current, 2 * MIB);
+    assert_eq!(p.stats().allocated_bytes.current, MIB);
+    assert!(p.lookup(a.addr).is_none());
+    // Not complete: a new small segment is made instead of reusing `a`.
+    let c = alloc(&mut p, MIB);
+    let _c2 = alloc(&mut p, MIB);
+    assert_ne!(c.addr, a.addr);
+    assert_eq!(p.snapshot().len(), 2);
+    // Complete: the next miss reclaims `a` before growing.
+    p.backend_mut().done = 1;
+    let d = alloc(&mut p, MIB);
+    assert_eq!(p.snapshot().len(), 2, "no growth: {:?}", states(&p));
+    assert_eq!(d.addr, a.addr);
+    free(&mut p, b);
+    assert_eq!(p.pending_blocks(), 1);
+    assert_eq!(p.stats().num_syncs, 0);
+}
+
+#[test]
+fn reclaim_happens_only_on_a_miss() {
+    let mut p = pool(PoolConfig::default());
+    p.backend_mut().deferred = true;
+    let a = alloc(&mut p, 4 * KIB);
+    free(&mut p, a);
+    p.backend_mut().done = u64::MAX;
+    // A hit in the tail does not look at the pending queue.
+    let b = alloc(&mut p, 4 * KIB);
+    assert_eq!(b.addr, a.addr + 4 * KIB);
+    assert_eq!(p.pending_blocks(), 1);
+    // empty_cache reclaims it (and releases nothing: the segment is in use).
+    assert_eq!(p.empty_cache(), 0);
+    assert_eq!(p.pending_blocks(), 0);
+    assert_eq!(alloc(&mut p, 4 * KIB).addr, a.addr);
+}
+
+#[test]
+fn synchronize_false_keeps_blocks_pending() {
+    let mut p = pool(PoolConfig { limit: 2 * MIB, ..PoolConfig::default() });
+    p.backend_mut().deferred = true;
+    p.backend_mut().capture = true;
+    let a = alloc(&mut p, MIB);
+    let b = alloc(&mut p, MIB);
+    free(&mut p, a);
+    free(&mut p, b);
+    assert!(p.allocate(512).is_err());
+    p.check_invariants().unwrap();
+    assert_eq!(p.pending_blocks(), 2);
+    assert_eq!(p.stats().num_syncs, 0);
+    assert_eq!(p.stats().num_ooms, 1);
+    assert_eq!(p.stats().num_alloc_retries, 1);
+    assert_eq!(p.empty_cache(), 0, "pending blocks keep the segment");
+    p.backend_mut().capture = false;
+    let c = alloc(&mut p, 512);
+    assert_eq!(c.addr, a.addr);
+    assert_eq!(p.stats().num_syncs, 1);
+    assert_eq!(p.pending_blocks(), 0);
+}
+
+#[test]
+fn oom_recovery_releases_cached_segments() {
+    let mut p = pool(PoolConfig::default());
+    p.backend_mut().cap = Some(22 * MIB);
+    let s = alloc(&mut p, 512);
+    free(&mut p, s);
+    let l = alloc(&mut p, 19 * MIB + 1); // a whole 20 MiB segment: 22 MiB in all
+                                         // 3 MiB more needs another 20 MiB segment: the small one is released first,
+                                         // still not enough.
+    assert_eq!(p.allocate(3 * MIB), Err(OutOfMemory));
+    p.check_invariants().unwrap();
+    assert_eq!(p.backend().released, [(s.addr, 2 * MIB)]);
+    assert_eq!((p.stats().num_alloc_retries, p.stats().num_ooms), (1, 1));
+    free(&mut p, l);
+    // The segment is cached: a hit, no backend call.
+    let calls = p.backend().calls;
+    assert_eq!(alloc(&mut p, 3 * MIB).addr, l.addr);
+    assert_eq!(p.backend().calls, calls);
+    // Recovery that succeeds: the cached small segment makes room.
+    let mut q = pool(PoolConfig::default());
+    q.backend_mut().cap = Some(20 * MIB);
+    let s = alloc(&mut q, 512);
+    free(&mut q, s);
+    let l = alloc(&mut q, 2 * MIB);
+    assert_eq!(q.stats().num_alloc_retries, 1);
+    assert_eq!(q.stats().num_ooms, 0);
+    assert_eq!(q.stats().reserved_bytes.current, 20 * MIB);
+    assert_eq!(q.stats().reserved_bytes.peak, 20 * MIB);
+    assert_eq!(l.size, 2 * MIB);
+}
+
+#[test]
+fn limit_caps_reserved_bytes() {
+    let mut p = pool(PoolConfig { limit: 24 * MIB, ..PoolConfig::default() });
+    assert_eq!(p.allocate(24 * MIB + 1), Err(OutOfMemory));
+    assert_eq!(p.allocate(u64::MAX), Err(OutOfMemory));
+    assert_eq!(p.backend().calls, 0, "hopeless requests never reach the device");
+    alloc(&mut p, 4 * MIB); // 20 MiB segment
+    for _ in 0..4 {
+        alloc(&mut p, MIB); // two full small segments: 24 MiB
+    }
+    assert_eq!(p.allocate(512), Err(OutOfMemory));
+    assert_eq!(p.stats().num_alloc_retries, 1);
+    assert_eq!(p.stats().reserved_bytes.current, 24 * MIB);
+    assert_eq!(p.stats().num_ooms, 3);
+}
+
+#[test]
+fn empty_cache_and_trim() {
+    let mut p = pool(PoolConfig::default());
+    let v: Vec<Block> = [512, 19 * MIB, 12 * MIB, 30 * MIB, 12 * MIB].iter().map(|&n| alloc(&mut p, n)).collect();
+    let keep = alloc(&mut p, 512);
+    for b in &v {
+        free(&mut p, *b);
+    }
+    let reserved = p.stats().reserved_bytes.current;
+    assert_eq!(reserved, 2 * MIB + 20 * MIB + 12 * MIB + 30 * MIB + 12 * MIB);
+    assert_eq!(p.trim_to(reserved), 0);
+    // Largest first, lowest address among equals.
+    assert_eq!(p.trim_to(46 * MIB), 30 * MIB);
+    assert_eq!(p.trim_to(30 * MIB), 20 * MIB);
+    assert_eq!(p.trim_to(14 * MIB), 12 * MIB);
+    assert_eq!(p.empty_cache(), 12 * MIB);
+    let released = [(v[3].addr, 30 * MIB), (v[1].addr, 20 * MIB), (v[2].addr, 12 * MIB), (v[4].addr, 12 * MIB)];
+    assert_eq!(p.backend().released, released);
+    assert_eq!(p.stats().reserved_bytes.current, 2 * MIB, "the used small segment stays");
+    free(&mut p, keep);
+    assert_eq!(p.empty_cache(), 2 * MIB);
+    assert_eq!(p.stats().reserved_bytes.current, 0);
+    assert_eq!(p.stats().num_device_free, p.stats().num_device_alloc);
+    p.check_invariants().unwrap();
+}

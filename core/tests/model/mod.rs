@@ -1,0 +1,374 @@
+//! The fake device and the brute-force reference model used by `pool_props.rs`.
+//!
+//! The model keeps each segment as a `Vec` of blocks and does everything by
+//! linear search, straight from the rules: best fit is the minimum
+//! `(size, addr)` over every allowed free block of the pool; merging looks at
+//! the two neighbours in the `Vec`; stats are recomputed from scratch.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use cupool_core::pool::{Backend, BlockSnapshot, BlockState, PoolConfig, PoolStats, SegmentSnapshot};
+
+pub const MIB: u64 = 1 << 20;
+pub const ALIGN: u64 = 2 * MIB;
+
+/// Bump-allocating device: addresses are never reused and segments are
+/// adjacent (so a merge across segments would be visible). `cap` bounds the
+/// bytes outstanding. Tags model a GPU timeline: `tag` is the newest queued
+/// work, `done` the newest finished.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fake {
+    pub next: u64,
+    pub cap: Option<u64>,
+    pub outstanding: u64,
+    pub live: BTreeMap<u64, u64>,
+    pub deferred: bool,
+    pub tag: u64,
+    pub done: u64,
+    pub capture: bool,
+}
+
+impl Fake {
+    pub fn new(cap: Option<u64>) -> Self {
+        Fake {
+            next: 1 << 40,
+            cap,
+            outstanding: 0,
+            live: BTreeMap::new(),
+            deferred: false,
+            tag: 0,
+            done: 0,
+            capture: false,
+        }
+    }
+}
+
+impl Backend for Fake {
+    fn allocate_segment(&mut self, size: u64) -> Option<u64> {
+        assert!(size > 0 && size.is_multiple_of(ALIGN), "segment size {size}");
+        if self.cap.is_some_and(|c| self.outstanding + size > c) {
+            return None;
+        }
+        let addr = self.next;
+        self.next += size;
+        self.outstanding += size;
+        self.live.insert(addr, size);
+        Some(addr)
+    }
+    fn release_segment(&mut self, addr: u64, size: u64) {
+        assert_eq!(self.live.remove(&addr), Some(size), "bad release of {addr:#x}");
+        self.outstanding -= size;
+    }
+    fn free_tag(&mut self) -> Option<u64> {
+        self.deferred.then_some(self.tag)
+    }
+    fn is_complete(&mut self, tag: u64) -> bool {
+        tag <= self.done
+    }
+    fn synchronize(&mut self) -> bool {
+        if !self.capture {
+            self.done = self.tag;
+        }
+        !self.capture
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum St {
+    Alloc,
+    Pending,
+    Free,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct MBlock {
+    addr: u64,
+    size: u64,
+    requested: u64,
+    st: St,
+}
+
+pub struct MSeg {
+    size: u64,
+    small: bool,
+    blocks: Vec<MBlock>,
+}
+
+/// Stats in a fixed order: the bytes and counts of `PoolStats`.
+pub const NSTATS: usize = 11;
+
+pub fn pool_stats(s: &PoolStats) -> [(u64, u64); NSTATS] {
+    [
+        &s.allocated_bytes,
+        &s.requested_bytes,
+        &s.reserved_bytes,
+        &s.reserved_bytes_small,
+        &s.reserved_bytes_large,
+        &s.active_bytes,
+        &s.inactive_split_bytes,
+        &s.allocation,
+        &s.segment,
+        &s.active,
+        &s.inactive_split,
+    ]
+    .map(|st| (st.current, st.peak))
+}
+
+pub struct Model {
+    pub cfg: PoolConfig,
+    pub be: Fake,
+    pub segs: BTreeMap<u64, MSeg>,
+    pub fifo: VecDeque<(u64, u64)>,
+    pub peaks: [u64; NSTATS],
+    /// Successful allocations, bytes handed out, segments obtained, bytes obtained.
+    pub totals: [u64; 4],
+    /// num_device_alloc, num_device_free, num_alloc_retries, num_ooms, num_syncs.
+    pub counters: [u64; 5],
+}
+
+impl Model {
+    pub fn new(cfg: PoolConfig, be: Fake) -> Self {
+        Model {
+            cfg,
+            be,
+            segs: BTreeMap::new(),
+            fifo: VecDeque::new(),
+            peaks: [0; NSTATS],
+            totals: [0; 4],
+            counters: [0; 5],
+        }
+    }
+
+    pub fn truth(&self) -> [u64; NSTATS] {
+        let mut t = [0u64; NSTATS];
+        for seg in self.segs.values() {
+            t[2] += seg.size;
+            t[if seg.small { 3 } else { 4 }] += seg.size;
+            t[8] += 1;
+            for b in &seg.blocks {
+                match b.st {
+                    St::Alloc => {
+                        t[0] += b.size;
+                        t[1] += b.requested;
+                        t[5] += b.size;
+                        t[7] += 1;
+                        t[9] += 1;
+                    }
+                    St::Pending => {
+                        t[5] += b.size;
+                        t[9] += 1;
+                    }
+                    St::Free if seg.blocks.len() > 1 => {
+                        t[6] += b.size;
+                        t[10] += 1;
+                    }
+                    St::Free => {}
+                }
+            }
+        }
+        t
+    }
+
+    /// Records the state after one step for the peaks.
+    fn observe(&mut self) {
+        let t = self.truth();
+        for (p, v) in self.peaks.iter_mut().zip(t) {
+            *p = (*p).max(v);
+        }
+    }
+
+    pub fn allowed(&self, small: bool, size: u64, rounded: u64) -> bool {
+        let c = &self.cfg;
+        size >= rounded
+            && (small
+                || size < c.max_split_size
+                || (rounded >= c.max_split_size && size < rounded.saturating_add(c.large_segment)))
+    }
+
+    /// Brute-force best fit: (size, addr) minimum over allowed free blocks.
+    fn best_fit(&self, small: bool, rounded: u64) -> Option<(u64, u64)> {
+        self.segs
+            .values()
+            .filter(|s| s.small == small)
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.st == St::Free && self.allowed(small, b.size, rounded))
+            .map(|b| (b.size, b.addr))
+            .min()
+    }
+
+    fn seg_of(&mut self, addr: u64) -> (&mut MSeg, usize) {
+        let seg = self.segs.range_mut(..=addr).next_back().unwrap().1;
+        let i = seg.blocks.iter().position(|b| b.addr == addr).unwrap();
+        (seg, i)
+    }
+
+    fn take(&mut self, small: bool, addr: u64, rounded: u64, requested: u64) -> (u64, u64) {
+        let c = self.cfg;
+        let (seg, i) = self.seg_of(addr);
+        let b = seg.blocks[i];
+        let rest = b.size - rounded;
+        let split = if small { rest >= 512 } else { rest >= c.min_split_remainder_large && b.size < c.max_split_size };
+        let size = if split { rounded } else { b.size };
+        seg.blocks[i] = MBlock { addr, size, requested, st: St::Alloc };
+        if split {
+            let r = MBlock { addr: addr + rounded, size: rest, requested: 0, st: St::Free };
+            seg.blocks.insert(i + 1, r);
+        }
+        self.totals[0] += 1;
+        self.totals[1] += size;
+        self.observe();
+        (addr, size)
+    }
+
+    fn try_fit(&mut self, small: bool, rounded: u64, req: u64) -> Option<(u64, u64)> {
+        let (_, addr) = self.best_fit(small, rounded)?;
+        Some(self.take(small, addr, rounded, req))
+    }
+
+    fn try_grow(&mut self, small: bool, size: u64, rounded: u64, req: u64) -> Option<(u64, u64)> {
+        let reserved: u64 = self.segs.values().map(|s| s.size).sum();
+        if reserved + size > self.cfg.limit {
+            return None;
+        }
+        let addr = self.be.allocate_segment(size)?;
+        self.counters[0] += 1;
+        self.totals[2] += 1;
+        self.totals[3] += size;
+        let blocks = vec![MBlock { addr, size, requested: 0, st: St::Free }];
+        self.segs.insert(addr, MSeg { size, small, blocks });
+        Some(self.take(small, addr, rounded, req))
+    }
+
+    fn make_free(&mut self, addr: u64) {
+        let (seg, mut i) = self.seg_of(addr);
+        seg.blocks[i].st = St::Free;
+        seg.blocks[i].requested = 0;
+        if i > 0 && seg.blocks[i - 1].st == St::Free {
+            seg.blocks[i - 1].size += seg.blocks[i].size;
+            seg.blocks.remove(i);
+            i -= 1;
+        }
+        if i + 1 < seg.blocks.len() && seg.blocks[i + 1].st == St::Free {
+            seg.blocks[i].size += seg.blocks[i + 1].size;
+            seg.blocks.remove(i + 1);
+        }
+        self.observe();
+    }
+
+    pub fn reclaim(&mut self, all: bool) -> usize {
+        let mut n = 0;
+        while let Some(&(addr, tag)) = self.fifo.front() {
+            if !all && !self.be.is_complete(tag) {
+                break;
+            }
+            self.fifo.pop_front();
+            self.make_free(addr);
+            n += 1;
+        }
+        n
+    }
+
+    pub fn release(&mut self, target: u64) -> u64 {
+        let mut whole: Vec<(u64, u64)> = self
+            .segs
+            .iter()
+            .filter(|(_, s)| s.blocks.len() == 1 && s.blocks[0].st == St::Free)
+            .map(|(&a, s)| (s.size, a))
+            .collect();
+        whole.sort_by(|x, y| y.0.cmp(&x.0).then(x.1.cmp(&y.1)));
+        let mut released = 0;
+        for (size, addr) in whole {
+            let reserved: u64 = self.segs.values().map(|s| s.size).sum();
+            if reserved <= target {
+                break;
+            }
+            self.segs.remove(&addr);
+            self.be.release_segment(addr, size);
+            self.counters[1] += 1;
+            released += size;
+        }
+        released
+    }
+
+    pub fn allocate(&mut self, req: u64) -> Option<(u64, u64)> {
+        let c = self.cfg;
+        let rounded = match req.max(1).checked_next_multiple_of(512) {
+            Some(r) if r <= c.limit => r,
+            _ => {
+                self.counters[3] += 1;
+                return None;
+            }
+        };
+        let small = rounded <= c.small_max;
+        if let Some(r) = self.try_fit(small, rounded, req) {
+            return Some(r);
+        }
+        if self.reclaim(false) > 0 {
+            if let Some(r) = self.try_fit(small, rounded, req) {
+                return Some(r);
+            }
+        }
+        let seg = if small {
+            Some(c.small_segment)
+        } else if rounded < c.large_segment_threshold {
+            Some(c.large_segment)
+        } else {
+            rounded.checked_next_multiple_of(ALIGN)
+        }
+        .filter(|&s| s <= c.limit);
+        if let Some(s) = seg {
+            if let Some(r) = self.try_grow(small, s, rounded, req) {
+                return Some(r);
+            }
+        }
+        if !self.fifo.is_empty() && self.be.synchronize() {
+            self.counters[4] += 1;
+            self.reclaim(true);
+            if let Some(r) = self.try_fit(small, rounded, req) {
+                return Some(r);
+            }
+        }
+        if let Some(s) = seg {
+            self.counters[2] += 1;
+            self.release(0);
+            if let Some(r) = self.try_grow(small, s, rounded, req) {
+                return Some(r);
+            }
+        }
+        self.counters[3] += 1;
+        None
+    }
+
+    pub fn free(&mut self, addr: u64) {
+        match self.be.free_tag() {
+            None => self.make_free(addr),
+            Some(tag) => {
+                let (seg, i) = self.seg_of(addr);
+                seg.blocks[i].st = St::Pending;
+                self.fifo.push_back((addr, tag));
+                self.observe();
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
+        let state = |s: St| match s {
+            St::Alloc => BlockState::Allocated,
+            St::Pending => BlockState::PendingFree,
+            St::Free => BlockState::Free,
+        };
+        self.segs
+            .iter()
+            .map(|(&addr, s)| SegmentSnapshot {
+                addr,
+                size: s.size,
+                small: s.small,
+                blocks: s
+                    .blocks
+                    .iter()
+                    .map(|b| BlockSnapshot { addr: b.addr, size: b.size, requested: b.requested, state: state(b.st) })
+                    .collect(),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,281 @@
+//! Pool mode: device allocations served from `cupool_core::pool::Pool`, one
+//! pool per CUDA context, over the real driver.
+//!
+//! Reuse safety: a `cudaFree` waits for queued GPU work that may still touch
+//! the buffer; the pool does not. While the process has never created a
+//! stream, all work is ordered on the legacy default stream, so a block freed
+//! and handed out again is only touched by work queued after the old work:
+//! immediate reuse is safe. Once a stream exists, freed blocks wait for a
+//! *fence* (an event on every live stream of the context, recorded after the
+//! free) to complete; the pool synchronises the context only when memory is
+//! short, and never while a stream is being captured.
+
+use crate::call_real;
+use crate::ffi::*;
+use crate::real::{Lib, Slot};
+use cupool_core::pool::{Backend, Block, BlockId, Pool, PoolConfig};
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+static CU_MEM_ALLOC: Slot = Slot::new(c"cuMemAlloc_v2", Lib::Driver);
+static CU_MEM_FREE: Slot = Slot::new(c"cuMemFree_v2", Lib::Driver);
+static CU_EVENT_CREATE: Slot = Slot::new(c"cuEventCreate", Lib::Driver);
+static CU_EVENT_RECORD: Slot = Slot::new(c"cuEventRecord", Lib::Driver);
+static CU_EVENT_QUERY: Slot = Slot::new(c"cuEventQuery", Lib::Driver);
+static CU_CTX_SYNCHRONIZE: Slot = Slot::new(c"cuCtxSynchronize", Lib::Driver);
+static CU_STREAM_IS_CAPTURING: Slot = Slot::new(c"cuStreamIsCapturing", Lib::Driver);
+
+/// Set once the process creates any stream: from then on reuse waits for fences.
+pub static MULTI_STREAM: AtomicBool = AtomicBool::new(false);
+
+/// Live streams as (context, stream).
+static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+pub fn stream_created(ctx: u64, stream: u64) {
+    MULTI_STREAM.store(true, Ordering::Release);
+    STREAMS.lock().push((ctx, stream));
+}
+
+pub fn stream_destroyed(stream: u64) {
+    STREAMS.lock().retain(|&(_, s)| s != stream);
+}
+
+const CU_EVENT_DISABLE_TIMING: u32 = 2;
+const CU_STREAM_CAPTURE_STATUS_NONE: i32 = 0;
+
+/// The device side of one context's pool.
+pub struct CudaBackend {
+    ctx: u64,
+    /// Epoch that frees are tagged with now; a fence closes it.
+    epoch: u64,
+    /// Every tag up to this is safe to reuse.
+    completed: u64,
+    fences: VecDeque<(u64, Vec<u64>)>,
+    spare_events: Vec<u64>,
+}
+
+impl CudaBackend {
+    fn new(ctx: u64) -> CudaBackend {
+        CudaBackend { ctx, epoch: 1, completed: 0, fences: VecDeque::new(), spare_events: Vec::new() }
+    }
+
+    fn streams(&self) -> Vec<u64> {
+        let mut s: Vec<u64> = STREAMS.lock().iter().filter(|(c, _)| *c == self.ctx).map(|&(_, s)| s).collect();
+        s.push(0); // the legacy default stream
+        s
+    }
+
+    fn capturing(stream: u64) -> bool {
+        let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+        let r = unsafe {
+            call_real!(CU_STREAM_IS_CAPTURING, fn(u64, *mut i32) -> CUresult, (stream, &mut status), CUDA_ERROR_UNKNOWN)
+        };
+        r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
+    }
+
+    fn event(&mut self) -> Option<u64> {
+        if let Some(e) = self.spare_events.pop() {
+            return Some(e);
+        }
+        let mut e = 0u64;
+        let r = unsafe {
+            call_real!(
+                CU_EVENT_CREATE,
+                fn(*mut u64, u32) -> CUresult,
+                (&mut e, CU_EVENT_DISABLE_TIMING),
+                CUDA_ERROR_UNKNOWN
+            )
+        };
+        (r == CUDA_SUCCESS).then_some(e)
+    }
+
+    /// Closes the current epoch with an event on every live stream.
+    fn record_fence(&mut self) -> bool {
+        let streams = self.streams();
+        if streams.iter().any(|&s| Self::capturing(s)) {
+            return false; // recording into a capture would change the captured graph
+        }
+        let mut events = Vec::with_capacity(streams.len());
+        for s in streams {
+            let Some(e) = self.event() else { return false };
+            let r = unsafe { call_real!(CU_EVENT_RECORD, fn(u64, u64) -> CUresult, (e, s), CUDA_ERROR_UNKNOWN) };
+            if r == CUDA_SUCCESS {
+                events.push(e);
+            } else {
+                self.spare_events.push(e);
+            }
+        }
+        self.fences.push_back((self.epoch, events));
+        self.epoch += 1;
+        true
+    }
+
+    fn poll(&mut self) {
+        while let Some((epoch, events)) = self.fences.front() {
+            let done = events.iter().all(|&e| unsafe {
+                call_real!(CU_EVENT_QUERY, fn(u64) -> CUresult, (e), CUDA_ERROR_UNKNOWN) == CUDA_SUCCESS
+            });
+            if !done {
+                return;
+            }
+            self.completed = *epoch;
+            let (_, events) = self.fences.pop_front().unwrap_or_default();
+            self.spare_events.extend(events);
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn allocate_segment(&mut self, size: u64) -> Option<u64> {
+        let mut p: CUdeviceptr = 0;
+        let r = unsafe {
+            call_real!(
+                CU_MEM_ALLOC,
+                fn(*mut CUdeviceptr, usize) -> CUresult,
+                (&mut p, size as usize),
+                CUDA_ERROR_UNKNOWN
+            )
+        };
+        (r == CUDA_SUCCESS).then_some(p)
+    }
+
+    fn release_segment(&mut self, addr: u64, _size: u64) {
+        unsafe { call_real!(CU_MEM_FREE, fn(CUdeviceptr) -> CUresult, (addr), CUDA_ERROR_UNKNOWN) };
+    }
+
+    fn free_tag(&mut self) -> Option<u64> {
+        MULTI_STREAM.load(Ordering::Acquire).then_some(self.epoch)
+    }
+
+    fn is_complete(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag > self.completed && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
+            self.poll();
+        }
+        tag <= self.completed
+    }
+
+    fn synchronize(&mut self) -> bool {
+        if self.streams().iter().any(|&s| Self::capturing(s)) {
+            return false;
+        }
+        let r = unsafe { call_real!(CU_CTX_SYNCHRONIZE, fn() -> CUresult, (), CUDA_ERROR_UNKNOWN) };
+        if r != CUDA_SUCCESS {
+            return false;
+        }
+        self.completed = self.epoch;
+        self.epoch += 1;
+        while let Some((_, events)) = self.fences.pop_front() {
+            self.spare_events.extend(events);
+        }
+        true
+    }
+}
+
+/// One context's pool.
+pub struct ContextPool {
+    pub ctx: u64,
+    pub device: i32,
+    pub pool: Mutex<Pool<CudaBackend>>,
+}
+
+/// Pools are leaked on purpose: a thread may still hold a reference while a
+/// context dies, and there are few contexts in a process.
+static POOLS: Mutex<Vec<&'static ContextPool>> = Mutex::new(Vec::new());
+/// Bumped when pools are dropped (context death, fork): invalidates thread caches.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static CACHED: Cell<(u64, u64, *const ContextPool)> = const { Cell::new((0, 0, std::ptr::null())) };
+}
+
+fn config() -> PoolConfig {
+    let opts = crate::state::options();
+    PoolConfig { limit: if opts.limit == 0 { u64::MAX } else { opts.limit }, ..PoolConfig::default() }
+}
+
+/// The pool of context `ctx` (on `device`), created on first use.
+pub fn pool_of(ctx: u64, device: i32) -> &'static ContextPool {
+    let gen = GENERATION.load(Ordering::Acquire);
+    let (c, g, p) = CACHED.with(Cell::get);
+    if c == ctx && g == gen && !p.is_null() {
+        return unsafe { &*p };
+    }
+    let mut pools = POOLS.lock();
+    let found = pools.iter().copied().find(|p| p.ctx == ctx);
+    let pool = found.unwrap_or_else(|| {
+        let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
+            ctx,
+            device,
+            pool: Mutex::new(Pool::new(CudaBackend::new(ctx), config())),
+        }));
+        pools.push(p);
+        p
+    });
+    CACHED.with(|c| c.set((ctx, gen, pool)));
+    pool
+}
+
+/// The pool that served an allocation made in `ctx`, if it still exists.
+pub fn existing(ctx: u64) -> Option<&'static ContextPool> {
+    POOLS.lock().iter().copied().find(|p| p.ctx == ctx)
+}
+
+pub fn allocate(pool: &ContextPool, size: u64) -> Result<Block, cupool_core::pool::OutOfMemory> {
+    pool.pool.lock().allocate(size)
+}
+
+pub fn free(ctx: u64, block: BlockId) {
+    if let Some(p) = existing(ctx) {
+        p.pool.lock().free(block);
+    }
+}
+
+/// The context died: its memory went with it; forget its pool.
+pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) {
+    POOLS.lock().retain(|p| !dies(p));
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Every pool, for the end report and `cuMemGetInfo`.
+pub fn all() -> Vec<&'static ContextPool> {
+    POOLS.lock().clone()
+}
+
+pub fn lock_all() {
+    std::mem::forget(POOLS.lock());
+    std::mem::forget(STREAMS.lock());
+}
+
+/// # Safety
+/// Only after `lock_all`, in the same thread or its forked child.
+pub unsafe fn unlock_all(in_child: bool) {
+    STREAMS.force_unlock();
+    POOLS.force_unlock();
+    if in_child {
+        // The child has no CUDA context of its parent's: start with no pools.
+        POOLS.lock().clear();
+        STREAMS.lock().clear();
+        MULTI_STREAM.store(false, Ordering::Release);
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The pooled block containing `ptr`, as (start, size), if any.
+pub fn block_range(ptr: u64) -> Option<(u64, u64)> {
+    all().into_iter().find_map(|p| p.pool.lock().lookup(ptr).map(|b| (b.addr, b.requested)))
+}
+
+/// Bytes this process holds on `device`: the pools' reserved segments plus
+/// live allocations made outside the pool.
+pub fn held_bytes(device: i32) -> u64 {
+    let (mut reserved, mut pooled_live) = (0, 0);
+    for p in all().into_iter().filter(|p| p.device == device) {
+        let pool = p.pool.lock();
+        reserved += pool.stats().reserved_bytes.current;
+        pooled_live += pool.stats().requested_bytes.current;
+    }
+    reserved + crate::tracker::device_bytes(device).saturating_sub(pooled_live)
+}
