@@ -64,7 +64,11 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ("mode", "passthrough", "pool | passthrough: serve device allocations from cupool's pool, or only observe"),
     ("log_dir", ".", "directory for cupool.<pid>.json (created if missing)"),
     ("log", "1", "1 | 0: write the JSON log at all"),
-    ("trace", "1", "1 | 0: stream every alloc/free into the log's timeline (failures, checkpoints and leaks are kept either way)"),
+    (
+        "trace",
+        "1",
+        "1 | 0: stream every alloc/free into the log's timeline (failures, checkpoints and leaks are kept either way)",
+    ),
     ("run_id", "", "tag written into every log of one run (set by the cupool CLI)"),
     ("flush_ms", "100", "milliseconds between background flushes of the event stream (10..10000)"),
     ("limit", "0", "per-device byte cap, e.g. 16g or 512m; 0 = the device's own size"),
@@ -83,10 +87,7 @@ pub fn parse(spec: &str) -> (Options, Vec<String>) {
         let (key, value) = (key.trim(), value.trim());
         let mut bad = |expected: &str, default: &dyn std::fmt::Display| {
             let mut line = String::new();
-            let _ = write!(
-                line,
-                "bad value '{value}' for '{key}' (expected {expected}); using {default}"
-            );
+            let _ = write!(line, "bad value '{value}' for '{key}' (expected {expected}); using {default}");
             errors.push(line);
         };
         match key {
@@ -176,9 +177,7 @@ mod tests {
 
     #[test]
     fn all_keys_parse() {
-        let (o, e) = parse(
-            "mode=pool:log_dir=/tmp/x:log=0:trace=off:run_id=abc:flush_ms=50:limit=16g:verbosity=2",
-        );
+        let (o, e) = parse("mode=pool:log_dir=/tmp/x:log=0:trace=off:run_id=abc:flush_ms=50:limit=16g:verbosity=2");
         assert!(e.is_empty(), "{e:?}");
         assert_eq!(o.mode, Mode::Pool);
         assert_eq!(o.log_dir, "/tmp/x");

@@ -17,12 +17,7 @@ pub struct Log {
 
 pub fn read_log(path: &Path) -> std::io::Result<Log> {
     let text = std::fs::read_to_string(path)?;
-    let bad = |why: String| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{}: {why}", path.display()),
-        )
-    };
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {why}", path.display()));
     if let Ok(mut whole) = serde_json::from_str::<Value>(&text) {
         let events = match whole.get_mut("events").map(Value::take) {
             Some(Value::Array(a)) => a,
@@ -33,17 +28,12 @@ pub fn read_log(path: &Path) -> std::io::Result<Log> {
             o.remove("events");
             o.remove("end");
         }
-        return Ok(Log {
-            path: path.to_owned(),
-            header: whole,
-            events,
-            end,
-        });
+        return Ok(Log { path: path.to_owned(), header: whole, events, end });
     }
     let mut lines = text.lines();
     let first = lines.next().ok_or_else(|| bad("empty file".into()))?;
-    let mut header: Value = serde_json::from_str(&format!("{first}]}}"))
-        .map_err(|e| bad(format!("unreadable header: {e}")))?;
+    let mut header: Value =
+        serde_json::from_str(&format!("{first}]}}")).map_err(|e| bad(format!("unreadable header: {e}")))?;
     if header.get("schema").and_then(Value::as_str) != Some(super::SCHEMA) {
         return Err(bad("not a cupool log".into()));
     }
@@ -54,9 +44,7 @@ pub fn read_log(path: &Path) -> std::io::Result<Log> {
     let mut end = None;
     for line in lines {
         if let Some(rest) = line.strip_prefix("],\"end\":") {
-            end = rest
-                .strip_suffix('}')
-                .and_then(|o| serde_json::from_str(o).ok());
+            end = rest.strip_suffix('}').and_then(|o| serde_json::from_str(o).ok());
             break;
         }
         match serde_json::from_str::<Value>(line.strip_prefix(',').unwrap_or(line)) {
@@ -64,12 +52,7 @@ pub fn read_log(path: &Path) -> std::io::Result<Log> {
             Err(_) => break, // the line being written when the process died
         }
     }
-    Ok(Log {
-        path: path.to_owned(),
-        header,
-        events,
-        end,
-    })
+    Ok(Log { path: path.to_owned(), header, events, end })
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -118,12 +101,7 @@ pub fn summarize(log: &Log) -> Summary {
     let process = &log.header["process"];
     let cmdline = process["cmdline"]
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
+        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
     let mut s = Summary {
         pid: field_u64(process, "pid"),
@@ -131,20 +109,14 @@ pub fn summarize(log: &Log) -> Summary {
         complete: log.end.is_some(),
         exit: None,
         devices: Vec::new(),
-        host: DeviceSummary {
-            device: -1,
-            ..Default::default()
-        },
+        host: DeviceSummary { device: -1, ..Default::default() },
         leaks: Vec::new(),
         leak_bytes: 0,
         events: log.events.len(),
     };
     if let Some(end) = &log.end {
         s.exit = end.get("exit").cloned();
-        s.devices = end["devices"]
-            .as_array()
-            .map(|a| a.iter().map(device_summary).collect())
-            .unwrap_or_default();
+        s.devices = end["devices"].as_array().map(|a| a.iter().map(device_summary).collect()).unwrap_or_default();
         s.host = device_summary(&end["host"]);
         s.leaks = end["leaks"].as_array().cloned().unwrap_or_default();
         s.leak_bytes = field_u64(&end["leak_summary"], "bytes");
@@ -161,10 +133,7 @@ pub fn summarize(log: &Log) -> Summary {
         let slot = if is_host {
             &mut s.host
         } else {
-            devices.entry(dev).or_insert_with(|| DeviceSummary {
-                device: dev,
-                ..Default::default()
-            })
+            devices.entry(dev).or_insert_with(|| DeviceSummary { device: dev, ..Default::default() })
         };
         let size = field_u64(e, "size");
         match e.get("ev").and_then(Value::as_str) {

@@ -26,13 +26,7 @@ pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
     if line == EventLine::Later {
         out.push(',');
     }
-    let _ = write!(
-        out,
-        "{{\"seq\":{},\"t_ns\":{},\"ev\":\"{}\"",
-        e.seq,
-        e.t_ns,
-        e.kind.as_str()
-    );
+    let _ = write!(out, "{{\"seq\":{},\"t_ns\":{},\"ev\":\"{}\"", e.seq, e.t_ns, e.kind.as_str());
     if e.kind != EventKind::Start {
         let _ = write!(out, ",\"api\":\"{}\"", e.api.as_str());
     }
@@ -48,11 +42,7 @@ pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
                 e.device
             );
             if e.aux != 0 {
-                let field = if matches!(e.kind, EventKind::Map | EventKind::Unmap) {
-                    "handle"
-                } else {
-                    "stream"
-                };
+                let field = if matches!(e.kind, EventKind::Map | EventKind::Unmap) { "handle" } else { "stream" };
                 let _ = write!(out, ",\"{field}\":\"{:#x}\"", e.aux);
             }
         }
@@ -67,18 +57,10 @@ pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
             );
         }
         EventKind::InvalidFree => {
-            let _ = write!(
-                out,
-                ",\"ptr\":\"{:#x}\",\"device\":{},\"result\":{}",
-                e.ptr, e.device, e.result
-            );
+            let _ = write!(out, ",\"ptr\":\"{:#x}\",\"device\":{},\"result\":{}", e.ptr, e.device, e.result);
         }
         EventKind::Checkpoint => {
-            let _ = write!(
-                out,
-                ",\"device\":{},\"leaked_bytes\":{},\"leaked_count\":{}",
-                e.device, e.size, e.aux
-            );
+            let _ = write!(out, ",\"device\":{},\"leaked_bytes\":{},\"leaked_count\":{}", e.device, e.size, e.aux);
         }
     }
     let _ = writeln!(out, ",\"tid\":{}}}", e.tid);
@@ -98,16 +80,8 @@ mod tests {
     #[test]
     fn golden_lines() {
         let mut s = String::new();
-        write_header(
-            &mut s,
-            &serde_json::json!({"pid": 7}),
-            &serde_json::json!({"mode": "pool"}),
-        );
-        write_event(
-            &mut s,
-            &Event::new(EventKind::Start, Api::None),
-            EventLine::First,
-        );
+        write_header(&mut s, &serde_json::json!({"pid": 7}), &serde_json::json!({"mode": "pool"}));
+        write_event(&mut s, &Event::new(EventKind::Start, Api::None), EventLine::First);
         let mut a = Event::new(EventKind::Alloc, Api::CudaMallocAsync);
         a.seq = 1;
         a.t_ns = 99;
