@@ -32,7 +32,7 @@ run_case() {
   local t0=$(date +%s.%N)
   "$@" >$d/plain.out 2>$d/plain.err; local rc_plain=$?
   local t1=$(date +%s.%N)
-  $bin/cupool run --log-dir $d/logs -- "$@" >$d/shim.out 2>$d/shim.err; local rc_shim=$?
+  $bin/cupool run ${CUPOOL_FLAGS:-} --log-dir $d/logs -- "$@" >$d/shim.out 2>$d/shim.err; local rc_shim=$?
   local t2=$(date +%s.%N)
   local san=()
   if [ $sanitize = 1 ]; then
@@ -54,6 +54,12 @@ run_case torch-caching -- python3 $src/torch_count.py
 run_case cupy -- python3 $src/cupy_count.py
 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform run_case jax-platform -- python3 $src/jax_count.py
 run_case jax-default -- python3 $src/jax_count.py
+# The same checks with device allocations served by cupool's pool.
+CUPOOL_FLAGS="--mode pool" run_case pool-cudart-shared --sanitize -- $work/leaks_shared
+CUPOOL_FLAGS="--mode pool" run_case pool-cudart-static --sanitize -- $work/leaks_static
+CUPOOL_FLAGS="--mode pool" run_case pool-driver-api --sanitize -- $work/driver
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUPOOL_FLAGS="--mode pool" run_case pool-torch-no-caching -- python3 $src/torch_count.py
+CUPOOL_FLAGS="--mode pool" run_case pool-cupy -- python3 $src/cupy_count.py
 
 # Exit status and signals through the CLI.
 $bin/cupool run -q --log-dir $work/status -- python3 -c "import torch; torch.zeros(1, device='cuda'); import sys; sys.exit(7)"

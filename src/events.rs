@@ -6,7 +6,7 @@
 use crate::{diag, guard, state};
 use cupool_core::log::{self, Event, EventKind, EventLine};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -39,6 +39,8 @@ static LOG_STATE: AtomicU8 = AtomicU8::new(LOG_NONE);
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 /// The writer answers a finish request with a byte here.
 static ACK_FD: AtomicI32 = AtomicI32::new(-1);
+/// The writer thread's id: a synchronous fault in it cannot wait for itself.
+static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 
 /// Records one event. The caller fills kind, api and payload; time, sequence
 /// number and thread are stamped here.
@@ -203,19 +205,24 @@ fn start_writer() {
     WAKE_FD.store(wake[1], Ordering::Release);
     ACK_FD.store(ack[0], Ordering::Release);
     let (wake_rd, ack_wr) = (wake[0], ack[1]);
+    // The writer must never run a signal handler (the handler waits for the
+    // writer): it is born with every signal blocked, not blocking them itself
+    // a moment too late.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut previous: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
+    }
     let spawned = std::thread::Builder::new().name("cupool-writer".into()).spawn(move || writer(wake_rd, ack_wr));
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) };
     if spawned.is_err() {
         diag::error("cannot start the writer thread; events will be written at exit only");
     }
 }
 
 fn writer(wake_rd: i32, ack_wr: i32) {
-    // Fatal signals must land in a program thread, whose handler then asks us to finish.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-    }
+    WRITER_TID.store(crate::guard::tid(), Ordering::Release);
     let period = state::options().flush_ms as i32;
     loop {
         let mut pfd = libc::pollfd { fd: wake_rd, events: libc::POLLIN, revents: 0 };
@@ -240,6 +247,11 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32) -> bool {
     let (wake, ack) = (WAKE_FD.load(Ordering::Acquire), ACK_FD.load(Ordering::Acquire));
     if wake < 0 || ack < 0 {
         return false;
+    }
+    if WRITER_TID.load(Ordering::Acquire) == unsafe { libc::syscall(libc::SYS_gettid) } as u32 {
+        // Only a fault can land here (the writer blocks every other signal).
+        state::finish(crate::report::ExitInfo::Signal(sig));
+        return true;
     }
     let byte = sig as u8;
     unsafe {
@@ -283,5 +295,6 @@ pub fn reset_in_child() {
     }
     SEQ.store(1, Ordering::Relaxed);
     DROPPED.store(0, Ordering::Relaxed);
+    WRITER_TID.store(0, Ordering::Release);
     LOG_STATE.store(LOG_NONE, Ordering::Release);
 }

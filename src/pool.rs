@@ -23,6 +23,7 @@ static CU_MEM_ALLOC: Slot = Slot::new(c"cuMemAlloc_v2", Lib::Driver);
 static CU_MEM_FREE: Slot = Slot::new(c"cuMemFree_v2", Lib::Driver);
 static CU_EVENT_CREATE: Slot = Slot::new(c"cuEventCreate", Lib::Driver);
 static CU_EVENT_RECORD: Slot = Slot::new(c"cuEventRecord", Lib::Driver);
+static CU_EVENT_SYNCHRONIZE: Slot = Slot::new(c"cuEventSynchronize", Lib::Driver);
 static CU_EVENT_QUERY: Slot = Slot::new(c"cuEventQuery", Lib::Driver);
 static CU_CTX_SYNCHRONIZE: Slot = Slot::new(c"cuCtxSynchronize", Lib::Driver);
 static CU_STREAM_IS_CAPTURING: Slot = Slot::new(c"cuStreamIsCapturing", Lib::Driver);
@@ -54,11 +55,37 @@ pub struct CudaBackend {
     completed: u64,
     fences: VecDeque<(u64, Vec<u64>)>,
     spare_events: Vec<u64>,
+    /// When the last fence was recorded (monotonic ns).
+    last_fence_ns: u64,
+    pub counters: FenceCounters,
 }
+
+/// How the reuse fences fared, for the end record.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct FenceCounters {
+    pub recorded: u64,
+    pub completed: u64,
+    pub skipped_for_capture: u64,
+    pub record_errors: u64,
+    pub waits: u64,
+    pub syncs: u64,
+}
+
+/// Frees are fenced at most this often: a fence costs an event record per
+/// stream, and blocks freed within one interval share it.
+const FENCE_INTERVAL_NS: u64 = 50_000;
 
 impl CudaBackend {
     fn new(ctx: u64) -> CudaBackend {
-        CudaBackend { ctx, epoch: 1, completed: 0, fences: VecDeque::new(), spare_events: Vec::new() }
+        CudaBackend {
+            ctx,
+            epoch: 1,
+            completed: 0,
+            fences: VecDeque::new(),
+            spare_events: Vec::new(),
+            last_fence_ns: 0,
+            counters: FenceCounters::default(),
+        }
     }
 
     fn streams(&self) -> Vec<u64> {
@@ -67,12 +94,14 @@ impl CudaBackend {
         s
     }
 
+    /// Only an active or invalidated capture counts; an error (a stream that
+    /// died behind cupool's back) does not block fencing the others.
     fn capturing(stream: u64) -> bool {
         let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
         let r = unsafe {
             call_real!(CU_STREAM_IS_CAPTURING, fn(u64, *mut i32) -> CUresult, (stream, &mut status), CUDA_ERROR_UNKNOWN)
         };
-        r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
+        r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE
     }
 
     fn event(&mut self) -> Option<u64> {
@@ -95,6 +124,7 @@ impl CudaBackend {
     fn record_fence(&mut self) -> bool {
         let streams = self.streams();
         if streams.iter().any(|&s| Self::capturing(s)) {
+            self.counters.skipped_for_capture += 1;
             return false; // recording into a capture would change the captured graph
         }
         let mut events = Vec::with_capacity(streams.len());
@@ -104,11 +134,17 @@ impl CudaBackend {
             if r == CUDA_SUCCESS {
                 events.push(e);
             } else {
+                self.counters.record_errors += 1;
                 self.spare_events.push(e);
+                if s != 0 {
+                    stream_destroyed(s); // not a live stream of ours after all
+                }
             }
         }
+        self.counters.recorded += 1;
         self.fences.push_back((self.epoch, events));
         self.epoch += 1;
+        self.last_fence_ns = crate::state::monotonic_ns();
         true
     }
 
@@ -121,6 +157,7 @@ impl CudaBackend {
                 return;
             }
             self.completed = *epoch;
+            self.counters.completed += 1;
             let (_, events) = self.fences.pop_front().unwrap_or_default();
             self.spare_events.extend(events);
         }
@@ -146,7 +183,18 @@ impl Backend for CudaBackend {
     }
 
     fn free_tag(&mut self) -> Option<u64> {
-        MULTI_STREAM.load(Ordering::Acquire).then_some(self.epoch)
+        if !MULTI_STREAM.load(Ordering::Acquire) {
+            return None;
+        }
+        let tag = self.epoch;
+        // Fence eagerly (rate-limited): by the time memory runs short, the
+        // fences of earlier frees have mostly completed and their blocks are
+        // reusable, instead of every pending block waiting on a fence recorded
+        // only at the miss (behind all the work queued since).
+        if crate::state::monotonic_ns().saturating_sub(self.last_fence_ns) >= FENCE_INTERVAL_NS {
+            self.record_fence();
+        }
+        Some(tag)
     }
 
     fn is_complete(&mut self, tag: u64) -> bool {
@@ -154,6 +202,23 @@ impl Backend for CudaBackend {
         if tag > self.completed && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
             self.poll();
         }
+        tag <= self.completed
+    }
+
+    fn wait_for(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag <= self.completed {
+            return true;
+        }
+        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
+            return false; // a capture is active: waiting could deadlock it
+        }
+        let Some((_, events)) = self.fences.iter().find(|(e, _)| *e >= tag) else { return false };
+        for &e in events.clone().iter() {
+            unsafe { call_real!(CU_EVENT_SYNCHRONIZE, fn(u64) -> CUresult, (e), CUDA_ERROR_UNKNOWN) };
+        }
+        self.counters.waits += 1;
+        self.poll();
         tag <= self.completed
     }
 
@@ -165,6 +230,7 @@ impl Backend for CudaBackend {
         if r != CUDA_SUCCESS {
             return false;
         }
+        self.counters.syncs += 1;
         self.completed = self.epoch;
         self.epoch += 1;
         while let Some((_, events)) = self.fences.pop_front() {
@@ -193,11 +259,11 @@ thread_local! {
 
 fn config() -> PoolConfig {
     let opts = crate::state::options();
-    PoolConfig { limit: if opts.limit == 0 { u64::MAX } else { opts.limit }, ..PoolConfig::default() }
+    PoolConfig { limit: if opts.limit == 0 { u64::MAX } else { opts.limit }, ..PoolConfig::shim_default() }
 }
 
 /// The pool of context `ctx` (on `device`), created on first use.
-pub fn pool_of(ctx: u64, device: i32) -> &'static ContextPool {
+pub fn pool_of(ctx: u64, device: impl FnOnce() -> i32) -> &'static ContextPool {
     let gen = GENERATION.load(Ordering::Acquire);
     let (c, g, p) = CACHED.with(Cell::get);
     if c == ctx && g == gen && !p.is_null() {
@@ -208,7 +274,7 @@ pub fn pool_of(ctx: u64, device: i32) -> &'static ContextPool {
     let pool = found.unwrap_or_else(|| {
         let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
             ctx,
-            device,
+            device: device(),
             pool: Mutex::new(Pool::new(CudaBackend::new(ctx), config())),
         }));
         pools.push(p);
@@ -218,21 +284,16 @@ pub fn pool_of(ctx: u64, device: i32) -> &'static ContextPool {
     pool
 }
 
-/// The pool that served an allocation made in `ctx`, if it still exists.
-pub fn existing(ctx: u64) -> Option<&'static ContextPool> {
-    POOLS.lock().iter().copied().find(|p| p.ctx == ctx)
-}
-
 pub fn allocate(pool: &ContextPool, size: u64) -> Result<Block, cupool_core::pool::OutOfMemory> {
     pool.pool.lock().allocate(size)
 }
 
-pub fn free(ctx: u64, block: BlockId) {
-    if let Some(p) = existing(ctx) {
-        p.pool.lock().free(block);
-    }
+/// Returns `block` to the pool at `pool` (a `ContextPool` address from `Live`).
+/// A pool whose context died still takes it: the memory is gone, the books stay straight.
+pub fn free(pool: usize, block: BlockId) {
+    let pool = unsafe { &*(pool as *const ContextPool) };
+    pool.pool.lock().free(block);
 }
-
 /// The context died: its memory went with it; forget its pool.
 pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) {
     POOLS.lock().retain(|p| !dies(p));

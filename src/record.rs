@@ -12,6 +12,18 @@ use cupool_core::pool::BlockId;
 static CU_CTX_GET_CURRENT: Slot = Slot::new(c"cuCtxGetCurrent", Lib::Driver);
 static CU_CTX_GET_DEVICE: Slot = Slot::new(c"cuCtxGetDevice", Lib::Driver);
 
+/// The context current on this thread; 0 when none.
+#[inline]
+pub fn current_context_only() -> u64 {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    let r = unsafe { call_real!(CU_CTX_GET_CURRENT, fn(*mut CUcontext) -> CUresult, (&mut ctx), CUDA_ERROR_UNKNOWN) };
+    if r == CUDA_SUCCESS {
+        ctx as u64
+    } else {
+        0
+    }
+}
+
 /// The context current on this thread and its device; (0, -1) when none.
 pub fn current_context() -> (u64, i32) {
     unsafe {
@@ -68,7 +80,7 @@ fn passthrough(site: Site, stream: u64, device_hint: Option<i32>, call: impl FnO
         let (ctx, dev) = current_context();
         let device = device_hint.unwrap_or(dev);
         if result == 0 {
-            record_alloc(site, stream, ctx, device, ptr, bytes, tracker::NO_BLOCK);
+            record_alloc(site, stream, ctx, device, ptr, bytes, tracker::NO_BLOCK, 0);
         } else {
             record_failure(site, device, bytes, result);
         }
@@ -101,21 +113,23 @@ pub fn pooled_alloc(site: Site, bytes: u64, write: impl FnOnce(u64), call: impl 
 
 /// `None`: the pool cannot be used here (no context); the caller passes through.
 fn from_pool(site: Site, bytes: u64) -> Option<Result<u64, i32>> {
-    let (mut ctx, mut device) = current_context();
+    let mut ctx = current_context_only();
     if ctx == 0 && site.api.as_str().starts_with("cuda") {
         // The runtime creates its context lazily; let it, exactly as cudaMalloc would.
         unsafe {
             call_real!(crate::hooks::runtime::CUDA_FREE, fn(*mut std::ffi::c_void) -> i32, (std::ptr::null_mut()), 1)
         };
-        (ctx, device) = current_context();
+        ctx = current_context_only();
     }
     if ctx == 0 {
         return None;
     }
-    let pool = crate::pool::pool_of(ctx, device);
+    // The device is asked only when this thread meets a new context.
+    let pool = crate::pool::pool_of(ctx, || current_context().1);
+    let device = pool.device;
     match crate::pool::allocate(pool, bytes) {
         Ok(block) => {
-            record_alloc(site, 0, ctx, device, block.addr, bytes, block.id.to_raw());
+            record_alloc(site, 0, ctx, device, block.addr, bytes, block.id.to_raw(), pool as *const _ as usize);
             Some(Ok(block.addr))
         }
         Err(_) => {
@@ -126,7 +140,8 @@ fn from_pool(site: Site, bytes: u64) -> Option<Result<u64, i32>> {
     }
 }
 
-fn record_alloc(site: Site, stream: u64, ctx: u64, device: i32, ptr: u64, bytes: u64, block: u32) {
+#[allow(clippy::too_many_arguments)]
+fn record_alloc(site: Site, stream: u64, ctx: u64, device: i32, ptr: u64, bytes: u64, block: u32, pool: usize) {
     let live = Live {
         size: bytes,
         t_ns: state::now_ns(),
@@ -137,6 +152,7 @@ fn record_alloc(site: Site, stream: u64, ctx: u64, device: i32, ptr: u64, bytes:
         tid: guard::tid(),
         stream,
         block,
+        pool,
     };
     tracker::insert(site.space, ptr, live);
     let mut e = Event::new(EventKind::Alloc, site.api);
@@ -173,7 +189,7 @@ pub fn track_free(api: Api, space: Space, ptr: u64, call: impl FnOnce() -> i32) 
     let pooled = known.filter(|l| l.block != tracker::NO_BLOCK);
     let result = match pooled {
         Some(live) => {
-            crate::diag::shielded(|| crate::pool::free(live.ctx, BlockId::from_raw(live.block)));
+            crate::diag::shielded(|| crate::pool::free(live.pool, BlockId::from_raw(live.block)));
             0
         }
         None => call(),

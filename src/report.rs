@@ -97,7 +97,10 @@ fn pools_json() -> Vec<Value> {
                 "num_alloc_retries": s.num_alloc_retries,
                 "num_ooms": s.num_ooms,
                 "num_syncs": s.num_syncs,
+                "num_waits": s.num_waits,
                 "largest_free_block": f.largest_free_block,
+                "multi_stream": crate::pool::MULTI_STREAM.load(std::sync::atomic::Ordering::Relaxed),
+                "fences": format!("{:?}", pool.backend().counters),
                 "peak_reserved_over_peak_requested":
                     if s.requested_bytes.peak == 0 { 1.0 } else { s.reserved_bytes.peak as f64 / s.requested_bytes.peak as f64 },
             }))

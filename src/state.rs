@@ -58,18 +58,24 @@ pub fn recording() -> bool {
     match STATE.load(Ordering::Acquire) {
         ACTIVE => true,
         UNINIT => start(),
+        STARTING => wait_for_start(),
         _ => false,
     }
+}
+
+/// Another thread is starting: this thread's event is recorded once it is done.
+#[cold]
+fn wait_for_start() -> bool {
+    while STATE.load(Ordering::Acquire) == STARTING {
+        std::hint::spin_loop();
+    }
+    STATE.load(Ordering::Acquire) == ACTIVE
 }
 
 #[cold]
 fn start() -> bool {
     if STATE.compare_exchange(UNINIT, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        // Another thread is starting; its events come first, ours are recorded once it is done.
-        while STATE.load(Ordering::Acquire) == STARTING {
-            std::hint::spin_loop();
-        }
-        return STATE.load(Ordering::Acquire) == ACTIVE;
+        return wait_for_start();
     }
     let opts = options();
     T0_NS.store(monotonic_ns(), Ordering::Relaxed);

@@ -24,6 +24,8 @@ pub struct Live {
     pub stream: u64,
     /// The pool block serving it, or `NO_BLOCK` when CUDA allocated it directly.
     pub block: u32,
+    /// The `ContextPool` that owns `block` (pools live for the whole process).
+    pub pool: usize,
 }
 
 pub const NO_BLOCK: u32 = u32::MAX;

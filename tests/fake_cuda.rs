@@ -11,11 +11,7 @@ use std::process::Command;
 use support::*;
 
 /// Runs `name` without the shim; asserts exit status and the result line.
-fn run_ok(
-    name: &str,
-    args: &[&str],
-    expect_status: i32,
-) -> (String, HashMap<String, u64>, std::path::PathBuf) {
+fn run_ok(name: &str, args: &[&str], expect_status: i32) -> (String, HashMap<String, u64>, std::path::PathBuf) {
     let dir = scratch_dir(name);
     let out = run_plain(&fakes().prog(name), args, &dir);
     let stdout = stdout_of(&out);
@@ -26,8 +22,7 @@ fn run_ok(
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let result = result_line(&stdout)
-        .unwrap_or_else(|| panic!("{name}: no `result: ok` line in:\n{stdout}"));
+    let result = result_line(&stdout).unwrap_or_else(|| panic!("{name}: no `result: ok` line in:\n{stdout}"));
     (stdout, result, dir)
 }
 
@@ -39,24 +34,10 @@ fn only_stats(dir: &Path) -> HashMap<String, u64> {
 }
 
 /// Device allocations, frees and live bytes agree between program and driver.
-fn assert_agrees(
-    name: &str,
-    result: &HashMap<String, u64>,
-    stats: &HashMap<String, u64>,
-    live_bytes: u64,
-) {
-    assert_eq!(
-        stats["allocs"], result["allocs"],
-        "{name}: allocs {stats:?} vs {result:?}"
-    );
-    assert_eq!(
-        stats["frees"], result["frees"],
-        "{name}: frees {stats:?} vs {result:?}"
-    );
-    assert_eq!(
-        stats["live_bytes"], live_bytes,
-        "{name}: live_bytes {stats:?}"
-    );
+fn assert_agrees(name: &str, result: &HashMap<String, u64>, stats: &HashMap<String, u64>, live_bytes: u64) {
+    assert_eq!(stats["allocs"], result["allocs"], "{name}: allocs {stats:?} vs {result:?}");
+    assert_eq!(stats["frees"], result["frees"], "{name}: frees {stats:?} vs {result:?}");
+    assert_eq!(stats["live_bytes"], live_bytes, "{name}: live_bytes {stats:?}");
 }
 
 fn tool_output(tool: &str, args: &[&str]) -> Option<String> {
@@ -73,12 +54,7 @@ fn tool_output(tool: &str, args: &[&str]) -> Option<String> {
 /// Names of the defined dynamic symbols of an ELF file (`nm -D --defined-only`).
 fn dynamic_defined(path: &Path) -> Option<BTreeSet<String>> {
     let out = tool_output("nm", &["-D", "--defined-only", path.to_str()?])?;
-    Some(
-        out.lines()
-            .filter_map(|l| l.split_whitespace().nth(2))
-            .map(String::from)
-            .collect(),
-    )
+    Some(out.lines().filter_map(|l| l.split_whitespace().nth(2)).map(String::from).collect())
 }
 
 fn dynamic_undefined(path: &Path) -> Option<BTreeSet<String>> {
@@ -175,31 +151,14 @@ fn libcudart_reaches_the_driver_only_through_dlopen() {
     let Some(exports) = dynamic_defined(&f.libcudart()) else {
         return;
     };
-    for sym in [
-        "cudaMalloc",
-        "cudaFree",
-        "cudaMalloc3D",
-        "cudaGetDriverEntryPointByVersion",
-    ] {
-        assert!(
-            exports.contains(sym),
-            "libcudart.so.13 does not export {sym}"
-        );
+    for sym in ["cudaMalloc", "cudaFree", "cudaMalloc3D", "cudaGetDriverEntryPointByVersion"] {
+        assert!(exports.contains(sym), "libcudart.so.13 does not export {sym}");
     }
-    assert!(
-        exports.iter().all(|s| s.starts_with("cuda")),
-        "stray exports: {exports:?}"
-    );
+    assert!(exports.iter().all(|s| s.starts_with("cuda")), "stray exports: {exports:?}");
     let undefined = dynamic_undefined(&f.libcudart()).unwrap();
-    assert!(
-        undefined.iter().all(|s| !s.starts_with("cu")),
-        "driver symbols referenced: {undefined:?}"
-    );
+    assert!(undefined.iter().all(|s| !s.starts_with("cu")), "driver symbols referenced: {undefined:?}");
     let deps = needed(&f.libcudart()).unwrap();
-    assert!(
-        deps.iter().all(|d| !d.starts_with("libcuda")),
-        "libcudart NEEDED: {deps:?}"
-    );
+    assert!(deps.iter().all(|d| !d.starts_with("libcuda")), "libcudart NEEDED: {deps:?}");
 }
 
 #[test]
@@ -208,38 +167,17 @@ fn program_linkage_is_as_intended() {
     let Some(static_syms) = dynamic_defined(&f.prog("prog_runtime_static")) else {
         return;
     };
-    assert!(
-        !static_syms.iter().any(|s| s.starts_with("cuda")),
-        "static-like exports {static_syms:?}"
-    );
+    assert!(!static_syms.iter().any(|s| s.starts_with("cuda")), "static-like exports {static_syms:?}");
     let undefined = dynamic_undefined(&f.prog("prog_runtime_static")).unwrap();
-    assert!(
-        !undefined.iter().any(|s| s.starts_with("cu")),
-        "static-like imports {undefined:?}"
-    );
+    assert!(!undefined.iter().any(|s| s.starts_with("cu")), "static-like imports {undefined:?}");
     let deps = needed(&f.prog("prog_runtime_static")).unwrap();
-    assert!(
-        !deps.iter().any(|d| d.starts_with("libcud")),
-        "static-like NEEDED {deps:?}"
-    );
+    assert!(!deps.iter().any(|d| d.starts_with("libcud")), "static-like NEEDED {deps:?}");
 
-    assert!(needed(&f.prog("prog_runtime"))
-        .unwrap()
-        .contains(&"libcudart.so.13".to_string()));
-    assert!(needed(&f.libplugin())
-        .unwrap()
-        .contains(&"libcudart.so.13".to_string()));
-    assert!(!needed(&f.prog("prog_dlopen"))
-        .unwrap()
-        .iter()
-        .any(|d| d.starts_with("libcud")));
-    assert!(needed(&f.prog("prog_driver"))
-        .unwrap()
-        .contains(&"libcuda.so.1".to_string()));
-    assert!(!needed(&f.prog("prog_getproc"))
-        .unwrap()
-        .iter()
-        .any(|d| d.starts_with("libcud")));
+    assert!(needed(&f.prog("prog_runtime")).unwrap().contains(&"libcudart.so.13".to_string()));
+    assert!(needed(&f.libplugin()).unwrap().contains(&"libcudart.so.13".to_string()));
+    assert!(!needed(&f.prog("prog_dlopen")).unwrap().iter().any(|d| d.starts_with("libcud")));
+    assert!(needed(&f.prog("prog_driver")).unwrap().contains(&"libcuda.so.1".to_string()));
+    assert!(!needed(&f.prog("prog_getproc")).unwrap().iter().any(|d| d.starts_with("libcud")));
 }
 
 /// The workload of prog_runtime / prog_runtime_static / prog_dlopen.
@@ -297,10 +235,7 @@ fn prog_runtime_honours_total_mem() {
         .unwrap();
     let stdout = stdout_of(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(
-        stdout.contains("result: FAIL cudaMalloc(&p, n) -> 2"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("result: FAIL cudaMalloc(&p, n) -> 2"), "{stdout}");
 }
 
 #[test]
@@ -322,10 +257,7 @@ fn prog_driver_direct() {
 #[test]
 fn prog_driver_needs_two_devices() {
     let dir = scratch_dir("one-device");
-    let out = plain_command(&fakes().prog("prog_driver"), &[], &dir)
-        .env("FAKE_CUDA_DEVICES", "1")
-        .output()
-        .unwrap();
+    let out = plain_command(&fakes().prog("prog_driver"), &[], &dir).env("FAKE_CUDA_DEVICES", "1").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout_of(&out).contains("need 2 devices, have 1"));
 }
@@ -333,11 +265,7 @@ fn prog_driver_needs_two_devices() {
 #[test]
 fn prog_getproc_via_cu_get_proc_address() {
     let (stdout, result, dir) = run_ok("prog_getproc", &[], 0);
-    assert_eq!(
-        stdout_value(&stdout, "getproc_matches_dlsym"),
-        Some(1),
-        "{stdout}"
-    );
+    assert_eq!(stdout_value(&stdout, "getproc_matches_dlsym"), Some(1), "{stdout}");
     assert_eq!(result["allocs"], 10);
     assert_eq!(result["frees"], 9);
     let stats = only_stats(&dir);
@@ -349,18 +277,12 @@ fn prog_fork_counts_per_process() {
     let (stdout, result, dir) = run_ok("prog_fork", &[], 0);
     let child = stdout_value(&stdout, "child_pid").expect("child_pid");
     let parent = stdout_value(&stdout, "parent_pid").expect("parent_pid");
-    assert!(
-        stdout.contains("child: allocs=2 frees=1 leaked_bytes=7777"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("child: allocs=2 frees=1 leaked_bytes=7777"), "{stdout}");
     assert_eq!(fake_stats(&dir).len(), 2);
     let p = fake_stats_for(&dir, parent).expect("parent stats");
     assert_agrees("prog_fork parent", &result, &p, 6666);
     let c = fake_stats_for(&dir, child).expect("child stats");
-    assert_eq!(
-        (c["allocs"], c["frees"], c["live"], c["live_bytes"]),
-        (2, 1, 1, 7777)
-    );
+    assert_eq!((c["allocs"], c["frees"], c["live"], c["live_bytes"]), (2, 1, 1, 7777));
 }
 
 #[test]
@@ -374,14 +296,8 @@ fn prog_sleep_runs_to_completion() {
 #[test]
 fn prog_sleep_killed_writes_no_stats() {
     let dir = scratch_dir("sleep-kill");
-    let (mut child, lines) = spawn_until(
-        plain_command(&fakes().prog("prog_sleep"), &[], &dir),
-        "ready",
-    );
-    assert!(
-        lines.iter().any(|l| l.starts_with("result: ok allocs=50")),
-        "{lines:?}"
-    );
+    let (mut child, lines) = spawn_until(plain_command(&fakes().prog("prog_sleep"), &[], &dir), "ready");
+    assert!(lines.iter().any(|l| l.starts_with("result: ok allocs=50")), "{lines:?}");
     child.kill().unwrap(); // SIGKILL: no destructor runs
     let status = child.wait().unwrap();
     assert!(!status.success());
@@ -394,10 +310,7 @@ fn prog_nocuda_runs() {
     let out = run_plain(&fakes().prog("prog_nocuda"), &["5", "x y"], &dir);
     assert_eq!(out.status.code(), Some(5));
     assert_eq!(stdout_of(&out), "hello 5 x y\n");
-    assert!(
-        fake_stats(&dir).is_empty(),
-        "prog_nocuda must not load libcuda"
-    );
+    assert!(fake_stats(&dir).is_empty(), "prog_nocuda must not load libcuda");
 }
 
 #[test]

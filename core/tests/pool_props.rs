@@ -154,7 +154,8 @@ impl Harness {
         );
         assert_eq!(s.reserved_bytes.allocated, m.totals[3]);
         assert_eq!(s.allocated_bytes.allocated - s.allocated_bytes.freed, s.allocated_bytes.current);
-        let counters = [s.num_device_alloc, s.num_device_free, s.num_alloc_retries, s.num_ooms, s.num_syncs];
+        let counters =
+            [s.num_device_alloc, s.num_device_free, s.num_alloc_retries, s.num_ooms, s.num_syncs, s.num_waits];
         assert_eq!(counters, m.counters);
         let f = p.fragmentation();
         let free: Vec<u64> =
@@ -268,6 +269,7 @@ fn config() -> impl Strategy<Value = (PoolConfig, Option<u64>)> {
                 min_split_remainder_large: split,
                 max_split_size: max_split,
                 limit,
+                release_before_grow: false,
             };
             (cfg, cap)
         })
@@ -328,6 +330,28 @@ proptest! {
     ) {
         let cfg = PoolConfig { max_split_size: max_split, limit: 1 << 30, ..PoolConfig::default() };
         run(cfg, None, &ops);
+    }
+
+    /// Sizes that divide each other and the segment sizes, frees mostly
+    /// deferred: the pending bytes often equal the request or a quarter of
+    /// the reserved bytes exactly, the edges of the wait rule.
+    #[test]
+    fn wait_rule_edges(
+        ops in prop::collection::vec(
+            prop_oneof![
+                4 => prop::sample::select(vec![512, 64 << 10, 512 << 10, MIB, 2 * MIB, 5 * MIB, 10 * MIB, 20 * MIB])
+                    .prop_map(Op::Alloc),
+                3 => any::<usize>().prop_map(Op::Free),
+                1 => Just(Op::Launch),
+                1 => (0u8..2).prop_map(Op::Complete),
+                1 => prop::bool::weighted(0.8).prop_map(Op::Deferred),
+                1 => prop::bool::weighted(0.2).prop_map(Op::Capture),
+            ],
+            1..300,
+        )
+    ) {
+        let ops: Vec<Op> = std::iter::once(Op::Deferred(true)).chain(ops).collect();
+        run(PoolConfig { limit: 256 * MIB, ..PoolConfig::default() }, Some(192 * MIB), &ops);
     }
 }
 

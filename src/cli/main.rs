@@ -1,5 +1,6 @@
 //! `cupool`: runs programs under the preload library and reads its logs.
 
+mod replay;
 mod run;
 mod summary;
 
@@ -20,6 +21,11 @@ enum Command {
     #[command(after_help = run::options_help())]
     Run(run::RunArgs),
     /// Summarise existing logs (files, or directories of cupool.*.json).
+    /// Replay recorded allocation traces (cupool logs, RMM logging CSV, .gz) through the pool on the CPU.
+    Replay {
+        /// Trace files; none: the bundled traces.
+        traces: Vec<PathBuf>,
+    },
     Report {
         /// Print the summary as JSON instead of text.
         #[arg(long)]
@@ -33,6 +39,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Replay { traces } => replay::run(traces),
         Command::Report { json, paths } => summary::report(&paths, json),
     }
 }

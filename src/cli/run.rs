@@ -106,17 +106,32 @@ pub fn run(args: RunArgs) -> ExitCode {
             for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
                 libc::signal(sig, libc::SIG_DFL);
             }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             Ok(())
         });
     }
-    let mut child = match cmd.spawn() {
+    // A SIGTERM that arrives before the child's pid is known must wait, not be lost.
+    let mut forwarded: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut forwarded);
+        libc::sigaddset(&mut forwarded, libc::SIGTERM);
+        libc::sigaddset(&mut forwarded, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &forwarded, std::ptr::null_mut());
+    }
+    let spawned = cmd.spawn();
+    if let Ok(c) = &spawned {
+        CHILD.store(c.id() as i32, Ordering::Relaxed);
+    }
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &forwarded, std::ptr::null_mut()) };
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cupool: cannot run {}: {e}", args.command[0]);
             return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
         }
     };
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
     let status = loop {
         match child.wait() {
             Ok(s) => break s,

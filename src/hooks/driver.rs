@@ -320,7 +320,8 @@ unsafe fn translate_range(attribute: i32, data: *mut c_void, ptr: DevPtr) {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: i32, ptr: DevPtr) -> CUresult {
-    let r = call_real!(CU_POINTER_GET_ATTRIBUTE, fn(*mut c_void, i32, DevPtr) -> CUresult, (data, attribute, ptr), MISSING);
+    let r =
+        call_real!(CU_POINTER_GET_ATTRIBUTE, fn(*mut c_void, i32, DevPtr) -> CUresult, (data, attribute, ptr), MISSING);
     if r == CUDA_SUCCESS {
         translate_range(attribute, data, ptr);
     }
@@ -350,7 +351,12 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut DevPtr, size: *mut usize, ptr: DevPtr) -> CUresult {
-    let r = call_real!(CU_MEM_GET_ADDRESS_RANGE, fn(*mut DevPtr, *mut usize, DevPtr) -> CUresult, (base, size, ptr), MISSING);
+    let r = call_real!(
+        CU_MEM_GET_ADDRESS_RANGE,
+        fn(*mut DevPtr, *mut usize, DevPtr) -> CUresult,
+        (base, size, ptr),
+        MISSING
+    );
     if r == CUDA_SUCCESS {
         if let Some(Some((b, s))) = crate::diag::shielded(|| crate::pool::block_range(ptr)) {
             if !base.is_null() {

@@ -120,22 +120,11 @@ fn build_shim(shim: &Path) {
     let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") => "dev".to_string(),
         Some(name) => name.to_string(),
-        None => panic!(
-            "cannot tell the cargo profile from {}",
-            profile_dir.display()
-        ),
+        None => panic!("cannot tell the cargo profile from {}", profile_dir.display()),
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(&cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--lib",
-            "-p",
-            "cupool",
-            "--profile",
-            &profile,
-        ])
+        .args(["build", "--quiet", "--lib", "-p", "cupool", "--profile", &profile])
         .arg("--manifest-path")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
         .arg("--target-dir")
@@ -149,11 +138,7 @@ fn build_shim(shim: &Path) {
         shim.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        shim.exists(),
-        "cargo build --lib did not produce {}",
-        shim.display()
-    );
+    assert!(shim.exists(), "cargo build --lib did not produce {}", shim.display());
 }
 
 /// The `cupool` CLI binary.
@@ -163,21 +148,14 @@ pub fn cli() -> PathBuf {
 
 /// The cargo target directory (`target/`), derived from the CLI's location.
 pub fn target_dir() -> PathBuf {
-    cli()
-        .parent()
-        .and_then(Path::parent)
-        .expect("CARGO_BIN_EXE_cupool has no grandparent")
-        .to_path_buf()
+    cli().parent().and_then(Path::parent).expect("CARGO_BIN_EXE_cupool has no grandparent").to_path_buf()
 }
 
 /// A fresh, empty directory under `target/fake-cuda/scratch/` for one test.
 pub fn scratch_dir(name: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let dir = target_dir()
-        .join("fake-cuda")
-        .join("scratch")
-        .join(format!("{name}-{}-{n}", std::process::id()));
+    let dir = target_dir().join("fake-cuda").join("scratch").join(format!("{name}-{}-{n}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
     dir
@@ -196,15 +174,9 @@ pub fn cupool_options(log_dir: &Path, extra_options: &str) -> String {
 /// Command for `prog` with the shim preloaded, `CUPOOL_OPTIONS`, the fake
 /// environment and `FAKE_CUDA_STATS=<log_dir>/fake-stats.txt`. Creates
 /// `log_dir`. Use it directly to spawn (e.g. to kill `prog_sleep`).
-pub fn preloaded_command(
-    prog: &Path,
-    args: &[&str],
-    log_dir: &Path,
-    extra_options: &str,
-) -> Command {
+pub fn preloaded_command(prog: &Path, args: &[&str], log_dir: &Path, extra_options: &str) -> Command {
     let mut cmd = plain_command(prog, args, log_dir);
-    cmd.env("LD_PRELOAD", shim_path())
-        .env("CUPOOL_OPTIONS", cupool_options(log_dir, extra_options));
+    cmd.env("LD_PRELOAD", shim_path()).env("CUPOOL_OPTIONS", cupool_options(log_dir, extra_options));
     cmd
 }
 
@@ -226,15 +198,13 @@ pub fn plain_command(prog: &Path, args: &[&str], stats_dir: &Path) -> Command {
 /// Runs `prog` with the shim preloaded (see [`preloaded_command`]).
 pub fn run_preloaded(prog: &Path, args: &[&str], log_dir: &Path, extra_options: &str) -> Output {
     let mut cmd = preloaded_command(prog, args, log_dir, extra_options);
-    cmd.output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", prog.display()))
+    cmd.output().unwrap_or_else(|e| panic!("run {}: {e}", prog.display()))
 }
 
 /// Runs `prog` without the shim (see [`plain_command`]).
 pub fn run_plain(prog: &Path, args: &[&str], stats_dir: &Path) -> Output {
     let mut cmd = plain_command(prog, args, stats_dir);
-    cmd.output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", prog.display()))
+    cmd.output().unwrap_or_else(|e| panic!("run {}: {e}", prog.display()))
 }
 
 /// Spawns a command with piped stdout and waits until it prints a line equal
@@ -276,10 +246,7 @@ pub fn result_line(stdout: &str) -> Option<HashMap<String, u64>> {
 /// Value of a `key=<number>` line in a program's stdout (e.g. `child_pid`).
 pub fn stdout_value(stdout: &str, key: &str) -> Option<u64> {
     let prefix = format!("{key}=");
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
+    stdout.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse().ok())
 }
 
 fn parse_kv(s: &str) -> HashMap<String, u64> {
@@ -297,20 +264,14 @@ fn parse_kv(s: &str) -> HashMap<String, u64> {
 /// process wrote any (e.g. all were SIGKILLed).
 pub fn fake_stats(dir: &Path) -> Vec<HashMap<String, u64>> {
     match fs::read_to_string(dir.join(FAKE_STATS_FILE)) {
-        Ok(text) => text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(parse_kv)
-            .collect(),
+        Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).map(parse_kv).collect(),
         Err(_) => Vec::new(),
     }
 }
 
 /// The fake-stats line of one process.
 pub fn fake_stats_for(dir: &Path, pid: u64) -> Option<HashMap<String, u64>> {
-    fake_stats(dir)
-        .into_iter()
-        .find(|s| s.get("pid") == Some(&pid))
+    fake_stats(dir).into_iter().find(|s| s.get("pid") == Some(&pid))
 }
 
 /// Reads every `cupool.<pid>.json` in `dir`, sorted by pid.
@@ -329,11 +290,7 @@ pub fn read_logs(dir: &Path) -> Vec<Value> {
             .filter_map(|e| e.ok())
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
-                let pid = name
-                    .strip_prefix("cupool.")?
-                    .strip_suffix(".json")?
-                    .parse()
-                    .ok()?;
+                let pid = name.strip_prefix("cupool.")?.strip_suffix(".json")?.parse().ok()?;
                 Some((pid, e.path()))
             })
             .collect(),
@@ -400,16 +357,12 @@ pub fn parse_log(text: &str) -> Option<Value> {
 
 /// The log of process `pid`.
 pub fn log_for_pid(logs: &[Value], pid: u64) -> Option<&Value> {
-    logs.iter()
-        .find(|l| l["process"]["pid"].as_u64() == Some(pid))
+    logs.iter().find(|l| l["process"]["pid"].as_u64() == Some(pid))
 }
 
 /// Events of a log with `"ev" == ev`.
 pub fn events<'a>(log: &'a Value, ev: &str) -> Vec<&'a Value> {
-    log["events"]
-        .as_array()
-        .map(|a| a.iter().filter(|e| e["ev"] == ev).collect())
-        .unwrap_or_default()
+    log["events"].as_array().map(|a| a.iter().filter(|e| e["ev"] == ev).collect()).unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------
@@ -422,15 +375,11 @@ struct Step {
 }
 
 fn source_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join("fake")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fake")
 }
 
 fn compiler() -> OsString {
-    std::env::var_os("CC")
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "cc".into())
+    std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into())
 }
 
 /// The build, in two phases: the libraries, then everything that links them.
@@ -438,17 +387,10 @@ fn recipe() -> (Vec<Step>, Vec<Step>) {
     let src = source_dir();
     let s = |f: &str| src.join(f).display().to_string();
     let common = |extra: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = [
-            "-std=gnu11",
-            "-O1",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-fno-omit-frame-pointer",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
+        let mut v: Vec<String> = ["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-fno-omit-frame-pointer"]
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
         v.push(format!("-I{}", src.display()));
         v.extend(extra.iter().map(|x| x.to_string()));
         v
@@ -465,80 +407,34 @@ fn recipe() -> (Vec<Step>, Vec<Step>) {
     let libs = vec![
         step(
             "libcuda.so.1",
-            common(&[
-                "-shared",
-                "-fPIC",
-                "-fvisibility=hidden",
-                "-Wl,-soname,libcuda.so.1",
-            ]),
+            common(&["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1"]),
             &[&s("fake_cuda.c"), "-pthread"],
         ),
         step(
             "libcudart.so.13",
-            common(&[
-                "-shared",
-                "-fPIC",
-                "-fvisibility=hidden",
-                "-Wl,-soname,libcudart.so.13",
-                rpath,
-            ]),
+            common(&["-shared", "-fPIC", "-fvisibility=hidden", "-Wl,-soname,libcudart.so.13", rpath]),
             &[&s("fake_cudart.c"), "-ldl", "-pthread"],
         ),
     ];
     let progs = vec![
-        step(
-            "prog_runtime",
-            common(&[]),
-            &[&s("prog_runtime.c"), &s("workload.c"), "-L.", cudart, rpath],
-        ),
+        step("prog_runtime", common(&[]), &[&s("prog_runtime.c"), &s("workload.c"), "-L.", cudart, rpath]),
         step(
             "prog_runtime_static",
             common(&[]),
-            &[
-                &s("prog_runtime.c"),
-                &s("workload.c"),
-                &s("fake_cudart.c"),
-                "-ldl",
-                "-pthread",
-                rpath,
-            ],
+            &[&s("prog_runtime.c"), &s("workload.c"), &s("fake_cudart.c"), "-ldl", "-pthread", rpath],
         ),
         step(
             "libplugin.so",
             common(&["-shared", "-fPIC", "-fvisibility=hidden"]),
             &[&s("plugin.c"), &s("workload.c"), "-L.", cudart, rpath],
         ),
-        step(
-            "prog_dlopen",
-            common(&[]),
-            &[&s("prog_dlopen.c"), "-ldl", rpath],
-        ),
-        step(
-            "prog_driver",
-            common(&[]),
-            &[&s("prog_driver.c"), "-L.", "-l:libcuda.so.1", rpath],
-        ),
-        step(
-            "prog_getproc",
-            common(&[]),
-            &[&s("prog_getproc.c"), "-ldl", rpath],
-        ),
-        step(
-            "prog_fork",
-            common(&[]),
-            &[&s("prog_fork.c"), "-L.", cudart, rpath],
-        ),
-        step(
-            "prog_sleep",
-            common(&[]),
-            &[&s("prog_sleep.c"), "-L.", cudart, rpath],
-        ),
+        step("prog_dlopen", common(&[]), &[&s("prog_dlopen.c"), "-ldl", rpath]),
+        step("prog_driver", common(&[]), &[&s("prog_driver.c"), "-L.", "-l:libcuda.so.1", rpath]),
+        step("prog_getproc", common(&[]), &[&s("prog_getproc.c"), "-ldl", rpath]),
+        step("prog_fork", common(&[]), &[&s("prog_fork.c"), "-L.", cudart, rpath]),
+        step("prog_sleep", common(&[]), &[&s("prog_sleep.c"), "-L.", cudart, rpath]),
         step("prog_nocuda", common(&[]), &[&s("prog_nocuda.c")]),
-        step(
-            "prog_threads",
-            common(&[]),
-            &[&s("prog_threads.c"), "-L.", cudart, "-pthread", rpath],
-        ),
+        step("prog_threads", common(&[]), &[&s("prog_threads.c"), "-L.", cudart, "-pthread", rpath]),
     ];
     (libs, progs)
 }
@@ -608,10 +504,7 @@ fn run_phase(dir: &Path, steps: &[Step]) {
             ));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "building the fake CUDA programs failed:{failures}"
-    );
+    assert!(failures.is_empty(), "building the fake CUDA programs failed:{failures}");
 }
 
 const COMPLETE_MARKER: &str = ".complete";
@@ -625,10 +518,7 @@ fn build_fakes() -> Fakes {
     }
     // Build in a private directory and rename it into place, so that test
     // binaries running in parallel never see a half-built directory.
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let tmp = root.join(format!("tmp-{}-{nanos}", std::process::id()));
     fs::create_dir_all(&tmp).unwrap_or_else(|e| panic!("create {}: {e}", tmp.display()));
     run_phase(&tmp, &libs);
@@ -641,12 +531,321 @@ fn build_fakes() -> Fakes {
     if let Err(e) = fs::rename(&tmp, &final_dir) {
         // Another test binary won the race; use its (identical) build.
         let _ = fs::remove_dir_all(&tmp);
-        assert!(
-            final_dir.join(COMPLETE_MARKER).exists(),
-            "rename {} -> {}: {e}",
-            tmp.display(),
-            final_dir.display()
-        );
+        assert!(final_dir.join(COMPLETE_MARKER).exists(), "rename {} -> {}: {e}", tmp.display(), final_dir.display());
     }
     Fakes { dir: final_dir }
+}
+
+// ---------------------------------------------------------------------------
+// Checking logs
+
+/// Checks one log (as returned by [`read_logs`] / [`parse_log`]) against the
+/// log schema: `schema`/`version`, `process.pid` equal to the pid in the file
+/// name (when `_file` is set), `process.cmdline[0]` ending with `prog`, `seq`
+/// unique, `t_ns` non-decreasing in `seq` order within each thread, every
+/// event carrying the fields its `ev` requires (with known names for `ev`,
+/// `api` and `kind`, and `0x…` hex pointers), and, for a complete log, a
+/// well-formed `end` record. Returns every problem found, one per line.
+pub fn validate_log(log: &Value, prog: &str) -> Result<(), String> {
+    use cupool_core::log::{Api, EventKind, MemKind};
+    let mut errs: Vec<String> = Vec::new();
+    let name = log["_file"].as_str().unwrap_or("<log>").to_string();
+    macro_rules! bad {
+        ($($t:tt)*) => { errs.push(format!($($t)*)) };
+    }
+    if log["schema"] != "cupool-log" {
+        bad!("schema is {}", log["schema"]);
+    }
+    if log["version"] != 1 {
+        bad!("version is {}", log["version"]);
+    }
+    let process = &log["process"];
+    match process["pid"].as_u64() {
+        None => bad!("process.pid missing: {process}"),
+        Some(pid) => {
+            if let Some(file) = log["_file"].as_str() {
+                if file != format!("cupool.{pid}.json") {
+                    bad!("process.pid {pid} does not match the file name {file}");
+                }
+            }
+        }
+    }
+    match process["cmdline"].as_array().and_then(|a| a.first()) {
+        Some(Value::String(arg0)) => {
+            let base = Path::new(arg0).file_name().and_then(|n| n.to_str());
+            if base != Some(prog) {
+                bad!("process.cmdline[0] {arg0:?} is not the program {prog:?}");
+            }
+        }
+        _ => bad!("process.cmdline missing or empty: {process}"),
+    }
+    if !log["options"].is_object() {
+        bad!("options is not an object: {}", log["options"]);
+    }
+    if log["_partial"] == true && log["_bad_lines"] != 0 {
+        bad!("{} unparsable lines before the last", log["_bad_lines"]);
+    }
+
+    let is_hex = |v: &Value| -> bool {
+        v.as_str()
+            .and_then(|s| s.strip_prefix("0x"))
+            .is_some_and(|h| !h.is_empty() && u64::from_str_radix(h, 16).is_ok())
+    };
+    let is_u64 = |v: &Value| v.as_u64().is_some();
+    let is_i64 = |v: &Value| v.as_i64().is_some();
+    let api_ok = |v: &Value| v.as_str().and_then(Api::from_name).is_some_and(|a| a != Api::None);
+    let kind_ok = |v: &Value| v.as_str().and_then(MemKind::from_name).is_some();
+    let empty = Vec::new();
+    let evs = match log["events"].as_array() {
+        Some(a) => a,
+        None => {
+            bad!("events is not an array");
+            &empty
+        }
+    };
+    for (i, e) in evs.iter().enumerate() {
+        let mut need = |field: &str, ok: &dyn Fn(&Value) -> bool| {
+            if !ok(&e[field]) {
+                errs.push(format!("event #{i} has no valid {field:?}: {e}"));
+            }
+        };
+        need("seq", &is_u64);
+        need("t_ns", &is_u64);
+        need("tid", &is_u64);
+        let Some(kind) = e["ev"].as_str().and_then(EventKind::from_name) else {
+            bad!("event #{i} has an unknown ev: {e}");
+            continue;
+        };
+        let mut need = |field: &str, ok: &dyn Fn(&Value) -> bool| {
+            if !ok(&e[field]) {
+                errs.push(format!("event #{i} ({kind:?}) has no valid {field:?}: {e}"));
+            }
+        };
+        match kind {
+            EventKind::Start => {}
+            EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap => {
+                need("api", &api_ok);
+                need("kind", &kind_ok);
+                need("ptr", &is_hex);
+                need("size", &is_u64);
+                need("device", &is_i64);
+            }
+            EventKind::AllocFailed | EventKind::Oom => {
+                need("api", &api_ok);
+                need("kind", &kind_ok);
+                need("size", &is_u64);
+                need("device", &is_i64);
+                need("result", &is_i64);
+            }
+            EventKind::InvalidFree => {
+                need("api", &api_ok);
+                need("ptr", &is_hex);
+                need("device", &is_i64);
+                need("result", &is_i64);
+            }
+            EventKind::Checkpoint => {
+                need("api", &api_ok);
+                need("device", &is_i64);
+                need("leaked_bytes", &is_u64);
+                need("leaked_count", &is_u64);
+            }
+        }
+    }
+
+    // seq: unique; t_ns: non-decreasing in seq order within each thread.
+    let mut order: Vec<&Value> = evs.iter().filter(|e| e["seq"].is_u64()).collect();
+    order.sort_by_key(|e| e["seq"].as_u64());
+    for w in order.windows(2) {
+        if w[0]["seq"] == w[1]["seq"] {
+            bad!("seq {} appears twice: {} and {}", w[0]["seq"], w[0], w[1]);
+        }
+    }
+    let mut last_t: HashMap<u64, (u64, &Value)> = HashMap::new();
+    for e in &order {
+        let (Some(tid), Some(t)) = (e["tid"].as_u64(), e["t_ns"].as_u64()) else {
+            continue;
+        };
+        if let Some((prev, pe)) = last_t.get(&tid) {
+            if t < *prev {
+                bad!("t_ns goes backwards within tid {tid}: {pe} then {e}");
+            }
+        }
+        last_t.insert(tid, (t, e));
+    }
+
+    // The end record of a complete log.
+    if log["_partial"] == false || log.get("end").is_some() {
+        let end = &log["end"];
+        if !end.is_object() {
+            bad!("complete log without an end record");
+        } else {
+            let how = end["exit"]["how"].as_str();
+            if !matches!(how, Some("exit") | Some("signal")) {
+                bad!("end.exit.how is {}", end["exit"]["how"]);
+            }
+            for (j, d) in end["devices"].as_array().unwrap_or(&empty).iter().enumerate() {
+                for f in ["allocs", "frees", "failures", "current_bytes", "peak_bytes"] {
+                    if !d[f].is_u64() {
+                        bad!("end.devices[{j}].{f} missing: {d}");
+                    }
+                }
+                if !d["device"].is_i64() {
+                    bad!("end.devices[{j}].device missing: {d}");
+                }
+            }
+            if !end["devices"].is_array() {
+                bad!("end.devices is not an array");
+            }
+            if !end["host"].is_object() {
+                bad!("end.host is not an object");
+            }
+            let leaks = end["leaks"].as_array();
+            if leaks.is_none() {
+                bad!("end.leaks is not an array");
+            }
+            for l in leaks.unwrap_or(&empty) {
+                let ptr_ok = is_hex(&l["ptr"]) || is_hex(&l["handle"]);
+                if !ptr_ok
+                    || !l["size"].is_u64()
+                    || !l["device"].is_i64()
+                    || !kind_ok(&l["kind"])
+                    || !api_ok(&l["api"])
+                    || !l["at"].is_string()
+                {
+                    bad!("malformed leak: {l}");
+                }
+            }
+            if !end["leak_summary"]["bytes"].is_u64() || !end["leak_summary"]["count"].is_u64() {
+                bad!("end.leak_summary malformed: {}", end["leak_summary"]);
+            }
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{name}:\n  {}", errs.join("\n  ")))
+    }
+}
+
+/// Panics with every problem [`validate_log`] finds.
+pub fn assert_valid_log(log: &Value, prog: &str) {
+    if let Err(e) = validate_log(log, prog) {
+        panic!("invalid cupool log: {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The CLI
+
+/// `cupool ARGS` with the fake environment, `FAKE_CUDA_STATS` in `stats_dir`
+/// (created), and no inherited `LD_PRELOAD`, `CUPOOL_OPTIONS` or `CUPOOL_LIB`.
+/// Builds the shim first; when the shim does not live beside the CLI (see
+/// `CUPOOL_TEST_SHIM`), points `CUPOOL_LIB` at it.
+pub fn cupool_command(args: &[&str], stats_dir: &Path) -> Command {
+    let shim = shim_path();
+    fs::create_dir_all(stats_dir).unwrap_or_else(|e| panic!("create {}: {e}", stats_dir.display()));
+    let mut cmd = Command::new(cli());
+    cmd.args(args)
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUPOOL_OPTIONS")
+        .env_remove("CUPOOL_LIB")
+        .envs(fakes().env())
+        .env("FAKE_CUDA_STATS", stats_dir.join(FAKE_STATS_FILE))
+        .stdin(Stdio::null());
+    if shim != cli().with_file_name("libcupool.so") {
+        cmd.env("CUPOOL_LIB", shim);
+    }
+    cmd
+}
+
+/// Runs `cupool ARGS` (see [`cupool_command`]).
+pub fn run_cupool(args: &[&str], stats_dir: &Path) -> Output {
+    cupool_command(args, stats_dir).output().unwrap_or_else(|e| panic!("run cupool {args:?}: {e}"))
+}
+
+/// Lossy stderr of a finished program.
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Names of the `cupool.*.json` files in `dir` (empty when `dir` is missing).
+pub fn log_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("cupool.") && n.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+// ---------------------------------------------------------------------------
+// Test-local C code
+
+/// `tests/fake/`, for `-I` when compiling test-local programs against the
+/// fake headers.
+pub fn fake_source_dir() -> PathBuf {
+    source_dir()
+}
+
+/// Compiles one test-local C source with the system compiler into a fresh
+/// scratch directory and returns the output file. `args` go after the
+/// source (e.g. `-shared -fPIC`, or [`link_fake_cudart`]). Panics with the
+/// compiler's output on failure.
+pub fn compile_c(name: &str, source: &str, args: &[String]) -> PathBuf {
+    let dir = scratch_dir(&format!("cc-{name}"));
+    let src = dir.join(format!("{name}.c"));
+    fs::write(&src, source).unwrap_or_else(|e| panic!("write {}: {e}", src.display()));
+    let out = dir.join(name);
+    let res = Command::new(compiler())
+        .arg("-std=gnu11")
+        .arg("-O1")
+        .arg("-Wall")
+        .arg(format!("-I{}", source_dir().display()))
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {:?}: {e}", compiler()));
+    assert!(
+        res.status.success(),
+        "compiling {name} failed:\n{}{}",
+        String::from_utf8_lossy(&res.stdout),
+        String::from_utf8_lossy(&res.stderr)
+    );
+    out
+}
+
+/// Linker arguments for a test-local program using the fake shared runtime.
+pub fn link_fake_cudart() -> Vec<String> {
+    let dir = fakes().lib_dir().display().to_string();
+    vec![format!("-L{dir}"), "-l:libcudart.so.13".into(), format!("-Wl,-rpath,{dir}"), "-pthread".into()]
+}
+
+/// Waits for `child` at most `limit`; kills it (SIGKILL) and panics when it
+/// is still running then.
+pub fn wait_with_timeout(child: &mut Child, limit: std::time::Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for child") {
+            return status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process {} still running after {limit:?}", child.id());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Sends `sig` to process `pid`.
+pub fn send_signal(pid: u32, sig: i32) {
+    let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(r, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
 }

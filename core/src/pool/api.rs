@@ -26,6 +26,12 @@ pub trait Backend {
     fn synchronize(&mut self) -> bool {
         true
     }
+    /// Block until `tag` is complete. Returns false if waiting is impossible
+    /// now (a stream capture is active). The default waits for everything.
+    fn wait_for(&mut self, tag: u64) -> bool {
+        let _ = tag;
+        self.synchronize()
+    }
 }
 
 /// Opaque handle of an allocated block (a slab index). It stays valid until

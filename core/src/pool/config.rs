@@ -31,6 +31,9 @@ pub struct PoolConfig {
     /// Cap on reserved bytes; a segment that would pass it is treated as a
     /// device out-of-memory (`u64::MAX`: no cap).
     pub limit: u64,
+    /// Before growing, give back completely free segments worth the new one
+    /// (largest first). Off in PyTorch's allocator; cupool turns it on.
+    pub release_before_grow: bool,
 }
 
 impl Default for PoolConfig {
@@ -43,6 +46,7 @@ impl Default for PoolConfig {
             min_split_remainder_large: MIB,
             max_split_size: u64::MAX,
             limit: u64::MAX,
+            release_before_grow: false,
         }
     }
 }
@@ -52,6 +56,12 @@ fn clamp_aligned(v: u64, align: u64, lo: u64, hi: u64) -> u64 {
 }
 
 impl PoolConfig {
+    /// What cupool runs with: PyTorch's sizes, plus releasing idle cached
+    /// segments before growing (see `release_before_grow`).
+    pub fn shim_default() -> PoolConfig {
+        PoolConfig { release_before_grow: true, ..PoolConfig::default() }
+    }
+
     /// Returns a copy with every nonsensical value clamped to the nearest
     /// sensible one:
     /// * segment sizes are multiples of 2 MiB, between 2 MiB and 1 TiB;
@@ -83,6 +93,7 @@ impl PoolConfig {
             min_split_remainder_large,
             max_split_size,
             limit: self.limit,
+            release_before_grow: self.release_before_grow,
         }
     }
 
@@ -149,6 +160,7 @@ mod tests {
             min_split_remainder_large: 0,
             max_split_size: 5,
             limit: 7,
+            release_before_grow: true,
         }
         .validate();
         assert_eq!(c.small_max, 512);

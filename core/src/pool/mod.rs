@@ -37,6 +37,10 @@ pub use stats::{Fragmentation, PoolStats, Stat};
 
 /// A caching allocator over segments obtained from a [`Backend`]. Not
 /// thread-safe by itself: wrap it in a mutex.
+/// A miss waits for pending frees instead of growing while pending bytes are at
+/// least 1/WAIT_FRACTION of the reserved bytes (and enough for the request).
+const WAIT_FRACTION: u64 = 4;
+
 pub struct Pool<B: Backend> {
     backend: B,
     config: PoolConfig,
@@ -121,8 +125,32 @@ impl<B: Backend> Pool<B> {
                 return Ok(self.take(i, small, rounded, requested));
             }
         }
+        // Much memory freed but not yet safe to reuse: waiting for the GPU to
+        // pass the oldest of those frees costs less than a new segment that
+        // would sit idle once they complete.
+        while let Some(&(_, tag)) = self.pending.front() {
+            let pending = self.stats.active_bytes.current - self.stats.allocated_bytes.current;
+            if pending < rounded || pending.saturating_mul(WAIT_FRACTION) < self.stats.reserved_bytes.current {
+                break;
+            }
+            if !self.backend.wait_for(tag) {
+                break;
+            }
+            self.stats.num_waits += 1;
+            self.completed_upto = self.completed_upto.max(Some(tag));
+            self.reclaim_completed();
+            if let Some(i) = self.find_free(small, rounded) {
+                return Ok(self.take(i, small, rounded, requested));
+            }
+        }
         let seg_size = self.config.segment_size(rounded).filter(|&s| s <= self.config.limit);
         if let Some(seg_size) = seg_size {
+            if self.config.release_before_grow {
+                // Cached whole segments that could not serve this request give
+                // way to the new one, so reserved memory tracks live memory.
+                let reserved = self.stats.reserved_bytes.current;
+                self.release_free_segments(reserved.saturating_sub(seg_size));
+            }
             if let Some(i) = self.grow(small, seg_size) {
                 return Ok(self.take(i, small, rounded, requested));
             }

@@ -79,6 +79,8 @@ pub struct PoolStats {
     pub num_ooms: u64,
     /// Successful `Backend::synchronize` calls made by the pool.
     pub num_syncs: u64,
+    /// Misses that waited for pending frees (`Backend::wait_for`) instead of growing.
+    pub num_waits: u64,
 }
 
 impl PoolStats {

@@ -11,6 +11,9 @@ use cupool_core::pool::{Backend, BlockSnapshot, BlockState, PoolConfig, PoolStat
 
 pub const MIB: u64 = 1 << 20;
 pub const ALIGN: u64 = 2 * MIB;
+/// A miss waits for pending frees, rather than growing, while the pending
+/// bytes cover the request and are at least 1/WAIT_FRACTION of the reserved bytes.
+pub const WAIT_FRACTION: u64 = 4;
 
 /// Bump-allocating device: addresses are never reused and segments are
 /// adjacent (so a merge across segments would be visible). `cap` bounds the
@@ -122,8 +125,8 @@ pub struct Model {
     pub peaks: [u64; NSTATS],
     /// Successful allocations, bytes handed out, segments obtained, bytes obtained.
     pub totals: [u64; 4],
-    /// num_device_alloc, num_device_free, num_alloc_retries, num_ooms, num_syncs.
-    pub counters: [u64; 5],
+    /// num_device_alloc, num_device_free, num_alloc_retries, num_ooms, num_syncs, num_waits.
+    pub counters: [u64; 6],
 }
 
 impl Model {
@@ -135,7 +138,7 @@ impl Model {
             fifo: VecDeque::new(),
             peaks: [0; NSTATS],
             totals: [0; 4],
-            counters: [0; 5],
+            counters: [0; 6],
         }
     }
 
@@ -268,6 +271,27 @@ impl Model {
         n
     }
 
+    /// Frees pending blocks oldest first while their tag is at most `upto`
+    /// (known complete: the device was waited for up to it) or the backend
+    /// says it is complete.
+    fn reclaim_upto(&mut self, upto: u64) -> usize {
+        let mut n = 0;
+        while let Some(&(addr, tag)) = self.fifo.front() {
+            if tag > upto && !self.be.is_complete(tag) {
+                break;
+            }
+            self.fifo.pop_front();
+            self.make_free(addr);
+            n += 1;
+        }
+        n
+    }
+
+    /// Bytes freed but still waiting for their tag.
+    fn pending_bytes(&self) -> u64 {
+        self.segs.values().flat_map(|s| s.blocks.iter()).filter(|b| b.st == St::Pending).map(|b| b.size).sum()
+    }
+
     pub fn release(&mut self, target: u64) -> u64 {
         let mut whole: Vec<(u64, u64)> = self
             .segs
@@ -304,6 +328,24 @@ impl Model {
             return Some(r);
         }
         if self.reclaim(false) > 0 {
+            if let Some(r) = self.try_fit(small, rounded, req) {
+                return Some(r);
+            }
+        }
+        // Wait for the oldest pending free while the pending bytes could serve
+        // the request and are a large enough share of what is reserved.
+        while let Some(&(_, tag)) = self.fifo.front() {
+            let pending = self.pending_bytes();
+            let reserved: u64 = self.segs.values().map(|s| s.size).sum();
+            if pending < rounded || pending.saturating_mul(WAIT_FRACTION) < reserved {
+                break;
+            }
+            // The fake does not override `wait_for`: the default synchronizes.
+            if !self.be.wait_for(tag) {
+                break;
+            }
+            self.counters[5] += 1;
+            self.reclaim_upto(tag);
             if let Some(r) = self.try_fit(small, rounded, req) {
                 return Some(r);
             }

@@ -6,26 +6,42 @@ use super::*;
 fn pending_blocks_wait_for_their_tag() {
     let mut p = pool(PoolConfig::default());
     p.backend_mut().deferred = true;
+    // Six segments' worth of live memory, so that one pending block is a small
+    // share of what is reserved: the pool grows rather than wait for it.
+    let keep: Vec<Block> = (0..5).map(|_| alloc(&mut p, MIB)).collect();
     let a = alloc(&mut p, MIB);
-    let b = alloc(&mut p, MIB);
     free(&mut p, a);
     assert_eq!(p.pending_blocks(), 1);
-    assert_eq!(p.stats().active_bytes.current, 2 * MIB);
-    assert_eq!(p.stats().allocated_bytes.current, MIB);
+    assert_eq!(p.stats().active_bytes.current, 6 * MIB);
+    assert_eq!(p.stats().allocated_bytes.current, 5 * MIB);
     assert!(p.lookup(a.addr).is_none());
     // Not complete: a new small segment is made instead of reusing `a`.
     let c = alloc(&mut p, MIB);
     let _c2 = alloc(&mut p, MIB);
     assert_ne!(c.addr, a.addr);
-    assert_eq!(p.snapshot().len(), 2);
+    assert_eq!(p.snapshot().len(), 4);
     // Complete: the next miss reclaims `a` before growing.
     p.backend_mut().done = 1;
     let d = alloc(&mut p, MIB);
-    assert_eq!(p.snapshot().len(), 2, "no growth: {:?}", states(&p));
+    assert_eq!(p.snapshot().len(), 4, "no growth: {:?}", states(&p));
     assert_eq!(d.addr, a.addr);
-    free(&mut p, b);
+    free(&mut p, keep[0]);
     assert_eq!(p.pending_blocks(), 1);
-    assert_eq!(p.stats().num_syncs, 0);
+    assert_eq!(p.stats().num_syncs + p.stats().num_waits, 0);
+}
+
+#[test]
+fn a_large_pending_share_is_waited_for_not_grown_around() {
+    let mut p = pool(PoolConfig::default());
+    p.backend_mut().deferred = true;
+    let a = alloc(&mut p, MIB);
+    let _b = alloc(&mut p, MIB);
+    free(&mut p, a);
+    // 1 MiB pending of 2 MiB reserved: waiting beats a new segment.
+    let c = alloc(&mut p, MIB);
+    assert_eq!(c.addr, a.addr);
+    assert_eq!(p.snapshot().len(), 1);
+    assert_eq!(p.stats().num_waits, 1);
 }
 
 #[test]
@@ -64,7 +80,7 @@ fn synchronize_false_keeps_blocks_pending() {
     p.backend_mut().capture = false;
     let c = alloc(&mut p, 512);
     assert_eq!(c.addr, a.addr);
-    assert_eq!(p.stats().num_syncs, 1);
+    assert_eq!(p.stats().num_waits, 1, "the miss waited for the pending frees");
     assert_eq!(p.pending_blocks(), 0);
 }
 

@@ -1,0 +1,22 @@
+/* Hook overhead on the CPU: cudaMalloc+cudaFree pairs through the fake
+ * runtime, with and without libcupool.so preloaded (scripts/hook-bench.sh). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+int cudaMalloc(void** p, size_t n);
+int cudaFree(void* p);
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+int main(int argc, char** argv) {
+    long n = argc > 1 ? atol(argv[1]) : 1000000;
+    void* p;
+    cudaFree(0);
+    double best = 1e30;
+    for (int round = 0; round < 5; round++) {
+        double t0 = now();
+        for (long i = 0; i < n; i++) { cudaMalloc(&p, 4096); cudaFree(p); }
+        double ns = (now() - t0) / n;
+        if (ns < best) best = ns;
+    }
+    printf("pair_ns=%.1f\n", best);
+    return 0;
+}

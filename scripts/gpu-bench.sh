@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Side-by-side GPU benchmarks, one run, one machine (figures go to BENCHMARKS.md):
+#  1. cudaMalloc+cudaFree pair latency per size: plain vs cupool (pool, no trace; pool, traced; passthrough)
+#  2. the PyTorch transformer workload: caching allocator, expandable_segments,
+#     PYTORCH_NO_CUDA_MEMORY_CACHING=1 raw, and the same under cupool's pool
+#  3. stream safety: a freed block still written by a slow kernel on another stream
+#  4. allocation traces for `cupool replay` (recorded in passthrough mode), written to $OUT
+# Run from the repository root with the built shim and CLI in .gpu/.
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+bin=$(pwd)/.gpu
+src=$(pwd)/scripts/gpu
+work=$(mktemp -d /tmp/cupool-bench.XXXX)
+out=${OUT:-$work}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+nvcc -O2 -arch=native -cudart shared -o $work/bench_pair $src/bench_pair.cu
+nvcc -O2 -arch=native -cudart shared -o $work/stream_safety $src/stream_safety.cu
+nvcc -O2 -arch=native -cudart shared -o $work/stress $src/stress.cu
+pool="$bin/cupool run -q --log-dir $work/logs --mode pool"
+
+echo "== pair latency (us, median of 7 batches)"
+$work/bench_pair > $work/pair_plain.csv
+$pool --no-trace -- $work/bench_pair > $work/pair_pool.csv
+$pool -- $work/bench_pair > $work/pair_pool_trace.csv
+$bin/cupool run -q --log-dir $work/logs --no-trace -- $work/bench_pair > $work/pair_passthrough.csv
+paste -d, $work/pair_plain.csv $work/pair_pool.csv $work/pair_pool_trace.csv $work/pair_passthrough.csv | \
+  awk -F, 'NR==1{print "size_bytes  plain_us  pool_us  pool_traced_us  passthrough_us  plain/pool"; next} {printf "%10s  %8s  %7s  %14s  %14s  %9.0fx\n", $1, $2, $4, $6, $8, $2/$4}'
+
+echo "== PyTorch transformer (shared/bench workload)"
+T=$src/torch_transformer.py
+MODE=caching python3 $T
+MODE=expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $T
+MODE=nocache-raw PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 $T
+MODE=nocache-cupool-pool PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool --no-trace -- python3 $T
+python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); print('pool stats:', json.dumps(l['end']['pools']))" 
+MODE=nocache-cupool-pool-traced PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool -- python3 $T
+MODE=caching-cupool-pool $pool --no-trace -- python3 $T
+python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); print('pool stats:', json.dumps(l['end']['pools']))" 
+
+echo "== stream safety"
+$work/stream_safety | sed 's/^/plain: /'
+$pool -- $work/stream_safety | sed 's/^/cupool pool: /'
+echo "== multi-thread multi-stream stress (10^6 allocations+frees)"
+/usr/bin/time -f "plain: %e s" $work/stress 1000000
+/usr/bin/time -f "cupool pool: %e s" $pool --no-trace -- $work/stress 1000000
+
+echo "== traces"
+mkdir -p $work/traces
+rec() { local name=$1; shift; rm -rf $work/t; PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/t -- "$@" >/dev/null && gzip -9 -c $work/t/cupool.*.json > $out/$name.json.gz; ls -la $out/$name.json.gz; }
+rec torch-transformer python3 -c "import runpy,sys; sys.argv=['x']; exec(open('$T').read().replace('N = 60','N = 10'))"
+rec resnet18 python3 $src/trace_cnn.py
+rec gpt2 python3 $src/trace_gpt2.py
+rm -rf $work/t; cp $src/cupy_count.py $work/; $bin/cupool run -q --log-dir $work/t -- python3 $work/cupy_count.py >/dev/null && gzip -9 -c $work/t/cupool.*.json > $out/cupy.json.gz
+$bin/cupool replay $out/*.json.gz
