@@ -259,8 +259,9 @@ fn config() -> impl Strategy<Value = (PoolConfig, Option<u64>)> {
         prop::sample::select(vec![u64::MAX, 32 * MIB, 48 * MIB]),
         prop::sample::select(vec![u64::MAX, 64 * MIB, 160 * MIB]),
         prop::sample::select(vec![None, Some(48 * MIB), Some(128 * MIB)]),
+        any::<bool>(),
     )
-        .prop_map(|(small_max, small_segment, (ls, lt), split, max_split, limit, cap)| {
+        .prop_map(|(small_max, small_segment, (ls, lt), split, max_split, limit, cap, rbg)| {
             let cfg = PoolConfig {
                 small_max,
                 small_segment,
@@ -269,7 +270,7 @@ fn config() -> impl Strategy<Value = (PoolConfig, Option<u64>)> {
                 min_split_remainder_large: split,
                 max_split_size: max_split,
                 limit,
-                release_before_grow: false,
+                release_before_grow: rbg,
             };
             (cfg, cap)
         })

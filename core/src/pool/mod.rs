@@ -35,12 +35,12 @@ pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use size::{round_size, MIN_BLOCK, SEGMENT_ALIGN};
 pub use stats::{Fragmentation, PoolStats, Stat};
 
-/// A caching allocator over segments obtained from a [`Backend`]. Not
-/// thread-safe by itself: wrap it in a mutex.
 /// A miss waits for pending frees instead of growing while pending bytes are at
 /// least 1/WAIT_FRACTION of the reserved bytes (and enough for the request).
 const WAIT_FRACTION: u64 = 4;
 
+/// A caching allocator over segments obtained from a [`Backend`]. Not
+/// thread-safe by itself: wrap it in a mutex.
 pub struct Pool<B: Backend> {
     backend: B,
     config: PoolConfig,

@@ -359,6 +359,10 @@ impl Model {
         }
         .filter(|&s| s <= c.limit);
         if let Some(s) = seg {
+            if c.release_before_grow {
+                let reserved: u64 = self.segs.values().map(|s| s.size).sum();
+                self.release(reserved.saturating_sub(s));
+            }
             if let Some(r) = self.try_grow(small, s, rounded, req) {
                 return Some(r);
             }

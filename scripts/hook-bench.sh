@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Hook overhead on the CPU, no GPU needed: cudaMalloc(4 KiB)+cudaFree pairs
+# through the fake CUDA runtime (built by the test suite), plain and under the
+# shim in each mode, side by side in one run. Prints the best of 5 rounds, ns/pair.
+set -eu
+cd "$(dirname "$0")/.."
+cargo build --release -q
+cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
+fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
+cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -Wl,-rpath,"$PWD/$fake"
+export LD_LIBRARY_PATH=$fake
+n=${1:-300000}
+printf '%-28s %s\n' "fake runtime, no shim" "$(target/hook_pair $n)"
+for o in mode=passthrough:trace=0 mode=passthrough:trace=1 mode=pool:trace=0 mode=pool:trace=1; do
+  printf '%-28s %s\n' "$o" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n)"
+done
+rm -rf target/hook-bench-logs
