@@ -827,6 +827,14 @@ pub fn link_fake_cudart() -> Vec<String> {
     vec![format!("-L{dir}"), "-l:libcudart.so.13".into(), format!("-Wl,-rpath,{dir}"), "-pthread".into()]
 }
 
+/// Linker arguments for a test-local program that calls the fake driver
+/// (`libcuda.so.1`) by symbol, like `prog_driver`. Combine with
+/// [`link_fake_cudart`] for a program that uses both APIs.
+pub fn link_fake_cuda() -> Vec<String> {
+    let dir = fakes().lib_dir().display().to_string();
+    vec![format!("-L{dir}"), "-l:libcuda.so.1".into(), format!("-Wl,-rpath,{dir}"), "-pthread".into()]
+}
+
 /// Waits for `child` at most `limit`; kills it (SIGKILL) and panics when it
 /// is still running then.
 pub fn wait_with_timeout(child: &mut Child, limit: std::time::Duration) -> std::process::ExitStatus {
