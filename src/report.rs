@@ -212,7 +212,7 @@ pub fn write_end(how: ExitInfo) {
         let space = if l.kind == log::MemKind::Vmm { Space::VmmHandle } else { Space::Pointer };
         (l.size, leak_json(*key, space, l, "exit", now_ns))
     }));
-    leaks.sort_by(|a, b| b.0.cmp(&a.0));
+    leaks.sort_by_key(|l| std::cmp::Reverse(l.0));
     let leak_bytes: u64 = leaks.iter().map(|(s, _)| s).sum();
     let devices: Vec<Value> = tracker::device_counters().map(|(d, c)| counters_json(d, c)).collect();
     let end = json!({

@@ -209,6 +209,8 @@ pub fn run_plain(prog: &Path, args: &[&str], stats_dir: &Path) -> Output {
 
 /// Spawns a command with piped stdout and waits until it prints a line equal
 /// to `marker` (e.g. `"ready"`). Returns the child and the lines read so far.
+// The child is handed back to the caller, who waits for it.
+#[allow(clippy::zombie_processes)]
 pub fn spawn_until(mut cmd: Command, marker: &str) -> (Child, Vec<String>) {
     use std::io::BufRead;
     let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn");

@@ -15,9 +15,9 @@ pub enum EventLine {
 
 /// The first line: everything up to and including `"events":[`.
 pub fn write_header(out: &mut String, process: &serde_json::Value, options: &serde_json::Value) {
-    let _ = write!(
+    let _ = writeln!(
         out,
-        "{{\"schema\":\"{SCHEMA}\",\"version\":{VERSION},\"process\":{process},\"options\":{options},\"events\":[\n"
+        "{{\"schema\":\"{SCHEMA}\",\"version\":{VERSION},\"process\":{process},\"options\":{options},\"events\":["
     );
 }
 
