@@ -14,13 +14,7 @@ use std::ffi::{c_uint, c_ulonglong, c_void};
 
 const MISSING: CUresult = CUDA_ERROR_NOT_FOUND;
 
-macro_rules! slots {
-    ($($slot:ident = $name:literal;)*) => {
-        $(pub static $slot: Slot = Slot::new($name, Lib::Driver);)*
-    };
-}
-
-slots! {
+super::slots! { Lib::Driver;
     CU_MEM_ALLOC = c"cuMemAlloc_v2";
     CU_MEM_FREE = c"cuMemFree_v2";
     CU_MEM_ALLOC_PITCH = c"cuMemAllocPitch_v2";

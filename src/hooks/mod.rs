@@ -28,6 +28,14 @@ impl Entry {
     }
 }
 
+/// Declares lazily resolved real functions of one library: `slots! { Lib::Driver; NAME = c"symbol"; ... }`.
+macro_rules! slots {
+    ($lib:expr; $($slot:ident = $name:literal;)*) => {
+        $(pub static $slot: $crate::real::Slot = $crate::real::Slot::new($name, $lib);)*
+    };
+}
+pub(crate) use slots;
+
 macro_rules! entry {
     ($f:ident, $slot:path) => {
         $crate::hooks::Entry::new($f as *const (), &$slot)

@@ -15,13 +15,7 @@ use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
 
 const MISSING: cudaError_t = CUDA_ERROR_SYMBOL_NOT_FOUND_RT;
 
-macro_rules! slots {
-    ($($slot:ident = $name:literal;)*) => {
-        $(pub static $slot: Slot = Slot::new($name, Lib::Runtime);)*
-    };
-}
-
-slots! {
+super::slots! { Lib::Runtime;
     CUDA_MALLOC = c"cudaMalloc";
     CUDA_FREE = c"cudaFree";
     CUDA_MALLOC_ASYNC = c"cudaMallocAsync";
