@@ -20,6 +20,9 @@ build() { nvcc -O2 -arch=native "$@" 2>&1 | grep -v "^$" >&2; }
 build -cudart shared -o $work/leaks_shared $src/leaks.cu -lcuda
 build -o $work/leaks_static $src/leaks.cu -lcuda
 build -o $work/driver $src/driver.cu -lcuda
+build -cudart shared -default-stream per-thread -o $work/leaks_ptds $src/leaks.cu -lcuda
+build -cudart shared -o $work/reset $src/reset.cu
+build -o $work/reset_static $src/reset.cu
 echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
 
 # case NAME [--sanitize] -- CMD...
@@ -49,6 +52,9 @@ run_case() {
 run_case cudart-shared --sanitize -- $work/leaks_shared
 run_case cudart-static --sanitize -- $work/leaks_static
 run_case driver-api --sanitize -- $work/driver
+run_case cudart-per-thread --sanitize -- $work/leaks_ptds
+run_case device-reset --sanitize -- $work/reset
+run_case device-reset-static --sanitize -- $work/reset_static
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_case torch-no-caching -- python3 $src/torch_count.py
 run_case torch-caching -- python3 $src/torch_count.py
 run_case cupy -- python3 $src/cupy_count.py

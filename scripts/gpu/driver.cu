@@ -29,6 +29,14 @@ int main(int argc, char** argv) {
     CUdeviceptr managed;
     CK(cuMemAllocManaged(&managed, 1 << 20, CU_MEM_ATTACH_GLOBAL)); device_allocs++;
     CK(cuMemFree(managed));
+    CUmemoryPool dpool;
+    CK(cuDeviceGetDefaultMemPool(&dpool, dev));
+    CUdeviceptr fp;
+    CK(cuMemAllocFromPoolAsync(&fp, 1 << 16, dpool, 0)); device_allocs++;
+    CK(cuMemAllocAsync(&pitched, 1 << 16, 0)); device_allocs++;
+    CK(cuMemFreeAsync(fp, 0));
+    CK(cuMemFreeAsync(pitched, 0));
+    CK(cuStreamSynchronize(0));
     void* host;
     CK(cuMemAllocHost(&host, 1 << 16));
     CK(cuMemFreeHost(host));

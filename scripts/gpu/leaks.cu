@@ -27,6 +27,11 @@ int main(int argc, char** argv) {
     size_t pitch;
     CHECK(cudaMallocAsync(&a, 1 << 20, 0)); device_allocs++;
     CHECK(cudaFreeAsync(a, 0));
+    cudaMemPool_t mempool;
+    CHECK(cudaDeviceGetDefaultMemPool(&mempool, 0));
+    void* fp;
+    CHECK(cudaMallocFromPoolAsync(&fp, 1 << 16, mempool, 0)); device_allocs++;
+    CHECK(cudaFreeAsync(fp, 0));
     CHECK(cudaMallocManaged(&m, 1 << 20)); device_allocs++;
     CHECK(cudaFree(m));
     CHECK(cudaMallocPitch(&pitched, &pitch, 1000, 10)); device_allocs++;
