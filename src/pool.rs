@@ -2,13 +2,14 @@
 //! pool per CUDA context, over the real driver.
 //!
 //! Reuse safety: a `cudaFree` waits for queued GPU work that may still touch
-//! the buffer; the pool does not. While the process has never created a
-//! stream, all work is ordered on the legacy default stream, so a block freed
-//! and handed out again is only touched by work queued after the old work:
-//! immediate reuse is safe. Once a stream exists, freed blocks wait for a
-//! *fence* (an event on every live stream of the context, recorded after the
-//! free) to complete; the pool synchronises the context only when memory is
-//! short, and never while a stream is being captured.
+//! the buffer; the pool does not. While all GPU work so far went to one
+//! stream (`hooks::work` watches every submission), work is executed in the
+//! order it was queued, so a block freed and handed out again is only touched
+//! by work queued after the old work: immediate reuse is safe. Once work has
+//! gone to a second stream, freed blocks wait for a *fence* (an event on every
+//! live stream of the context, recorded after the free) to complete; the pool
+//! synchronises the context only when memory is short, and never while a
+//! stream is being captured.
 
 use crate::call_real;
 use crate::ffi::*;
@@ -28,14 +29,51 @@ static CU_EVENT_QUERY: Slot = Slot::new(c"cuEventQuery", Lib::Driver);
 static CU_CTX_SYNCHRONIZE: Slot = Slot::new(c"cuCtxSynchronize", Lib::Driver);
 static CU_STREAM_IS_CAPTURING: Slot = Slot::new(c"cuStreamIsCapturing", Lib::Driver);
 
-/// Set once the process creates any stream: from then on reuse waits for fences.
+/// Set once GPU work has gone to a second stream (or, with `strict_streams`,
+/// once any stream exists): from then on reuse waits for fences.
 pub static MULTI_STREAM: AtomicBool = AtomicBool::new(false);
+
+/// The one stream all work went to so far, as a `stream_key`; `NO_STREAM` before any.
+static ONLY_STREAM: AtomicU64 = AtomicU64::new(NO_STREAM);
+const NO_STREAM: u64 = u64::MAX;
+const LEGACY_STREAM: u64 = 0;
+const CU_STREAM_LEGACY: u64 = 1;
+const CU_STREAM_PER_THREAD: u64 = 2;
+
+/// Names a stream the way the GPU orders work: the legacy default stream is
+/// one stream for the whole process, a per-thread default stream is one per
+/// thread, and a created stream is itself.
+fn stream_key(stream: u64, per_thread_api: bool) -> u64 {
+    match stream {
+        0 if !per_thread_api => LEGACY_STREAM,
+        CU_STREAM_LEGACY => LEGACY_STREAM,
+        0 | CU_STREAM_PER_THREAD => (1 << 63) | crate::guard::tid() as u64,
+        s => s,
+    }
+}
+
+/// Work was queued on `stream` (`per_thread_api`: through a `_ptsz` entry point,
+/// where stream 0 means the calling thread's default stream).
+#[inline]
+pub fn note_work(stream: u64, per_thread_api: bool) {
+    if MULTI_STREAM.load(Ordering::Relaxed) {
+        return;
+    }
+    let key = stream_key(stream, per_thread_api);
+    match ONLY_STREAM.compare_exchange(NO_STREAM, key, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(only) if only == key => {}
+        Err(_) => MULTI_STREAM.store(true, Ordering::Release),
+    }
+}
 
 /// Live streams as (context, stream).
 static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
 pub fn stream_created(ctx: u64, stream: u64) {
-    MULTI_STREAM.store(true, Ordering::Release);
+    if crate::state::options().strict_streams {
+        MULTI_STREAM.store(true, Ordering::Release);
+    }
     STREAMS.lock().push((ctx, stream));
 }
 
@@ -320,6 +358,7 @@ pub unsafe fn unlock_all(in_child: bool) {
         POOLS.lock().clear();
         STREAMS.lock().clear();
         MULTI_STREAM.store(false, Ordering::Release);
+        ONLY_STREAM.store(NO_STREAM, Ordering::Release);
         GENERATION.fetch_add(1, Ordering::AcqRel);
     }
 }

@@ -164,7 +164,12 @@ impl Slot {
         if p == 0 {
             // The driver or runtime may simply not be loaded yet; only a
             // lookup in a library that is there is final.
-            if matches!(self.lib, Lib::Libc) {
+            let final_answer = match self.lib {
+                Lib::Libc => true,
+                Lib::Driver => !LIBCUDA.load(Ordering::Acquire).is_null(),
+                Lib::Runtime => false,
+            };
+            if final_answer {
                 self.ptr.store(ABSENT, Ordering::Release);
             }
             return None;

@@ -24,8 +24,11 @@ extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     }
     crate::diag::shielded(|| {
         let name = unsafe { CStr::from_ptr(name) };
-        let table = if name.to_bytes().starts_with(b"cuda") { super::runtime::TABLE } else { super::driver::TABLE };
-        super::procaddr::dlsym_substitute(table, handle, name)
+        if name.to_bytes().starts_with(b"cuda") {
+            super::procaddr::dlsym_substitute(super::runtime::TABLE.iter(), handle, name)
+        } else {
+            super::procaddr::dlsym_substitute(super::driver_entries(), handle, name)
+        }
     })
     .unwrap_or(std::ptr::null_mut())
 }

@@ -6,6 +6,7 @@ pub mod driver;
 pub mod procaddr;
 pub mod process;
 pub mod runtime;
+pub mod work;
 
 use crate::real::Slot;
 use std::ffi::c_void;
@@ -26,6 +27,11 @@ impl Entry {
     pub fn wrapper(&self) -> *mut c_void {
         self.wrapper as *mut c_void
     }
+}
+
+/// Every driver function cupool hands out a wrapper for.
+pub fn driver_entries() -> impl Iterator<Item = &'static Entry> {
+    driver::TABLE.iter().chain(work::TABLE.iter())
 }
 
 /// Declares lazily resolved real functions of one library: `slots! { Lib::Driver; NAME = c"symbol"; ... }`.

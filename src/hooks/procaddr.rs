@@ -17,8 +17,7 @@ pub static CU_GET_PROC_ADDRESS_V2: Slot = Slot::new(c"cuGetProcAddress_v2", Lib:
 
 /// The wrapper for the real driver function at `real`, if cupool wraps it.
 fn wrapper_for(real: usize) -> Option<*mut c_void> {
-    let table = super::driver::TABLE;
-    if let Some(e) = table.iter().find(|e| e.real.get() == Some(real)) {
+    if let Some(e) = super::driver_entries().find(|e| e.real.get() == Some(real)) {
         return Some(e.wrapper());
     }
     // Not an exported symbol's address: ask the dynamic linker what is there.
@@ -30,7 +29,7 @@ fn wrapper_for(real: usize) -> Option<*mut c_void> {
         return None;
     }
     let name = unsafe { CStr::from_ptr(info.dli_sname) };
-    let e = table.iter().find(|e| e.real.name == name)?;
+    let e = super::driver_entries().find(|e| e.real.name == name)?;
     (e.real.learn(real) == real).then(|| e.wrapper())
 }
 
@@ -85,8 +84,12 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 
 /// Looks `name` up in a table for `dlsym`: cupool's wrapper when the caller's
 /// handle really resolves `name` to the function cupool wraps.
-pub fn dlsym_substitute(table: &[Entry], handle: *mut c_void, name: &CStr) -> *mut c_void {
-    let Some(e) = table.iter().find(|e| e.real.name == name) else {
+pub fn dlsym_substitute<'a>(
+    mut table: impl Iterator<Item = &'a Entry>,
+    handle: *mut c_void,
+    name: &CStr,
+) -> *mut c_void {
+    let Some(e) = table.find(|e| e.real.name == name) else {
         return std::ptr::null_mut();
     };
     let found = unsafe { crate::real::dlsym(handle, name) } as usize;
