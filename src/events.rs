@@ -45,7 +45,33 @@ static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 /// Records one event. The caller fills kind, api and payload; time, sequence
 /// number and thread are stamped here.
 #[inline]
-pub fn record(mut e: Event) {
+pub fn record(e: Event) {
+    record_stamped(e, None);
+}
+
+/// A place in the timeline taken before a call whose outcome is recorded after
+/// it: a free is stamped before the memory can be handed out again, so no
+/// other thread's allocation of the same address can precede it in `seq`.
+#[derive(Clone, Copy)]
+pub struct Stamp {
+    seq: u64,
+    t_ns: u64,
+}
+
+#[inline]
+pub fn stamp() -> Stamp {
+    state::recording();
+    Stamp { seq: SEQ.fetch_add(1, Ordering::Relaxed), t_ns: state::now_ns() }
+}
+
+/// Records `e` at the place `stamp` reserved.
+#[inline]
+pub fn record_at(e: Event, stamp: Stamp) {
+    record_stamped(e, Some(stamp));
+}
+
+#[inline]
+fn record_stamped(mut e: Event, stamp: Option<Stamp>) {
     if !state::recording() {
         return;
     }
@@ -59,8 +85,10 @@ pub fn record(mut e: Event) {
         return;
     }
     e.tid = guard::tid();
-    e.t_ns = state::now_ns();
-    e.seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    match stamp {
+        Some(s) => (e.seq, e.t_ns) = (s.seq, s.t_ns),
+        None => (e.t_ns, e.seq) = (state::now_ns(), SEQ.fetch_add(1, Ordering::Relaxed)),
+    }
     let mut buf = BUFFERS[e.tid as usize % SHARDS].lock();
     if buf.len() >= MAX_PENDING {
         DROPPED.fetch_add(1, Ordering::Relaxed);

@@ -17,6 +17,8 @@ pub type CUmemGenericAllocationHandle = u64;
 pub const CUDA_SUCCESS: CUresult = 0;
 /// Also `cudaErrorMemoryAllocation`: runtime and driver share the value.
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+/// Also `cudaErrorInvalidValue`.
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 /// `cudaErrorSharedObjectSymbolNotFound`: what we return when the real runtime

@@ -332,10 +332,31 @@ pub fn free(pool: usize, block: BlockId) {
     let pool = unsafe { &*(pool as *const ContextPool) };
     pool.pool.lock().free(block);
 }
-/// The context died: its memory went with it; forget its pool.
+/// Pools of contexts that died, kept for the end record.
+static RETIRED: Mutex<Vec<&'static ContextPool>> = Mutex::new(Vec::new());
+
+/// The context died: its memory went with it; retire its pool.
 pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) {
-    POOLS.lock().retain(|p| !dies(p));
+    let mut pools = POOLS.lock();
+    let mut retired = RETIRED.lock();
+    pools.retain(|p| {
+        let dead = dies(p);
+        if dead {
+            retired.push(p);
+        }
+        !dead
+    });
     GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Pools whose context died, for the end record.
+pub fn retired() -> Vec<&'static ContextPool> {
+    RETIRED.lock().clone()
+}
+
+/// Is `ptr` inside memory a live pool holds?
+pub fn owns(ptr: u64) -> bool {
+    all().into_iter().any(|p| p.pool.lock().owns(ptr))
 }
 
 /// Every pool, for the end report and `cuMemGetInfo`.
@@ -356,6 +377,7 @@ pub unsafe fn unlock_all(in_child: bool) {
     if in_child {
         // The child has no CUDA context of its parent's: start with no pools.
         POOLS.lock().clear();
+        RETIRED.lock().clear();
         STREAMS.lock().clear();
         MULTI_STREAM.store(false, Ordering::Release);
         ONLY_STREAM.store(NO_STREAM, Ordering::Release);

@@ -11,6 +11,46 @@ use cupool_core::pool::BlockId;
 
 static CU_CTX_GET_CURRENT: Slot = Slot::new(c"cuCtxGetCurrent", Lib::Driver);
 static CU_CTX_GET_DEVICE: Slot = Slot::new(c"cuCtxGetDevice", Lib::Driver);
+static CU_PRIMARY_CTX_GET_STATE: Slot = Slot::new(c"cuDevicePrimaryCtxGetState", Lib::Driver);
+static CU_PRIMARY_CTX_RETAIN: Slot = Slot::new(c"cuDevicePrimaryCtxRetain", Lib::Driver);
+static CU_PRIMARY_CTX_RELEASE: Slot = Slot::new(c"cuDevicePrimaryCtxRelease_v2", Lib::Driver);
+
+/// The primary context of `device` if it is active (asked before a reset,
+/// so that only its allocations are reported as dying with it).
+pub fn primary_context(device: i32) -> Option<u64> {
+    unsafe {
+        let (mut flags, mut active) = (0u32, 0i32);
+        let r = call_real!(
+            CU_PRIMARY_CTX_GET_STATE,
+            fn(CUdevice, *mut u32, *mut i32) -> CUresult,
+            (device, &mut flags, &mut active),
+            CUDA_ERROR_UNKNOWN
+        );
+        if r == CUDA_SUCCESS && active == 0 {
+            return None; // retaining it would create it
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        let r = call_real!(
+            CU_PRIMARY_CTX_RETAIN,
+            fn(*mut CUcontext, CUdevice) -> CUresult,
+            (&mut ctx, device),
+            CUDA_ERROR_UNKNOWN
+        );
+        if r != CUDA_SUCCESS {
+            return None;
+        }
+        call_real!(CU_PRIMARY_CTX_RELEASE, fn(CUdevice) -> CUresult, (device), CUDA_ERROR_UNKNOWN);
+        Some(ctx as u64)
+    }
+}
+
+/// A device's primary context is being reset: `primary` (from
+/// `primary_context`, asked before) and what it holds die.
+pub fn primary_reset(api: Api, device: i32, primary: Option<u64>) {
+    let Some(ctx) = primary else { return };
+    crate::pool::drop_context(|p| p.ctx == ctx);
+    checkpoint(api, device, |l| l.ctx == ctx);
+}
 
 /// The context current on this thread; 0 when none.
 #[inline]
@@ -80,7 +120,10 @@ fn passthrough(site: Site, stream: u64, device_hint: Option<i32>, call: impl FnO
         let (ctx, dev) = current_context();
         let device = device_hint.unwrap_or(dev);
         if result == 0 {
-            record_alloc(site, stream, ctx, device, ptr, bytes, tracker::NO_BLOCK, 0);
+            if ptr != 0 {
+                // A 0-byte request succeeds with a NULL pointer: nothing was allocated.
+                record_alloc(site, stream, ctx, device, ptr, bytes, tracker::NO_BLOCK, 0);
+            }
         } else {
             record_failure(site, device, bytes, result);
         }
@@ -134,7 +177,7 @@ fn from_pool(site: Site, bytes: u64) -> Option<Result<u64, i32>> {
         }
         Err(_) => {
             record_failure(site, device, bytes, CUDA_ERROR_OUT_OF_MEMORY);
-            crate::report::out_of_memory(pool, bytes);
+            crate::report::out_of_memory(site.api, pool, bytes);
             Some(Err(CUDA_ERROR_OUT_OF_MEMORY))
         }
     }
@@ -142,6 +185,7 @@ fn from_pool(site: Site, bytes: u64) -> Option<Result<u64, i32>> {
 
 #[allow(clippy::too_many_arguments)]
 fn record_alloc(site: Site, stream: u64, ctx: u64, device: i32, ptr: u64, bytes: u64, block: u32, pool: usize) {
+    state::recording(); // starts the clock before the first allocation is stamped
     let live = Live {
         size: bytes,
         t_ns: state::now_ns(),
@@ -186,12 +230,16 @@ pub fn track_free(api: Api, space: Space, ptr: u64, call: impl FnOnce() -> i32) 
         return call();
     };
     let known = crate::diag::shielded(|| tracker::remove(space, ptr)).flatten();
+    let stamp = events::stamp();
     let pooled = known.filter(|l| l.block != tracker::NO_BLOCK);
     let result = match pooled {
         Some(live) => {
             crate::diag::shielded(|| crate::pool::free(live.pool, BlockId::from_raw(live.block)));
             0
         }
+        // Not a live allocation but inside a pool segment (a double free):
+        // CUDA must not see it, or it would free the whole segment.
+        None if known.is_none() && crate::pool::owns(ptr) => CUDA_ERROR_INVALID_VALUE,
         None => call(),
     };
     crate::diag::shielded(|| match (known, result) {
@@ -201,7 +249,7 @@ pub fn track_free(api: Api, space: Space, ptr: u64, call: impl FnOnce() -> i32) 
             e.device = live.device;
             e.ptr = ptr;
             e.size = live.size;
-            events::record(e);
+            events::record_at(e, stamp);
         }
         (Some(live), _) => tracker::restore(space, ptr, live), // CUDA kept it: so do we
         (None, 0) => {} // allocated before cupool could see it (e.g. inside another hook's init)
@@ -209,7 +257,7 @@ pub fn track_free(api: Api, space: Space, ptr: u64, call: impl FnOnce() -> i32) 
             let mut e = Event::new(EventKind::InvalidFree, api);
             e.ptr = ptr;
             e.result = r;
-            events::record(e);
+            events::record_at(e, stamp);
         }
     });
     result

@@ -28,6 +28,9 @@ static CHECKPOINT_LEAKS: Mutex<Vec<CheckpointLeak>> = Mutex::new(Vec::new());
 
 /// A context (or every context of a device) died: whatever it still held was leaked.
 pub fn checkpoint(at: log::Api, device: i32, died: Vec<(u64, Space, Live)>) {
+    if died.is_empty() {
+        return; // a context that died clean is no news
+    }
     let bytes = died.iter().map(|(_, _, l)| l.size).sum();
     let mut e = log::Event::new(log::EventKind::Checkpoint, at);
     e.device = device;
@@ -49,8 +52,8 @@ static OOMS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
 
 /// The pool could not serve `bytes` even after releasing its cache: record
 /// what the device memory looked like, for the end record.
-pub fn out_of_memory(pool: &crate::pool::ContextPool, bytes: u64) {
-    let mut e = log::Event::new(log::EventKind::Oom, log::Api::None);
+pub fn out_of_memory(api: log::Api, pool: &crate::pool::ContextPool, bytes: u64) {
+    let mut e = log::Event::new(log::EventKind::Oom, api);
     e.device = pool.device;
     e.size = bytes;
     e.result = 2;
@@ -77,35 +80,40 @@ pub fn out_of_memory(pool: &crate::pool::ContextPool, bytes: u64) {
 }
 
 fn pools_json() -> Vec<Value> {
-    crate::pool::all()
-        .into_iter()
-        .filter_map(|p| {
-            let pool = p.pool.try_lock_for(std::time::Duration::from_millis(200))?;
-            let s = pool.stats();
-            let f = pool.fragmentation();
-            let stat = |st: &cupool_core::pool::Stat| json!({"current": st.current, "peak": st.peak});
-            Some(json!({
-                "device": p.device,
-                "allocated_bytes": stat(&s.allocated_bytes),
-                "requested_bytes": stat(&s.requested_bytes),
-                "reserved_bytes": stat(&s.reserved_bytes),
-                "active_bytes": stat(&s.active_bytes),
-                "inactive_split_bytes": stat(&s.inactive_split_bytes),
-                "segment": stat(&s.segment),
-                "num_device_alloc": s.num_device_alloc,
-                "num_device_free": s.num_device_free,
-                "num_alloc_retries": s.num_alloc_retries,
-                "num_ooms": s.num_ooms,
-                "num_syncs": s.num_syncs,
-                "num_waits": s.num_waits,
-                "largest_free_block": f.largest_free_block,
-                "multi_stream": crate::pool::MULTI_STREAM.load(std::sync::atomic::Ordering::Relaxed),
-                "fences": format!("{:?}", pool.backend().counters),
-                "peak_reserved_over_peak_requested":
-                    if s.requested_bytes.peak == 0 { 1.0 } else { s.reserved_bytes.peak as f64 / s.requested_bytes.peak as f64 },
-            }))
-        })
-        .collect()
+    let live = crate::pool::all().into_iter().map(|p| (p, false));
+    let retired = crate::pool::retired().into_iter().map(|p| (p, true));
+    live.chain(retired).filter_map(|(p, dead)| pool_json(p, dead)).collect()
+}
+
+/// One pool's statistics. A retired pool's context died and took its
+/// segments with it: its current figures are reported as 0.
+fn pool_json(p: &crate::pool::ContextPool, dead: bool) -> Option<Value> {
+    let pool = p.pool.try_lock_for(std::time::Duration::from_millis(200))?;
+    let s = pool.stats();
+    let f = pool.fragmentation();
+    let stat = |st: &cupool_core::pool::Stat| json!({"current": if dead { 0 } else { st.current }, "peak": st.peak});
+    let ratio =
+        if s.requested_bytes.peak == 0 { 1.0 } else { s.reserved_bytes.peak as f64 / s.requested_bytes.peak as f64 };
+    Some(json!({
+        "device": p.device,
+        "context_destroyed": dead,
+        "allocated_bytes": stat(&s.allocated_bytes),
+        "requested_bytes": stat(&s.requested_bytes),
+        "reserved_bytes": stat(&s.reserved_bytes),
+        "active_bytes": stat(&s.active_bytes),
+        "inactive_split_bytes": stat(&s.inactive_split_bytes),
+        "segment": stat(&s.segment),
+        "num_device_alloc": s.num_device_alloc,
+        "num_device_free": s.num_device_free,
+        "num_alloc_retries": s.num_alloc_retries,
+        "num_ooms": s.num_ooms,
+        "num_syncs": s.num_syncs,
+        "num_waits": s.num_waits,
+        "largest_free_block": if dead { 0 } else { f.largest_free_block },
+        "multi_stream": crate::pool::MULTI_STREAM.load(std::sync::atomic::Ordering::Relaxed),
+        "fences": format!("{:?}", pool.backend().counters),
+        "peak_reserved_over_peak_requested": ratio,
+    }))
 }
 
 pub fn lock_for_fork() {

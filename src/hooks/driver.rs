@@ -382,11 +382,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     let Some(_guard) = crate::guard::Guard::enter() else {
         return call_real!(CU_DEVICE_PRIMARY_CTX_RESET, fn(CUdevice) -> CUresult, (dev), MISSING);
     };
-    let started = crate::state::now_ns();
+    let primary = crate::diag::shielded(|| crate::record::primary_context(dev)).flatten();
     let r = call_real!(CU_DEVICE_PRIMARY_CTX_RESET, fn(CUdevice) -> CUresult, (dev), MISSING);
     if r == CUDA_SUCCESS {
-        crate::pool::drop_context(|p| p.device == dev);
-        crate::record::checkpoint(Api::CuDevicePrimaryCtxReset, dev, |l| l.device == dev && l.t_ns <= started);
+        crate::record::primary_reset(Api::CuDevicePrimaryCtxReset, dev, primary);
     }
     r
 }

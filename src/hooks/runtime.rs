@@ -219,11 +219,10 @@ pub unsafe extern "C" fn cudaDeviceReset() -> cudaError_t {
     };
     let mut device = -1;
     call_real!(CUDA_GET_DEVICE, fn(*mut i32) -> cudaError_t, (&mut device), MISSING);
-    let started = crate::state::now_ns();
+    let primary = crate::diag::shielded(|| crate::record::primary_context(device)).flatten();
     let r = call_real!(CUDA_DEVICE_RESET, fn() -> cudaError_t, (), MISSING);
     if r == 0 {
-        crate::pool::drop_context(|p| p.device == device);
-        crate::record::checkpoint(Api::CudaDeviceReset, device, |l| l.device == device && l.t_ns <= started);
+        crate::record::primary_reset(Api::CudaDeviceReset, device, primary);
     }
     r
 }

@@ -36,6 +36,14 @@ pub struct SegmentSnapshot {
 }
 
 impl<B: Backend> Pool<B> {
+    /// Does `addr` lie inside one of this pool's segments (allocated or not)?
+    pub fn owns(&self, addr: u64) -> bool {
+        self.seg_by_addr
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, &seg)| addr - self.segs[seg].addr < self.segs[seg].size)
+    }
+
     /// The *allocated* block containing `addr`, with its segment, or `None`
     /// (also for free and pending blocks). O(log segments + blocks in that
     /// segment).

@@ -1,0 +1,1355 @@
+//! Pool mode (`CUPOOL_OPTIONS=mode=pool`): device allocations served from
+//! cupool's per-context pools over the fake driver. Every fake program must
+//! still run correctly, the driver must see only the pools' segments (plus
+//! what pool mode passes through: managed and stream-ordered memory), blocks
+//! must be reused, `limit` must cap the pool and shape `cuMemGetInfo`, pointer
+//! range queries must describe the block the program got, error codes must be
+//! CUDA's own, and context destruction must leave the other contexts working.
+//! Ground truth comes from the fake driver's counters (`FAKE_CUDA_STATS`), the
+//! programs' own `result:` lines and `key=value` lines they print.
+//! `cargo test --test pool`
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use support::*;
+
+const POOL: &str = "mode=pool";
+const MIB: u64 = 1 << 20;
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// A finished preloaded run with a single CUDA process.
+struct Run {
+    dir: PathBuf,
+    stdout: String,
+    result: HashMap<String, u64>,
+    log: Value,
+    stats: HashMap<String, u64>,
+}
+
+/// Runs `prog` preloaded with `extra` options in a fresh log directory;
+/// expects exit status 0, a `result: ok` line, exactly one complete log and
+/// the fake driver's stats line for the process. The log is *not* validated
+/// here: callers do it last, so that a schema problem does not hide the
+/// behaviour under test.
+fn run_prog(prog: &Path, args: &[&str], extra: &str) -> Run {
+    let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+    let dir = scratch_dir(&format!("pool-{name}"));
+    let out = run_preloaded(prog, args, &dir, extra);
+    let stdout = stdout_of(&out);
+    let stderr = stderr_of(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{name} {args:?} with {extra:?}: status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let result = result_line(&stdout).unwrap_or_else(|| {
+        panic!("{name} {args:?} with {extra:?}: no `result: ok` line:\n{stdout}\nstderr:\n{stderr}")
+    });
+    let mut logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1, "{name}: expected one log in {}, found {:?}", dir.display(), log_files(&dir));
+    let log = logs.remove(0);
+    assert_eq!(log["_partial"], false, "{name}: log is not complete JSON");
+    let pid = log["process"]["pid"].as_u64().unwrap();
+    let stats = fake_stats_for(&dir, pid)
+        .unwrap_or_else(|| panic!("{name}: no fake-stats line for pid {pid}: {:?}", fake_stats(&dir)));
+    Run { dir, stdout, result, log, stats }
+}
+
+fn run_fake(prog: &str, extra: &str) -> Run {
+    run_prog(&fakes().prog(prog), &[], extra)
+}
+
+/// `key=<number>` printed by the program; panics when missing.
+fn value(r: &Run, key: &str) -> u64 {
+    stdout_value(&r.stdout, key)
+        .unwrap_or_else(|| panic!("no `{key}=` line (run in {}) in:\n{}", r.dir.display(), r.stdout))
+}
+
+fn u64_of(e: &Value, k: &str) -> u64 {
+    e[k].as_u64().unwrap_or_else(|| panic!("no numeric {k:?} in {e}"))
+}
+
+fn str_of<'a>(e: &'a Value, k: &str) -> &'a str {
+    e[k].as_str().unwrap_or("")
+}
+
+fn hex(v: &Value) -> u64 {
+    let s = v.as_str().unwrap_or_else(|| panic!("not a hex string: {v}"));
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("not a hex string: {v}"))
+}
+
+/// Kinds that pool mode passes through to the driver.
+fn passed_through(e: &Value) -> bool {
+    matches!(str_of(e, "kind"), "managed" | "async")
+}
+
+/// Kinds the pool serves.
+fn pooled_kind(e: &Value) -> bool {
+    matches!(str_of(e, "kind"), "device" | "pitched")
+}
+
+/// `ev` events of device memory the program allocated (not host, not VMM).
+fn mem_events<'a>(log: &'a Value, ev: &str) -> Vec<&'a Value> {
+    events(log, ev).into_iter().filter(|e| !matches!(str_of(e, "kind"), "host" | "vmm")).collect()
+}
+
+fn pools(log: &Value) -> &Vec<Value> {
+    log["end"]["pools"].as_array().unwrap_or_else(|| panic!("end.pools is not an array: {}", log["end"]))
+}
+
+fn pool_sum(log: &Value, field: &str) -> u64 {
+    pools(log).iter().map(|p| u64_of(p, field)).sum()
+}
+
+fn stat_current(p: &Value, field: &str) -> u64 {
+    p[field]["current"].as_u64().unwrap_or_else(|| panic!("no {field}.current in {p}"))
+}
+
+/// One counter of a pool's `fences` (written as `FenceCounters { recorded: 2, ... }`).
+fn fence_counter(p: &Value, name: &str) -> u64 {
+    let s = str_of(p, "fences");
+    let at = s.find(&format!("{name}: ")).unwrap_or_else(|| panic!("no {name} in fences {s:?}"));
+    let rest = &s[at + name.len() + 2..];
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().unwrap_or_else(|_| panic!("bad {name} in fences {s:?}"))
+}
+
+/// Leaks of the end record as sorted (size, kind, api, at, device).
+fn leak_set(log: &Value) -> Vec<(u64, String, String, String, i64)> {
+    let mut v: Vec<_> = log["end"]["leaks"]
+        .as_array()
+        .expect("end.leaks")
+        .iter()
+        .map(|l| {
+            (
+                u64_of(l, "size"),
+                str_of(l, "kind").to_string(),
+                str_of(l, "api").to_string(),
+                str_of(l, "at").to_string(),
+                l["device"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn leak_ptrs(log: &Value) -> Vec<u64> {
+    let mut v: Vec<u64> = log["end"]["leaks"].as_array().expect("end.leaks").iter().map(|l| hex(&l["ptr"])).collect();
+    v.sort();
+    v
+}
+
+/// The pointers printed by the program's `leaks 0x.. 0x..` line.
+fn printed_leak_ptrs(stdout: &str) -> Vec<u64> {
+    let line =
+        stdout.lines().find(|l| l.starts_with("leaks ")).unwrap_or_else(|| panic!("no `leaks` line in:\n{stdout}"));
+    let mut v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|p| u64::from_str_radix(p.trim_start_matches("0x"), 16).expect("hex pointer"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `end.leak_summary` agrees with `end.leaks`, and each `end.devices[d]`
+/// holds exactly the bytes of the device leaks still live at exit on `d`.
+fn assert_end_consistent(log: &Value) {
+    let end = &log["end"];
+    let leaks = end["leaks"].as_array().expect("end.leaks");
+    let sum: u64 = leaks.iter().map(|l| u64_of(l, "size")).sum();
+    assert_eq!(end["leak_summary"]["bytes"].as_u64(), Some(sum), "leak_summary.bytes vs leaks: {end}");
+    assert_eq!(end["leak_summary"]["count"].as_u64(), Some(leaks.len() as u64), "leak_summary.count: {end}");
+    let mut live_at_exit: BTreeMap<i64, u64> = BTreeMap::new();
+    for l in leaks.iter().filter(|l| l["at"] == "exit" && l["kind"] != "host") {
+        *live_at_exit.entry(l["device"].as_i64().unwrap()).or_default() += u64_of(l, "size");
+    }
+    for d in end["devices"].as_array().expect("end.devices") {
+        let dev = d["device"].as_i64().unwrap();
+        assert_eq!(
+            u64_of(d, "current_bytes"),
+            live_at_exit.get(&dev).copied().unwrap_or(0),
+            "end.devices[{dev}].current_bytes vs the leaks live at exit on it: {end}"
+        );
+    }
+}
+
+/// Compiles a test-local C program that uses the fake runtime and driver.
+fn compile_rt(name: &str, source: &str) -> PathBuf {
+    let mut args = link_fake_cudart();
+    args.extend(link_fake_cuda());
+    compile_c(name, source, &args)
+}
+
+/// Compiles a test-local C program that uses the fake driver only.
+fn compile_drv(name: &str, source: &str) -> PathBuf {
+    compile_c(name, source, &link_fake_cuda())
+}
+
+// ---------------------------------------------------------------------------
+// 1. Every fake program runs correctly in pool mode, and the pool serves it.
+
+const LEAK_MALLOC: u64 = 1_000_003;
+const LEAK_ASYNC: u64 = 2_000_003;
+const LEAK_MANAGED: u64 = 3_000_017;
+const LEAK_PITCH: u64 = 512 * 7;
+const LEAK_EXIT_DRIVER: u64 = 4_000_037;
+const LEAK_CTX_DRIVER: u64 = 5_000_011;
+
+type Planted<'a> = &'a [(u64, &'a str, &'a str, &'a str, i64)];
+
+/// Checks one process's pool-mode log against its program and the driver:
+/// alloc/free events equal the program's own counts, leaks are exactly the
+/// planted ones, and the driver's counters equal the pools' segments plus the
+/// passed-through allocations. Strict driver-count equalities and schema
+/// validation come last.
+fn check_pool_process(
+    name: &str,
+    prog: &str,
+    log: &Value,
+    stats: &HashMap<String, u64>,
+    result: &HashMap<String, u64>,
+    planted: Planted,
+) {
+    assert_eq!(log["options"]["mode"], "pool", "{name}: options {}", log["options"]);
+    let allocs = mem_events(log, "alloc");
+    let frees = mem_events(log, "free");
+    assert_eq!(allocs.len() as u64, result["allocs"], "{name}: alloc events vs the program's count");
+    assert_eq!(frees.len() as u64, result["frees"], "{name}: free events vs the program's count");
+    let count = |ev: &str, kind: &str| events(log, ev).iter().filter(|e| e["kind"] == kind).count() as u64;
+    assert_eq!(count("alloc", "host"), stats["host_allocs"], "{name}: pinned host memory passes through {stats:?}");
+    assert_eq!(count("free", "host"), stats["host_frees"], "{name}: {stats:?}");
+    assert_eq!(count("alloc", "vmm"), stats["vmm_creates"], "{name}: VMM passes through {stats:?}");
+    assert_eq!(count("free", "vmm"), stats["vmm_releases"], "{name}: {stats:?}");
+    let end = &log["end"];
+    let end_allocs: u64 = end["devices"].as_array().unwrap().iter().map(|d| u64_of(d, "allocs")).sum();
+    assert_eq!(end_allocs, allocs.len() as u64 + count("alloc", "vmm"), "{name}: end.devices allocs: {end}");
+    // Pooled blocks are 512-byte aligned (and so 256-byte aligned like CUDA's).
+    for e in allocs.iter().filter(|e| pooled_kind(e)) {
+        assert_eq!(hex(&e["ptr"]) % 512, 0, "{name}: misaligned pooled block {e}");
+    }
+
+    // Leaks: exactly the planted ones.
+    let mut want: Vec<_> =
+        planted.iter().map(|(s, k, a, at, d)| (*s, k.to_string(), a.to_string(), at.to_string(), *d)).collect();
+    want.sort();
+    assert_eq!(leak_set(log), want, "{name}: end.leaks {}", end["leaks"]);
+    let planted_bytes: u64 = planted.iter().map(|p| p.0).sum();
+    assert_eq!(result["leaked_bytes"], planted_bytes, "{name}: the program's own leaked_bytes");
+    assert_end_consistent(log);
+
+    // What the driver still holds at exit: the live pools' segments plus the
+    // passed-through allocations still live.
+    let reserved: u64 = pools(log).iter().map(|p| stat_current(p, "reserved_bytes")).sum();
+    let passthrough_live: u64 = end["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["at"] == "exit" && passed_through(l))
+        .map(|l| u64_of(l, "size"))
+        .sum();
+    assert_eq!(
+        stats["live_bytes"],
+        reserved + passthrough_live,
+        "{name}: driver's live bytes vs pools' reserved {reserved} + passed-through leaks {passthrough_live}: {}",
+        end["pools"]
+    );
+    // Each pool's books: what is still requested is exactly the pooled leaks of its device.
+    for p in pools(log) {
+        let dev = p["device"].as_i64().unwrap();
+        let pooled_live: u64 = end["leaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["at"] == "exit" && pooled_kind(l) && l["device"].as_i64() == Some(dev))
+            .map(|l| u64_of(l, "size"))
+            .sum();
+        assert_eq!(stat_current(p, "requested_bytes"), pooled_live, "{name}: pool of device {dev}: {p}");
+        assert!(stat_current(p, "reserved_bytes") >= stat_current(p, "allocated_bytes"), "{name}: {p}");
+        assert!(stat_current(p, "allocated_bytes") >= stat_current(p, "requested_bytes"), "{name}: {p}");
+    }
+
+    // The pool really served the device allocations: the driver saw only
+    // segments and the passed-through kinds.
+    let pooled = allocs.iter().filter(|e| pooled_kind(e)).count() as u64;
+    let through_allocs = allocs.iter().filter(|e| passed_through(e)).count() as u64;
+    let through_frees = frees.iter().filter(|e| passed_through(e)).count() as u64;
+    assert_eq!(pooled + through_allocs, allocs.len() as u64, "{name}: unexpected kinds in {allocs:?}");
+    let segments = pool_sum(log, "num_device_alloc");
+    assert!(pooled > 0 && segments > 0, "{name}: nothing pooled: {}", end["pools"]);
+    assert!(segments < pooled, "{name}: {segments} segments for {pooled} pooled allocations");
+    assert_eq!(
+        (stats["allocs"], stats["frees"]),
+        (segments + through_allocs, pool_sum(log, "num_device_free") + through_frees),
+        "{name}: the driver's (allocs, frees) vs (Σ end.pools[].num_device_alloc + passed-through allocations \
+         ({through_allocs}), Σ end.pools[].num_device_free + passed-through frees ({through_frees})); pools: {}",
+        end["pools"]
+    );
+    assert_valid_log(log, prog);
+}
+
+fn check_pool_program(prog: &str, planted: Planted) -> Run {
+    let r = run_fake(prog, POOL);
+    check_pool_process(prog, prog, &r.log, &r.stats, &r.result, planted);
+    r
+}
+
+fn check_runtime_program(prog: &str, apis: [&str; 4]) {
+    let planted = [
+        (LEAK_MALLOC, "device", apis[0], "exit", 0),
+        (LEAK_ASYNC, "async", apis[1], "exit", 0),
+        (LEAK_MANAGED, "managed", apis[2], "exit", 0),
+        (LEAK_PITCH, "pitched", apis[3], "exit", 0),
+    ];
+    let r = check_pool_program(prog, &planted);
+    assert_eq!(leak_ptrs(&r.log), printed_leak_ptrs(&r.stdout), "{prog}: leaked pointers vs the program's");
+    // The workload's own checks of CUDA's error codes passed; the oversized
+    // request failed in the pool, with an OOM snapshot.
+    assert_eq!(stdout_value(&r.stdout, "bogus_free"), Some(1), "{prog}");
+    assert_eq!(stdout_value(&r.stdout, "oversized_malloc"), Some(2), "{prog}");
+    let failed = events(&r.log, "alloc_failed");
+    assert_eq!(failed.len(), 1, "{prog}: {failed:?}");
+    assert_eq!(failed[0]["result"], 2, "{prog}: {}", failed[0]);
+    assert_eq!(events(&r.log, "oom").len(), 1, "{prog}");
+    assert!(pool_sum(&r.log, "num_ooms") >= 1, "{prog}: {}", r.log["end"]["pools"]);
+    let oom = &r.log["end"]["ooms"][0];
+    assert_eq!(oom["requested"].as_u64(), failed[0]["size"].as_u64(), "{prog}: end.ooms {}", r.log["end"]["ooms"]);
+    // Both pitched calls got the documented pitch (the workload checks 512 too).
+    let pitched: Vec<u64> =
+        mem_events(&r.log, "alloc").iter().filter(|e| e["kind"] == "pitched").map(|e| u64_of(e, "size")).collect();
+    assert!(pitched.contains(&(512 * 10)) && pitched.contains(&LEAK_PITCH), "{prog}: pitched sizes {pitched:?}");
+}
+
+#[test]
+fn pool_prog_runtime() {
+    check_runtime_program("prog_runtime", ["cudaMalloc", "cudaMallocAsync", "cudaMallocManaged", "cudaMallocPitch"]);
+}
+
+#[test]
+fn pool_prog_runtime_static() {
+    check_runtime_program(
+        "prog_runtime_static",
+        ["cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocManaged", "cuMemAllocPitch_v2"],
+    );
+}
+
+#[test]
+fn pool_prog_dlopen() {
+    check_runtime_program("prog_dlopen", ["cudaMalloc", "cudaMallocAsync", "cudaMallocManaged", "cudaMallocPitch"]);
+}
+
+#[test]
+fn pool_prog_driver() {
+    let planted = [
+        (LEAK_EXIT_DRIVER, "device", "cuMemAlloc_v2", "exit", 0),
+        (LEAK_CTX_DRIVER, "device", "cuMemAlloc_v2", "cuCtxDestroy_v2", 1),
+    ];
+    let r = check_pool_program("prog_driver", &planted);
+    assert_eq!(leak_ptrs(&r.log), printed_leak_ptrs(&r.stdout), "leaked pointers vs the program's");
+}
+
+#[test]
+fn pool_prog_getproc() {
+    let r = check_pool_program("prog_getproc", &[(10_007, "device", "cuMemAlloc_v2", "exit", 0)]);
+    assert_eq!(r.stats["allocs"], 1, "10 small allocations fit one 2 MiB segment: {:?}", r.stats);
+}
+
+#[test]
+fn pool_prog_threads() {
+    let r = check_pool_program("prog_threads", &[]);
+    assert_eq!(r.result["allocs"], 8000);
+    assert_eq!(r.log["end"]["dropped_events"], 0);
+    // 8 threads hold at most 8 × 256 KiB at once: a handful of segments, not 8000 allocations.
+    assert!(r.stats["allocs"] <= 4, "driver allocations for 8000 pooled ones: {:?}", r.stats);
+    // Within each thread, allocs and frees alternate and pair up.
+    let mut by_seq: Vec<&Value> = events(&r.log, "alloc").into_iter().chain(events(&r.log, "free")).collect();
+    by_seq.sort_by_key(|e| u64_of(e, "seq"));
+    let mut open: HashMap<u64, (u64, u64)> = HashMap::new();
+    for e in by_seq {
+        let tid = u64_of(e, "tid");
+        let (ptr, size) = (hex(&e["ptr"]), u64_of(e, "size"));
+        if e["ev"] == "alloc" {
+            assert!(open.insert(tid, (ptr, size)).is_none(), "two allocs in a row in tid {tid}: {e}");
+        } else {
+            assert_eq!(open.remove(&tid), Some((ptr, size)), "free without its alloc in tid {tid}: {e}");
+        }
+    }
+}
+
+/// 16 threads × 4000 cudaMalloc / cudaFree pairs of xorshift sizes up to
+/// 256 KiB: blocks move between threads all the time.
+const CHURN_C: &str = r#"
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "fake_cudart_api.h"
+#define THREADS 16
+#define ITERS 4000
+static int errors;
+static void *worker(void *arg)
+{
+    uint32_t x = 0x9e3779b9u * (uint32_t)(uintptr_t)arg + 1;
+    for (int i = 0; i < ITERS; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        void *p = NULL;
+        if (cudaMalloc(&p, 1 + x % (256u * 1024u)) != cudaSuccess || cudaFree(p) != cudaSuccess)
+            __atomic_add_fetch(&errors, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+int main(void)
+{
+    pthread_t t[THREADS];
+    if (cudaFree(NULL) != cudaSuccess) {
+        printf("result: FAIL init\n");
+        return 1;
+    }
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    if (errors) {
+        printf("result: FAIL %d errors\n", errors);
+        return 1;
+    }
+    printf("result: ok allocs=%d frees=%d leaked_bytes=0\n", THREADS * ITERS, THREADS * ITERS);
+    return 0;
+}
+"#;
+
+/// Allocations logged (in `seq` order) while an earlier allocation at the same
+/// address has not been logged as freed yet.
+fn allocs_before_their_free(log: &Value) -> Vec<String> {
+    let mut by_seq: Vec<&Value> = events(log, "alloc").into_iter().chain(events(log, "free")).collect();
+    by_seq.sort_by_key(|e| u64_of(e, "seq"));
+    let mut live: HashMap<u64, &Value> = HashMap::new();
+    let mut early = Vec::new();
+    for e in by_seq {
+        let ptr = hex(&e["ptr"]);
+        if e["ev"] == "alloc" {
+            if let Some(prev) = live.insert(ptr, e) {
+                early.push(format!("{e} while {prev} is live"));
+            }
+        } else {
+            live.remove(&ptr);
+        }
+    }
+    early
+}
+
+#[test]
+fn timeline_never_hands_out_a_block_before_its_free() {
+    // A block freed by one thread and taken by another at once must appear in
+    // the log (in `seq` order, the documented order) as freed before it is
+    // allocated again. The window is narrow: up to three runs.
+    let prog = compile_c("churn", CHURN_C, &link_fake_cudart());
+    for run in 0..3 {
+        let r = run_prog(&prog, &[], POOL);
+        assert_eq!(mem_events(&r.log, "alloc").len(), 16 * 4000);
+        assert_eq!(mem_events(&r.log, "free").len(), 16 * 4000);
+        let early = allocs_before_their_free(&r.log);
+        assert!(
+            early.is_empty(),
+            "run {run}: {} allocations logged before the free of the same block, e.g. {}",
+            early.len(),
+            early[0]
+        );
+    }
+}
+
+#[test]
+fn pool_prog_fork() {
+    let dir = scratch_dir("pool-fork");
+    let out = run_preloaded(&fakes().prog("prog_fork"), &[], &dir, POOL);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}\n{}", stderr_of(&out));
+    let result = result_line(&stdout).expect("result line");
+    assert!(stdout.contains("child: allocs=2 frees=1 leaked_bytes=7777"), "{stdout}");
+    let child_pid = stdout_value(&stdout, "child_pid").expect("child_pid");
+    let parent_pid = stdout_value(&stdout, "parent_pid").expect("parent_pid");
+    let logs = read_logs(&dir);
+    assert_eq!(logs.len(), 2, "logs: {:?}", log_files(&dir));
+    let child = log_for_pid(&logs, child_pid).expect("child's log");
+    let parent = log_for_pid(&logs, parent_pid).expect("parent's log");
+    let cstats = fake_stats_for(&dir, child_pid).expect("child stats");
+    let pstats = fake_stats_for(&dir, parent_pid).expect("parent stats");
+    let child_result: HashMap<String, u64> =
+        [("allocs", 2), ("frees", 1), ("leaked_bytes", 7777)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    check_pool_process(
+        "prog_fork child",
+        "prog_fork",
+        child,
+        &cstats,
+        &child_result,
+        &[(7777, "device", "cudaMalloc", "exit", 0)],
+    );
+    check_pool_process(
+        "prog_fork parent",
+        "prog_fork",
+        parent,
+        &pstats,
+        &result,
+        &[(6666, "device", "cudaMalloc", "exit", 0)],
+    );
+    // The child starts with no pool of its parent's: its own single segment.
+    assert_eq!(pools(child).len(), 1, "child's pools: {}", child["end"]["pools"]);
+    assert_eq!(u64_of(&pools(child)[0], "num_device_alloc"), 1, "child's pools: {}", child["end"]["pools"]);
+}
+
+// ---------------------------------------------------------------------------
+// 2. Reuse.
+
+/// `reuse [stream]`: 10000 × cudaMalloc(4096) / cudaFree, each block written
+/// through the driver (which checks that the range lies inside a live driver
+/// allocation). With `stream`, a stream is created first, so freed blocks are
+/// reused only behind fences.
+const REUSE_C: &str = r#"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fake_cuda_api.h"
+#include "fake_cudart_api.h"
+#define N 10000
+static int cmp(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+int main(int argc, char **argv)
+{
+    static uintptr_t ptrs[N];
+    cudaStream_t s = NULL;
+    int with_stream = argc > 1 && strcmp(argv[1], "stream") == 0;
+    if (with_stream && cudaStreamCreate(&s) != cudaSuccess) {
+        printf("result: FAIL cudaStreamCreate\n");
+        return 1;
+    }
+    unsigned same_as_first = 0;
+    for (int i = 0; i < N; i++) {
+        void *p = NULL;
+        int e = cudaMalloc(&p, 4096);
+        if (e) {
+            printf("result: FAIL cudaMalloc -> %d at %d\n", e, i);
+            return 1;
+        }
+        ptrs[i] = (uintptr_t)p;
+        same_as_first += ptrs[i] == ptrs[0];
+        unsigned char b = (unsigned char)i, back = 0;
+        if (cuMemsetD8_v2((CUdeviceptr)ptrs[i], b, 4096) || cuMemcpyDtoH_v2(&back, (CUdeviceptr)ptrs[i] + 4095, 1) ||
+            back != b) {
+            printf("result: FAIL block %p does not hold data\n", p);
+            return 1;
+        }
+        e = cudaFree(p);
+        if (e) {
+            printf("result: FAIL cudaFree -> %d at %d\n", e, i);
+            return 1;
+        }
+    }
+    qsort(ptrs, N, sizeof(ptrs[0]), cmp);
+    unsigned distinct = 0;
+    for (int i = 0; i < N; i++)
+        distinct += i == 0 || ptrs[i] != ptrs[i - 1];
+    if (with_stream && cudaStreamDestroy(s) != cudaSuccess) {
+        printf("result: FAIL cudaStreamDestroy\n");
+        return 1;
+    }
+    printf("same_as_first=%u\n", same_as_first);
+    printf("distinct=%u\n", distinct);
+    printf("result: ok allocs=%d frees=%d leaked_bytes=0\n", N, N);
+    return 0;
+}
+"#;
+
+#[test]
+fn reuse_without_streams_is_immediate() {
+    let prog = compile_rt("reuse", REUSE_C);
+    let r = run_prog(&prog, &[], POOL);
+    assert_eq!(r.stats["allocs"], 1, "10000 cudaMalloc(4096) must make one driver allocation: {:?}", r.stats);
+    assert_eq!(value(&r, "same_as_first"), 10_000, "the freed block is handed out again at once");
+    assert_eq!(value(&r, "distinct"), 1);
+    assert_eq!(mem_events(&r.log, "alloc").len(), 10_000);
+    assert_eq!(mem_events(&r.log, "free").len(), 10_000);
+    assert_eq!(pool_sum(&r.log, "num_device_alloc"), 1, "{}", r.log["end"]["pools"]);
+    assert_eq!(r.log["end"]["pools"][0]["multi_stream"], false);
+    assert!(leak_set(&r.log).is_empty(), "{}", r.log["end"]["leaks"]);
+    assert_valid_log(&r.log, "reuse");
+
+    // The same program without the pool: one driver allocation per call.
+    let plain = run_prog(&prog, &[], "");
+    assert_eq!(plain.stats["allocs"], 10_000, "passthrough: {:?}", plain.stats);
+}
+
+#[test]
+fn reuse_after_a_stream_exists_goes_through_fences() {
+    // strict_streams=1: fences start as soon as a stream exists.
+    let prog = compile_rt("reuse", REUSE_C);
+    let r = run_prog(&prog, &["stream"], &format!("{POOL}:strict_streams=1"));
+    assert_eq!(r.log["options"]["strict_streams"], true, "{}", r.log["options"]);
+    let p = &pools(&r.log)[0];
+    assert_eq!(p["multi_stream"], true, "{p}");
+    // Freed blocks come back once their fence completed (at once in the fake):
+    // the pool stays within a couple of segments.
+    assert!(r.stats["allocs"] <= 2, "driver allocations for 10000 cycles with a stream: {:?}", r.stats);
+    assert_eq!(pool_sum(&r.log, "num_device_alloc"), r.stats["allocs"], "{p}");
+    let distinct = value(&r, "distinct");
+    assert!(distinct < 10_000, "no block was ever handed out twice ({distinct} distinct pointers)");
+    assert!(distinct <= 2 * 2 * MIB / 4096, "{distinct} distinct 4 KiB blocks: more than two 2 MiB segments hold");
+    assert!(fence_counter(p, "recorded") > 0, "{p}");
+    assert!(fence_counter(p, "completed") > 0, "{p}");
+    assert_eq!(mem_events(&r.log, "alloc").len(), 10_000);
+    assert_valid_log(&r.log, "reuse");
+}
+
+#[test]
+fn a_stream_without_work_on_two_streams_keeps_reuse_immediate() {
+    // Default: creating a stream alone does not order anything differently.
+    let prog = compile_rt("reuse", REUSE_C);
+    let r = run_prog(&prog, &["stream"], POOL);
+    let p = &pools(&r.log)[0];
+    assert_eq!(p["multi_stream"], false, "{p}");
+    assert_eq!(r.stats["allocs"], 1, "{:?}", r.stats);
+    assert_eq!(value(&r, "same_as_first"), 10_000, "the freed block is handed out again at once");
+    assert_eq!(fence_counter(p, "recorded"), 0, "{p}");
+    assert_valid_log(&r.log, "reuse");
+}
+
+// ---------------------------------------------------------------------------
+// 3. limit.
+
+const LIMIT_C: &str = r#"
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include "fake_cuda_api.h"
+#include "fake_cudart_api.h"
+#define CK(call)                                                                                                      \
+    do {                                                                                                               \
+        int r_ = (call);                                                                                               \
+        if (r_) {                                                                                                      \
+            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
+            return 1;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+static int works(void *p, size_t n)
+{
+    unsigned char out[256], in[256];
+    for (int i = 0; i < 256; i++)
+        out[i] = (unsigned char)(i * 7 + 1);
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+    return cuMemcpyHtoD_v2(d + n - 256, out, 256) == 0 && cuMemcpyDtoH_v2(in, d + n - 256, 256) == 0 &&
+           memcmp(in, out, 256) == 0;
+}
+int main(void)
+{
+    size_t f = 0, t = 0;
+    CK(cudaMemGetInfo(&f, &t));
+    printf("free0=%zu\ntotal0=%zu\n", f, t);
+    void *a = NULL, *m = NULL;
+    CK(cudaMalloc(&a, 3000000));
+    CK(cudaMallocManaged(&m, 1 << 20, cudaMemAttachGlobal));
+    CK(cudaMemGetInfo(&f, &t));
+    printf("free1=%zu\ntotal1=%zu\n", f, t);
+    CK(cuMemGetInfo_v2(&f, &t));
+    printf("drv_free1=%zu\ndrv_total1=%zu\n", f, t);
+    void *big = (void *)(uintptr_t)0x77;
+    printf("big=%d\n", cudaMalloc(&big, 100u << 20));
+    printf("big_untouched=%d\n", big == (void *)(uintptr_t)0x77);
+    void *mid = NULL;
+    printf("mid=%d\n", cudaMalloc(&mid, 50u << 20));
+    void *s = NULL;
+    CK(cudaMalloc(&s, 4096));
+    printf("small_works=%d\n", works(s, 4096));
+    CK(cudaFree(a));
+    printf("mid_after_free=%d\n", cudaMalloc(&mid, 50u << 20));
+    printf("mid_works=%d\n", mid && works(mid, 50u << 20));
+    printf("drv_null_free=%d\n", cuMemGetInfo_v2(NULL, &t));
+    printf("drv_null_total=%d\n", cuMemGetInfo_v2(&f, NULL));
+    printf("rt_null_free=%d\n", cudaMemGetInfo(NULL, &t));
+    CK(cudaFree(mid));
+    CK(cudaFree(s));
+    CK(cudaFree(m));
+    printf("result: ok allocs=4 frees=4 leaked_bytes=0\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn limit_caps_the_pool_and_shapes_mem_get_info() {
+    let prog = compile_rt("limit", LIMIT_C);
+    let r = run_prog(&prog, &[], &format!("{POOL}:limit=64m"));
+    assert_eq!(r.log["options"]["limit"].as_u64(), Some(64 * MIB), "{}", r.log["options"]);
+    // Nothing held yet: the device looks 64 MiB large and empty.
+    assert_eq!(value(&r, "total0"), 64 * MIB);
+    assert_eq!(value(&r, "free0"), 64 * MIB);
+    // Holding 3,000,000 B (a 20 MiB segment) and 1 MiB of managed memory.
+    let held = 3_000_000 + MIB;
+    for (f, t) in [("free1", "total1"), ("drv_free1", "drv_total1")] {
+        assert_eq!(value(&r, t), 64 * MIB, "{t}");
+        let free = value(&r, f);
+        assert!(free <= 64 * MIB - held, "{f}={free}: more than the limit minus what the program holds");
+        assert_eq!(free, 64 * MIB - 20 * MIB - MIB, "{f}: limit − (pool reserved + live non-pooled bytes)");
+    }
+    // Over the limit: CUDA's out-of-memory code, the out-parameter untouched.
+    assert_eq!(value(&r, "big"), 2, "cudaMalloc(100 MiB) under limit=64m");
+    assert_eq!(value(&r, "big_untouched"), 1);
+    // Within the limit alone, but not next to the 20 MiB segment in use.
+    assert_eq!(value(&r, "mid"), 2, "cudaMalloc(50 MiB) with 20 MiB reserved under limit=64m");
+    // The program goes on: small allocations still work, and once the
+    // segment is free the pool gives it back to make room.
+    assert_eq!(value(&r, "small_works"), 1);
+    assert_eq!(value(&r, "mid_after_free"), 0, "cudaMalloc(50 MiB) after freeing the 20 MiB segment's only block");
+    assert_eq!(value(&r, "mid_works"), 1);
+    // NULL out-parameters are still refused with CUDA_ERROR_INVALID_VALUE.
+    assert_eq!(value(&r, "drv_null_free"), 1);
+    assert_eq!(value(&r, "drv_null_total"), 1);
+    assert_eq!(value(&r, "rt_null_free"), 1);
+
+    let failed = events(&r.log, "alloc_failed");
+    let sizes: Vec<(u64, i64)> = failed.iter().map(|e| (u64_of(e, "size"), e["result"].as_i64().unwrap())).collect();
+    assert_eq!(sizes, vec![(100 * MIB, 2), (50 * MIB, 2)], "alloc_failed events: {failed:?}");
+    let ooms = events(&r.log, "oom");
+    assert_eq!(ooms.iter().map(|e| u64_of(e, "size")).collect::<Vec<_>>(), vec![100 * MIB, 50 * MIB], "{ooms:?}");
+    let end_ooms = r.log["end"]["ooms"].as_array().expect("end.ooms");
+    assert_eq!(end_ooms.len(), 2, "{end_ooms:?}");
+    assert_eq!(end_ooms[0]["requested"].as_u64(), Some(100 * MIB), "{}", end_ooms[0]);
+    assert_eq!(end_ooms[0]["device"], 0, "{}", end_ooms[0]);
+    assert_eq!(end_ooms[1]["requested"].as_u64(), Some(50 * MIB), "{}", end_ooms[1]);
+    assert_eq!(end_ooms[1]["reserved"].as_u64(), Some(20 * MIB), "{}", end_ooms[1]);
+    assert_eq!(end_ooms[1]["largest_live"], serde_json::json!([3_000_000]), "{}", end_ooms[1]);
+    let p = &pools(&r.log)[0];
+    assert!(u64_of(p, "num_ooms") >= 2, "{p}");
+    assert!(p["reserved_bytes"]["peak"].as_u64().unwrap() <= 64 * MIB, "the pool passed its limit: {p}");
+    let failures: u64 = r.log["end"]["devices"].as_array().unwrap().iter().map(|d| u64_of(d, "failures")).sum();
+    assert_eq!(failures, 2, "end.devices failures");
+    assert_eq!(mem_events(&r.log, "alloc").len(), 4);
+    assert_valid_log(&r.log, "limit");
+}
+
+#[test]
+fn oom_events_name_the_allocating_api() {
+    let prog = compile_rt("limit", LIMIT_C);
+    let r = run_prog(&prog, &[], &format!("{POOL}:limit=64m"));
+    // Each pool OOM follows the alloc_failed event of the call it failed, and
+    // names that call like every other event (the validator requires it).
+    let evs = r.log["events"].as_array().unwrap();
+    let mut pairs = Vec::new();
+    for (i, e) in evs.iter().enumerate().filter(|(_, e)| e["ev"] == "oom") {
+        let failed = evs[..i].iter().rev().find(|f| f["ev"] == "alloc_failed").expect("alloc_failed before oom");
+        assert_eq!(failed["size"], e["size"], "{failed} / {e}");
+        pairs.push((str_of(e, "api").to_string(), str_of(failed, "api").to_string()));
+    }
+    assert_eq!(pairs.len(), 2, "oom events: {pairs:?}");
+    for (oom_api, call_api) in pairs {
+        assert_eq!(oom_api, call_api, "oom event api vs the failed call's");
+    }
+}
+
+#[test]
+fn without_limit_mem_get_info_is_the_drivers() {
+    let prog = compile_rt("limit", LIMIT_C);
+    let r = run_prog(&prog, &[], POOL);
+    // The fake has 1 GiB; no cap: total is the device's, and the 100 MiB request fits.
+    assert_eq!(value(&r, "total0"), 1 << 30);
+    assert_eq!(value(&r, "big"), 0, "cudaMalloc(100 MiB) without a limit");
+    // With no limit the driver's free memory is reported as is: it counts
+    // the pool's segment and the managed allocation.
+    assert_eq!(value(&r, "free1"), (1 << 30) - 20 * MIB - MIB);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Pointer range queries.
+
+const PTR_C: &str = r#"
+#include <stdio.h>
+#include "fake_cuda_api.h"
+#define CK(call)                                                                                                      \
+    do {                                                                                                               \
+        CUresult r_ = (call);                                                                                          \
+        if (r_) {                                                                                                      \
+            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
+            return 1;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+int main(void)
+{
+    CUcontext ctx;
+    CUdeviceptr a = 0, p = 0, m = 0, base = 0, start = 0;
+    size_t size = 0, rsize = 0;
+    int ordinal = -1;
+    CK(cuInit(0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CK(cuCtxSetCurrent(ctx));
+    CK(cuMemAlloc_v2(&a, 1000));
+    CK(cuMemAlloc_v2(&p, 1000));
+    CK(cuMemAllocManaged(&m, 5000, CU_MEM_ATTACH_GLOBAL));
+    printf("a=%llu\np=%llu\nm=%llu\n", a, p, m);
+
+    CK(cuMemGetAddressRange_v2(&base, &size, p + 100));
+    printf("range_base=%llu\nrange_size=%zu\n", base, size);
+    base = 0;
+    CK(cuMemGetAddressRange_v2(&base, NULL, p + 999));
+    printf("range_last_base=%llu\n", base);
+    size = 0;
+    CK(cuMemGetAddressRange_v2(NULL, &size, p));
+    printf("range_exact_size=%zu\n", size);
+    CK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 100));
+    CK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 100));
+    CK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p + 100));
+    printf("attr_start=%llu\nattr_size=%zu\nattr_ordinal=%d\n", start, rsize, ordinal);
+
+    CK(cuMemGetAddressRange_v2(&base, &size, a + 5));
+    printf("a_base=%llu\na_size=%zu\n", base, size);
+    CK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, a));
+    printf("a_attr_size=%zu\n", rsize);
+
+    CK(cuMemGetAddressRange_v2(&base, &size, m + 10));
+    printf("m_base=%llu\nm_size=%zu\n", base, size);
+    CK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m + 10));
+    CK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, m + 10));
+    printf("m_attr_start=%llu\nm_attr_size=%zu\n", start, rsize);
+
+    printf("range_unknown=%d\n", cuMemGetAddressRange_v2(&base, &size, (CUdeviceptr)0x10));
+    printf("attr_unknown=%d\n", cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)0x10));
+    printf("attr_null=%d\n", cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
+
+    CK(cuMemFree_v2(p));
+    CK(cuMemFree_v2(a));
+    CK(cuMemFree_v2(m));
+    printf("result: ok allocs=3 frees=3 leaked_bytes=0\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn pointer_range_queries_describe_the_pooled_block() {
+    let prog = compile_drv("ptrquery", PTR_C);
+    let r = run_prog(&prog, &[], POOL);
+    let (a, p, m) = (value(&r, "a"), value(&r, "p"), value(&r, "m"));
+    // p is the second 1000 B block of one small segment: 512-byte rounding puts it 1024 B after a.
+    assert_eq!(p, a + 1024, "a={a:#x} p={p:#x}: p must lie inside the segment, not at its start");
+    assert_eq!(r.stats["allocs"], 2, "one segment plus the managed allocation: {:?}", r.stats);
+    assert_eq!((value(&r, "range_base"), value(&r, "range_size")), (p, 1000), "cuMemGetAddressRange_v2(p+100)");
+    assert_eq!(value(&r, "range_last_base"), p, "cuMemGetAddressRange_v2(p+999), size NULL");
+    assert_eq!(value(&r, "range_exact_size"), 1000, "cuMemGetAddressRange_v2(p), base NULL");
+    assert_eq!(value(&r, "attr_start"), p, "cuPointerGetAttribute(RANGE_START_ADDR, p+100)");
+    assert_eq!(value(&r, "attr_size"), 1000, "cuPointerGetAttribute(RANGE_SIZE, p+100)");
+    assert_eq!(value(&r, "attr_ordinal"), 0, "other attributes pass through");
+    assert_eq!((value(&r, "a_base"), value(&r, "a_size")), (a, 1000), "block at the segment start");
+    assert_eq!(value(&r, "a_attr_size"), 1000);
+    // Managed memory is not pooled: the driver's own answers.
+    assert_eq!((value(&r, "m_base"), value(&r, "m_size")), (m, 5000));
+    assert_eq!((value(&r, "m_attr_start"), value(&r, "m_attr_size")), (m, 5000));
+    // Errors are the driver's.
+    assert_eq!(value(&r, "range_unknown"), 500, "CUDA_ERROR_NOT_FOUND");
+    assert_eq!(value(&r, "attr_unknown"), 1, "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(value(&r, "attr_null"), 1, "CUDA_ERROR_INVALID_VALUE");
+    assert_valid_log(&r.log, "ptrquery");
+
+    // Passthrough: every answer is the fake driver's own (each allocation is its own range).
+    let r = run_prog(&prog, &[], "");
+    let (a, p, m) = (value(&r, "a"), value(&r, "p"), value(&r, "m"));
+    assert_eq!(r.stats["allocs"], 3, "{:?}", r.stats);
+    assert_eq!((value(&r, "range_base"), value(&r, "range_size")), (p, 1000));
+    assert_eq!(value(&r, "range_last_base"), p);
+    assert_eq!(value(&r, "range_exact_size"), 1000);
+    assert_eq!((value(&r, "attr_start"), value(&r, "attr_size"), value(&r, "attr_ordinal")), (p, 1000, 0));
+    assert_eq!((value(&r, "a_base"), value(&r, "a_size"), value(&r, "a_attr_size")), (a, 1000, 1000));
+    assert_eq!((value(&r, "m_base"), value(&r, "m_size")), (m, 5000));
+    assert_eq!((value(&r, "m_attr_start"), value(&r, "m_attr_size")), (m, 5000));
+    assert_eq!((value(&r, "range_unknown"), value(&r, "attr_unknown"), value(&r, "attr_null")), (500, 1, 1));
+}
+
+// ---------------------------------------------------------------------------
+// 5. Exact error codes.
+
+/// `errors [segment_start]`. Allocates blocks a and b (b inside a's segment
+/// in pool mode) and double-frees b, or with `segment_start` a (the block at
+/// the start of the pool's segment). Afterwards new blocks must hold data;
+/// copies go through the driver, which checks that the range lies in live
+/// driver memory, so a released segment shows as `*_works=0`, not a crash.
+const ERRORS_C: &str = r#"
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include "fake_cuda_api.h"
+#include "fake_cudart_api.h"
+static int works(void *p, size_t n)
+{
+    unsigned char out[64], in[64];
+    for (int i = 0; i < 64; i++)
+        out[i] = (unsigned char)(i * 13 + 5);
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+    return cuMemcpyHtoD_v2(d + n - 64, out, 64) == 0 && cuMemcpyDtoH_v2(in, d + n - 64, 64) == 0 &&
+           memcmp(in, out, 64) == 0;
+}
+int main(int argc, char **argv)
+{
+    int segment_start = argc > 1 && strcmp(argv[1], "segment_start") == 0;
+    unsigned allocs = 0, frees = 0;
+    setvbuf(stdout, NULL, _IONBF, 0);
+    if (cudaFree(NULL) != cudaSuccess) {
+        printf("result: FAIL init\n");
+        return 1;
+    }
+    printf("bogus_free=%d\n", cudaFree((void *)(uintptr_t)0x123400));
+    printf("null_out=%d\n", cudaMalloc(NULL, 16));
+    void *z = (void *)(uintptr_t)0x1;
+    printf("zero=%d\n", cudaMalloc(&z, 0));
+    printf("zero_ptr=%llu\n", (unsigned long long)(uintptr_t)z);
+
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    if (cudaMalloc(&a, 1000) || cudaMalloc(&b, 1000)) {
+        printf("result: FAIL cudaMalloc\n");
+        return 1;
+    }
+    allocs += 2;
+    printf("a=%llu\nb=%llu\n", (unsigned long long)(uintptr_t)a, (unsigned long long)(uintptr_t)b);
+    void *twice = segment_start ? a : b, *other = segment_start ? b : a;
+    printf("free=%d\n", cudaFree(twice));
+    frees++;
+    printf("double_free=%d\n", cudaFree(twice));
+    printf("other_works=%d\n", works(other, 1000));
+    if (cudaMalloc(&c, 1000) || cudaMalloc(&d, 1000)) {
+        printf("result: FAIL cudaMalloc after double free\n");
+        return 1;
+    }
+    allocs += 2;
+    printf("c_works=%d\n", works(c, 1000));
+    printf("d_works=%d\n", works(d, 1000));
+    printf("free_other=%d\n", cudaFree(other));
+    printf("free_c=%d\n", cudaFree(c));
+    printf("free_d=%d\n", cudaFree(d));
+    frees += 3;
+    printf("result: ok allocs=%u frees=%u leaked_bytes=0\n", allocs, frees);
+    return 0;
+}
+"#;
+
+fn invalid_frees(log: &Value) -> Vec<(u64, i64)> {
+    events(log, "invalid_free").iter().map(|e| (hex(&e["ptr"]), e["result"].as_i64().unwrap())).collect()
+}
+
+#[test]
+fn error_codes_are_cudas_own() {
+    let prog = compile_rt("errors", ERRORS_C);
+    let plain = run_prog(&prog, &[], "");
+    let pool = run_prog(&prog, &[], POOL);
+    let (a, b) = (value(&pool, "a"), value(&pool, "b"));
+    assert_eq!(b, a + 1024, "b must lie inside a's segment in pool mode");
+    for key in
+        ["bogus_free", "null_out", "zero", "zero_ptr", "free", "double_free", "other_works", "c_works", "d_works"]
+    {
+        assert_eq!(value(&pool, key), value(&plain, key), "{key}: pool mode vs passthrough");
+    }
+    assert_eq!(value(&pool, "bogus_free"), 1, "cudaFree(bogus): cudaErrorInvalidValue");
+    assert_eq!(value(&pool, "null_out"), 1, "cudaMalloc(NULL, 16): the runtime's cudaErrorInvalidValue");
+    assert_eq!((value(&pool, "zero"), value(&pool, "zero_ptr")), (0, 0), "cudaMalloc(&p, 0): success and NULL");
+    assert_eq!(value(&pool, "free"), 0);
+    assert_eq!(value(&pool, "double_free"), 1, "second cudaFree of a pooled block");
+    for key in ["other_works", "c_works", "d_works"] {
+        assert_eq!(value(&pool, key), 1, "{key}");
+    }
+    for key in ["free_other", "free_c", "free_d"] {
+        assert_eq!(value(&pool, key), 0, "{key}");
+    }
+    // cudaMalloc(&p, 0) and cudaMalloc(NULL, ..) made no driver allocation in either mode.
+    assert_eq!(pool.stats["allocs"], 1, "pool mode: one segment: {:?}", pool.stats);
+    assert_eq!(plain.stats["allocs"], 4, "passthrough: {:?}", plain.stats);
+
+    // Logged: the bogus free and the double free as invalid_free with CUDA's
+    // result, the NULL out-pointer as a failed allocation.
+    assert_eq!(invalid_frees(&pool.log), vec![(0x123400, 1), (b, 1)], "pool mode invalid_free events");
+    assert_eq!(invalid_frees(&plain.log).len(), 2, "passthrough invalid_free events");
+    let failed: Vec<(u64, i64)> =
+        events(&pool.log, "alloc_failed").iter().map(|e| (u64_of(e, "size"), e["result"].as_i64().unwrap())).collect();
+    let failed_plain = events(&plain.log, "alloc_failed").len();
+    assert_eq!(failed.len(), failed_plain, "alloc_failed events, pool mode {failed:?} vs passthrough");
+    assert!(failed.iter().all(|f| f.1 == 1), "{failed:?}");
+    assert_eq!(mem_events(&pool.log, "free").len(), mem_events(&plain.log, "free").len());
+    assert_eq!(leak_set(&pool.log), leak_set(&plain.log), "leaks, pool mode vs passthrough");
+    assert_valid_log(&pool.log, "errors");
+}
+
+#[test]
+fn double_free_of_the_block_at_a_segment_start_is_refused() {
+    let prog = compile_rt("errors", ERRORS_C);
+    let plain = run_prog(&prog, &["segment_start"], "");
+    assert_eq!(value(&plain, "double_free"), 1, "passthrough: the fake refuses a double free");
+    let r = run_prog(&prog, &["segment_start"], POOL);
+    let a = value(&r, "a");
+    assert_eq!(value(&r, "b"), a + 1024);
+    let observed = |r: &Run| {
+        (
+            value(r, "double_free"),
+            invalid_frees(&r.log).contains(&(value(r, "a"), 1)),
+            r.stats["frees"],
+            value(r, "other_works"),
+            value(r, "c_works"),
+            value(r, "d_works"),
+        )
+    };
+    // Expected: the second cudaFree gets the fake's answer to a double free
+    // (1, as in passthrough) and is logged as invalid_free; the pool's
+    // segment is not handed back to the driver (no driver free until exit);
+    // block b in the same segment and blocks allocated afterwards still work.
+    assert_eq!(
+        observed(&r),
+        (value(&plain, "double_free"), true, 0, 1, 1, 1),
+        "pool mode, second cudaFree of the pooled block at the start of its segment: \
+         (result, logged as invalid_free, driver frees, b works, c works, d works); invalid_free events: {:?}",
+        invalid_frees(&r.log)
+    );
+}
+
+#[test]
+fn zero_byte_malloc_is_not_recorded_as_an_allocation() {
+    let prog = compile_rt("errors", ERRORS_C);
+    let r = run_prog(&prog, &[], POOL);
+    assert_eq!((value(&r, "zero"), value(&r, "zero_ptr")), (0, 0));
+    // cudaMalloc(&p, 0) succeeds with p = NULL and allocates nothing: there is
+    // nothing to free (cudaFree(NULL) is a no-op), so it must be neither an
+    // allocation of the timeline nor a leak at exit.
+    let null_allocs: Vec<_> = events(&r.log, "alloc").into_iter().filter(|e| hex(&e["ptr"]) == 0).collect();
+    assert!(null_allocs.is_empty(), "alloc events of the NULL pointer: {null_allocs:?}");
+    let null_leaks: Vec<_> =
+        r.log["end"]["leaks"].as_array().unwrap().iter().filter(|l| hex(&l["ptr"]) == 0).cloned().collect();
+    assert!(null_leaks.is_empty(), "leaks at the NULL pointer: {null_leaks:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 6. Context destruction.
+
+#[test]
+fn pool_context_destroy_reports_the_checkpoint_leak() {
+    let r = run_fake("prog_driver", POOL);
+    assert_eq!(stdout_value(&r.stdout, "checkpoint_leaked_bytes"), Some(LEAK_CTX_DRIVER));
+    let cps = events(&r.log, "checkpoint");
+    assert_eq!(cps.len(), 1, "checkpoint events: {cps:?}");
+    let cp = cps[0];
+    assert_eq!(cp["api"], "cuCtxDestroy_v2", "{cp}");
+    assert_eq!(cp["device"], 1, "{cp}");
+    assert_eq!(cp["leaked_bytes"].as_u64(), Some(LEAK_CTX_DRIVER), "{cp}");
+    assert_eq!(cp["leaked_count"].as_u64(), Some(1), "{cp}");
+    let leaks = r.log["end"]["leaks"].as_array().unwrap();
+    let ctx_leak = leaks.iter().find(|l| l["at"] == "cuCtxDestroy_v2").expect("context leak in end.leaks");
+    assert_eq!((u64_of(ctx_leak, "size"), ctx_leak["device"].as_i64()), (LEAK_CTX_DRIVER, Some(1)), "{ctx_leak}");
+    let printed = printed_leak_ptrs(&r.stdout);
+    assert!(printed.contains(&hex(&ctx_leak["ptr"])), "{ctx_leak} vs the program's {printed:?}");
+    // The destroyed context's segments went with it; the driver holds only the
+    // primary context's pool.
+    let reserved: u64 = pools(&r.log).iter().map(|p| stat_current(p, "reserved_bytes")).sum();
+    assert_eq!(r.stats["live_bytes"], reserved, "{:?} vs {}", r.stats, r.log["end"]["pools"]);
+    assert_valid_log(&r.log, "prog_driver");
+}
+
+/// A second context on device 0 next to the primary one: allocations in
+/// both, a leak in the second, which is then destroyed; afterwards the
+/// primary context's old and new blocks must work.
+const CTX_C: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include "fake_cuda_api.h"
+#define LEAK_CTX 3000017u
+#define LEAK_EXIT 7777u
+#define CK(call)                                                                                                      \
+    do {                                                                                                               \
+        CUresult r_ = (call);                                                                                          \
+        if (r_) {                                                                                                      \
+            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
+            return 1;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+static int fill(CUdeviceptr p, size_t n, unsigned seed)
+{
+    unsigned char out[512];
+    size_t len = n < sizeof(out) ? n : sizeof(out);
+    for (size_t i = 0; i < len; i++)
+        out[i] = (unsigned char)(i * 3 + seed);
+    return cuMemcpyHtoD_v2(p, out, len) == 0 && cuMemsetD8_v2(p + n - 1, (unsigned char)seed, 1) == 0;
+}
+static int check(CUdeviceptr p, size_t n, unsigned seed)
+{
+    unsigned char in[512], last = 0;
+    size_t len = n < sizeof(in) ? n : sizeof(in);
+    if (cuMemcpyDtoH_v2(in, p, len) || cuMemcpyDtoH_v2(&last, p + n - 1, 1) || last != (unsigned char)seed)
+        return 0;
+    for (size_t i = 0; i + 1 < len; i++)
+        if (in[i] != (unsigned char)(i * 3 + seed))
+            return 0;
+    return 1;
+}
+int main(void)
+{
+    unsigned allocs = 0, frees = 0;
+    CUcontext prim, c1, now = NULL;
+    CUdeviceptr x = 0, y = 0, leak = 0, q[20], big = 0, keep = 0;
+    CK(cuInit(0));
+    CK(cuDevicePrimaryCtxRetain(&prim, 0));
+    CK(cuCtxSetCurrent(prim));
+    CK(cuMemAlloc_v2(&x, 3000));
+    allocs++;
+    if (!fill(x, 3000, 11))
+        printf("result: FAIL fill x\n");
+
+    CK(cuCtxCreate_v2(&c1, 0, 0));
+    CK(cuMemAlloc_v2(&y, 5000));
+    allocs++;
+    if (!fill(y, 5000, 22) || !check(y, 5000, 22)) {
+        printf("result: FAIL y\n");
+        return 1;
+    }
+    CK(cuMemFree_v2(y));
+    frees++;
+    CK(cuMemAlloc_v2(&leak, LEAK_CTX));
+    allocs++;
+    if (!fill(leak, LEAK_CTX, 33)) {
+        printf("result: FAIL leak\n");
+        return 1;
+    }
+    CK(cuCtxDestroy_v2(c1));
+    CK(cuCtxGetCurrent(&now));
+    if (now != prim) {
+        printf("result: FAIL current context after destroy\n");
+        return 1;
+    }
+    printf("leak=%llu\n", leak);
+
+    printf("x_intact=%d\n", check(x, 3000, 11));
+    unsigned ok = 0;
+    for (unsigned i = 0; i < 20; i++) {
+        size_t n = 1000 * (i + 1);
+        CK(cuMemAlloc_v2(&q[i], n));
+        allocs++;
+        ok += fill(q[i], n, i) && check(q[i], n, i);
+    }
+    CK(cuMemAlloc_v2(&big, 4u << 20));
+    allocs++;
+    ok += fill(big, 4u << 20, 44) && check(big, 4u << 20, 44);
+    printf("new_blocks_ok=%u\n", ok);
+    printf("x_still_intact=%d\n", check(x, 3000, 11));
+    for (unsigned i = 0; i < 20; i++) {
+        CK(cuMemFree_v2(q[i]));
+        frees++;
+    }
+    CK(cuMemFree_v2(big));
+    CK(cuMemFree_v2(x));
+    frees += 2;
+    CK(cuMemAlloc_v2(&keep, LEAK_EXIT));
+    allocs++;
+    printf("keep_ok=%d\n", fill(keep, LEAK_EXIT, 55) && check(keep, LEAK_EXIT, 55));
+    printf("result: ok allocs=%u frees=%u leaked_bytes=%u\n", allocs, frees, LEAK_CTX + LEAK_EXIT);
+    return 0;
+}
+"#;
+
+#[test]
+fn pool_context_destroy_leaves_the_primary_context_working() {
+    let prog = compile_drv("ctxdestroy", CTX_C);
+    let r = run_prog(&prog, &[], POOL);
+    assert_eq!(value(&r, "x_intact"), 1, "a primary-context block after another context died");
+    assert_eq!(value(&r, "new_blocks_ok"), 21, "new primary-context blocks after another context died");
+    assert_eq!(value(&r, "x_still_intact"), 1);
+    assert_eq!(value(&r, "keep_ok"), 1);
+    let leak = value(&r, "leak");
+
+    let cps = events(&r.log, "checkpoint");
+    assert_eq!(cps.len(), 1, "{cps:?}");
+    assert_eq!(cps[0]["api"], "cuCtxDestroy_v2", "{}", cps[0]);
+    assert_eq!(cps[0]["device"], 0, "{}", cps[0]);
+    assert_eq!(cps[0]["leaked_bytes"].as_u64(), Some(3_000_017), "{}", cps[0]);
+    assert_eq!(cps[0]["leaked_count"].as_u64(), Some(1), "{}", cps[0]);
+    assert_eq!(
+        leak_set(&r.log),
+        vec![
+            (7777, "device".into(), "cuMemAlloc_v2".into(), "exit".into(), 0),
+            (3_000_017, "device".into(), "cuMemAlloc_v2".into(), "cuCtxDestroy_v2".into(), 0),
+        ],
+        "{}",
+        r.log["end"]["leaks"]
+    );
+    assert!(leak_ptrs(&r.log).contains(&leak), "{}", r.log["end"]["leaks"]);
+    assert_eq!(mem_events(&r.log, "alloc").len() as u64, r.result["allocs"]);
+    assert_eq!(mem_events(&r.log, "free").len() as u64, r.result["frees"]);
+    assert_end_consistent(&r.log);
+    // The driver holds the primary context's pool only.
+    let reserved: u64 = pools(&r.log).iter().map(|p| stat_current(p, "reserved_bytes")).sum();
+    assert_eq!(r.stats["live_bytes"], reserved, "{:?} vs {}", r.stats, r.log["end"]["pools"]);
+    assert_valid_log(&r.log, "ctxdestroy");
+}
+
+/// `reset [w][c]`: x = cuMemAlloc_v2(1000) in the primary context of device 0,
+/// then cuDevicePrimaryCtxReset_v2(0), which destroys x (and only x: other
+/// contexts keep their memory), then the primary context is retained again
+/// and used. `w`: a 512 B allocation is made and freed before x, so x is not
+/// the process's first allocation. `c`: a second context on device 0 holds
+/// blocks a and b (one pool segment) across the reset; afterwards a is freed,
+/// b must still hold its data and be freeable, and a new block c must work.
+const RESET_C: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include "fake_cuda_api.h"
+#define CK(call)                                                                                                      \
+    do {                                                                                                               \
+        CUresult r_ = (call);                                                                                          \
+        if (r_) {                                                                                                      \
+            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
+            return 1;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+static int works(CUdeviceptr p, size_t n, unsigned char seed)
+{
+    unsigned char out[64], in[64];
+    for (int i = 0; i < 64; i++)
+        out[i] = (unsigned char)(i + seed);
+    return cuMemcpyHtoD_v2(p + n - 64, out, 64) == 0 && cuMemcpyDtoH_v2(in, p + n - 64, 64) == 0 &&
+           memcmp(in, out, 64) == 0;
+}
+int main(int argc, char **argv)
+{
+    int warm = argc > 1 && strchr(argv[1], 'w'), other = argc > 1 && strchr(argv[1], 'c');
+    unsigned allocs = 0, frees = 0;
+    CUcontext prim, c1;
+    CUdeviceptr w = 0, x = 0, a = 0, b = 0, c = 0, y = 0;
+    setvbuf(stdout, NULL, _IONBF, 0);
+    CK(cuInit(0));
+    CK(cuDevicePrimaryCtxRetain(&prim, 0));
+    CK(cuCtxSetCurrent(prim));
+    if (warm) {
+        CK(cuMemAlloc_v2(&w, 512));
+        CK(cuMemFree_v2(w));
+        allocs++, frees++;
+    }
+    CK(cuMemAlloc_v2(&x, 1000));
+    allocs++;
+    printf("x=%llu\n", x);
+    if (other) {
+        CK(cuCtxCreate_v2(&c1, 0, 0));
+        CK(cuMemAlloc_v2(&a, 1000));
+        CK(cuMemAlloc_v2(&b, 1000));
+        allocs += 2;
+        printf("a=%llu\nb=%llu\n", a, b);
+        if (!works(a, 1000, 1) || !works(b, 1000, 2)) {
+            printf("result: FAIL a, b\n");
+            return 1;
+        }
+        CK(cuCtxPushCurrent_v2(prim));
+    }
+    CK(cuDevicePrimaryCtxReset_v2(0));
+    if (other) {
+        CK(cuCtxPopCurrent_v2(NULL)); /* c1 is current again */
+        printf("a_free=%d\n", cuMemFree_v2(a));
+        printf("b_works=%d\n", works(b, 1000, 3));
+        printf("b_free=%d\n", cuMemFree_v2(b));
+        frees += 2;
+        CK(cuMemAlloc_v2(&c, 1000));
+        allocs++;
+        printf("c_works=%d\n", works(c, 1000, 4));
+        CK(cuMemFree_v2(c));
+        frees++;
+        CK(cuCtxDestroy_v2(c1));
+    }
+    CK(cuDevicePrimaryCtxRetain(&prim, 0));
+    CK(cuCtxSetCurrent(prim));
+    CK(cuMemAlloc_v2(&y, 2000));
+    allocs++;
+    printf("y_works=%d\n", works(y, 2000, 5));
+    CK(cuMemFree_v2(y));
+    frees++;
+    printf("result: ok allocs=%u frees=%u leaked_bytes=1000\n", allocs, frees);
+    return 0;
+}
+"#;
+
+/// (api, device, leaked_bytes, leaked_count) of each checkpoint event.
+fn checkpoints(log: &Value) -> Vec<(String, i64, u64, u64)> {
+    events(log, "checkpoint")
+        .iter()
+        .map(|e| {
+            (
+                str_of(e, "api").to_string(),
+                e["device"].as_i64().unwrap(),
+                u64_of(e, "leaked_bytes"),
+                u64_of(e, "leaked_count"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn primary_context_reset_leaves_other_contexts_pools_alone() {
+    let prog = compile_drv("reset", RESET_C);
+    let r = run_prog(&prog, &["wc"], POOL);
+    let (x, a, b) = (value(&r, "x"), value(&r, "a"), value(&r, "b"));
+    assert_eq!(b, a + 1024, "a and b share one segment of the second context's pool");
+    assert_eq!(value(&r, "y_works"), 1, "the primary context after its reset");
+    // Expected: the other context's blocks are untouched by the reset of the
+    // primary context (the fake, like CUDA, destroys only the primary's memory).
+    assert_eq!(
+        (value(&r, "a_free"), value(&r, "b_works"), value(&r, "b_free"), value(&r, "c_works")),
+        (0, 1, 0, 1),
+        "second context after cuDevicePrimaryCtxReset_v2: (cuMemFree(a), b holds data, cuMemFree(b), new block c \
+         works); invalid_free events: {:?}",
+        invalid_frees(&r.log)
+    );
+    assert!(invalid_frees(&r.log).is_empty(), "invalid_free events: {:?}", invalid_frees(&r.log));
+    // Only x died with the primary context.
+    assert_eq!(checkpoints(&r.log), vec![("cuDevicePrimaryCtxReset_v2".to_string(), 0, 1000, 1)], "checkpoint events");
+    let at_reset: Vec<u64> = r.log["end"]["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["at"] == "cuDevicePrimaryCtxReset_v2")
+        .map(|l| hex(&l["ptr"]))
+        .collect();
+    assert_eq!(at_reset, vec![x], "leaks found at the reset: {}", r.log["end"]["leaks"]);
+    assert_eq!(mem_events(&r.log, "free").len() as u64, r.result["frees"], "every free of the program recorded");
+    assert_valid_log(&r.log, "reset");
+}
+
+#[test]
+fn primary_context_reset_reports_the_processs_first_allocation() {
+    let prog = compile_drv("reset", RESET_C);
+    let r = run_prog(&prog, &[], POOL);
+    let x = value(&r, "x");
+    assert_eq!(value(&r, "y_works"), 1, "the primary context after its reset");
+    // x, the process's very first CUDA allocation, died with the primary context.
+    let leaks: Vec<(u64, String)> = r.log["end"]["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (hex(&l["ptr"]), str_of(l, "at").to_string()))
+        .collect();
+    assert_eq!(
+        (checkpoints(&r.log), leaks),
+        (
+            vec![("cuDevicePrimaryCtxReset_v2".to_string(), 0, 1000, 1)],
+            vec![(x, "cuDevicePrimaryCtxReset_v2".to_string())]
+        ),
+        "(checkpoint events, end.leaks as (ptr, at)) for the first allocation of the process"
+    );
+    // The driver holds only the new primary pool's segment.
+    let reserved: u64 = pools(&r.log).iter().map(|p| stat_current(p, "reserved_bytes")).sum();
+    assert_eq!(r.stats["live_bytes"], reserved, "{:?} vs {}", r.stats, r.log["end"]["pools"]);
+    assert_valid_log(&r.log, "reset");
+}
+
+// ---------------------------------------------------------------------------
+// Bookkeeping of the tests themselves.
+
+#[test]
+fn fence_counter_parses_the_end_record() {
+    let p = serde_json::json!({"fences": "FenceCounters { recorded: 12, completed: 3, skipped_for_capture: 0 }"});
+    assert_eq!(fence_counter(&p, "recorded"), 12);
+    assert_eq!(fence_counter(&p, "completed"), 3);
+}
