@@ -2,11 +2,11 @@
 //! pool per CUDA context, over the real driver.
 //!
 //! Reuse safety: a `cudaFree` waits for queued GPU work that may still touch
-//! the buffer; the pool does not. While all GPU work so far went to one
-//! stream (`hooks::work` watches every submission), work is executed in the
-//! order it was queued, so a block freed and handed out again is only touched
-//! by work queued after the old work: immediate reuse is safe. Once work has
-//! gone to a second stream, freed blocks wait for a *fence* (an event on every
+//! the buffer; the pool does not. While the process has created no stream and
+//! all work it queued through the driver API went to one stream
+//! (`hooks::work`), work runs in the order it was queued, so a block freed and
+//! handed out again is only touched by work queued after the old work:
+//! immediate reuse is safe. After that, freed blocks wait for a *fence* (an event on every
 //! live stream of the context, recorded after the free) to complete; the pool
 //! synchronises the context only when memory is short, and never while a
 //! stream is being captured.
@@ -29,8 +29,9 @@ static CU_EVENT_QUERY: Slot = Slot::new(c"cuEventQuery", Lib::Driver);
 static CU_CTX_SYNCHRONIZE: Slot = Slot::new(c"cuCtxSynchronize", Lib::Driver);
 static CU_STREAM_IS_CAPTURING: Slot = Slot::new(c"cuStreamIsCapturing", Lib::Driver);
 
-/// Set once GPU work has gone to a second stream (or, with `strict_streams`,
-/// once any stream exists): from then on reuse waits for fences.
+/// Set once the process creates a stream, or once work submitted through the
+/// driver API has gone to a second stream (per-thread default streams of two
+/// threads): from then on reuse waits for fences.
 pub static MULTI_STREAM: AtomicBool = AtomicBool::new(false);
 
 /// The one stream all work went to so far, as a `stream_key`; `NO_STREAM` before any.
@@ -71,9 +72,11 @@ pub fn note_work(stream: u64, per_thread_api: bool) {
 static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
 pub fn stream_created(ctx: u64, stream: u64) {
-    if crate::state::options().strict_streams {
-        MULTI_STREAM.store(true, Ordering::Release);
-    }
+    // The runtime launches its kernels through private driver entry points
+    // that no hook sees (measured: a kernel on a created stream was never
+    // reported to `note_work`), so a created stream is taken as a second
+    // stream in use.
+    MULTI_STREAM.store(true, Ordering::Release);
     STREAMS.lock().push((ctx, stream));
 }
 

@@ -42,9 +42,6 @@ pub struct Options {
     pub limit: u64,
     /// Report problems of the shim itself on stderr (0 = silent, 1 = errors, 2 = chatty).
     pub verbosity: u8,
-    /// Pool mode: fence freed blocks as soon as any stream exists, rather than
-    /// once work has actually gone to a second stream.
-    pub strict_streams: bool,
 }
 
 impl Default for Options {
@@ -58,7 +55,6 @@ impl Default for Options {
             flush_ms: 100,
             limit: 0,
             verbosity: 1,
-            strict_streams: false,
         }
     }
 }
@@ -77,11 +73,6 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ("flush_ms", "100", "milliseconds between background flushes of the event stream (10..10000)"),
     ("limit", "0", "per-device byte cap, e.g. 16g or 512m; 0 = the device's own size"),
     ("verbosity", "1", "0 silent, 1 errors, 2 also notes from the shim on stderr"),
-    (
-        "strict_streams",
-        "0",
-        "pool mode: 1 fences freed blocks once any stream exists, 0 once GPU work has gone to a second stream",
-    ),
 ];
 
 /// Parses `spec`; every complaint is appended to the returned vector as one line.
@@ -123,10 +114,6 @@ pub fn parse(spec: &str) -> (Options, Vec<String>) {
             "limit" => match parse_bytes(value) {
                 Some(b) => opts.limit = b,
                 None => bad("bytes such as 16g, 512m, 4096", &opts.limit),
-            },
-            "strict_streams" => match parse_bool(value) {
-                Some(b) => opts.strict_streams = b,
-                None => bad("0|1", &u8::from(opts.strict_streams)),
             },
             "verbosity" => match value.parse::<u8>() {
                 Ok(v) if v <= 2 => opts.verbosity = v,
@@ -173,7 +160,6 @@ impl Options {
             "flush_ms": self.flush_ms,
             "limit": self.limit,
             "verbosity": self.verbosity,
-            "strict_streams": self.strict_streams,
         })
     }
 }
