@@ -129,10 +129,12 @@ impl CudaBackend {
         }
     }
 
-    fn streams(&self) -> Vec<u64> {
-        let mut s: Vec<u64> = STREAMS.lock().iter().filter(|(c, _)| *c == self.ctx).map(|&(_, s)| s).collect();
-        s.push(0); // the legacy default stream
-        s
+    /// Is a capture active on any of this context's streams? Asked with the
+    /// stream list locked, so no stream is destroyed under the question.
+    fn any_capturing(&self) -> bool {
+        let list = STREAMS.lock();
+        let any = list.iter().filter(|(c, _)| *c == self.ctx).any(|&(_, s)| Self::capturing(s));
+        any || Self::capturing(0)
     }
 
     /// Only an active or invalidated capture counts; an error (a stream that
@@ -163,12 +165,15 @@ impl CudaBackend {
 
     /// Closes the current epoch with an event on every live stream.
     fn record_fence(&mut self) -> bool {
-        let streams = self.streams();
+        let list = STREAMS.lock();
+        let streams: Vec<u64> =
+            list.iter().filter(|(c, _)| *c == self.ctx).map(|&(_, s)| s).chain(std::iter::once(0)).collect();
         if streams.iter().any(|&s| Self::capturing(s)) {
             self.counters.skipped_for_capture += 1;
             return false; // recording into a capture would change the captured graph
         }
         let mut events = Vec::with_capacity(streams.len());
+        let mut dead = Vec::new();
         for s in streams {
             let Some(e) = self.event() else { return false };
             let r = unsafe { call_real!(CU_EVENT_RECORD, fn(u64, u64) -> CUresult, (e, s), CUDA_ERROR_UNKNOWN) };
@@ -178,9 +183,13 @@ impl CudaBackend {
                 self.counters.record_errors += 1;
                 self.spare_events.push(e);
                 if s != 0 {
-                    stream_destroyed(s); // not a live stream of ours after all
+                    dead.push(s); // not a live stream of ours after all
                 }
             }
+        }
+        drop(list);
+        for s in dead {
+            stream_destroyed(s);
         }
         self.counters.recorded += 1;
         self.fences.push_back((self.epoch, events));
@@ -264,7 +273,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&mut self) -> bool {
-        if self.streams().iter().any(|&s| Self::capturing(s)) {
+        if self.any_capturing() {
             return false;
         }
         let r = unsafe { call_real!(CU_CTX_SYNCHRONIZE, fn() -> CUresult, (), CUDA_ERROR_UNKNOWN) };
