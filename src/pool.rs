@@ -24,6 +24,7 @@ static CU_MEM_ALLOC: Slot = Slot::new(c"cuMemAlloc_v2", Lib::Driver);
 static CU_MEM_FREE: Slot = Slot::new(c"cuMemFree_v2", Lib::Driver);
 static CU_EVENT_CREATE: Slot = Slot::new(c"cuEventCreate", Lib::Driver);
 static CU_EVENT_RECORD: Slot = Slot::new(c"cuEventRecord", Lib::Driver);
+static CU_STREAM_WAIT_EVENT: Slot = Slot::new(c"cuStreamWaitEvent", Lib::Driver);
 static CU_EVENT_SYNCHRONIZE: Slot = Slot::new(c"cuEventSynchronize", Lib::Driver);
 static CU_EVENT_QUERY: Slot = Slot::new(c"cuEventQuery", Lib::Driver);
 static CU_CTX_SYNCHRONIZE: Slot = Slot::new(c"cuCtxSynchronize", Lib::Driver);
@@ -48,7 +49,10 @@ fn stream_key(stream: u64, per_thread_api: bool) -> u64 {
     match stream {
         0 if !per_thread_api => LEGACY_STREAM,
         CU_STREAM_LEGACY => LEGACY_STREAM,
-        0 | CU_STREAM_PER_THREAD => (1 << 63) | crate::guard::tid() as u64,
+        0 | CU_STREAM_PER_THREAD => {
+            PER_THREAD_STREAMS.store(true, Ordering::Relaxed);
+            (1 << 63) | crate::guard::tid() as u64
+        }
         s => s,
     }
 }
@@ -78,6 +82,16 @@ pub fn stream_created(ctx: u64, stream: u64) {
     // stream in use.
     MULTI_STREAM.store(true, Ordering::Release);
     STREAMS.lock().push((ctx, stream));
+    // A new stream must also wait behind the last GPU-side barrier, or its
+    // work could touch a block handed out early while old work still runs.
+    if let Some(pool) = all().into_iter().find(|p| p.ctx == ctx) {
+        let pool = pool.pool.lock();
+        for &e in &pool.backend().barrier {
+            unsafe {
+                call_real!(CU_STREAM_WAIT_EVENT, fn(u64, u64, u32) -> CUresult, (stream, e, 0), CUDA_ERROR_UNKNOWN)
+            };
+        }
+    }
 }
 
 pub fn stream_destroyed(stream: u64) {
@@ -98,6 +112,9 @@ pub struct CudaBackend {
     spare_events: Vec<u64>,
     /// When the last fence was recorded (monotonic ns).
     last_fence_ns: u64,
+    /// Events of the last GPU-side barrier: every stream then live waits on
+    /// them, and a stream created later is made to wait on them too.
+    barrier: Vec<u64>,
     pub counters: FenceCounters,
 }
 
@@ -108,9 +125,18 @@ pub struct FenceCounters {
     pub completed: u64,
     pub skipped_for_capture: u64,
     pub record_errors: u64,
+    pub gpu_barriers: u64,
     pub waits: u64,
     pub syncs: u64,
 }
+
+/// A GPU-side barrier makes every stream wait on every event of a fence: past
+/// this many streams the host waits instead.
+const MAX_BARRIER_STREAMS: usize = 8;
+
+/// Set once a per-thread default stream is seen in use: other threads' default
+/// streams cannot be made to wait, so barriers give way to host waits.
+static PER_THREAD_STREAMS: AtomicBool = AtomicBool::new(false);
 
 /// Frees are fenced at most this often: a fence costs an event record per
 /// stream, and blocks freed within one interval share it.
@@ -125,6 +151,7 @@ impl CudaBackend {
             fences: VecDeque::new(),
             spare_events: Vec::new(),
             last_fence_ns: 0,
+            barrier: Vec::new(),
             counters: FenceCounters::default(),
         }
     }
@@ -198,6 +225,46 @@ impl CudaBackend {
         true
     }
 
+    /// Makes every live stream of the context wait, on the GPU, for the
+    /// fence at `index`: from then on no work can touch a block freed before
+    /// that fence ahead of the work that was queued before the free, so those
+    /// blocks may be handed out at once, without the host waiting.
+    fn gpu_barrier(&mut self, index: usize) -> bool {
+        if PER_THREAD_STREAMS.load(Ordering::Relaxed) {
+            return false;
+        }
+        let list = STREAMS.lock();
+        let streams: Vec<u64> =
+            list.iter().filter(|(c, _)| *c == self.ctx).map(|&(_, s)| s).chain(std::iter::once(0)).collect();
+        if streams.len() > MAX_BARRIER_STREAMS || streams.iter().any(|&s| Self::capturing(s)) {
+            return false;
+        }
+        let (epoch, events) = (self.fences[index].0, self.fences[index].1.clone());
+        for &s in &streams {
+            for &e in &events {
+                let r = unsafe {
+                    call_real!(CU_STREAM_WAIT_EVENT, fn(u64, u64, u32) -> CUresult, (s, e, 0), CUDA_ERROR_UNKNOWN)
+                };
+                if r != CUDA_SUCCESS {
+                    return false; // the waits already queued only delay work; the host waits instead
+                }
+            }
+        }
+        drop(list);
+        // Fences up to this one are passed; keep its events alive as the barrier.
+        for _ in 0..index {
+            if let Some((_, old)) = self.fences.pop_front() {
+                self.spare_events.extend(old);
+            }
+        }
+        self.fences.pop_front();
+        let previous = std::mem::replace(&mut self.barrier, events);
+        self.spare_events.extend(previous);
+        self.completed = self.completed.max(epoch);
+        self.counters.gpu_barriers += 1;
+        true
+    }
+
     fn poll(&mut self) {
         while let Some((epoch, events)) = self.fences.front() {
             let done = events.iter().all(|&e| unsafe {
@@ -206,7 +273,7 @@ impl CudaBackend {
             if !done {
                 return;
             }
-            self.completed = *epoch;
+            self.completed = self.completed.max(*epoch);
             self.counters.completed += 1;
             let (_, events) = self.fences.pop_front().unwrap_or_default();
             self.spare_events.extend(events);
@@ -263,8 +330,12 @@ impl Backend for CudaBackend {
         if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
             return false; // a capture is active: waiting could deadlock it
         }
-        let Some((_, events)) = self.fences.iter().find(|(e, _)| *e >= tag) else { return false };
-        for &e in events.clone().iter() {
+        let Some(index) = self.fences.iter().position(|(e, _)| *e >= tag) else { return false };
+        if self.gpu_barrier(index) {
+            return true;
+        }
+        let events = self.fences[index].1.clone();
+        for e in events {
             unsafe { call_real!(CU_EVENT_SYNCHRONIZE, fn(u64) -> CUresult, (e), CUDA_ERROR_UNKNOWN) };
         }
         self.counters.waits += 1;

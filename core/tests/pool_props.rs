@@ -259,9 +259,9 @@ fn config() -> impl Strategy<Value = (PoolConfig, Option<u64>)> {
         prop::sample::select(vec![u64::MAX, 32 * MIB, 48 * MIB]),
         prop::sample::select(vec![u64::MAX, 64 * MIB, 160 * MIB]),
         prop::sample::select(vec![None, Some(48 * MIB), Some(128 * MIB)]),
-        any::<bool>(),
+        (any::<bool>(), prop::sample::select(vec![1u64, 4, 16])),
     )
-        .prop_map(|(small_max, small_segment, (ls, lt), split, max_split, limit, cap, rbg)| {
+        .prop_map(|(small_max, small_segment, (ls, lt), split, max_split, limit, cap, (rbg, wait_share))| {
             let cfg = PoolConfig {
                 small_max,
                 small_segment,
@@ -271,6 +271,7 @@ fn config() -> impl Strategy<Value = (PoolConfig, Option<u64>)> {
                 max_split_size: max_split,
                 limit,
                 release_before_grow: rbg,
+                wait_share,
             };
             (cfg, cap)
         })

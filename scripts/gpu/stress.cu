@@ -19,8 +19,8 @@ __global__ void verify(const unsigned* p, size_t n, unsigned v, unsigned long lo
 }
 
 int main(int argc, char** argv) {
-    const int threads = 8;
     const long ops = argc > 1 ? atol(argv[1]) : 1000000;  // allocations + frees, all threads
+    const int threads = argc > 2 ? atoi(argv[2]) : 8;
     const long iters = ops / (2 * threads);
     unsigned long long* bad;
     cudaMalloc(&bad, sizeof(unsigned long long));

@@ -34,6 +34,10 @@ pub struct PoolConfig {
     /// Before growing, give back completely free segments worth the new one
     /// (largest first). Off in PyTorch's allocator; cupool turns it on.
     pub release_before_grow: bool,
+    /// A miss waits for pending frees (`Backend::wait_for`) instead of growing
+    /// while they cover the request and are at least 1/`wait_share` of the
+    /// reserved bytes (4; at least 1).
+    pub wait_share: u64,
 }
 
 impl Default for PoolConfig {
@@ -47,6 +51,7 @@ impl Default for PoolConfig {
             max_split_size: u64::MAX,
             limit: u64::MAX,
             release_before_grow: false,
+            wait_share: 4,
         }
     }
 }
@@ -59,7 +64,7 @@ impl PoolConfig {
     /// What cupool runs with: PyTorch's sizes, plus releasing idle cached
     /// segments before growing (see `release_before_grow`).
     pub fn shim_default() -> PoolConfig {
-        PoolConfig { release_before_grow: true, ..PoolConfig::default() }
+        PoolConfig { release_before_grow: true, wait_share: 16, ..PoolConfig::default() }
     }
 
     /// Returns a copy with every nonsensical value clamped to the nearest
@@ -94,6 +99,7 @@ impl PoolConfig {
             max_split_size,
             limit: self.limit,
             release_before_grow: self.release_before_grow,
+            wait_share: self.wait_share.max(1),
         }
     }
 
@@ -161,8 +167,10 @@ mod tests {
             max_split_size: 5,
             limit: 7,
             release_before_grow: true,
+            wait_share: 0,
         }
         .validate();
+        assert_eq!(c.wait_share, 1);
         assert_eq!(c.small_max, 512);
         assert_eq!(c.small_segment, 2 * MIB);
         assert_eq!(c.large_segment, 4 * MIB);

@@ -35,10 +35,6 @@ pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use size::{round_size, MIN_BLOCK, SEGMENT_ALIGN};
 pub use stats::{Fragmentation, PoolStats, Stat};
 
-/// A miss waits for pending frees instead of growing while pending bytes are at
-/// least 1/WAIT_FRACTION of the reserved bytes (and enough for the request).
-const WAIT_FRACTION: u64 = 4;
-
 /// A caching allocator over segments obtained from a [`Backend`]. Not
 /// thread-safe by itself: wrap it in a mutex.
 pub struct Pool<B: Backend> {
@@ -130,7 +126,7 @@ impl<B: Backend> Pool<B> {
         // would sit idle once they complete.
         while let Some(&(_, tag)) = self.pending.front() {
             let pending = self.stats.active_bytes.current - self.stats.allocated_bytes.current;
-            if pending < rounded || pending.saturating_mul(WAIT_FRACTION) < self.stats.reserved_bytes.current {
+            if pending < rounded || pending.saturating_mul(self.config.wait_share) < self.stats.reserved_bytes.current {
                 break;
             }
             if !self.backend.wait_for(tag) {

@@ -11,9 +11,6 @@ use cupool_core::pool::{Backend, BlockSnapshot, BlockState, PoolConfig, PoolStat
 
 pub const MIB: u64 = 1 << 20;
 pub const ALIGN: u64 = 2 * MIB;
-/// A miss waits for pending frees, rather than growing, while the pending
-/// bytes cover the request and are at least 1/WAIT_FRACTION of the reserved bytes.
-pub const WAIT_FRACTION: u64 = 4;
 
 /// Bump-allocating device: addresses are never reused and segments are
 /// adjacent (so a merge across segments would be visible). `cap` bounds the
@@ -337,7 +334,7 @@ impl Model {
         while let Some(&(_, tag)) = self.fifo.front() {
             let pending = self.pending_bytes();
             let reserved: u64 = self.segs.values().map(|s| s.size).sum();
-            if pending < rounded || pending.saturating_mul(WAIT_FRACTION) < reserved {
+            if pending < rounded || pending.saturating_mul(self.cfg.wait_share.max(1)) < reserved {
                 break;
             }
             // The fake does not override `wait_for`: the default synchronizes.
