@@ -138,10 +138,6 @@ const MAX_BARRIER_STREAMS: usize = 8;
 /// streams cannot be made to wait, so barriers give way to host waits.
 static PER_THREAD_STREAMS: AtomicBool = AtomicBool::new(false);
 
-/// Frees are fenced at most this often: a fence costs an event record per
-/// stream, and blocks freed within one interval share it.
-const FENCE_INTERVAL_NS: u64 = 50_000;
-
 impl CudaBackend {
     fn new(ctx: u64) -> CudaBackend {
         CudaBackend {
@@ -240,16 +236,26 @@ impl CudaBackend {
             return false;
         }
         let (epoch, events) = (self.fences[index].0, self.fences[index].1.clone());
-        for &s in &streams {
-            for &e in &events {
-                let r = unsafe {
-                    call_real!(CU_STREAM_WAIT_EVENT, fn(u64, u64, u32) -> CUresult, (s, e, 0), CUDA_ERROR_UNKNOWN)
-                };
-                if r != CUDA_SUCCESS {
-                    return false; // the waits already queued only delay work; the host waits instead
-                }
-            }
+        // The legacy stream waits for every stream's part of the fence; one
+        // event after those waits then orders every other stream behind it
+        // (2S-1 dependencies instead of S²).
+        let wait = |s: u64, e: u64| unsafe {
+            call_real!(CU_STREAM_WAIT_EVENT, fn(u64, u64, u32) -> CUresult, (s, e, 0), CUDA_ERROR_UNKNOWN)
+                == CUDA_SUCCESS
+        };
+        if !events.iter().all(|&e| wait(0, e)) {
+            return false; // the waits already queued only delay work; the host waits instead
         }
+        let Some(joined) = self.event() else { return false };
+        let recorded = unsafe {
+            call_real!(CU_EVENT_RECORD, fn(u64, u64) -> CUresult, (joined, 0), CUDA_ERROR_UNKNOWN) == CUDA_SUCCESS
+        };
+        if !recorded || !streams.iter().filter(|&&s| s != 0).all(|&s| wait(s, joined)) {
+            self.spare_events.push(joined);
+            return false;
+        }
+        self.spare_events.extend(events);
+        let events = vec![joined];
         drop(list);
         // Fences up to this one are passed; keep its events alive as the barrier.
         for _ in 0..index {
@@ -308,7 +314,9 @@ impl Backend for CudaBackend {
         // fences of earlier frees have mostly completed and their blocks are
         // reusable, instead of every pending block waiting on a fence recorded
         // only at the miss (behind all the work queued since).
-        if crate::state::monotonic_ns().saturating_sub(self.last_fence_ns) >= FENCE_INTERVAL_NS {
+        // A fence costs an event record per stream; blocks freed within one
+        // interval (`fence_us`) share it.
+        if crate::state::monotonic_ns().saturating_sub(self.last_fence_ns) >= crate::state::options().fence_us * 1000 {
             self.record_fence();
         }
         Some(tag)

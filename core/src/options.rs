@@ -42,6 +42,8 @@ pub struct Options {
     pub limit: u64,
     /// Report problems of the shim itself on stderr (0 = silent, 1 = errors, 2 = chatty).
     pub verbosity: u8,
+    /// Pool mode with streams: microseconds between reuse fences.
+    pub fence_us: u64,
 }
 
 impl Default for Options {
@@ -55,6 +57,7 @@ impl Default for Options {
             flush_ms: 100,
             limit: 0,
             verbosity: 1,
+            fence_us: 500,
         }
     }
 }
@@ -73,6 +76,11 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ("flush_ms", "100", "milliseconds between background flushes of the event stream (10..10000)"),
     ("limit", "0", "per-device byte cap, e.g. 16g or 512m; 0 = the device's own size"),
     ("verbosity", "1", "0 silent, 1 errors, 2 also notes from the shim on stderr"),
+    (
+        "fence_us",
+        "500",
+        "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable (10..100000)",
+    ),
 ];
 
 /// Parses `spec`; every complaint is appended to the returned vector as one line.
@@ -110,6 +118,10 @@ pub fn parse(spec: &str) -> (Options, Vec<String>) {
             "flush_ms" => match value.parse::<u64>() {
                 Ok(ms) if (10..=10_000).contains(&ms) => opts.flush_ms = ms,
                 _ => bad("10..10000", &opts.flush_ms),
+            },
+            "fence_us" => match value.parse::<u64>() {
+                Ok(us) if (10..=100_000).contains(&us) => opts.fence_us = us,
+                _ => bad("10..100000", &opts.fence_us),
             },
             "limit" => match parse_bytes(value) {
                 Some(b) => opts.limit = b,
@@ -160,6 +172,7 @@ impl Options {
             "flush_ms": self.flush_ms,
             "limit": self.limit,
             "verbosity": self.verbosity,
+            "fence_us": self.fence_us,
         })
     }
 }
