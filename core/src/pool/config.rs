@@ -31,8 +31,9 @@ pub struct PoolConfig {
     /// Cap on reserved bytes; a segment that would pass it is treated as a
     /// device out-of-memory (`u64::MAX`: no cap).
     pub limit: u64,
-    /// Before growing, give back completely free segments worth the new one
-    /// (largest first). Off in PyTorch's allocator; cupool turns it on.
+    /// Before growing past the peak of reserved bytes, give back completely
+    /// free segments worth the new one (largest first). Off in PyTorch's
+    /// allocator; cupool turns it on.
     pub release_before_grow: bool,
     /// A miss waits for pending frees (`Backend::wait_for`) instead of growing
     /// while they cover the request and are at least 1/`wait_share` of the

@@ -142,10 +142,14 @@ impl<B: Backend> Pool<B> {
         let seg_size = self.config.segment_size(rounded).filter(|&s| s <= self.config.limit);
         if let Some(seg_size) = seg_size {
             if self.config.release_before_grow {
-                // Cached whole segments that could not serve this request give
-                // way to the new one, so reserved memory tracks live memory.
-                let reserved = self.stats.reserved_bytes.current;
-                self.release_free_segments(reserved.saturating_sub(seg_size));
+                // Growing below the high-water mark costs nothing new; past it,
+                // cached whole segments that could not serve this request give
+                // way to the new one, so the peak tracks live memory without a
+                // release (and its device synchronisation) on every growth.
+                let (reserved, peak) = (self.stats.reserved_bytes.current, self.stats.reserved_bytes.peak);
+                if reserved + seg_size > peak {
+                    self.release_free_segments(peak.saturating_sub(seg_size));
+                }
             }
             if let Some(i) = self.grow(small, seg_size) {
                 return Ok(self.take(i, small, rounded, requested));

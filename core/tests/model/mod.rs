@@ -358,7 +358,10 @@ impl Model {
         if let Some(s) = seg {
             if c.release_before_grow {
                 let reserved: u64 = self.segs.values().map(|s| s.size).sum();
-                self.release(reserved.saturating_sub(s));
+                let peak = self.peaks[2]; // reserved_bytes, as in `pool_stats`
+                if reserved + s > peak {
+                    self.release(peak.saturating_sub(s));
+                }
             }
             if let Some(r) = self.try_grow(small, s, rounded, req) {
                 return Some(r);
