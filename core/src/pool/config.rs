@@ -65,7 +65,7 @@ impl PoolConfig {
     /// What cupool runs with: PyTorch's sizes, plus releasing idle cached
     /// segments before growing (see `release_before_grow`).
     pub fn shim_default() -> PoolConfig {
-        PoolConfig { release_before_grow: true, wait_share: 16, ..PoolConfig::default() }
+        PoolConfig { release_before_grow: true, wait_share: 256, ..PoolConfig::default() }
     }
 
     /// Returns a copy with every nonsensical value clamped to the nearest
