@@ -190,7 +190,9 @@ mod tests {
 
     #[test]
     fn all_keys_parse() {
-        let (o, e) = parse("mode=pool:log_dir=/tmp/x:log=0:trace=off:run_id=abc:flush_ms=50:limit=16g:verbosity=2");
+        let (o, e) = parse(
+            "mode=pool:log_dir=/tmp/x:log=0:trace=off:run_id=abc:flush_ms=50:limit=16g:verbosity=2:fence_us=2000",
+        );
         assert!(e.is_empty(), "{e:?}");
         assert_eq!(o.mode, Mode::Pool);
         assert_eq!(o.log_dir, "/tmp/x");
@@ -199,6 +201,7 @@ mod tests {
         assert_eq!(o.flush_ms, 50);
         assert_eq!(o.limit, 16 << 30);
         assert_eq!(o.verbosity, 2);
+        assert_eq!(o.fence_us, 2000);
     }
 
     #[test]
