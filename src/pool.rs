@@ -156,8 +156,13 @@ impl CudaBackend {
     /// stream list locked, so no stream is destroyed under the question.
     fn any_capturing(&self) -> bool {
         let list = STREAMS.lock();
-        let any = list.iter().filter(|(c, _)| *c == self.ctx).any(|&(_, s)| Self::capturing(s));
-        any || Self::capturing(0)
+        self.streams_in(&list).into_iter().any(Self::capturing)
+    }
+
+    /// This context's live streams in `list` (held locked by the caller),
+    /// plus the legacy default stream.
+    fn streams_in(&self, list: &[(u64, u64)]) -> Vec<u64> {
+        list.iter().filter(|(c, _)| *c == self.ctx).map(|&(_, s)| s).chain(std::iter::once(0)).collect()
     }
 
     /// Only an active or invalidated capture counts; an error (a stream that
@@ -189,8 +194,7 @@ impl CudaBackend {
     /// Closes the current epoch with an event on every live stream.
     fn record_fence(&mut self) -> bool {
         let list = STREAMS.lock();
-        let streams: Vec<u64> =
-            list.iter().filter(|(c, _)| *c == self.ctx).map(|&(_, s)| s).chain(std::iter::once(0)).collect();
+        let streams = self.streams_in(&list);
         if streams.iter().any(|&s| Self::capturing(s)) {
             self.counters.skipped_for_capture += 1;
             return false; // recording into a capture would change the captured graph
@@ -230,8 +234,7 @@ impl CudaBackend {
             return false;
         }
         let list = STREAMS.lock();
-        let streams: Vec<u64> =
-            list.iter().filter(|(c, _)| *c == self.ctx).map(|&(_, s)| s).chain(std::iter::once(0)).collect();
+        let streams = self.streams_in(&list);
         if streams.len() > MAX_BARRIER_STREAMS || streams.iter().any(|&s| Self::capturing(s)) {
             return false;
         }

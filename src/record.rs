@@ -1,5 +1,5 @@
 //! The seam between hooks and bookkeeping: what every hook calls after (or
-//! around) the real CUDA call. Also where the pool will sit.
+//! around) the real CUDA call, and where pool mode takes over device allocations.
 
 use crate::ffi::*;
 use crate::real::{Lib, Slot};
@@ -66,16 +66,13 @@ pub fn current_context_only() -> u64 {
 
 /// The context current on this thread and its device; (0, -1) when none.
 pub fn current_context() -> (u64, i32) {
-    unsafe {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        let r = call_real!(CU_CTX_GET_CURRENT, fn(*mut CUcontext) -> CUresult, (&mut ctx), CUDA_ERROR_UNKNOWN);
-        if r != CUDA_SUCCESS || ctx.is_null() {
-            return (0, -1);
-        }
-        let mut dev: CUdevice = -1;
-        let r = call_real!(CU_CTX_GET_DEVICE, fn(*mut CUdevice) -> CUresult, (&mut dev), CUDA_ERROR_UNKNOWN);
-        (ctx as u64, if r == CUDA_SUCCESS { dev } else { -1 })
+    let ctx = current_context_only();
+    if ctx == 0 {
+        return (0, -1);
     }
+    let mut dev: CUdevice = -1;
+    let r = unsafe { call_real!(CU_CTX_GET_DEVICE, fn(*mut CUdevice) -> CUresult, (&mut dev), CUDA_ERROR_UNKNOWN) };
+    (ctx, if r == CUDA_SUCCESS { dev } else { -1 })
 }
 
 /// Reads the pointer a successful allocation wrote to its out-parameter.
@@ -98,7 +95,7 @@ pub struct Site {
 
 impl Site {
     pub const fn new(api: Api, kind: MemKind) -> Site {
-        Site { api, kind, space: if matches!(kind, MemKind::Vmm) { Space::VmmHandle } else { Space::Pointer } }
+        Site { api, kind, space: Space::of(kind) }
     }
 }
 
@@ -279,15 +276,12 @@ pub fn track_mapping(kind: EventKind, api: Api, ptr: u64, size: u64, handle: u64
     });
 }
 
-/// A context (or a device's primary context) died. `device` -1: learn it from what died: everything it holds dies with it.
+/// A context (or a device's primary context) died, and everything it held
+/// with it. `device` -1: take it from what died.
 pub fn checkpoint(api: Api, device: i32, dies: impl FnMut(&Live) -> bool) {
     crate::diag::shielded(|| {
         let died = tracker::take_where(dies);
         let device = if device >= 0 { device } else { died.first().map_or(-1, |(_, l)| l.device) };
-        let died = died
-            .into_iter()
-            .map(|(k, l)| (k, if l.kind == MemKind::Vmm { Space::VmmHandle } else { Space::Pointer }, l))
-            .collect();
         crate::report::checkpoint(api, device, died);
     });
 }

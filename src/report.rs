@@ -18,7 +18,6 @@ pub enum ExitInfo {
 /// Leaks found at context destruction, kept until the end record.
 struct CheckpointLeak {
     key: u64,
-    space: Space,
     live: Live,
     at: log::Api,
     t_ns: u64,
@@ -27,11 +26,11 @@ const MAX_CHECKPOINT_LEAKS: usize = 100_000;
 static CHECKPOINT_LEAKS: Mutex<Vec<CheckpointLeak>> = Mutex::new(Vec::new());
 
 /// A context (or every context of a device) died: whatever it still held was leaked.
-pub fn checkpoint(at: log::Api, device: i32, died: Vec<(u64, Space, Live)>) {
+pub fn checkpoint(at: log::Api, device: i32, died: Vec<(u64, Live)>) {
     if died.is_empty() {
         return; // a context that died clean is no news
     }
-    let bytes = died.iter().map(|(_, _, l)| l.size).sum();
+    let bytes = died.iter().map(|(_, l)| l.size).sum();
     let mut e = log::Event::new(log::EventKind::Checkpoint, at);
     e.device = device;
     e.size = bytes;
@@ -39,9 +38,9 @@ pub fn checkpoint(at: log::Api, device: i32, died: Vec<(u64, Space, Live)>) {
     events::record(e);
     let t_ns = state::now_ns();
     let mut kept = CHECKPOINT_LEAKS.lock();
-    for (key, space, live) in died {
+    for (key, live) in died {
         if kept.len() < MAX_CHECKPOINT_LEAKS {
-            kept.push(CheckpointLeak { key, space, live, at, t_ns });
+            kept.push(CheckpointLeak { key, live, at, t_ns });
         }
     }
 }
@@ -159,7 +158,7 @@ fn counters_json(device: i32, c: &tracker::Counters) -> Value {
     })
 }
 
-fn leak_json(key: u64, space: Space, live: &Live, at: &str, now_ns: u64) -> Value {
+fn leak_json(key: u64, live: &Live, at: &str, now_ns: u64) -> Value {
     let mut v = json!({
         "ptr": format!("{key:#x}"),
         "size": live.size,
@@ -173,7 +172,7 @@ fn leak_json(key: u64, space: Space, live: &Live, at: &str, now_ns: u64) -> Valu
     if live.stream != 0 {
         v["stream"] = json!(format!("{:#x}", live.stream));
     }
-    if space == Space::VmmHandle {
+    if Space::of(live.kind) == Space::VmmHandle {
         v["handle"] = v["ptr"].take();
         v.as_object_mut().map(|o| o.remove("ptr"));
     }
@@ -212,14 +211,9 @@ pub fn write_end(how: ExitInfo) {
     if !events::ensure_open() {
         return;
     }
-    let mut leaks: Vec<(u64, Value)> = checkpoint_leaks
-        .iter()
-        .map(|c| (c.live.size, leak_json(c.key, c.space, &c.live, c.at.as_str(), c.t_ns)))
-        .collect();
-    leaks.extend(live.iter().map(|(key, l)| {
-        let space = if l.kind == log::MemKind::Vmm { Space::VmmHandle } else { Space::Pointer };
-        (l.size, leak_json(*key, space, l, "exit", now_ns))
-    }));
+    let mut leaks: Vec<(u64, Value)> =
+        checkpoint_leaks.iter().map(|c| (c.live.size, leak_json(c.key, &c.live, c.at.as_str(), c.t_ns))).collect();
+    leaks.extend(live.iter().map(|(key, l)| (l.size, leak_json(*key, l, "exit", now_ns))));
     leaks.sort_by_key(|l| std::cmp::Reverse(l.0));
     let leak_bytes: u64 = leaks.iter().map(|(s, _)| s).sum();
     let devices: Vec<Value> = tracker::device_counters().map(|(d, c)| counters_json(d, c)).collect();

@@ -38,6 +38,17 @@ pub enum Space {
     VmmHandle,
 }
 
+impl Space {
+    /// Where allocations of `kind` are keyed.
+    pub const fn of(kind: MemKind) -> Space {
+        if matches!(kind, MemKind::Vmm) {
+            Space::VmmHandle
+        } else {
+            Space::Pointer
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct PtrHasher(u64);
 impl Hasher for PtrHasher {
