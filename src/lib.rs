@@ -1,21 +1,23 @@
 //! `libcupool.so`: the preload library. It intercepts CUDA memory calls at the
-//! runtime and driver level, records them, and writes `cupool.<pid>.json`.
+//! runtime and driver level, serves device allocations from its pool (in
+//! pool mode), records them, and writes `cupool.<pid>.json`.
 //!
-//! Layers, outermost first: `hooks` (C ABI, thin) → `record` (the seam:
-//! tracking, and where the pool sits) → `tracker` / `events` / `report`
-//! (bookkeeping, no CUDA) → `cupool_core` (pure Rust). `real` finds the
-//! functions cupool stands in front of.
+//! Layers, each importing only those below it (`docs/architecture.md`):
+//! - `hooks`: the C ABI; decode the arguments, call `intercept`, return.
+//! - `intercept`: the guard; the pool or the real call; notify observers.
+//! - `lifecycle`: start on the first CUDA memory call, finish at exit or on
+//!   a fatal signal, fork.
+//! - `pool` (pool mode), `observe` (live table, counters, timeline,
+//!   incidents) and `sink` (the log file and its writer thread).
+//! - `runtime` (options, clock, guard, diagnostics, process facts) and
+//!   `cuda` (CUDA's types and one typed table of its entry points).
+//! - `cupool_core`: pure Rust, no CUDA.
 
-mod diag;
-mod events;
-mod ffi;
-mod fork;
-mod guard;
+mod cuda;
 mod hooks;
+mod intercept;
+mod lifecycle;
+mod observe;
 mod pool;
-mod real;
-mod record;
-mod report;
-mod signals;
-mod state;
-mod tracker;
+mod runtime;
+mod sink;

@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_void, CStr};
 
 /// Returns cupool's wrapper for `name`, or null to let the real `dlsym` answer.
 extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    crate::real::dlsym_fn(); // the trampoline jumps through it next
+    crate::cuda::resolve::dlsym_fn(); // the trampoline jumps through it next
     if name.is_null() || handle == libc::RTLD_NEXT {
         return std::ptr::null_mut();
     }
@@ -22,7 +22,7 @@ extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     if head != *b"cu" {
         return std::ptr::null_mut();
     }
-    crate::diag::shielded(|| {
+    crate::runtime::diag::shielded(|| {
         let name = unsafe { CStr::from_ptr(name) };
         if name.to_bytes().starts_with(b"cuda") {
             super::procaddr::dlsym_substitute(super::runtime::TABLE.iter(), handle, name)
@@ -51,6 +51,6 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "2:",
         "ret",
         lookup = sym lookup,
-        real = sym crate::real::REAL_DLSYM,
+        real = sym crate::cuda::resolve::REAL_DLSYM,
     )
 }

@@ -1,27 +1,29 @@
-//! The C ABI surface. Each hook is thin: guard, call the real function (or,
-//! later, the pool), record, return CUDA's own result.
+//! The C ABI surface: functions exported under CUDA's (and libc's) names.
+//! Each hook only decodes its arguments, calls `intercept`, and returns
+//! CUDA's own result.
 
 pub mod dlsym;
 pub mod driver;
 pub mod procaddr;
 pub mod process;
 pub mod runtime;
-pub mod work;
+pub mod submit;
 
-use crate::real::Slot;
+use crate::cuda::RealFunction;
 use std::ffi::c_void;
 
-/// A function cupool wraps: its exported wrapper and where the real one is.
+/// A function cupool wraps: its exported wrapper and the real one behind it.
 pub struct Entry {
     wrapper: *const (),
-    pub real: &'static Slot,
+    pub real: &'static dyn RealFunction,
 }
 
-// The wrapper pointer is a code address, immutable and valid for the process.
+// The wrapper is a code address, immutable and valid for the process.
 unsafe impl Sync for Entry {}
 
 impl Entry {
-    pub const fn new(wrapper: *const (), real: &'static Slot) -> Entry {
+    #[doc(hidden)]
+    pub const fn new(wrapper: *const (), real: &'static dyn RealFunction) -> Entry {
         Entry { wrapper, real }
     }
     pub fn wrapper(&self) -> *mut c_void {
@@ -29,22 +31,11 @@ impl Entry {
     }
 }
 
-/// Every driver function cupool hands out a wrapper for.
-pub fn driver_entries() -> impl Iterator<Item = &'static Entry> {
-    driver::TABLE.iter().chain(work::TABLE.iter())
-}
-
-/// Declares lazily resolved real functions of one library: `slots! { Lib::Driver; NAME = c"symbol"; ... }`.
-macro_rules! slots {
-    ($lib:expr; $($slot:ident = $name:literal;)*) => {
-        $(pub static $slot: $crate::real::Slot = $crate::real::Slot::new($name, $lib);)*
-    };
-}
-pub(crate) use slots;
-
+/// `entry!(cuMemAlloc_v2)`: the hook of that name and its real function. It
+/// does not compile unless the hook's prototype is the table's.
 macro_rules! entry {
-    ($f:ident, $slot:path) => {
-        $crate::hooks::Entry::new($f as *const (), &$slot)
+    ($name:ident) => {
+        $crate::hooks::Entry::new($name as $crate::cuda::sig::$name as *const (), &$crate::cuda::real::$name)
     };
 }
 pub(crate) use entry;
@@ -55,17 +46,7 @@ pub fn pitch_for(width: usize) -> usize {
     width.div_ceil(512).max(1) * 512
 }
 
-/// With a `limit`, the device looks that large: total is the cap, and free is
-/// what the cap leaves after everything this process holds on the device
-/// (memory the pool keeps cached counts as used, as in PyTorch's cache, so
-/// free memory never rises because of cupool's caching).
-pub unsafe fn apply_limit(free: *mut usize, total: *mut usize) {
-    let limit = crate::state::options().limit;
-    if limit == 0 || free.is_null() || total.is_null() {
-        return;
-    }
-    let (_, device) = crate::record::current_context();
-    let used = crate::pool::held_bytes(device);
-    *total = (*total).min(limit as usize);
-    *free = (*free).min(limit.saturating_sub(used) as usize);
+/// Every driver function cupool hands out a wrapper for.
+pub fn driver_entries() -> impl Iterator<Item = &'static Entry> {
+    driver::TABLE.iter().chain(submit::TABLE.iter())
 }

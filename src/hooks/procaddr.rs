@@ -7,17 +7,14 @@
 #![allow(non_snake_case)]
 
 use super::Entry;
-use crate::call_real;
-use crate::ffi::*;
-use crate::real::{Lib, Slot};
+use crate::cuda::{Status, SUCCESS};
+use crate::real;
+use crate::runtime::diag;
 use std::ffi::{c_char, c_int, c_void, CStr};
-
-pub static CU_GET_PROC_ADDRESS: Slot = Slot::new(c"cuGetProcAddress", Lib::Driver);
-pub static CU_GET_PROC_ADDRESS_V2: Slot = Slot::new(c"cuGetProcAddress_v2", Lib::Driver);
 
 /// The wrapper for the real driver function at `real`, if cupool wraps it.
 fn wrapper_for(real: usize) -> Option<*mut c_void> {
-    if let Some(e) = super::driver_entries().find(|e| e.real.get() == Some(real)) {
+    if let Some(e) = super::driver_entries().find(|e| e.real.address() == Some(real)) {
         return Some(e.wrapper());
     }
     // Not an exported symbol's address: ask the dynamic linker what is there.
@@ -29,7 +26,7 @@ fn wrapper_for(real: usize) -> Option<*mut c_void> {
         return None;
     }
     let name = unsafe { CStr::from_ptr(info.dli_sname) };
-    let e = super::driver_entries().find(|e| e.real.name == name)?;
+    let e = super::driver_entries().find(|e| e.real.name() == name)?;
     (e.real.learn(real) == real).then(|| e.wrapper())
 }
 
@@ -38,7 +35,7 @@ pub unsafe fn substitute(pfn: *mut *mut c_void) {
     if pfn.is_null() || (*pfn).is_null() {
         return;
     }
-    if let Some(Some(w)) = crate::diag::shielded(|| wrapper_for(*pfn as usize)) {
+    if let Some(Some(w)) = diag::shielded(|| wrapper_for(*pfn as usize)) {
         *pfn = w;
     }
 }
@@ -49,14 +46,9 @@ pub unsafe extern "C" fn cuGetProcAddress(
     pfn: *mut *mut c_void,
     version: c_int,
     flags: u64,
-) -> CUresult {
-    let r = call_real!(
-        CU_GET_PROC_ADDRESS,
-        fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult,
-        (symbol, pfn, version, flags),
-        CUDA_ERROR_NOT_FOUND
-    );
-    if r == CUDA_SUCCESS {
+) -> Status {
+    let r = real!(cuGetProcAddress(symbol, pfn, version, flags));
+    if r == SUCCESS {
         substitute(pfn);
     }
     r
@@ -69,14 +61,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     version: c_int,
     flags: u64,
     status: *mut c_int,
-) -> CUresult {
-    let r = call_real!(
-        CU_GET_PROC_ADDRESS_V2,
-        fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult,
-        (symbol, pfn, version, flags, status),
-        CUDA_ERROR_NOT_FOUND
-    );
-    if r == CUDA_SUCCESS {
+) -> Status {
+    let r = real!(cuGetProcAddress_v2(symbol, pfn, version, flags, status));
+    if r == SUCCESS {
         substitute(pfn);
     }
     r
@@ -89,10 +76,10 @@ pub fn dlsym_substitute<'a>(
     handle: *mut c_void,
     name: &CStr,
 ) -> *mut c_void {
-    let Some(e) = table.find(|e| e.real.name == name) else {
+    let Some(e) = table.find(|e| e.real.name() == name) else {
         return std::ptr::null_mut();
     };
-    let found = unsafe { crate::real::dlsym(handle, name) } as usize;
+    let found = unsafe { crate::cuda::resolve::dlsym(handle, name) } as usize;
     let wrapper = e.wrapper();
     if found == 0 || found == wrapper as usize {
         return std::ptr::null_mut(); // the real dlsym answers the same

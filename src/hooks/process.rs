@@ -3,37 +3,25 @@
 //! skip atexit handlers, so they finish the log themselves (multiprocessing
 //! children leave through `os._exit`).
 
-use crate::real::{Lib, Slot};
+use crate::cuda::real;
+use crate::cuda::MainFn;
+use crate::lifecycle::{self, ExitInfo};
+use crate::runtime::diag;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-const UNKNOWN: i64 = i64::MIN;
-static EXIT_STATUS: AtomicI64 = AtomicI64::new(UNKNOWN);
-
-static LIBC_START_MAIN: Slot = Slot::new(c"__libc_start_main", Lib::Libc);
-static EXIT: Slot = Slot::new(c"exit", Lib::Libc);
-static UNDERSCORE_EXIT: Slot = Slot::new(c"_exit", Lib::Libc);
-
-pub fn exit_status() -> Option<i32> {
-    match EXIT_STATUS.load(Ordering::Relaxed) {
-        UNKNOWN => None,
-        s => Some(s as i32),
-    }
-}
-
-type Main = unsafe extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) -> c_int;
 static REAL_MAIN: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn main_returning_status(argc: c_int, argv: *mut *mut c_char, env: *mut *mut c_char) -> c_int {
-    let main: Main = std::mem::transmute(REAL_MAIN.load(Ordering::Relaxed));
+    let main: MainFn = std::mem::transmute(REAL_MAIN.load(Ordering::Relaxed));
     let status = main(argc, argv, env);
-    EXIT_STATUS.store(status as i64, Ordering::Relaxed);
+    lifecycle::note_exit_status(status);
     status
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __libc_start_main(
-    main: Main,
+    main: MainFn,
     argc: c_int,
     argv: *mut *mut c_char,
     init: *mut c_void,
@@ -41,39 +29,27 @@ pub unsafe extern "C" fn __libc_start_main(
     rtld_fini: *mut c_void,
     stack_end: *mut c_void,
 ) -> c_int {
-    type Start = unsafe extern "C" fn(
-        Main,
-        c_int,
-        *mut *mut c_char,
-        *mut c_void,
-        *mut c_void,
-        *mut c_void,
-        *mut c_void,
-    ) -> c_int;
-    let Some(real) = LIBC_START_MAIN.get() else {
-        crate::diag::fatal("cannot find __libc_start_main");
+    let Some(start) = real::__libc_start_main.get() else {
+        diag::fatal("cannot find __libc_start_main");
     };
-    let real: Start = std::mem::transmute(real);
     REAL_MAIN.store(main as usize, Ordering::Relaxed);
-    real(main_returning_status, argc, argv, init, fini, rtld_fini, stack_end)
+    start(main_returning_status, argc, argv, init, fini, rtld_fini, stack_end)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn exit(status: c_int) -> ! {
-    EXIT_STATUS.store(status as i64, Ordering::Relaxed);
-    if let Some(p) = EXIT.get() {
-        let real: unsafe extern "C" fn(c_int) -> ! = std::mem::transmute(p);
-        real(status);
+    lifecycle::note_exit_status(status);
+    if let Some(exit) = real::exit.get() {
+        exit(status);
     }
     libc::syscall(libc::SYS_exit_group, status);
     unreachable!()
 }
 
 unsafe fn leave_now(status: c_int) -> ! {
-    crate::state::finish(crate::report::ExitInfo::Exit(Some(status)));
-    if let Some(p) = UNDERSCORE_EXIT.get() {
-        let real: unsafe extern "C" fn(c_int) -> ! = std::mem::transmute(p);
-        real(status);
+    lifecycle::finish(ExitInfo::Exit(Some(status)));
+    if let Some(exit) = real::_exit.get() {
+        exit(status);
     }
     libc::syscall(libc::SYS_exit_group, status);
     unreachable!()

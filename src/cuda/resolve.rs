@@ -36,7 +36,7 @@ pub fn dlsym_fn() -> DlsymFn {
         if p == 0 {
             // No versioned dlsym at all: a C library we do not know. Nothing
             // sane is left to do; abort loudly rather than recurse forever.
-            crate::diag::fatal("cannot find the C library's dlsym");
+            crate::runtime::diag::fatal("cannot find the C library's dlsym");
         }
         REAL_DLSYM.store(p, Ordering::Release);
     }
@@ -102,7 +102,7 @@ fn local_cudart() -> *mut c_void {
     h
 }
 
-/// Where a slot's real function lives.
+/// Where a real function lives.
 #[derive(Clone, Copy)]
 pub enum Lib {
     Runtime,
@@ -110,99 +110,53 @@ pub enum Lib {
     Libc,
 }
 
-/// A lazily resolved real function. 0 = not looked up yet; 1 = looked up and absent.
-pub struct Slot {
-    pub name: &'static CStr,
-    lib: Lib,
-    ptr: AtomicUsize,
+/// The outcome of looking a real function up.
+pub enum Lookup {
+    Found(usize),
+    /// Not there, and never will be: remember that.
+    Absent,
+    /// Not there yet: the driver or runtime may simply not be loaded yet.
+    NotYet,
 }
 
-const ABSENT: usize = 1;
-
-impl Slot {
-    pub const fn new(name: &'static CStr, lib: Lib) -> Slot {
-        Slot { name, lib, ptr: AtomicUsize::new(0) }
-    }
-
-    /// The real function's address, or `None` if it cannot be found.
-    #[inline]
-    pub fn get(&self) -> Option<usize> {
-        match self.ptr.load(Ordering::Acquire) {
-            0 => self.resolve(),
-            ABSENT => None,
-            p => Some(p),
-        }
-    }
-
-    #[cold]
-    fn resolve(&self) -> Option<usize> {
-        let p = unsafe {
-            match self.lib {
-                Lib::Driver => {
-                    let h = libcuda();
+pub fn lookup(name: &CStr, lib: Lib) -> Lookup {
+    let p = unsafe {
+        match lib {
+            Lib::Driver => {
+                let h = libcuda();
+                if h.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    dlsym(h, name)
+                }
+            }
+            Lib::Runtime => {
+                let p = dlsym(libc::RTLD_NEXT, name);
+                if p.is_null() {
+                    let h = local_cudart();
                     if h.is_null() {
-                        std::ptr::null_mut()
-                    } else {
-                        dlsym(h, self.name)
+                        return Lookup::NotYet;
                     }
+                    dlsym(h, name)
+                } else {
+                    p
                 }
-                Lib::Runtime => {
-                    let p = dlsym(libc::RTLD_NEXT, self.name);
-                    if p.is_null() {
-                        let h = local_cudart();
-                        if h.is_null() {
-                            return None; // not cached: the runtime may be loaded later
-                        }
-                        dlsym(h, self.name)
-                    } else {
-                        p
-                    }
-                }
-                Lib::Libc => dlsym(libc::RTLD_NEXT, self.name),
             }
-        } as usize;
-        if p == 0 {
-            // The driver or runtime may simply not be loaded yet; only a
-            // lookup in a library that is there is final.
-            let final_answer = match self.lib {
-                Lib::Libc => true,
-                Lib::Driver => !LIBCUDA.load(Ordering::Acquire).is_null(),
-                Lib::Runtime => false,
-            };
-            if final_answer {
-                self.ptr.store(ABSENT, Ordering::Release);
-            }
-            return None;
+            Lib::Libc => dlsym(libc::RTLD_NEXT, name),
         }
-        self.ptr.store(p, Ordering::Release);
-        Some(p)
+    } as usize;
+    if p != 0 {
+        return Lookup::Found(p);
     }
-
-    /// Records a real address learned elsewhere (from `cuGetProcAddress` or a
-    /// caller's `dlsym`), unless one is known already. Returns the address in force.
-    pub fn learn(&self, p: usize) -> usize {
-        match self.ptr.compare_exchange(0, p, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => p,
-            Err(ABSENT) => {
-                self.ptr.store(p, Ordering::Release);
-                p
-            }
-            Err(known) => known,
-        }
-    }
-}
-
-/// Calls the real function in `$slot` with the given signature, or evaluates
-/// `$missing` if it cannot be found.
-#[macro_export]
-macro_rules! call_real {
-    ($slot:expr, fn($($t:ty),* $(,)?) -> $r:ty, ($($a:expr),* $(,)?), $missing:expr $(,)?) => {
-        match $slot.get() {
-            Some(p) => {
-                let f: unsafe extern "C" fn($($t),*) -> $r = std::mem::transmute(p);
-                f($($a),*)
-            }
-            None => $missing,
-        }
+    // Only a lookup in a library that is there is final.
+    let final_answer = match lib {
+        Lib::Libc => true,
+        Lib::Driver => !LIBCUDA.load(Ordering::Acquire).is_null(),
+        Lib::Runtime => false,
     };
+    if final_answer {
+        Lookup::Absent
+    } else {
+        Lookup::NotYet
+    }
 }

@@ -37,7 +37,7 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         libc::SIG_IGN => {}
         libc::SIG_DFL => {
             // The default action ends the process: finish the log first.
-            crate::events::finish_from_signal(sig, FINISH_TIMEOUT_MS);
+            crate::sink::finish_from_signal(sig, FINISH_TIMEOUT_MS);
             unsafe {
                 libc::signal(sig, libc::SIG_DFL);
                 // Pending until this handler returns, then fatal with the original signal.

@@ -1,0 +1,44 @@
+//! Which CUDA context (and device) a call is made in, asked of the driver.
+
+use crate::cuda::{CUcontext, CUdevice, SUCCESS};
+use crate::real;
+
+/// The context current on this thread; 0 when none.
+#[inline]
+pub fn current_only() -> u64 {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if unsafe { real!(cuCtxGetCurrent(&mut ctx)) } == SUCCESS {
+        ctx as u64
+    } else {
+        0
+    }
+}
+
+/// The context current on this thread and its device; (0, -1) when none.
+pub fn current() -> (u64, i32) {
+    let ctx = current_only();
+    if ctx == 0 {
+        return (0, -1);
+    }
+    let mut dev: CUdevice = -1;
+    let r = unsafe { real!(cuCtxGetDevice(&mut dev)) };
+    (ctx, if r == SUCCESS { dev } else { -1 })
+}
+
+/// The primary context of `device` if it is active (asked before a reset,
+/// so that only its allocations are reported as dying with it).
+pub fn primary(device: i32) -> Option<u64> {
+    unsafe {
+        let (mut flags, mut active) = (0u32, 0i32);
+        let r = real!(cuDevicePrimaryCtxGetState(device, &mut flags, &mut active));
+        if r == SUCCESS && active == 0 {
+            return None; // retaining it would create it
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        if real!(cuDevicePrimaryCtxRetain(&mut ctx, device)) != SUCCESS {
+            return None;
+        }
+        real!(cuDevicePrimaryCtxRelease_v2(device));
+        Some(ctx as u64)
+    }
+}

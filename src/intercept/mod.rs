@@ -1,0 +1,274 @@
+//! Interception: what every hook calls. Each entry point takes the
+//! reentrancy guard (one allocation is counted once, at the outermost layer
+//! it entered through), serves the call from the pool or passes it to the
+//! real CUDA function, and tells the observers what happened.
+
+mod context;
+mod limit;
+
+use crate::cuda::{Status, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
+use crate::observe::{self, Allocation, Pooled, Space};
+use crate::runtime::{clock, diag, guard::Guard, options};
+use crate::{lifecycle, pool, real, sink};
+use cupool_core::log::{Api, EventKind, MemKind};
+use cupool_core::options::Mode;
+use cupool_core::pool::BlockId;
+
+/// An allocating call: the entry point and the kind of memory it makes.
+#[derive(Clone, Copy)]
+pub struct AllocCall {
+    pub api: Api,
+    pub kind: MemKind,
+}
+
+impl AllocCall {
+    pub const fn new(api: Api, kind: MemKind) -> AllocCall {
+        AllocCall { api, kind }
+    }
+}
+
+/// What the real call did: (CUDA result, pointer or handle, bytes occupied).
+pub type Outcome = (Status, u64, u64);
+
+/// Reads the pointer a successful allocation wrote to its out-parameter.
+///
+/// # Safety
+/// `out` is null or valid for reads.
+#[inline]
+pub unsafe fn out_ptr<T: Copy + Into<u64>>(out: *const T, result: Status) -> u64 {
+    if result == SUCCESS && !out.is_null() {
+        (*out).into()
+    } else {
+        0
+    }
+}
+
+/// An allocation CUDA makes itself. `device_hint`: the device when the call
+/// names it (VMM), else the current context's.
+#[inline]
+pub fn allocation(call: AllocCall, stream: u64, device_hint: Option<i32>, real: impl FnOnce() -> Outcome) -> Status {
+    let Some(_guard) = Guard::enter() else {
+        return real().0;
+    };
+    passthrough(call, stream, device_hint, real)
+}
+
+fn passthrough(call: AllocCall, stream: u64, device_hint: Option<i32>, real: impl FnOnce() -> Outcome) -> Status {
+    let (result, ptr, bytes) = real();
+    diag::shielded(|| {
+        lifecycle::recording(); // starts the clock before the first allocation is stamped
+        let (ctx, dev) = context::current();
+        let device = device_hint.unwrap_or(dev);
+        if result != SUCCESS {
+            observe::alloc_failed(call.api, call.kind, device, bytes, result);
+        } else if ptr != 0 {
+            // A 0-byte request succeeds with a NULL pointer: nothing was allocated.
+            observe::allocated(Space::of(call.kind), ptr, allocation_record(call, stream, ctx, device, bytes, None));
+        }
+    });
+    result
+}
+
+fn allocation_record(
+    call: AllocCall,
+    stream: u64,
+    ctx: u64,
+    device: i32,
+    size: u64,
+    pooled: Option<Pooled>,
+) -> Allocation {
+    Allocation {
+        size,
+        t_ns: clock::now_ns(),
+        ctx,
+        device,
+        kind: call.kind,
+        api: call.api,
+        tid: crate::runtime::guard::tid(),
+        stream,
+        pooled,
+    }
+}
+
+/// A device allocation that the pool may serve. `bytes` is what the call
+/// occupies (pitch × rows for pitched memory); `write` stores the pointer
+/// (and pitch) into the caller's out-parameters; `real` is the real CUDA
+/// call, used in passthrough mode, for 0 bytes, and whenever the pool cannot help.
+#[inline]
+pub fn pooled_allocation(
+    call: AllocCall,
+    bytes: u64,
+    write: impl FnOnce(u64),
+    real: impl FnOnce() -> Outcome,
+) -> Status {
+    let Some(_guard) = Guard::enter() else {
+        return real().0;
+    };
+    if options::get().mode == Mode::Pool && bytes > 0 {
+        if let Some(Some(result)) = diag::shielded(|| from_pool(call, bytes)) {
+            return match result {
+                Ok(ptr) => {
+                    write(ptr);
+                    SUCCESS
+                }
+                Err(code) => code,
+            };
+        }
+    }
+    passthrough(call, 0, None, real)
+}
+
+/// `None`: the pool cannot be used here (no context); the caller passes through.
+fn from_pool(call: AllocCall, bytes: u64) -> Option<Result<u64, Status>> {
+    lifecycle::recording();
+    let mut ctx = context::current_only();
+    if ctx == 0 && call.api.as_str().starts_with("cuda") {
+        // The runtime creates its context lazily; let it, exactly as cudaMalloc would.
+        unsafe { real!(cudaFree(std::ptr::null_mut())) };
+        ctx = context::current_only();
+    }
+    if ctx == 0 {
+        return None;
+    }
+    // The device is asked only when this thread meets a new context.
+    let pool = pool::pool_of(ctx, || context::current().1);
+    match pool::allocate(pool, bytes) {
+        Ok(block) => {
+            let pooled = Pooled { pool: pool as *const _ as usize, block: block.id.to_raw() };
+            observe::allocated(
+                Space::Pointer,
+                block.addr,
+                allocation_record(call, 0, ctx, pool.device, bytes, Some(pooled)),
+            );
+            Some(Ok(block.addr))
+        }
+        Err(_) => {
+            observe::alloc_failed(call.api, call.kind, pool.device, bytes, OUT_OF_MEMORY);
+            observe::out_of_memory(call.api, pool.device, bytes, || pool::records::at_oom(pool));
+            Some(Err(OUT_OF_MEMORY))
+        }
+    }
+}
+
+/// A freeing call on a pointer.
+#[inline]
+pub fn free(api: Api, ptr: u64, real: impl FnOnce() -> Status) -> Status {
+    release(api, Space::Pointer, ptr, real)
+}
+
+/// `cuMemRelease` of a VMM handle.
+#[inline]
+pub fn release_handle(api: Api, handle: u64, real: impl FnOnce() -> Status) -> Status {
+    release(api, Space::VmmHandle, handle, real)
+}
+
+fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> Status {
+    if key == 0 {
+        return real(); // cudaFree(NULL) is the runtime's initialisation idiom, not a free
+    }
+    let Some(_guard) = Guard::enter() else {
+        return real();
+    };
+    lifecycle::recording();
+    let known = diag::shielded(|| observe::releasing(space, key)).flatten();
+    let stamp = sink::stamp();
+    let result = match known.and_then(|a| a.pooled) {
+        Some(p) => {
+            diag::shielded(|| pool::free(p.pool, BlockId::from_raw(p.block)));
+            SUCCESS
+        }
+        // Not a live allocation but inside a pool segment (a double free):
+        // CUDA must not see it, or it would free the whole segment.
+        None if known.is_none() && pool::owns(key) => INVALID_VALUE,
+        None => real(),
+    };
+    diag::shielded(|| match (known, result) {
+        (Some(a), SUCCESS) => observe::freed(api, key, &a, stamp),
+        (Some(a), _) => observe::free_refused(space, key, a), // CUDA kept it: so do we
+        (None, SUCCESS) => {} // allocated before cupool could see it (e.g. inside another hook's init)
+        (None, r) => observe::invalid_free(api, key, r, stamp),
+    });
+    result
+}
+
+/// A VMM map or unmap that happened.
+pub fn mapping(kind: EventKind, api: Api, ptr: u64, size: u64, handle: u64, result: Status) {
+    if result != SUCCESS || crate::runtime::guard::inside() {
+        return;
+    }
+    diag::shielded(|| {
+        lifecycle::recording();
+        observe::mapping(kind, api, ptr, size, handle)
+    });
+}
+
+/// `cuCtxDestroy`: the context and everything it held die.
+pub fn context_destroy(ctx: u64, real: impl FnOnce() -> Status) -> Status {
+    let Some(_guard) = Guard::enter() else {
+        return real();
+    };
+    let r = real();
+    if r == SUCCESS {
+        diag::shielded(|| {
+            pool::drop_context(|p| p.ctx == ctx);
+            observe::context_died(Api::CuCtxDestroy, -1, |a| a.ctx == ctx);
+        });
+    }
+    r
+}
+
+/// A reset of `device`'s primary context (`cudaDeviceReset`,
+/// `cuDevicePrimaryCtxReset`): the context and everything it held die.
+pub fn primary_reset(api: Api, device: impl FnOnce() -> i32, real: impl FnOnce() -> Status) -> Status {
+    let Some(_guard) = Guard::enter() else {
+        return real();
+    };
+    let device = device();
+    let primary = diag::shielded(|| context::primary(device)).flatten();
+    let r = real();
+    if let (SUCCESS, Some(ctx)) = (r, primary) {
+        diag::shielded(|| {
+            pool::drop_context(|p| p.ctx == ctx);
+            observe::context_died(api, device, |a| a.ctx == ctx);
+        });
+    }
+    r
+}
+
+/// `cudaMemGetInfo`/`cuMemGetInfo`: the real answer, seen through the `limit`.
+/// Applied once, at the outermost call (the runtime's calls the driver's).
+///
+/// # Safety
+/// `free` and `total` are null or valid for writes.
+pub unsafe fn mem_info(free: *mut usize, total: *mut usize, real: impl FnOnce() -> Status) -> Status {
+    let Some(_guard) = Guard::enter() else {
+        return real();
+    };
+    let r = real();
+    if r == SUCCESS {
+        diag::shielded(|| limit::apply(free, total));
+    }
+    r
+}
+
+/// A stream was created in the current context.
+pub fn stream_created(stream: u64) {
+    diag::shielded(|| pool::stream_created(context::current().0, stream));
+}
+
+pub fn stream_destroyed(stream: u64) {
+    diag::shielded(|| pool::stream_destroyed(stream));
+}
+
+/// GPU work was queued on `stream` (`per_thread_api`: through a `_ptsz`
+/// entry point, where stream 0 is the calling thread's default stream).
+#[inline]
+pub fn work_queued(stream: u64, per_thread_api: bool) {
+    pool::note_work(stream, per_thread_api);
+}
+
+/// The pooled block containing `ptr` as (start, size): a pooled block
+/// answers range queries as the allocation it is to the program.
+pub fn pooled_range(ptr: u64) -> Option<(u64, u64)> {
+    diag::shielded(|| pool::block_range(ptr)).flatten()
+}

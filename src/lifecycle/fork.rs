@@ -1,0 +1,30 @@
+//! `fork` safety: every cupool lock is taken before the fork and released on
+//! both sides, so a child never inherits a lock held by a thread that does not
+//! exist in it. The child then forgets the parent's run and, if it uses CUDA
+//! itself, writes a log of its own.
+
+use crate::runtime::{guard, SESSION};
+use crate::{observe, pool, sink};
+
+pub extern "C" fn prepare() {
+    sink::lock_for_fork();
+    observe::lock_for_fork();
+    pool::lock_for_fork();
+}
+
+pub extern "C" fn parent() {
+    unsafe { unlock(false) };
+}
+
+pub extern "C" fn child() {
+    unsafe { unlock(true) };
+    guard::reset_after_fork();
+    SESSION.reset();
+}
+
+/// Releases in the reverse order of `prepare`.
+unsafe fn unlock(in_child: bool) {
+    pool::unlock_after_fork(in_child);
+    observe::unlock_after_fork(in_child);
+    sink::unlock_after_fork(in_child);
+}

@@ -1,0 +1,76 @@
+//! The shim's life cycle: started lazily on the first CUDA memory call
+//! (never in a constructor), finished once at exit or on a fatal signal, and
+//! reset in a forked child so the child writes its own log. The one module
+//! that knows every part of the shim: it starts them, forks them and ends them.
+
+mod end;
+mod fork;
+mod signals;
+
+pub use end::ExitInfo;
+
+use crate::runtime::{clock, diag, options, SESSION};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+
+/// The pid the session belongs to: a `vfork` child shares our memory but must not touch it.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+const UNKNOWN_STATUS: i64 = i64::MIN;
+static EXIT_STATUS: AtomicI64 = AtomicI64::new(UNKNOWN_STATUS);
+
+/// True once started and until finished: events are recorded only then.
+/// The first call starts the session.
+#[inline]
+pub fn recording() -> bool {
+    SESSION.ensure_on(start)
+}
+
+#[cold]
+fn start() -> bool {
+    let opts = options::get();
+    clock::start();
+    PID.store(std::process::id(), Ordering::Relaxed);
+    static ONCE_PER_IMAGE: std::sync::Once = std::sync::Once::new();
+    ONCE_PER_IMAGE.call_once(|| {
+        diag::quiet_panics();
+        crate::sink::set_finish_on_signal(finish_on_signal);
+        unsafe {
+            libc::atexit(at_exit);
+            libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child));
+        }
+    });
+    if opts.log {
+        signals::install();
+    }
+    true
+}
+
+/// The program's exit status as it leaves (`main`'s return or `exit`'s argument).
+pub fn note_exit_status(status: i32) {
+    EXIT_STATUS.store(status as i64, Ordering::Relaxed);
+}
+
+fn exit_status() -> Option<i32> {
+    match EXIT_STATUS.load(Ordering::Relaxed) {
+        UNKNOWN_STATUS => None,
+        s => Some(s as i32),
+    }
+}
+
+extern "C" fn at_exit() {
+    finish(ExitInfo::Exit(exit_status()));
+}
+
+fn finish_on_signal(sig: i32) {
+    finish(ExitInfo::Signal(sig));
+}
+
+/// Writes the end of the log exactly once. Later CUDA calls still work; they are just not recorded.
+pub fn finish(how: ExitInfo) {
+    if PID.load(Ordering::Relaxed) != std::process::id() {
+        return; // a vfork child, or a forked child that never used CUDA itself
+    }
+    if SESSION.finish() {
+        diag::shielded(|| end::write(how));
+    }
+}

@@ -1,0 +1,45 @@
+//! What cupool knows of one live allocation.
+
+use cupool_core::log::{Api, MemKind};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Allocation {
+    pub size: u64,
+    pub t_ns: u64,
+    /// The CUDA context current when it was made: context destruction frees it.
+    pub ctx: u64,
+    pub device: i32,
+    pub kind: MemKind,
+    pub api: Api,
+    pub tid: u32,
+    pub stream: u64,
+    /// The pool block serving it; `None` when CUDA allocated it directly.
+    pub pooled: Option<Pooled>,
+}
+
+/// A block of one of cupool's pools.
+#[derive(Clone, Copy, Debug)]
+pub struct Pooled {
+    /// The `ContextPool` that owns the block (pools live for the whole process).
+    pub pool: usize,
+    pub block: u32,
+}
+
+/// Device pointers and pinned host pointers share one address space (UVA);
+/// VMM handles are opaque numbers and get a table of their own.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Space {
+    Pointer,
+    VmmHandle,
+}
+
+impl Space {
+    /// Where allocations of `kind` are keyed.
+    pub const fn of(kind: MemKind) -> Space {
+        if matches!(kind, MemKind::Vmm) {
+            Space::VmmHandle
+        } else {
+            Space::Pointer
+        }
+    }
+}

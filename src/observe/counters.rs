@@ -1,0 +1,103 @@
+//! Per-device counters (and one set for pinned host memory): calls, bytes
+//! and allocations now and at peak. Lock-free.
+
+use cupool_core::log::MemKind;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+#[derive(Default)]
+pub struct Counters {
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    pub failures: AtomicU64,
+    pub current_bytes: AtomicU64,
+    pub peak_bytes: AtomicU64,
+    pub current_count: AtomicU64,
+    pub peak_count: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(&self, bytes: u64) {
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+        self.hold(bytes);
+    }
+
+    pub fn sub(&self, bytes: u64) {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        self.forget(bytes);
+    }
+
+    /// Memory that is gone without the program freeing it (its context died).
+    pub fn forget(&self, bytes: u64) {
+        self.current_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.current_count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Takes back a `sub` whose free CUDA refused: the allocation is still live.
+    pub fn unfree(&self, bytes: u64) {
+        self.frees.fetch_sub(1, Ordering::Relaxed);
+        self.hold(bytes);
+    }
+
+    pub fn failed(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn hold(&self, bytes: u64) {
+        let now = self.current_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+        let n = self.current_count.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_count.fetch_max(n, Ordering::Relaxed);
+    }
+
+    fn clear(&self) {
+        for c in [
+            &self.allocs,
+            &self.frees,
+            &self.failures,
+            &self.current_bytes,
+            &self.peak_bytes,
+            &self.current_count,
+            &self.peak_count,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+pub const MAX_DEVICES: usize = 64;
+static DEVICES: LazyLock<[Counters; MAX_DEVICES + 1]> = LazyLock::new(|| std::array::from_fn(|_| Counters::default()));
+static HOST: LazyLock<Counters> = LazyLock::new(Counters::default);
+
+/// The counters for an allocation of `kind` on `device`; the last slot collects unknown devices.
+pub fn of(kind: MemKind, device: i32) -> &'static Counters {
+    if !kind.is_device() {
+        return &HOST;
+    }
+    &DEVICES[usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES).unwrap_or(MAX_DEVICES)]
+}
+
+/// Device-memory bytes live on `device` (pooled or not), for the memory cap.
+pub fn device_bytes(device: i32) -> u64 {
+    of(MemKind::Device, device).current_bytes.load(Ordering::Relaxed)
+}
+
+pub fn host() -> &'static Counters {
+    &HOST
+}
+
+/// (device ordinal or -1, counters) for every device that saw any activity.
+pub fn devices() -> impl Iterator<Item = (i32, &'static Counters)> {
+    DEVICES
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.allocs.load(Ordering::Relaxed) + c.failures.load(Ordering::Relaxed) > 0)
+        .map(|(i, c)| (if i == MAX_DEVICES { -1 } else { i as i32 }, c))
+}
+
+/// A forked child starts from zero.
+pub fn clear() {
+    for c in DEVICES.iter().chain(std::iter::once(&*HOST)) {
+        c.clear();
+    }
+}

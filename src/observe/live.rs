@@ -1,0 +1,99 @@
+//! The live-allocation table: every allocation not yet freed, keyed by
+//! pointer (or VMM handle).
+//!
+//! Sharded by pointer so that threads allocating at once rarely meet on a
+//! lock, and no lock is ever held across a CUDA call.
+
+use super::allocation::{Allocation, Space};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::LazyLock;
+
+#[derive(Default)]
+pub struct PtrHasher(u64);
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 keys")
+    }
+    fn write_u64(&mut self, k: u64) {
+        // Allocations are 256-byte aligned or more: fold the high bits in.
+        self.0 = (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+type Table = HashMap<u64, Allocation, BuildHasherDefault<PtrHasher>>;
+
+const SHARDS: usize = 64;
+static POINTERS: LazyLock<[Mutex<Table>; SHARDS]> =
+    LazyLock::new(|| std::array::from_fn(|_| Mutex::new(Table::with_capacity_and_hasher(256, Default::default()))));
+static HANDLES: LazyLock<Mutex<Table>> = LazyLock::new(|| Mutex::new(Table::default()));
+
+fn table(space: Space, key: u64) -> &'static Mutex<Table> {
+    match space {
+        Space::Pointer => &POINTERS[((key >> 9) as usize ^ (key >> 21) as usize) % SHARDS],
+        Space::VmmHandle => &HANDLES,
+    }
+}
+
+/// Returns the allocation that was live at `key` already, if any.
+pub fn insert(space: Space, key: u64, a: Allocation) -> Option<Allocation> {
+    table(space, key).lock().insert(key, a)
+}
+
+pub fn remove(space: Space, key: u64) -> Option<Allocation> {
+    table(space, key).lock().remove(&key)
+}
+
+/// Removes and returns every live allocation that `dies` selects (context destruction).
+pub fn take_where(mut dies: impl FnMut(&Allocation) -> bool) -> Vec<(u64, Allocation)> {
+    let mut out = Vec::new();
+    for t in POINTERS.iter().chain(std::iter::once(&*HANDLES)) {
+        t.lock().retain(|&k, l| {
+            if dies(l) {
+                out.push((k, *l));
+                false
+            } else {
+                true
+            }
+        });
+    }
+    out
+}
+
+/// Every live allocation, for the report at exit. Gives up on a shard whose
+/// lock cannot be had in time (a thread stopped by a signal may hold it).
+pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
+    let mut out = Vec::new();
+    let mut complete = true;
+    for t in POINTERS.iter().chain(std::iter::once(&*HANDLES)) {
+        match t.try_lock_for(std::time::Duration::from_millis(200)) {
+            Some(g) => out.extend(g.iter().map(|(&k, &l)| (k, l))),
+            None => complete = false,
+        }
+    }
+    (out, complete)
+}
+
+pub fn lock_all() {
+    for t in POINTERS.iter().chain(std::iter::once(&*HANDLES)) {
+        std::mem::forget(t.lock());
+    }
+}
+
+/// # Safety
+/// Only after `lock_all`, by the same thread (or its forked child).
+pub unsafe fn unlock_all() {
+    for t in POINTERS.iter().chain(std::iter::once(&*HANDLES)) {
+        t.force_unlock();
+    }
+}
+
+/// A forked child owns none of its parent's allocations.
+pub fn clear() {
+    for t in POINTERS.iter().chain(std::iter::once(&*HANDLES)) {
+        t.lock().clear();
+    }
+}

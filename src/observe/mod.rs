@@ -1,0 +1,96 @@
+//! Observers of what the program does with CUDA memory, each one concern in
+//! RMM's manner: the live-allocation table (`live`), per-device counters
+//! (`counters`), the event timeline (`timeline`) and incidents kept for the
+//! end record (`incidents`). The functions here tell each of them, in the
+//! order that keeps their books consistent with each other.
+
+mod allocation;
+pub mod counters;
+pub mod incidents;
+pub mod live;
+mod timeline;
+
+pub use allocation::{Allocation, Pooled, Space};
+
+use crate::sink::Stamp;
+use cupool_core::log::{Api, EventKind, MemKind};
+use cupool_core::pool::Fragmentation;
+
+pub fn allocated(space: Space, key: u64, a: Allocation) {
+    if let Some(old) = live::insert(space, key, a) {
+        // CUDA handed out an address we still thought live: an allocation we
+        // did not see the end of. Keep the books balanced.
+        counters::of(old.kind, old.device).sub(old.size);
+    }
+    counters::of(a.kind, a.device).add(a.size);
+    timeline::allocated(key, &a);
+}
+
+pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i32) {
+    counters::of(kind, device).failed();
+    timeline::alloc_failed(api, kind, device, bytes, result);
+}
+
+/// Takes `key` off the books before the real free: another thread that is
+/// handed the same address right after cannot have its record removed by us.
+pub fn releasing(space: Space, key: u64) -> Option<Allocation> {
+    let a = live::remove(space, key)?;
+    counters::of(a.kind, a.device).sub(a.size);
+    Some(a)
+}
+
+pub fn freed(api: Api, key: u64, a: &Allocation, at: Stamp) {
+    timeline::freed(api, key, a, at);
+}
+
+/// CUDA refused to free `a`: it is still live, and so it is again here.
+pub fn free_refused(space: Space, key: u64, a: Allocation) {
+    counters::of(a.kind, a.device).unfree(a.size);
+    live::insert(space, key, a);
+}
+
+pub fn invalid_free(api: Api, ptr: u64, result: i32, at: Stamp) {
+    timeline::invalid_free(api, ptr, result, at);
+}
+
+pub fn mapping(kind: EventKind, api: Api, ptr: u64, size: u64, handle: u64) {
+    timeline::mapping(kind, api, ptr, size, handle);
+}
+
+/// A context (or a device's primary context) died, with whatever it still
+/// held: those allocations leaked. `device` -1: take it from what died.
+pub fn context_died(at: Api, device: i32, dies: impl FnMut(&Allocation) -> bool) {
+    let died = live::take_where(dies);
+    for (_, a) in &died {
+        counters::of(a.kind, a.device).forget(a.size);
+    }
+    if died.is_empty() {
+        return; // a context that died clean is no news
+    }
+    let device = if device >= 0 { device } else { died[0].1.device };
+    timeline::checkpoint(at, device, died.iter().map(|(_, a)| a.size).sum(), died.len());
+    incidents::checkpoint(at, &died);
+}
+
+/// The pool could not serve `bytes` even after releasing its cache.
+pub fn out_of_memory(api: Api, device: i32, bytes: u64, snapshot: impl FnOnce() -> (Fragmentation, Vec<u64>)) {
+    timeline::out_of_memory(api, device, bytes);
+    incidents::out_of_memory(device, bytes, snapshot);
+}
+
+pub fn lock_for_fork() {
+    live::lock_all();
+    incidents::lock_for_fork();
+}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork(in_child: bool) {
+    incidents::unlock_after_fork(in_child);
+    live::unlock_all();
+    if in_child {
+        // A forked child owns none of its parent's allocations.
+        live::clear();
+        counters::clear();
+    }
+}

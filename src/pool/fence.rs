@@ -1,0 +1,264 @@
+//! The device side of one context's pool: reuse fences and GPU-side barriers.
+//!
+//! A `cudaFree` waits for queued GPU work that may still touch the buffer;
+//! the pool does not. Once a second stream is in use (`streams.rs`), freed
+//! blocks wait for a *fence* (an event on every live stream of the context,
+//! recorded after the free) to complete; the pool synchronises the context
+//! only when memory is short, and never while a stream is being captured.
+
+use super::streams;
+use crate::cuda::{CUdeviceptr, CUevent, CUstream, CUstreamCaptureStatus, SUCCESS};
+use crate::real;
+use crate::runtime::{clock, options};
+use cupool_core::pool::Backend;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+/// The device side of one context's pool.
+pub struct CudaBackend {
+    ctx: u64,
+    /// Epoch that frees are tagged with now; a fence closes it.
+    epoch: u64,
+    /// Every tag up to this is safe to reuse.
+    completed: u64,
+    fences: VecDeque<(u64, Vec<u64>)>,
+    spare_events: Vec<u64>,
+    /// When the last fence was recorded (monotonic ns).
+    last_fence_ns: u64,
+    /// Events of the last GPU-side barrier: every stream then live waits on
+    /// them, and a stream created later is made to wait on them too.
+    pub barrier: Vec<u64>,
+    pub counters: FenceCounters,
+}
+
+/// How the reuse fences fared, for the end record.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct FenceCounters {
+    pub recorded: u64,
+    pub completed: u64,
+    pub skipped_for_capture: u64,
+    pub record_errors: u64,
+    pub gpu_barriers: u64,
+    pub waits: u64,
+    pub syncs: u64,
+}
+
+/// A GPU-side barrier makes every stream wait on every event of a fence: past
+/// this many streams the host waits instead.
+const MAX_BARRIER_STREAMS: usize = 8;
+
+impl CudaBackend {
+    pub fn new(ctx: u64) -> CudaBackend {
+        CudaBackend {
+            ctx,
+            epoch: 1,
+            completed: 0,
+            fences: VecDeque::new(),
+            spare_events: Vec::new(),
+            last_fence_ns: 0,
+            barrier: Vec::new(),
+            counters: FenceCounters::default(),
+        }
+    }
+
+    /// Is a capture active on any of this context's streams? Asked with the
+    /// stream list locked, so no stream is destroyed under the question.
+    fn any_capturing(&self) -> bool {
+        let list = streams::locked();
+        streams::of_context(&list, self.ctx).into_iter().any(capturing)
+    }
+
+    fn event(&mut self) -> Option<u64> {
+        self.spare_events.pop().or_else(create_event)
+    }
+
+    /// Closes the current epoch with an event on every live stream.
+    fn record_fence(&mut self) -> bool {
+        let list = streams::locked();
+        let streams = streams::of_context(&list, self.ctx);
+        if streams.iter().any(|&s| capturing(s)) {
+            self.counters.skipped_for_capture += 1;
+            return false; // recording into a capture would change the captured graph
+        }
+        let mut events = Vec::with_capacity(streams.len());
+        let mut dead = Vec::new();
+        for s in streams {
+            let Some(e) = self.event() else { return false };
+            if record(e, s) {
+                events.push(e);
+            } else {
+                self.counters.record_errors += 1;
+                self.spare_events.push(e);
+                if s != 0 {
+                    dead.push(s); // not a live stream of ours after all
+                }
+            }
+        }
+        drop(list);
+        for s in dead {
+            streams::remove(s);
+        }
+        self.counters.recorded += 1;
+        self.fences.push_back((self.epoch, events));
+        self.epoch += 1;
+        self.last_fence_ns = clock::monotonic_ns();
+        true
+    }
+
+    /// Makes every live stream of the context wait, on the GPU, for the
+    /// fence at `index`: from then on no work can touch a block freed before
+    /// that fence ahead of the work that was queued before the free, so those
+    /// blocks may be handed out at once, without the host waiting.
+    fn gpu_barrier(&mut self, index: usize) -> bool {
+        if streams::PER_THREAD_STREAMS.load(Ordering::Relaxed) {
+            return false;
+        }
+        let list = streams::locked();
+        let streams = streams::of_context(&list, self.ctx);
+        if streams.len() > MAX_BARRIER_STREAMS || streams.iter().any(|&s| capturing(s)) {
+            return false;
+        }
+        let (epoch, events) = (self.fences[index].0, self.fences[index].1.clone());
+        // The legacy stream waits for every stream's part of the fence; one
+        // event after those waits then orders every other stream behind it
+        // (2S-1 dependencies instead of S²).
+        if !events.iter().all(|&e| wait(0, e)) {
+            return false; // the waits already queued only delay work; the host waits instead
+        }
+        let Some(joined) = self.event() else { return false };
+        if !record(joined, 0) || !streams.iter().filter(|&&s| s != 0).all(|&s| wait(s, joined)) {
+            self.spare_events.push(joined);
+            return false;
+        }
+        self.spare_events.extend(events);
+        let events = vec![joined];
+        drop(list);
+        // Fences up to this one are passed; keep its events alive as the barrier.
+        for _ in 0..index {
+            if let Some((_, old)) = self.fences.pop_front() {
+                self.spare_events.extend(old);
+            }
+        }
+        self.fences.pop_front();
+        let previous = std::mem::replace(&mut self.barrier, events);
+        self.spare_events.extend(previous);
+        self.completed = self.completed.max(epoch);
+        self.counters.gpu_barriers += 1;
+        true
+    }
+
+    fn poll(&mut self) {
+        while let Some((epoch, events)) = self.fences.front() {
+            if !events.iter().all(|&e| query(e)) {
+                return;
+            }
+            self.completed = self.completed.max(*epoch);
+            self.counters.completed += 1;
+            let (_, events) = self.fences.pop_front().unwrap_or_default();
+            self.spare_events.extend(events);
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn allocate_segment(&mut self, size: u64) -> Option<u64> {
+        let mut p: CUdeviceptr = 0;
+        (unsafe { real!(cuMemAlloc_v2(&mut p, size as usize)) } == SUCCESS).then_some(p)
+    }
+
+    fn release_segment(&mut self, addr: u64, _size: u64) {
+        unsafe { real!(cuMemFree_v2(addr)) };
+    }
+
+    fn free_tag(&mut self) -> Option<u64> {
+        if !streams::MULTI_STREAM.load(Ordering::Acquire) {
+            return None;
+        }
+        let tag = self.epoch;
+        // Fence eagerly (rate-limited): by the time memory runs short, the
+        // fences of earlier frees have mostly completed and their blocks are
+        // reusable, instead of every pending block waiting on a fence recorded
+        // only at the miss (behind all the work queued since).
+        // A fence costs an event record per stream; blocks freed within one
+        // interval (`fence_us`) share it.
+        if clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
+            self.record_fence();
+        }
+        Some(tag)
+    }
+
+    fn is_complete(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag > self.completed && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
+            self.poll();
+        }
+        tag <= self.completed
+    }
+
+    fn wait_for(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag <= self.completed {
+            return true;
+        }
+        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
+            return false; // a capture is active: waiting could deadlock it
+        }
+        let Some(index) = self.fences.iter().position(|(e, _)| *e >= tag) else { return false };
+        if self.gpu_barrier(index) {
+            return true;
+        }
+        let events = self.fences[index].1.clone();
+        for e in events {
+            unsafe { real!(cuEventSynchronize(e as CUevent)) };
+        }
+        self.counters.waits += 1;
+        self.poll();
+        tag <= self.completed
+    }
+
+    fn synchronize(&mut self) -> bool {
+        if self.any_capturing() {
+            return false;
+        }
+        if unsafe { real!(cuCtxSynchronize()) } != SUCCESS {
+            return false;
+        }
+        self.counters.syncs += 1;
+        self.completed = self.epoch;
+        self.epoch += 1;
+        while let Some((_, events)) = self.fences.pop_front() {
+            self.spare_events.extend(events);
+        }
+        true
+    }
+}
+
+// Events and streams are kept as integers (`Send`, comparable) and turned
+// back into CUDA handles at the call.
+
+fn create_event() -> Option<u64> {
+    const DISABLE_TIMING: u32 = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    let mut e: CUevent = std::ptr::null_mut();
+    (unsafe { real!(cuEventCreate(&mut e, DISABLE_TIMING)) } == SUCCESS).then_some(e as u64)
+}
+
+fn record(event: u64, stream: u64) -> bool {
+    unsafe { real!(cuEventRecord(event as CUevent, stream as CUstream)) == SUCCESS }
+}
+
+/// Makes `stream` wait, on the GPU, for `event`.
+pub fn wait(stream: u64, event: u64) -> bool {
+    unsafe { real!(cuStreamWaitEvent(stream as CUstream, event as CUevent, 0)) == SUCCESS }
+}
+
+fn query(event: u64) -> bool {
+    unsafe { real!(cuEventQuery(event as CUevent)) == SUCCESS }
+}
+
+/// Only an active or invalidated capture counts; an error (a stream that
+/// died behind cupool's back) does not block fencing the others.
+fn capturing(stream: u64) -> bool {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as i32;
+    let r = unsafe { real!(cuStreamIsCapturing(stream as CUstream, &mut status)) };
+    r == SUCCESS && status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as i32
+}

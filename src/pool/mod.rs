@@ -1,0 +1,13 @@
+//! Pool mode: device allocations served from `cupool_core::pool::Pool`, one
+//! pool per CUDA context (`registry`), over the real driver with reuse made
+//! safe by stream tracking (`streams`) and fences (`fence`).
+
+mod fence;
+pub mod records;
+mod registry;
+mod streams;
+
+pub use registry::{
+    allocate, block_range, drop_context, free, held_on, lock_for_fork, owns, pool_of, stream_created, unlock_after_fork,
+};
+pub use streams::{note_work, remove as stream_destroyed};

@@ -1,0 +1,143 @@
+//! One pool per CUDA context, found from any thread without a lock on the
+//! hot path (a per-thread cache invalidated by a generation counter).
+
+use super::fence::{self, CudaBackend};
+use super::streams;
+use crate::runtime::options;
+use cupool_core::pool::{Block, BlockId, OutOfMemory, Pool, PoolConfig};
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One context's pool.
+pub struct ContextPool {
+    pub ctx: u64,
+    pub device: i32,
+    pub pool: Mutex<Pool<CudaBackend>>,
+}
+
+/// Pools are leaked on purpose: a thread may still hold a reference while a
+/// context dies, and there are few contexts in a process.
+static POOLS: Mutex<Vec<&'static ContextPool>> = Mutex::new(Vec::new());
+/// Pools of contexts that died, kept for the end record.
+static RETIRED: Mutex<Vec<&'static ContextPool>> = Mutex::new(Vec::new());
+/// Bumped when pools are dropped (context death, fork): invalidates thread caches.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static CACHED: Cell<(u64, u64, *const ContextPool)> = const { Cell::new((0, 0, std::ptr::null())) };
+}
+
+fn config() -> PoolConfig {
+    let limit = options::get().limit;
+    PoolConfig { limit: if limit == 0 { u64::MAX } else { limit }, ..PoolConfig::shim_default() }
+}
+
+/// The pool of context `ctx` (on `device`), created on first use.
+pub fn pool_of(ctx: u64, device: impl FnOnce() -> i32) -> &'static ContextPool {
+    let gen = GENERATION.load(Ordering::Acquire);
+    let (c, g, p) = CACHED.with(Cell::get);
+    if c == ctx && g == gen && !p.is_null() {
+        return unsafe { &*p };
+    }
+    let mut pools = POOLS.lock();
+    let found = pools.iter().copied().find(|p| p.ctx == ctx);
+    let pool = found.unwrap_or_else(|| {
+        let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
+            ctx,
+            device: device(),
+            pool: Mutex::new(Pool::new(CudaBackend::new(ctx), config())),
+        }));
+        pools.push(p);
+        p
+    });
+    CACHED.with(|c| c.set((ctx, gen, pool)));
+    pool
+}
+
+pub fn allocate(pool: &ContextPool, size: u64) -> Result<Block, OutOfMemory> {
+    pool.pool.lock().allocate(size)
+}
+
+/// Returns `block` to the pool at `pool` (a `ContextPool` address kept with
+/// the allocation). A pool whose context died still takes it: the memory is
+/// gone, the books stay straight.
+pub fn free(pool: usize, block: BlockId) {
+    let pool = unsafe { &*(pool as *const ContextPool) };
+    pool.pool.lock().free(block);
+}
+
+/// A stream was created in `ctx`. It must also wait behind the last GPU-side
+/// barrier, or its work could touch a block handed out early while old work
+/// still runs.
+pub fn stream_created(ctx: u64, stream: u64) {
+    streams::add(ctx, stream);
+    if let Some(pool) = all().into_iter().find(|p| p.ctx == ctx) {
+        for &e in &pool.pool.lock().backend().barrier {
+            fence::wait(stream, e);
+        }
+    }
+}
+
+/// The context died: its memory went with it; retire its pool.
+pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) {
+    let mut pools = POOLS.lock();
+    let mut retired = RETIRED.lock();
+    pools.retain(|p| {
+        let dead = dies(p);
+        if dead {
+            retired.push(p);
+        }
+        !dead
+    });
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Every live pool.
+pub fn all() -> Vec<&'static ContextPool> {
+    POOLS.lock().clone()
+}
+
+/// Pools whose context died.
+pub fn retired() -> Vec<&'static ContextPool> {
+    RETIRED.lock().clone()
+}
+
+/// Is `ptr` inside memory a live pool holds?
+pub fn owns(ptr: u64) -> bool {
+    all().into_iter().any(|p| p.pool.lock().owns(ptr))
+}
+
+/// The pooled block containing `ptr`, as (start, size), if any.
+pub fn block_range(ptr: u64) -> Option<(u64, u64)> {
+    all().into_iter().find_map(|p| p.pool.lock().lookup(ptr).map(|b| (b.addr, b.requested)))
+}
+
+/// What the pools of `device` hold: (reserved bytes, bytes live in blocks).
+pub fn held_on(device: i32) -> (u64, u64) {
+    let (mut reserved, mut live) = (0, 0);
+    for p in all().into_iter().filter(|p| p.device == device) {
+        let pool = p.pool.lock();
+        reserved += pool.stats().reserved_bytes.current;
+        live += pool.stats().requested_bytes.current;
+    }
+    (reserved, live)
+}
+
+pub fn lock_for_fork() {
+    std::mem::forget(POOLS.lock());
+    streams::lock_for_fork();
+}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork(in_child: bool) {
+    streams::unlock_after_fork(in_child);
+    POOLS.force_unlock();
+    if in_child {
+        // The child has no CUDA context of its parent's: start with no pools.
+        POOLS.lock().clear();
+        RETIRED.lock().clear();
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,96 @@
+//! Which streams the process uses. Pool mode reuses a freed block at once
+//! only while every piece of work so far went to one stream (work then runs
+//! in the order it was queued); once a second stream is in use, freed blocks
+//! wait for fences (`fence.rs`).
+
+use crate::runtime::guard;
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Set once the process creates a stream, or once work submitted through the
+/// driver API has gone to a second stream (per-thread default streams of two
+/// threads): from then on reuse waits for fences.
+pub static MULTI_STREAM: AtomicBool = AtomicBool::new(false);
+
+/// Set once a per-thread default stream is seen in use: other threads'
+/// default streams cannot be made to wait, so barriers give way to host waits.
+pub static PER_THREAD_STREAMS: AtomicBool = AtomicBool::new(false);
+
+/// The one stream all work went to so far, as a `stream_key`; `NO_STREAM` before any.
+static ONLY_STREAM: AtomicU64 = AtomicU64::new(NO_STREAM);
+const NO_STREAM: u64 = u64::MAX;
+const LEGACY_STREAM: u64 = 0;
+const CU_STREAM_LEGACY: u64 = 1;
+const CU_STREAM_PER_THREAD: u64 = 2;
+
+/// Names a stream the way the GPU orders work: the legacy default stream is
+/// one stream for the whole process, a per-thread default stream is one per
+/// thread, and a created stream is itself.
+fn stream_key(stream: u64, per_thread_api: bool) -> u64 {
+    match stream {
+        0 if !per_thread_api => LEGACY_STREAM,
+        CU_STREAM_LEGACY => LEGACY_STREAM,
+        0 | CU_STREAM_PER_THREAD => {
+            PER_THREAD_STREAMS.store(true, Ordering::Relaxed);
+            (1 << 63) | guard::tid() as u64
+        }
+        s => s,
+    }
+}
+
+/// Work was queued on `stream` (`per_thread_api`: through a `_ptsz` entry point,
+/// where stream 0 means the calling thread's default stream).
+#[inline]
+pub fn note_work(stream: u64, per_thread_api: bool) {
+    if MULTI_STREAM.load(Ordering::Relaxed) {
+        return;
+    }
+    let key = stream_key(stream, per_thread_api);
+    match ONLY_STREAM.compare_exchange(NO_STREAM, key, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(only) if only == key => {}
+        Err(_) => MULTI_STREAM.store(true, Ordering::Release),
+    }
+}
+
+/// Live streams as (context, stream).
+static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// A stream was created. The runtime launches its kernels through private
+/// driver entry points that no hook sees (measured: a kernel on a created
+/// stream was never reported to `note_work`), so a created stream is taken
+/// as a second stream in use.
+pub fn add(ctx: u64, stream: u64) {
+    MULTI_STREAM.store(true, Ordering::Release);
+    STREAMS.lock().push((ctx, stream));
+}
+
+pub fn remove(stream: u64) {
+    STREAMS.lock().retain(|&(_, s)| s != stream);
+}
+
+/// The stream list, locked: fences record and check captures with it held,
+/// so no stream is destroyed under them.
+pub fn locked() -> MutexGuard<'static, Vec<(u64, u64)>> {
+    STREAMS.lock()
+}
+
+/// `ctx`'s live streams in `list` (held locked by the caller), plus the legacy default stream.
+pub fn of_context(list: &[(u64, u64)], ctx: u64) -> Vec<u64> {
+    list.iter().filter(|(c, _)| *c == ctx).map(|&(_, s)| s).chain(std::iter::once(0)).collect()
+}
+
+pub fn lock_for_fork() {
+    std::mem::forget(STREAMS.lock());
+}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork(in_child: bool) {
+    STREAMS.force_unlock();
+    if in_child {
+        STREAMS.lock().clear();
+        MULTI_STREAM.store(false, Ordering::Release);
+        ONLY_STREAM.store(NO_STREAM, Ordering::Release);
+    }
+}

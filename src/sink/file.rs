@@ -1,0 +1,100 @@
+//! The log file: its name, its header, and writing drained events into it.
+
+use super::buffers;
+use crate::runtime::{diag, options, process};
+use cupool_core::log::{self, Event, EventKind, EventLine};
+use parking_lot::Mutex;
+use std::time::Duration;
+
+/// The open log; `None` until the first event and after the end is written.
+pub static LOG: Mutex<Option<LogFile>> = Mutex::new(None);
+
+pub struct LogFile {
+    fd: i32,
+    text: String,
+    batch: Vec<Event>,
+}
+
+impl LogFile {
+    /// Creates `cupool.<pid>.json` in the log directory and writes its header.
+    pub fn create() -> Option<LogFile> {
+        let opts = options::get();
+        let dir = std::path::Path::new(&opts.log_dir);
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            diag::error(&format!("cannot create log_dir {}: {e}; no log will be written", dir.display()));
+            return None;
+        }
+        let pid = std::process::id();
+        let mut fd = -1;
+        let mut path = String::new();
+        // A process that exec()s keeps its pid: never overwrite an earlier image's log.
+        for n in 0..100 {
+            path = if n == 0 {
+                format!("{}/cupool.{pid}.json", dir.display())
+            } else {
+                format!("{}/cupool.{pid}.{n}.json", dir.display())
+            };
+            let c = std::ffi::CString::new(path.as_str()).ok()?;
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+            fd = unsafe { libc::open(c.as_ptr(), flags, 0o644) };
+            if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                break;
+            }
+        }
+        if fd < 0 {
+            diag::error(&format!("cannot create {path}: {}; no log will be written", std::io::Error::last_os_error()));
+            return None;
+        }
+        let mut text = String::with_capacity(1 << 16);
+        log::write_header(&mut text, &process::info(), &opts.to_json());
+        log::write_event(&mut text, &Event::new(EventKind::Start, log::Api::None), EventLine::First);
+        write_all(fd, text.as_bytes());
+        text.clear();
+        diag::note(&format!("writing {path}"));
+        Some(LogFile { fd, text, batch: Vec::with_capacity(1024) })
+    }
+
+    /// Writes every queued event.
+    pub fn drain(&mut self, patience: Duration) {
+        buffers::drain(&mut self.batch, patience);
+        if self.batch.is_empty() {
+            return;
+        }
+        for e in &self.batch {
+            log::write_event(&mut self.text, e, EventLine::Later);
+        }
+        self.batch.clear();
+        self.flush();
+    }
+
+    /// Writes what is queued, then `tail` (the end record), and closes the file.
+    pub fn close_with(mut self, tail: impl FnOnce(&mut String)) {
+        self.drain(Duration::from_millis(100));
+        tail(&mut self.text);
+        self.flush();
+        unsafe { libc::close(self.fd) };
+    }
+
+    /// Closes the file without writing (a forked child holds its parent's).
+    pub fn abandon(self) {
+        unsafe { libc::close(self.fd) };
+    }
+
+    fn flush(&mut self) {
+        write_all(self.fd, self.text.as_bytes());
+        self.text.clear();
+    }
+}
+
+fn write_all(fd: i32, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return; // disk full or similar: the log is best effort, the program is not
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
