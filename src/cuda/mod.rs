@@ -127,10 +127,15 @@ impl<F: Copy> RealFunction for Real<F> {
 
 /// Calls a real function from the table: `real!(cuMemAlloc_v2(dptr, size))`.
 /// A missing function answers `MISSING`.
+/// `real!([slot](args))` calls the function a `&Real` names (for twins
+/// that share one prototype, such as an entry point and its `_ptsz` variant).
 #[macro_export]
 macro_rules! real {
     ($name:ident ( $($arg:expr),* $(,)? )) => {
-        match $crate::cuda::real::$name.get() {
+        $crate::real!([$crate::cuda::real::$name]($($arg),*))
+    };
+    ([$real:expr] ( $($arg:expr),* $(,)? )) => {
+        match $real.get() {
             Some(f) => f($($arg),*),
             None => $crate::cuda::MISSING,
         }

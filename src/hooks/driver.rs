@@ -4,7 +4,7 @@
 
 #![allow(non_snake_case)]
 
-use super::{entry, pitch_for};
+use super::{entry, pitch_for, twins};
 use crate::cuda::{
     CUcontext, CUdevice, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemLocationType,
     CUmemoryPool, CUpointer_attribute, CUstream, Status, SUCCESS,
@@ -65,57 +65,25 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut DevPtr, size: usize, flags
     intercept::allocation(call, 0, None, || allocated(real!(cuMemAllocManaged(dptr, size, flags)), dptr, size))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut DevPtr, size: usize, stream: CUstream) -> Status {
-    let call = AllocCall::new(Api::CuMemAllocAsync, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cuMemAllocAsync(dptr, size, stream)), dptr, size)
-    })
-}
+// Stream-ordered allocations, each with its per-thread-default-stream twin.
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut DevPtr, size: usize, stream: CUstream) -> Status {
-    let call = AllocCall::new(Api::CuMemAllocAsyncPtsz, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cuMemAllocAsync_ptsz(dptr, size, stream)), dptr, size)
-    })
-}
+twins!(cuMemAllocAsync / cuMemAllocAsync_ptsz (dptr: *mut DevPtr, size: usize, stream: CUstream) |real, per_thread| {
+    let api = if per_thread { Api::CuMemAllocAsyncPtsz } else { Api::CuMemAllocAsync };
+    let call = AllocCall::new(api, MemKind::Async);
+    intercept::allocation(call, stream as u64, None, || allocated(real!([real](dptr, size, stream)), dptr, size))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: DevPtr, stream: CUstream) -> Status {
-    intercept::free(Api::CuMemFreeAsync, dptr, || real!(cuMemFreeAsync(dptr, stream)))
-}
+twins!(cuMemFreeAsync / cuMemFreeAsync_ptsz (dptr: DevPtr, stream: CUstream) |real, per_thread| {
+    let api = if per_thread { Api::CuMemFreeAsyncPtsz } else { Api::CuMemFreeAsync };
+    intercept::free(api, dptr, || real!([real](dptr, stream)))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: DevPtr, stream: CUstream) -> Status {
-    intercept::free(Api::CuMemFreeAsyncPtsz, dptr, || real!(cuMemFreeAsync_ptsz(dptr, stream)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut DevPtr,
-    size: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> Status {
-    let call = AllocCall::new(Api::CuMemAllocFromPoolAsync, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cuMemAllocFromPoolAsync(dptr, size, pool, stream)), dptr, size)
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut DevPtr,
-    size: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> Status {
-    let call = AllocCall::new(Api::CuMemAllocFromPoolAsyncPtsz, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream)), dptr, size)
-    })
-}
+twins!(cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz
+    (dptr: *mut DevPtr, size: usize, pool: CUmemoryPool, stream: CUstream) |real, per_thread| {
+    let api = if per_thread { Api::CuMemAllocFromPoolAsyncPtsz } else { Api::CuMemAllocFromPoolAsync };
+    let call = AllocCall::new(api, MemKind::Async);
+    intercept::allocation(call, stream as u64, None, || allocated(real!([real](dptr, size, pool, stream)), dptr, size))
+});
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> Status {

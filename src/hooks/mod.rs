@@ -40,6 +40,26 @@ macro_rules! entry {
 }
 pub(crate) use entry;
 
+/// Defines an entry point and its per-thread-default-stream twin (`_ptsz`),
+/// which share a prototype and differ only in what stream 0 means. In the
+/// body, `$real` is the running twin's real function and `$per_thread` says
+/// which twin runs.
+macro_rules! twins {
+    ($name:ident / $ptsz:ident ($($arg:ident : $ty:ty),* $(,)?) |$real:ident, $per_thread:ident| $body:block) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::cuda::Status {
+            let ($real, $per_thread) = (&$crate::cuda::real::$name, false);
+            $body
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $ptsz($($arg: $ty),*) -> $crate::cuda::Status {
+            let ($real, $per_thread) = (&$crate::cuda::real::$ptsz, true);
+            $body
+        }
+    };
+}
+pub(crate) use twins;
+
 /// Pitch of pooled pitched allocations: rows start 512-byte aligned, the
 /// texture pitch alignment of every GPU CUDA 13 supports.
 pub fn pitch_for(width: usize) -> usize {

@@ -5,7 +5,7 @@
 
 #![allow(non_snake_case)]
 
-use super::{entry, pitch_for};
+use super::{entry, pitch_for, twins};
 use crate::cuda::{cudaExtent, cudaMemPool_t, cudaPitchedPtr, cudaStream_t, Status};
 use crate::intercept::{self, out_ptr, AllocCall};
 use crate::real;
@@ -36,57 +36,25 @@ pub unsafe extern "C" fn cudaFree(dev_ptr: Ptr) -> Status {
     intercept::free(Api::CudaFree, dev_ptr as u64, || real!(cudaFree(dev_ptr)))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaMallocAsync(dev_ptr: *mut Ptr, size: usize, stream: cudaStream_t) -> Status {
-    let call = AllocCall::new(Api::CudaMallocAsync, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cudaMallocAsync(dev_ptr, size, stream)), dev_ptr, size)
-    })
-}
+// Stream-ordered allocations, each with its per-thread-default-stream twin.
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaMallocAsync_ptsz(dev_ptr: *mut Ptr, size: usize, stream: cudaStream_t) -> Status {
-    let call = AllocCall::new(Api::CudaMallocAsyncPtsz, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cudaMallocAsync_ptsz(dev_ptr, size, stream)), dev_ptr, size)
-    })
-}
+twins!(cudaMallocAsync / cudaMallocAsync_ptsz (dev_ptr: *mut Ptr, size: usize, stream: cudaStream_t) |real, per_thread| {
+    let api = if per_thread { Api::CudaMallocAsyncPtsz } else { Api::CudaMallocAsync };
+    let call = AllocCall::new(api, MemKind::Async);
+    intercept::allocation(call, stream as u64, None, || allocated(real!([real](dev_ptr, size, stream)), dev_ptr, size))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaFreeAsync(dev_ptr: Ptr, stream: cudaStream_t) -> Status {
-    intercept::free(Api::CudaFreeAsync, dev_ptr as u64, || real!(cudaFreeAsync(dev_ptr, stream)))
-}
+twins!(cudaFreeAsync / cudaFreeAsync_ptsz (dev_ptr: Ptr, stream: cudaStream_t) |real, per_thread| {
+    let api = if per_thread { Api::CudaFreeAsyncPtsz } else { Api::CudaFreeAsync };
+    intercept::free(api, dev_ptr as u64, || real!([real](dev_ptr, stream)))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaFreeAsync_ptsz(dev_ptr: Ptr, stream: cudaStream_t) -> Status {
-    intercept::free(Api::CudaFreeAsyncPtsz, dev_ptr as u64, || real!(cudaFreeAsync_ptsz(dev_ptr, stream)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cudaMallocFromPoolAsync(
-    ptr: *mut Ptr,
-    size: usize,
-    pool: cudaMemPool_t,
-    stream: cudaStream_t,
-) -> Status {
-    let call = AllocCall::new(Api::CudaMallocFromPoolAsync, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cudaMallocFromPoolAsync(ptr, size, pool, stream)), ptr, size)
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cudaMallocFromPoolAsync_ptsz(
-    ptr: *mut Ptr,
-    size: usize,
-    pool: cudaMemPool_t,
-    stream: cudaStream_t,
-) -> Status {
-    let call = AllocCall::new(Api::CudaMallocFromPoolAsyncPtsz, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || {
-        allocated(real!(cudaMallocFromPoolAsync_ptsz(ptr, size, pool, stream)), ptr, size)
-    })
-}
+twins!(cudaMallocFromPoolAsync / cudaMallocFromPoolAsync_ptsz
+    (ptr: *mut Ptr, size: usize, pool: cudaMemPool_t, stream: cudaStream_t) |real, per_thread| {
+    let api = if per_thread { Api::CudaMallocFromPoolAsyncPtsz } else { Api::CudaMallocFromPoolAsync };
+    let call = AllocCall::new(api, MemKind::Async);
+    intercept::allocation(call, stream as u64, None, || allocated(real!([real](ptr, size, pool, stream)), ptr, size))
+});
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocManaged(dev_ptr: *mut Ptr, size: usize, flags: c_uint) -> Status {

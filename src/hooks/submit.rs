@@ -6,7 +6,7 @@
 
 #![allow(non_snake_case)]
 
-use super::entry;
+use super::{entry, twins};
 use crate::cuda::*;
 use crate::intercept;
 use crate::real;
@@ -14,93 +14,66 @@ use std::ffi::{c_uint, c_void};
 
 type Ptr = *mut c_void;
 
-/// One hook per entry point and its per-thread-default-stream twin; `@ name`
-/// names the stream argument.
+/// One hook per entry point and its per-thread-default-stream twin; `@ expr`
+/// is the stream the work goes to.
 macro_rules! stream_hooks {
-    ($( $name:ident / $ptsz:ident @ $stream:ident ( $($arg:ident : $ty:ty),* ); )*) => {
+    ($( $name:ident / $ptsz:ident @ $stream:expr, ( $($arg:ident : $ty:ty),* ); )*) => {
         $(
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> Status {
-                intercept::work_queued($stream as u64, false);
-                real!($name($($arg),*))
-            }
-            #[no_mangle]
-            pub unsafe extern "C" fn $ptsz($($arg: $ty),*) -> Status {
-                intercept::work_queued($stream as u64, true);
-                real!($ptsz($($arg),*))
-            }
+            twins!($name / $ptsz ($($arg: $ty),*) |real, per_thread| {
+                intercept::work_queued($stream as u64, per_thread);
+                real!([real]($($arg),*))
+            });
         )*
         /// The submission hooks, for `dlsym` and `cuGetProcAddress` substitution.
         pub static TABLE: &[super::Entry] = &[
             $( entry!($name), entry!($ptsz), )*
-            entry!(cuLaunchKernelEx),
-            entry!(cuLaunchKernelEx_ptsz),
         ];
     };
 }
 
 stream_hooks! {
-    cuLaunchKernel / cuLaunchKernel_ptsz @ stream (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    cuLaunchKernelEx / cuLaunchKernelEx_ptsz @ stream_of(config), (config: *const CUlaunchConfig, f: CUfunction,
+        params: *mut Ptr, extra: *mut Ptr);
+    cuLaunchKernel / cuLaunchKernel_ptsz @ stream, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
         by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut Ptr, extra: *mut Ptr);
-    cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz @ stream (f: CUfunction, gx: c_uint, gy: c_uint,
+    cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz @ stream, (f: CUfunction, gx: c_uint, gy: c_uint,
         gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut Ptr);
-    cuLaunchHostFunc / cuLaunchHostFunc_ptsz @ stream (stream: CUstream, f: CUhostFn, data: Ptr);
-    cuGraphLaunch / cuGraphLaunch_ptsz @ stream (exec: CUgraphExec, stream: CUstream);
-    cuMemcpyAsync / cuMemcpyAsync_ptsz @ stream (dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream);
-    cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz @ stream (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr,
+    cuLaunchHostFunc / cuLaunchHostFunc_ptsz @ stream, (stream: CUstream, f: CUhostFn, data: Ptr);
+    cuGraphLaunch / cuGraphLaunch_ptsz @ stream, (exec: CUgraphExec, stream: CUstream);
+    cuMemcpyAsync / cuMemcpyAsync_ptsz @ stream, (dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream);
+    cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz @ stream, (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr,
         src_ctx: CUcontext, n: usize, stream: CUstream);
-    cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz @ stream (dst: CUdeviceptr, src: *const c_void, n: usize,
+    cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz @ stream, (dst: CUdeviceptr, src: *const c_void, n: usize,
         stream: CUstream);
-    cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz @ stream (dst: Ptr, src: CUdeviceptr, n: usize, stream: CUstream);
-    cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz @ stream (dst: CUdeviceptr, src: CUdeviceptr, n: usize,
+    cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz @ stream, (dst: Ptr, src: CUdeviceptr, n: usize, stream: CUstream);
+    cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz @ stream, (dst: CUdeviceptr, src: CUdeviceptr, n: usize,
         stream: CUstream);
-    cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz @ stream (copy: *const CUDA_MEMCPY2D, stream: CUstream);
-    cuMemcpy3DAsync_v2 / cuMemcpy3DAsync_v2_ptsz @ stream (copy: *const CUDA_MEMCPY3D, stream: CUstream);
-    cuMemcpy3DPeerAsync / cuMemcpy3DPeerAsync_ptsz @ stream (copy: *const CUDA_MEMCPY3D_PEER, stream: CUstream);
-    cuMemsetD8Async / cuMemsetD8Async_ptsz @ stream (dst: CUdeviceptr, value: u8, n: usize, stream: CUstream);
-    cuMemsetD16Async / cuMemsetD16Async_ptsz @ stream (dst: CUdeviceptr, value: u16, n: usize, stream: CUstream);
-    cuMemsetD32Async / cuMemsetD32Async_ptsz @ stream (dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);
-    cuMemsetD2D8Async / cuMemsetD2D8Async_ptsz @ stream (dst: CUdeviceptr, pitch: usize, value: u8, w: usize,
+    cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz @ stream, (copy: *const CUDA_MEMCPY2D, stream: CUstream);
+    cuMemcpy3DAsync_v2 / cuMemcpy3DAsync_v2_ptsz @ stream, (copy: *const CUDA_MEMCPY3D, stream: CUstream);
+    cuMemcpy3DPeerAsync / cuMemcpy3DPeerAsync_ptsz @ stream, (copy: *const CUDA_MEMCPY3D_PEER, stream: CUstream);
+    cuMemsetD8Async / cuMemsetD8Async_ptsz @ stream, (dst: CUdeviceptr, value: u8, n: usize, stream: CUstream);
+    cuMemsetD16Async / cuMemsetD16Async_ptsz @ stream, (dst: CUdeviceptr, value: u16, n: usize, stream: CUstream);
+    cuMemsetD32Async / cuMemsetD32Async_ptsz @ stream, (dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);
+    cuMemsetD2D8Async / cuMemsetD2D8Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: u8, w: usize,
         h: usize, stream: CUstream);
-    cuMemsetD2D16Async / cuMemsetD2D16Async_ptsz @ stream (dst: CUdeviceptr, pitch: usize, value: u16, w: usize,
+    cuMemsetD2D16Async / cuMemsetD2D16Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: u16, w: usize,
         h: usize, stream: CUstream);
-    cuMemsetD2D32Async / cuMemsetD2D32Async_ptsz @ stream (dst: CUdeviceptr, pitch: usize, value: c_uint, w: usize,
+    cuMemsetD2D32Async / cuMemsetD2D32Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: c_uint, w: usize,
         h: usize, stream: CUstream);
-    cuStreamWriteValue32_v2 / cuStreamWriteValue32_v2_ptsz @ stream (stream: CUstream, addr: CUdeviceptr, value: u32,
+    cuStreamWriteValue32_v2 / cuStreamWriteValue32_v2_ptsz @ stream, (stream: CUstream, addr: CUdeviceptr, value: u32,
         flags: c_uint);
-    cuStreamWriteValue64_v2 / cuStreamWriteValue64_v2_ptsz @ stream (stream: CUstream, addr: CUdeviceptr, value: u64,
+    cuStreamWriteValue64_v2 / cuStreamWriteValue64_v2_ptsz @ stream, (stream: CUstream, addr: CUdeviceptr, value: u64,
         flags: c_uint);
-    cuStreamBatchMemOp_v2 / cuStreamBatchMemOp_v2_ptsz @ stream (stream: CUstream, count: c_uint,
+    cuStreamBatchMemOp_v2 / cuStreamBatchMemOp_v2_ptsz @ stream, (stream: CUstream, count: c_uint,
         ops: *mut CUstreamBatchMemOpParams, flags: c_uint);
 }
 
-/// `cuLaunchKernelEx` carries its stream inside its `CUlaunchConfig`.
-unsafe fn launch_config_stream(config: *const CUlaunchConfig) -> Option<u64> {
-    (!config.is_null()).then(|| (*config).hStream as u64)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernelEx(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut Ptr,
-    extra: *mut Ptr,
-) -> Status {
-    if let Some(stream) = launch_config_stream(config) {
-        intercept::work_queued(stream, false);
+/// `cuLaunchKernelEx` carries its stream inside its `CUlaunchConfig`; a
+/// null config (the call then fails) is taken as the legacy stream.
+unsafe fn stream_of(config: *const CUlaunchConfig) -> CUstream {
+    if config.is_null() {
+        std::ptr::null_mut()
+    } else {
+        (*config).hStream
     }
-    real!(cuLaunchKernelEx(config, f, params, extra))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut Ptr,
-    extra: *mut Ptr,
-) -> Status {
-    if let Some(stream) = launch_config_stream(config) {
-        intercept::work_queued(stream, true);
-    }
-    real!(cuLaunchKernelEx_ptsz(config, f, params, extra))
 }
