@@ -13,6 +13,7 @@ use crate::{lifecycle, pool, real, sink};
 use cupool_core::log::{Api, EventKind, MemKind};
 use cupool_core::options::Mode;
 use cupool_core::pool::BlockId;
+use std::num::NonZeroUsize;
 
 /// An allocating call: the entry point and the kind of memory it makes.
 #[derive(Clone, Copy)]
@@ -69,6 +70,7 @@ fn passthrough(call: AllocCall, stream: u64, device_hint: Option<i32>, real: imp
     result
 }
 
+#[inline]
 fn allocation_record(
     call: AllocCall,
     stream: u64,
@@ -119,6 +121,7 @@ pub fn pooled_allocation(
 }
 
 /// `None`: the pool cannot be used here (no context); the caller passes through.
+#[inline]
 fn from_pool(call: AllocCall, bytes: u64) -> Option<Result<u64, Status>> {
     lifecycle::recording();
     let mut ctx = context::current_only();
@@ -134,7 +137,7 @@ fn from_pool(call: AllocCall, bytes: u64) -> Option<Result<u64, Status>> {
     let pool = pool::pool_of(ctx, || context::current().1);
     match pool::allocate(pool, bytes) {
         Ok(block) => {
-            let pooled = Pooled { pool: pool as *const _ as usize, block: block.id.to_raw() };
+            let pooled = Pooled { pool: NonZeroUsize::new(pool as *const _ as usize)?, block: block.id.to_raw() };
             observe::allocated(
                 Space::Pointer,
                 block.addr,
@@ -162,6 +165,7 @@ pub fn release_handle(api: Api, handle: u64, real: impl FnOnce() -> Status) -> S
     release(api, Space::VmmHandle, handle, real)
 }
 
+#[inline]
 fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> Status {
     if key == 0 {
         return real(); // cudaFree(NULL) is the runtime's initialisation idiom, not a free
@@ -174,7 +178,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     let stamp = sink::stamp();
     let result = match known.and_then(|a| a.pooled) {
         Some(p) => {
-            diag::shielded(|| pool::free(p.pool, BlockId::from_raw(p.block)));
+            diag::shielded(|| pool::free(p.pool.get(), BlockId::from_raw(p.block)));
             SUCCESS
         }
         // Not a live allocation but inside a pool segment (a double free):

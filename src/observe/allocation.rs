@@ -20,8 +20,9 @@ pub struct Allocation {
 /// A block of one of cupool's pools.
 #[derive(Clone, Copy, Debug)]
 pub struct Pooled {
-    /// The `ContextPool` that owns the block (pools live for the whole process).
-    pub pool: usize,
+    /// The `ContextPool` that owns the block (pools live for the whole
+    /// process); never null, which keeps `Option<Pooled>` as small as `Pooled`.
+    pub pool: std::num::NonZeroUsize,
     pub block: u32,
 }
 

@@ -17,11 +17,13 @@ pub struct Counters {
 }
 
 impl Counters {
+    #[inline]
     pub fn add(&self, bytes: u64) {
         self.allocs.fetch_add(1, Ordering::Relaxed);
         self.hold(bytes);
     }
 
+    #[inline]
     pub fn sub(&self, bytes: u64) {
         self.frees.fetch_add(1, Ordering::Relaxed);
         self.forget(bytes);
@@ -43,6 +45,7 @@ impl Counters {
         self.failures.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[inline]
     fn hold(&self, bytes: u64) {
         let now = self.current_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak_bytes.fetch_max(now, Ordering::Relaxed);
@@ -70,6 +73,7 @@ static DEVICES: LazyLock<[Counters; MAX_DEVICES + 1]> = LazyLock::new(|| std::ar
 static HOST: LazyLock<Counters> = LazyLock::new(Counters::default);
 
 /// The counters for an allocation of `kind` on `device`; the last slot collects unknown devices.
+#[inline]
 pub fn of(kind: MemKind, device: i32) -> &'static Counters {
     if !kind.is_device() {
         return &HOST;

@@ -31,6 +31,7 @@ static POINTERS: LazyLock<[Mutex<Table>; SHARDS]> =
     LazyLock::new(|| std::array::from_fn(|_| Mutex::new(Table::with_capacity_and_hasher(256, Default::default()))));
 static HANDLES: LazyLock<Mutex<Table>> = LazyLock::new(|| Mutex::new(Table::default()));
 
+#[inline]
 fn table(space: Space, key: u64) -> &'static Mutex<Table> {
     match space {
         Space::Pointer => &POINTERS[((key >> 9) as usize ^ (key >> 21) as usize) % SHARDS],
@@ -39,10 +40,12 @@ fn table(space: Space, key: u64) -> &'static Mutex<Table> {
 }
 
 /// Returns the allocation that was live at `key` already, if any.
+#[inline]
 pub fn insert(space: Space, key: u64, a: Allocation) -> Option<Allocation> {
     table(space, key).lock().insert(key, a)
 }
 
+#[inline]
 pub fn remove(space: Space, key: u64) -> Option<Allocation> {
     table(space, key).lock().remove(&key)
 }

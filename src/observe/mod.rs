@@ -16,6 +16,7 @@ use crate::sink::Stamp;
 use cupool_core::log::{Api, EventKind, MemKind};
 use cupool_core::pool::Fragmentation;
 
+#[inline]
 pub fn allocated(space: Space, key: u64, a: Allocation) {
     if let Some(old) = live::insert(space, key, a) {
         // CUDA handed out an address we still thought live: an allocation we
@@ -26,6 +27,7 @@ pub fn allocated(space: Space, key: u64, a: Allocation) {
     timeline::allocated(key, &a);
 }
 
+#[inline]
 pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i32) {
     counters::of(kind, device).failed();
     timeline::alloc_failed(api, kind, device, bytes, result);
@@ -33,12 +35,14 @@ pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i3
 
 /// Takes `key` off the books before the real free: another thread that is
 /// handed the same address right after cannot have its record removed by us.
+#[inline]
 pub fn releasing(space: Space, key: u64) -> Option<Allocation> {
     let a = live::remove(space, key)?;
     counters::of(a.kind, a.device).sub(a.size);
     Some(a)
 }
 
+#[inline]
 pub fn freed(api: Api, key: u64, a: &Allocation, at: Stamp) {
     timeline::freed(api, key, a, at);
 }

@@ -6,6 +6,7 @@ use crate::cuda::OUT_OF_MEMORY;
 use crate::sink::{self, Stamp};
 use cupool_core::log::{Api, Event, EventKind, MemKind};
 
+#[inline]
 pub fn allocated(ptr: u64, a: &Allocation) {
     let mut e = Event::new(EventKind::Alloc, a.api);
     e.mem = a.kind;
@@ -25,6 +26,7 @@ pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i3
     sink::record(e);
 }
 
+#[inline]
 pub fn freed(api: Api, ptr: u64, a: &Allocation, at: Stamp) {
     let mut e = Event::new(EventKind::Free, api);
     e.mem = a.kind;

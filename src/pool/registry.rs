@@ -55,6 +55,7 @@ pub fn pool_of(ctx: u64, device: impl FnOnce() -> i32) -> &'static ContextPool {
     pool
 }
 
+#[inline]
 pub fn allocate(pool: &ContextPool, size: u64) -> Result<Block, OutOfMemory> {
     pool.pool.lock().allocate(size)
 }
@@ -62,6 +63,7 @@ pub fn allocate(pool: &ContextPool, size: u64) -> Result<Block, OutOfMemory> {
 /// Returns `block` to the pool at `pool` (a `ContextPool` address kept with
 /// the allocation). A pool whose context died still takes it: the memory is
 /// gone, the books stay straight.
+#[inline]
 pub fn free(pool: usize, block: BlockId) {
     let pool = unsafe { &*(pool as *const ContextPool) };
     pool.pool.lock().free(block);
