@@ -103,21 +103,6 @@ impl BlockSlab {
     }
 }
 
-impl std::ops::Index<u32> for BlockSlab {
-    type Output = BlockRec;
-    #[inline]
-    fn index(&self, i: u32) -> &BlockRec {
-        &self.recs[i as usize]
-    }
-}
-
-impl std::ops::IndexMut<u32> for BlockSlab {
-    #[inline]
-    fn index_mut(&mut self, i: u32) -> &mut BlockRec {
-        &mut self.recs[i as usize]
-    }
-}
-
 /// Slab of segment records (segments come and go rarely).
 pub(crate) struct SegSlab {
     recs: Vec<SegRec>,
@@ -148,17 +133,25 @@ impl SegSlab {
     }
 }
 
-impl std::ops::Index<u32> for SegSlab {
-    type Output = SegRec;
-    #[inline]
-    fn index(&self, i: u32) -> &SegRec {
-        &self.recs[i as usize]
-    }
+/// `slab[i]` for a slab of `$rec` records in a `recs` vector.
+macro_rules! index_by_u32 {
+    ($slab:ty => $rec:ty) => {
+        impl std::ops::Index<u32> for $slab {
+            type Output = $rec;
+            #[inline]
+            fn index(&self, i: u32) -> &$rec {
+                &self.recs[i as usize]
+            }
+        }
+
+        impl std::ops::IndexMut<u32> for $slab {
+            #[inline]
+            fn index_mut(&mut self, i: u32) -> &mut $rec {
+                &mut self.recs[i as usize]
+            }
+        }
+    };
 }
 
-impl std::ops::IndexMut<u32> for SegSlab {
-    #[inline]
-    fn index_mut(&mut self, i: u32) -> &mut SegRec {
-        &mut self.recs[i as usize]
-    }
-}
+index_by_u32!(BlockSlab => BlockRec);
+index_by_u32!(SegSlab => SegRec);

@@ -274,31 +274,31 @@ impl<B: Backend> Pool<B> {
         self.stats.active_bytes.dec(b.size);
         self.stats.active.dec(1);
         if b.prev != NIL && self.blocks[b.prev].state == State::Free {
-            let p = b.prev;
-            self.unindex(p);
-            let pr = &mut self.blocks[p];
-            pr.size += b.size;
-            pr.next = b.next;
-            if b.next != NIL {
-                self.blocks[b.next].prev = p;
-            }
-            self.blocks.remove(i);
-            i = p;
+            self.unindex(b.prev);
+            self.absorb_next(b.prev);
+            i = b.prev;
         }
         let n = self.blocks[i].next;
         if n != NIL && self.blocks[n].state == State::Free {
             self.unindex(n);
-            let nr = self.blocks[n];
-            let r = &mut self.blocks[i];
-            r.size += nr.size;
-            r.next = nr.next;
-            if nr.next != NIL {
-                self.blocks[nr.next].prev = i;
-            }
-            self.blocks.remove(n);
+            self.absorb_next(i);
         }
         self.blocks[i].state = State::Free;
         self.index(i);
+    }
+
+    /// Merges the block after `i` into `i`, which keeps its address.
+    #[inline]
+    fn absorb_next(&mut self, i: u32) {
+        let n = self.blocks[i].next;
+        let nr = self.blocks[n];
+        let r = &mut self.blocks[i];
+        r.size += nr.size;
+        r.next = nr.next;
+        if nr.next != NIL {
+            self.blocks[nr.next].prev = i;
+        }
+        self.blocks.remove(n);
     }
 
     /// Adds free block `i` to its pool's index.
