@@ -62,7 +62,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut DevPtr, size: usize, flags: c_uint) -> Status {
     let call = AllocCall::new(Api::CuMemAllocManaged, MemKind::Managed);
-    intercept::allocation(call, 0, None, || allocated(real!(cuMemAllocManaged(dptr, size, flags)), dptr, size))
+    intercept::allocation(call, size as u64, 0, None, || {
+        allocated(real!(cuMemAllocManaged(dptr, size, flags)), dptr, size)
+    })
 }
 
 // Stream-ordered allocations, each with its per-thread-default-stream twin.
@@ -70,7 +72,9 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut DevPtr, size: usize, flags
 twins!(cuMemAllocAsync / cuMemAllocAsync_ptsz (dptr: *mut DevPtr, size: usize, stream: CUstream) |real, per_thread| {
     let api = if per_thread { Api::CuMemAllocAsyncPtsz } else { Api::CuMemAllocAsync };
     let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || allocated(real!([real](dptr, size, stream)), dptr, size))
+    intercept::allocation(call, size as u64, stream as u64, None, || {
+        allocated(real!([real](dptr, size, stream)), dptr, size)
+    })
 });
 
 twins!(cuMemFreeAsync / cuMemFreeAsync_ptsz (dptr: DevPtr, stream: CUstream) |real, per_thread| {
@@ -82,19 +86,23 @@ twins!(cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz
     (dptr: *mut DevPtr, size: usize, pool: CUmemoryPool, stream: CUstream) |real, per_thread| {
     let api = if per_thread { Api::CuMemAllocFromPoolAsyncPtsz } else { Api::CuMemAllocFromPoolAsync };
     let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || allocated(real!([real](dptr, size, pool, stream)), dptr, size))
+    intercept::allocation(call, size as u64, stream as u64, None, || {
+        allocated(real!([real](dptr, size, pool, stream)), dptr, size)
+    })
 });
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> Status {
     let call = AllocCall::new(Api::CuMemAllocHost, MemKind::Host);
-    intercept::allocation(call, 0, None, || host_allocated(real!(cuMemAllocHost_v2(pp, size)), pp, size))
+    intercept::allocation(call, size as u64, 0, None, || host_allocated(real!(cuMemAllocHost_v2(pp, size)), pp, size))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> Status {
     let call = AllocCall::new(Api::CuMemHostAlloc, MemKind::Host);
-    intercept::allocation(call, 0, None, || host_allocated(real!(cuMemHostAlloc(pp, size, flags)), pp, size))
+    intercept::allocation(call, size as u64, 0, None, || {
+        host_allocated(real!(cuMemHostAlloc(pp, size, flags)), pp, size)
+    })
 }
 
 #[no_mangle]
@@ -115,7 +123,7 @@ pub unsafe extern "C" fn cuMemCreate(
         (type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE as u32).then(|| (*loc).id)
     });
     let call = AllocCall::new(Api::CuMemCreate, MemKind::Vmm);
-    intercept::allocation(call, 0, device, || {
+    intercept::allocation(call, size as u64, 0, device, || {
         let r = real!(cuMemCreate(handle, size, prop, flags));
         (r, out_ptr(handle, r), size as u64)
     })

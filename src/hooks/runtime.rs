@@ -41,7 +41,9 @@ pub unsafe extern "C" fn cudaFree(dev_ptr: Ptr) -> Status {
 twins!(cudaMallocAsync / cudaMallocAsync_ptsz (dev_ptr: *mut Ptr, size: usize, stream: cudaStream_t) |real, per_thread| {
     let api = if per_thread { Api::CudaMallocAsyncPtsz } else { Api::CudaMallocAsync };
     let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || allocated(real!([real](dev_ptr, size, stream)), dev_ptr, size))
+    intercept::allocation(call, size as u64, stream as u64, None, || {
+        allocated(real!([real](dev_ptr, size, stream)), dev_ptr, size)
+    })
 });
 
 twins!(cudaFreeAsync / cudaFreeAsync_ptsz (dev_ptr: Ptr, stream: cudaStream_t) |real, per_thread| {
@@ -53,13 +55,17 @@ twins!(cudaMallocFromPoolAsync / cudaMallocFromPoolAsync_ptsz
     (ptr: *mut Ptr, size: usize, pool: cudaMemPool_t, stream: cudaStream_t) |real, per_thread| {
     let api = if per_thread { Api::CudaMallocFromPoolAsyncPtsz } else { Api::CudaMallocFromPoolAsync };
     let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, stream as u64, None, || allocated(real!([real](ptr, size, pool, stream)), ptr, size))
+    intercept::allocation(call, size as u64, stream as u64, None, || {
+        allocated(real!([real](ptr, size, pool, stream)), ptr, size)
+    })
 });
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocManaged(dev_ptr: *mut Ptr, size: usize, flags: c_uint) -> Status {
     let call = AllocCall::new(Api::CudaMallocManaged, MemKind::Managed);
-    intercept::allocation(call, 0, None, || allocated(real!(cudaMallocManaged(dev_ptr, size, flags)), dev_ptr, size))
+    intercept::allocation(call, size as u64, 0, None, || {
+        allocated(real!(cudaMallocManaged(dev_ptr, size, flags)), dev_ptr, size)
+    })
 }
 
 #[no_mangle]
@@ -100,13 +106,13 @@ pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cuda
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocHost(ptr: *mut Ptr, size: usize) -> Status {
     let call = AllocCall::new(Api::CudaMallocHost, MemKind::Host);
-    intercept::allocation(call, 0, None, || allocated(real!(cudaMallocHost(ptr, size)), ptr, size))
+    intercept::allocation(call, size as u64, 0, None, || allocated(real!(cudaMallocHost(ptr, size)), ptr, size))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut Ptr, size: usize, flags: c_uint) -> Status {
     let call = AllocCall::new(Api::CudaHostAlloc, MemKind::Host);
-    intercept::allocation(call, 0, None, || allocated(real!(cudaHostAlloc(ptr, size, flags)), ptr, size))
+    intercept::allocation(call, size as u64, 0, None, || allocated(real!(cudaHostAlloc(ptr, size, flags)), ptr, size))
 }
 
 #[no_mangle]

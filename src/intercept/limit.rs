@@ -1,10 +1,37 @@
-//! The `limit` option as the program sees it in `cudaMemGetInfo`/`cuMemGetInfo`.
+//! The `limit` option: one cap on the device memory this process holds
+//! through cupool, the same in every mode. Requests past it fail with CUDA's
+//! out-of-memory error, and `cudaMemGetInfo` shows a device of that size.
 
 use crate::observe::counters;
-use crate::pool;
+use crate::pool::{self, ContextPool};
 use crate::runtime::options;
 
-/// With a `limit`, the device looks that large: total is the cap, and free is
+/// The cap in bytes; `None` when there is none.
+#[inline]
+pub fn cap() -> Option<u64> {
+    Some(options::get().limit).filter(|&l| l != 0)
+}
+
+/// Bytes this process holds on `device`: the pools' reserved segments plus
+/// live allocations made outside the pools.
+fn held(device: i32) -> u64 {
+    let (reserved, pooled_live) = pool::held_on(device);
+    reserved + counters::device_bytes(device).saturating_sub(pooled_live)
+}
+
+/// Would `bytes` more on `device` go past the cap?
+pub fn exceeded(cap: u64, device: i32, bytes: u64) -> bool {
+    device >= 0 && held(device).saturating_add(bytes) > cap
+}
+
+/// What `pool` may reserve in all: the cap less what the process holds on
+/// its device outside this pool.
+pub fn pool_cap(cap: u64, p: &ContextPool) -> u64 {
+    let own = p.pool.lock().stats().reserved_bytes.current;
+    cap.saturating_sub(held(p.device).saturating_sub(own))
+}
+
+/// With a cap, the device looks that large: total is the cap, and free is
 /// what the cap leaves after everything this process holds on the device
 /// (memory the pool keeps cached counts as used, as in PyTorch's cache, so
 /// free memory never rises because of cupool's caching).
@@ -12,13 +39,11 @@ use crate::runtime::options;
 /// # Safety
 /// `free` and `total` are null or valid for writes.
 pub unsafe fn apply(free: *mut usize, total: *mut usize) {
-    let limit = options::get().limit;
-    if limit == 0 || free.is_null() || total.is_null() {
+    let Some(cap) = cap() else { return };
+    if free.is_null() || total.is_null() {
         return;
     }
-    let device = super::context::current().1;
-    let (reserved, pooled_live) = pool::held_on(device);
-    let used = reserved + counters::device_bytes(device).saturating_sub(pooled_live);
-    *total = (*total).min(limit as usize);
-    *free = (*free).min(limit.saturating_sub(used) as usize);
+    let used = held(super::context::current().1);
+    *total = (*total).min(cap as usize);
+    *free = (*free).min(cap.saturating_sub(used) as usize);
 }

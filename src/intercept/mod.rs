@@ -44,17 +44,36 @@ pub unsafe fn out_ptr<T: Copy + Into<u64>>(out: *const T, result: Status) -> u64
     }
 }
 
-/// An allocation CUDA makes itself. `device_hint`: the device when the call
-/// names it (VMM), else the current context's.
+/// An allocation CUDA makes itself, of `request` bytes. `device_hint`: the
+/// device when the call names it (VMM), else the current context's.
 #[inline]
-pub fn allocation(call: AllocCall, stream: u64, device_hint: Option<i32>, real: impl FnOnce() -> Outcome) -> Status {
+pub fn allocation(
+    call: AllocCall,
+    request: u64,
+    stream: u64,
+    device_hint: Option<i32>,
+    real: impl FnOnce() -> Outcome,
+) -> Status {
     let Some(_guard) = Guard::enter() else {
         return real().0;
     };
-    passthrough(call, stream, device_hint, real)
+    passthrough(call, request, stream, device_hint, real)
 }
 
-fn passthrough(call: AllocCall, stream: u64, device_hint: Option<i32>, real: impl FnOnce() -> Outcome) -> Status {
+fn passthrough(
+    call: AllocCall,
+    request: u64,
+    stream: u64,
+    device_hint: Option<i32>,
+    real: impl FnOnce() -> Outcome,
+) -> Status {
+    if let Some(cap) = limit::cap().filter(|_| call.kind.is_device()) {
+        if let Some(Some(device)) = diag::shielded(|| refused_by_cap(call, cap, request, device_hint)) {
+            lifecycle::recording();
+            observe::alloc_failed(call.api, call.kind, device, request, OUT_OF_MEMORY);
+            return OUT_OF_MEMORY;
+        }
+    }
     let (result, ptr, bytes) = real();
     diag::shielded(|| {
         lifecycle::recording(); // starts the clock before the first allocation is stamped
@@ -71,6 +90,29 @@ fn passthrough(call: AllocCall, stream: u64, device_hint: Option<i32>, real: imp
 }
 
 #[inline]
+/// The device, when `request` more bytes on it would pass the cap.
+#[cold]
+fn refused_by_cap(call: AllocCall, cap: u64, request: u64, device_hint: Option<i32>) -> Option<i32> {
+    let device = device_hint.unwrap_or_else(|| current_device(call));
+    limit::exceeded(cap, device, request).then_some(device)
+}
+
+fn current_device(call: AllocCall) -> i32 {
+    ensure_context(call);
+    context::current().1
+}
+
+/// The current context; for a runtime call, created first if need be,
+/// exactly as the runtime call being made would. 0 when none.
+fn ensure_context(call: AllocCall) -> u64 {
+    let ctx = context::current_only();
+    if ctx != 0 || !call.api.as_str().starts_with("cuda") {
+        return ctx;
+    }
+    unsafe { real!(cudaFree(std::ptr::null_mut())) };
+    context::current_only()
+}
+
 fn allocation_record(
     call: AllocCall,
     stream: u64,
@@ -117,25 +159,21 @@ pub fn pooled_allocation(
             };
         }
     }
-    passthrough(call, 0, None, real)
+    passthrough(call, bytes, 0, None, real)
 }
 
 /// `None`: the pool cannot be used here (no context); the caller passes through.
 #[inline]
 fn from_pool(call: AllocCall, bytes: u64) -> Option<Result<u64, Status>> {
     lifecycle::recording();
-    let mut ctx = context::current_only();
-    if ctx == 0 && call.api.as_str().starts_with("cuda") {
-        // The runtime creates its context lazily; let it, exactly as cudaMalloc would.
-        unsafe { real!(cudaFree(std::ptr::null_mut())) };
-        ctx = context::current_only();
-    }
+    let ctx = ensure_context(call);
     if ctx == 0 {
         return None;
     }
     // The device is asked only when this thread meets a new context.
     let pool = pool::pool_of(ctx, || context::current().1);
-    match pool::allocate(pool, bytes) {
+    let cap = limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool));
+    match pool::allocate(pool, bytes, cap) {
         Ok(block) => {
             let pooled = Pooled { pool: NonZeroUsize::new(pool as *const _ as usize)?, block: block.id.to_raw() };
             observe::allocated(

@@ -55,9 +55,14 @@ pub fn pool_of(ctx: u64, device: impl FnOnce() -> i32) -> &'static ContextPool {
     pool
 }
 
+/// A block of `size` bytes from `pool`, which may reserve at most `cap` bytes in all.
 #[inline]
-pub fn allocate(pool: &ContextPool, size: u64) -> Result<Block, OutOfMemory> {
-    pool.pool.lock().allocate(size)
+pub fn allocate(pool: &ContextPool, size: u64, cap: u64) -> Result<Block, OutOfMemory> {
+    let mut pool = pool.pool.lock();
+    if pool.config().limit != cap {
+        pool.set_limit(cap);
+    }
+    pool.allocate(size)
 }
 
 /// Returns `block` to the pool at `pool` (a `ContextPool` address kept with

@@ -139,7 +139,7 @@ impl<B: Backend> Pool<B> {
                 return Ok(self.take(i, small, rounded, requested));
             }
         }
-        let seg_size = self.config.segment_size(rounded).filter(|&s| s <= self.config.limit);
+        let seg_size = self.segment_for(rounded);
         if let Some(seg_size) = seg_size {
             if self.config.release_before_grow {
                 // Growing below the high-water mark costs nothing new; past it,
@@ -166,10 +166,10 @@ impl<B: Backend> Pool<B> {
             }
         }
         // (2) Give every cached segment back and try the device again.
-        if let Some(seg_size) = seg_size {
+        if seg_size.is_some() {
             self.stats.num_alloc_retries += 1;
             self.release_free_segments(0);
-            if let Some(i) = self.grow(small, seg_size) {
+            if let Some(i) = self.segment_for(rounded).and_then(|s| self.grow(small, s)) {
                 return Ok(self.take(i, small, rounded, requested));
             }
         }
@@ -342,6 +342,25 @@ impl<B: Backend> Pool<B> {
             n += 1;
         }
         n
+    }
+
+    /// The segment to grow by for a request of `rounded` bytes: the
+    /// configured size, shrunk near the `limit` to what still fits, but never
+    /// below what the request needs. `None` when even that exceeds the limit.
+    fn segment_for(&self, rounded: u64) -> Option<u64> {
+        let want = self.config.segment_size(rounded)?;
+        let need = size::round_up(rounded, SEGMENT_ALIGN)?.min(want);
+        if need > self.config.limit {
+            return None;
+        }
+        let room = self.config.limit.saturating_sub(self.stats.reserved_bytes.current);
+        Some(want.min((room - room % SEGMENT_ALIGN).max(need)))
+    }
+
+    /// Changes the cap on reserved bytes (the shim lowers it by what the
+    /// process holds outside the pool). Memory already reserved stays.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.config.limit = limit;
     }
 
     /// Obtains a segment of `size` bytes; returns its single block (free,

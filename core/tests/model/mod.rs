@@ -220,6 +220,26 @@ impl Model {
         (addr, size)
     }
 
+    /// The configured segment size, shrunk near the limit to what still fits
+    /// (never below what the request needs).
+    fn segment_for(&self, small: bool, rounded: u64) -> Option<u64> {
+        let c = self.cfg;
+        let want = if small {
+            c.small_segment
+        } else if rounded < c.large_segment_threshold {
+            c.large_segment
+        } else {
+            rounded.checked_next_multiple_of(ALIGN)?
+        };
+        let need = rounded.checked_next_multiple_of(ALIGN)?.min(want);
+        if need > c.limit {
+            return None;
+        }
+        let reserved: u64 = self.segs.values().map(|s| s.size).sum();
+        let room = c.limit.saturating_sub(reserved) / ALIGN * ALIGN;
+        Some(want.min(room.max(need)))
+    }
+
     fn try_fit(&mut self, small: bool, rounded: u64, req: u64) -> Option<(u64, u64)> {
         let (_, addr) = self.best_fit(small, rounded)?;
         Some(self.take(small, addr, rounded, req))
@@ -347,14 +367,7 @@ impl Model {
                 return Some(r);
             }
         }
-        let seg = if small {
-            Some(c.small_segment)
-        } else if rounded < c.large_segment_threshold {
-            Some(c.large_segment)
-        } else {
-            rounded.checked_next_multiple_of(ALIGN)
-        }
-        .filter(|&s| s <= c.limit);
+        let seg = self.segment_for(small, rounded);
         if let Some(s) = seg {
             if c.release_before_grow {
                 let reserved: u64 = self.segs.values().map(|s| s.size).sum();
@@ -374,10 +387,11 @@ impl Model {
                 return Some(r);
             }
         }
-        if let Some(s) = seg {
+        if seg.is_some() {
             self.counters[2] += 1;
             self.release(0);
-            if let Some(r) = self.try_grow(small, s, rounded, req) {
+            let seg = self.segment_for(small, rounded);
+            if let Some(r) = seg.and_then(|s| self.try_grow(small, s, rounded, req)) {
                 return Some(r);
             }
         }
