@@ -23,6 +23,8 @@ build -o $work/driver $src/driver.cu -lcuda
 build -cudart shared -default-stream per-thread -o $work/leaks_ptds $src/leaks.cu -lcuda
 build -cudart shared -o $work/reset $src/reset.cu
 build -o $work/reset_static $src/reset.cu
+build -cudart shared -o $work/limit_shared $src/limit.cu -lcuda
+build -o $work/limit_static $src/limit.cu -lcuda
 echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
 
 # case NAME [--sanitize] -- CMD...
@@ -66,6 +68,15 @@ CUPOOL_FLAGS="--mode pool" run_case pool-cudart-static --sanitize -- $work/leaks
 CUPOOL_FLAGS="--mode pool" run_case pool-driver-api --sanitize -- $work/driver
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUPOOL_FLAGS="--mode pool" run_case pool-torch-no-caching -- python3 $src/torch_count.py
 CUPOOL_FLAGS="--mode pool" run_case pool-cupy -- python3 $src/cupy_count.py
+
+# The memory cap means one thing in both modes, for the runtime and the driver API.
+expect="result: total_mib=64 a=0 b=2 driver=2 near_cap=0 wrote=1"
+for mode in passthrough pool; do
+  for prog in limit_shared limit_static; do
+    got=$($bin/cupool run -q --log-dir $work/$mode-$prog --limit 64m --mode $mode -- $work/$prog | grep '^result:')
+    rows+=("$(printf '%-22s' "limit-$mode-${prog#limit_}") | $([ "$got" = "$expect" ] && echo PASS || echo FAIL)                                     | $got")
+  done
+done
 
 # Exit status and signals through the CLI.
 $bin/cupool run -q --log-dir $work/status -- python3 -c "import torch; torch.zeros(1, device='cuda'); import sys; sys.exit(7)"
