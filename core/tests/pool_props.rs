@@ -12,8 +12,9 @@
 
 mod model;
 
+use cupool_core::pool::testing::{Fences, SimulatedDevice};
 use cupool_core::pool::{Block, BlockState, Pool, PoolConfig};
-use model::{pool_stats, Fake, Model, ALIGN, MIB};
+use model::{pool_stats, Model, ALIGN, MIB};
 use proptest::prelude::*;
 
 // ---- the comparison -------------------------------------------------------
@@ -31,7 +32,7 @@ enum Op {
 }
 
 struct Harness {
-    pool: Pool<Fake>,
+    pool: Pool<SimulatedDevice>,
     model: Model,
     /// Live blocks with their requested sizes.
     live: Vec<(Block, u64)>,
@@ -39,12 +40,14 @@ struct Harness {
 
 impl Harness {
     fn new(cfg: PoolConfig, cap: Option<u64>) -> Self {
-        let pool = Pool::new(Fake::new(cap), cfg);
-        let model = Model::new(*pool.config(), Fake::new(cap));
+        // Adjacent segments: a merge across two of them would show.
+        let device = SimulatedDevice::new().with_capacity(cap);
+        let pool = Pool::new(device.clone(), cfg);
+        let model = Model::new(*pool.config(), device);
         Harness { pool, model, live: Vec::new() }
     }
 
-    fn both(&mut self, f: impl Fn(&mut Fake)) {
+    fn both(&mut self, f: impl Fn(&mut SimulatedDevice)) {
         f(self.pool.backend_mut());
         f(&mut self.model.be);
     }
@@ -76,10 +79,10 @@ impl Harness {
                 assert_eq!(self.pool.trim_to(target), self.model.release(target));
                 assert!(self.pool.stats().reserved_bytes.current <= target || self.no_whole_free());
             }
-            Op::Deferred(on) => self.both(|f| f.deferred = on),
-            Op::Launch => self.both(|f| f.tag += 1),
-            Op::Complete(n) => self.both(|f| f.done = f.tag.min(f.done + n as u64)),
-            Op::Capture(on) => self.both(|f| f.capture = on),
+            Op::Deferred(on) => self.both(|f| f.fences = if on { Fences::AtQueued } else { Fences::Off }),
+            Op::Launch => self.both(SimulatedDevice::launch),
+            Op::Complete(n) => self.both(|f| f.complete(n as u64)),
+            Op::Capture(on) => self.both(|f| f.capturing = on),
         }
     }
 
@@ -104,7 +107,7 @@ impl Harness {
                 assert!(!self.model.allowed(small, b.size, rounded), "a free block fits");
             }
         }
-        if !self.pool.backend().capture {
+        if !self.pool.backend().capturing {
             assert_eq!(self.pool.pending_blocks(), 0, "did not synchronize");
         }
         let seg = if small {
@@ -121,7 +124,7 @@ impl Harness {
         let be = self.pool.backend();
         let reserved = self.pool.stats().reserved_bytes.current;
         assert!(
-            reserved + seg > c.limit || be.cap.is_some_and(|cap| be.outstanding + seg > cap),
+            reserved + seg > c.limit || be.capacity.is_some_and(|cap| be.outstanding() + seg > cap),
             "OOM with room for a {seg}-byte segment"
         );
     }
@@ -191,8 +194,8 @@ impl Harness {
             self.model.free(b.addr);
         }
         self.both(|f| {
-            f.capture = false;
-            f.done = f.tag;
+            f.capturing = false;
+            f.complete_all();
         });
         self.model.reclaim(false);
         assert_eq!(self.pool.empty_cache(), self.model.release(0));
@@ -202,8 +205,8 @@ impl Harness {
         assert_eq!(s.active_bytes.current, 0);
         assert_eq!(s.num_device_alloc, s.num_device_free);
         assert_eq!(s.reserved_bytes.allocated, s.reserved_bytes.freed);
-        assert!(self.pool.backend().live.is_empty());
-        assert_eq!(self.pool.backend().outstanding, 0);
+        assert!(self.pool.backend().live_segments().is_empty());
+        assert_eq!(self.pool.backend().outstanding(), 0);
     }
 }
 
