@@ -4,7 +4,8 @@
 //!
 //! The model (`model/mod.rs`) works by brute force straight from the rules.
 //! After every operation the pool must agree with it exactly: block handed
-//! out, every segment and block (snapshot), backend state, every stat
+//! out, every segment and block (snapshot), the simulated device's state
+//! (segments held, releases in order, segment requests), every stat
 //! (current and peak) and counter. Independently of the model, every live
 //! block is checked (aligned, inside one segment, no overlap, findable by
 //! address), and every out-of-memory is checked to be forced by the limit or
@@ -300,7 +301,7 @@ proptest! {
 
     /// Small blocks only, many of them: deep fragmentation of few segments.
     #[test]
-    fn small_pool_best_fit(
+    fn small_blocks_only_match_the_model(
         ops in prop::collection::vec(
             prop_oneof![
                 3 => (0u64..=64 << 10).prop_map(Op::Alloc),
@@ -318,7 +319,7 @@ proptest! {
     /// Large blocks only, no device cap: many splits of shared 20 MiB
     /// segments, and oversize blocks when max_split_size is set.
     #[test]
-    fn large_pool_best_fit(
+    fn large_blocks_only_match_the_model(
         max_split in prop::sample::select(vec![u64::MAX, 32 * MIB, 24 * MIB]),
         ops in prop::collection::vec(
             prop_oneof![
@@ -341,7 +342,7 @@ proptest! {
     /// deferred: the pending bytes often equal the request or a quarter of
     /// the reserved bytes exactly, the edges of the wait rule.
     #[test]
-    fn wait_rule_edges(
+    fn edges_of_the_wait_rule_match_the_model(
         ops in prop::collection::vec(
             prop_oneof![
                 4 => prop::sample::select(vec![512, 64 << 10, 512 << 10, MIB, 2 * MIB, 5 * MIB, 10 * MIB, 20 * MIB])
@@ -361,7 +362,7 @@ proptest! {
 }
 
 #[test]
-fn all_edges_in_sequence() {
+fn every_edge_size_matches_the_model_in_sequence() {
     // Every edge size allocated and freed in every config, deterministically.
     let edges = [0, 512, MIB, MIB + 512, 10 * MIB - 512, 10 * MIB, 20 * MIB, 33 * MIB, 64 * MIB];
     for max_split in [u64::MAX, 32 * MIB] {

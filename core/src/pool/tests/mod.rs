@@ -31,6 +31,7 @@ pub(super) fn states(p: &Pool<SimulatedDevice>) -> Vec<Vec<(u64, BlockState)>> {
     p.snapshot().iter().map(|s| s.blocks.iter().map(|b| (b.size, b.state)).collect()).collect()
 }
 
+// The shim keeps its pools in a global mutex, shared by every thread.
 #[test]
 fn pool_is_send() {
     fn is_send<T: Send>() {}

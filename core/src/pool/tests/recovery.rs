@@ -20,7 +20,8 @@ fn pending_blocks_wait_for_their_tag() {
     let _c2 = alloc(&mut p, MIB);
     assert_ne!(c.addr, a.addr);
     assert_eq!(p.snapshot().len(), 4);
-    // Complete: the next miss reclaims `a` before growing.
+    // The GPU finishes the work queued before `a`'s free (tag 1, the first
+    // free): the next miss reclaims `a` before growing.
     p.backend_mut().completed = 1;
     let d = alloc(&mut p, MIB);
     assert_eq!(p.snapshot().len(), 4, "no growth: {:?}", states(&p));
@@ -50,8 +51,8 @@ fn reclaim_happens_only_on_a_miss() {
     p.backend_mut().fences = Fences::PerFree;
     let a = alloc(&mut p, 4 * KIB);
     free(&mut p, a);
-    p.backend_mut().completed = u64::MAX;
-    // A hit in the tail does not look at the pending queue.
+    p.backend_mut().completed = u64::MAX; // every fence has completed
+                                          // A hit in the tail does not look at the pending queue.
     let b = alloc(&mut p, 4 * KIB);
     assert_eq!(b.addr, a.addr + 4 * KIB);
     assert_eq!(p.pending_blocks(), 1);
@@ -62,7 +63,7 @@ fn reclaim_happens_only_on_a_miss() {
 }
 
 #[test]
-fn synchronize_false_keeps_blocks_pending() {
+fn pending_blocks_stay_pending_while_a_stream_capture_refuses_to_wait() {
     let mut p = pool(PoolConfig { limit: 2 * MIB, ..PoolConfig::default() });
     p.backend_mut().fences = Fences::PerFree;
     p.backend_mut().capturing = true;
@@ -132,7 +133,7 @@ fn limit_caps_reserved_bytes() {
 }
 
 #[test]
-fn empty_cache_and_trim() {
+fn trim_and_empty_cache_release_whole_free_segments_largest_first() {
     let mut p = pool(PoolConfig::default());
     let v: Vec<Block> = [512, 19 * MIB, 12 * MIB, 30 * MIB, 12 * MIB].iter().map(|&n| alloc(&mut p, n)).collect();
     let keep = alloc(&mut p, 512);
