@@ -198,22 +198,22 @@ fn check_runtime_workload(name: &str, args: &[&str], status: i32) {
 }
 
 #[test]
-fn prog_runtime_shared() {
+fn prog_runtime_workload_agrees_with_the_drivers_counts() {
     check_runtime_workload("prog_runtime", &[], 0);
 }
 
 #[test]
-fn prog_runtime_exit_code() {
+fn prog_runtime_exits_with_the_status_it_is_given() {
     check_runtime_workload("prog_runtime", &["3"], 3);
 }
 
 #[test]
-fn prog_runtime_static_like() {
+fn prog_runtime_static_workload_agrees_with_the_drivers_counts() {
     check_runtime_workload("prog_runtime_static", &[], 0);
 }
 
 #[test]
-fn prog_dlopen_plugin() {
+fn prog_dlopen_plugin_workload_agrees_with_the_drivers_counts() {
     check_runtime_workload("prog_dlopen", &[], 0);
 }
 
@@ -239,7 +239,7 @@ fn prog_runtime_honours_total_mem() {
 }
 
 #[test]
-fn prog_driver_direct() {
+fn prog_driver_leaves_only_its_device_0_leak_live() {
     let (stdout, result, dir) = run_ok("prog_driver", &[], 0);
     let checkpoint = stdout_value(&stdout, "checkpoint_leaked_bytes").expect("checkpoint line");
     assert_eq!(checkpoint, 5_000_011);
@@ -305,7 +305,7 @@ fn prog_sleep_killed_writes_no_stats() {
 }
 
 #[test]
-fn prog_nocuda_runs() {
+fn prog_nocuda_runs_without_loading_libcuda() {
     let dir = scratch_dir("nocuda");
     let out = run_plain(&fakes().prog("prog_nocuda"), &["5", "x y"], &dir);
     assert_eq!(out.status.code(), Some(5));
@@ -314,7 +314,7 @@ fn prog_nocuda_runs() {
 }
 
 #[test]
-fn prog_threads_hammer() {
+fn prog_threads_8000_pairs_agree_with_the_drivers_counts() {
     let (_, result, dir) = run_ok("prog_threads", &[], 0);
     assert_eq!(result["allocs"], 8000);
     assert_eq!(result["frees"], 8000);

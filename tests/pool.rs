@@ -181,16 +181,18 @@ fn assert_end_consistent(log: &Value) {
     }
 }
 
-/// Compiles a test-local C program that uses the fake runtime and driver.
-fn compile_rt(name: &str, source: &str) -> PathBuf {
+/// Compiles the test-local program `tests/fake/<file>`, which uses the fake
+/// runtime and driver, as `name`.
+fn compile_rt(name: &str, file: &str) -> PathBuf {
     let mut args = link_fake_cudart();
     args.extend(link_fake_cuda());
-    compile_c(name, source, &args)
+    compile_fake_program(name, file, &args)
 }
 
-/// Compiles a test-local C program that uses the fake driver only.
-fn compile_drv(name: &str, source: &str) -> PathBuf {
-    compile_c(name, source, &link_fake_cuda())
+/// Compiles the test-local program `tests/fake/<file>`, which uses the fake
+/// driver only, as `name`.
+fn compile_drv(name: &str, file: &str) -> PathBuf {
+    compile_fake_program(name, file, &link_fake_cuda())
 }
 
 // ---------------------------------------------------------------------------
@@ -383,49 +385,6 @@ fn pool_prog_threads() {
     }
 }
 
-/// 16 threads × 4000 cudaMalloc / cudaFree pairs of xorshift sizes up to
-/// 256 KiB: blocks move between threads all the time.
-const CHURN_C: &str = r#"
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include "fake_cudart_api.h"
-#define THREADS 16
-#define ITERS 4000
-static int errors;
-static void *worker(void *arg)
-{
-    uint32_t x = 0x9e3779b9u * (uint32_t)(uintptr_t)arg + 1;
-    for (int i = 0; i < ITERS; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        void *p = NULL;
-        if (cudaMalloc(&p, 1 + x % (256u * 1024u)) != cudaSuccess || cudaFree(p) != cudaSuccess)
-            __atomic_add_fetch(&errors, 1, __ATOMIC_RELAXED);
-    }
-    return NULL;
-}
-int main(void)
-{
-    pthread_t t[THREADS];
-    if (cudaFree(NULL) != cudaSuccess) {
-        printf("result: FAIL init\n");
-        return 1;
-    }
-    for (int i = 0; i < THREADS; i++)
-        pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
-    for (int i = 0; i < THREADS; i++)
-        pthread_join(t[i], NULL);
-    if (errors) {
-        printf("result: FAIL %d errors\n", errors);
-        return 1;
-    }
-    printf("result: ok allocs=%d frees=%d leaked_bytes=0\n", THREADS * ITERS, THREADS * ITERS);
-    return 0;
-}
-"#;
-
 /// Allocations logged (in `seq` order) while an earlier allocation at the same
 /// address has not been logged as freed yet.
 fn allocs_before_their_free(log: &Value) -> Vec<String> {
@@ -451,7 +410,7 @@ fn timeline_never_hands_out_a_block_before_its_free() {
     // A block freed by one thread and taken by another at once must appear in
     // the log (in `seq` order, the documented order) as freed before it is
     // allocated again. The window is narrow: up to three runs.
-    let prog = compile_c("churn", CHURN_C, &link_fake_cudart());
+    let prog = compile_fake_program("churn", "pool_churn.c", &link_fake_cudart());
     for run in 0..3 {
         let r = run_prog(&prog, &[], POOL);
         assert_eq!(mem_events(&r.log, "alloc").len(), 16 * 4000);
@@ -508,72 +467,9 @@ fn pool_prog_fork() {
 // ---------------------------------------------------------------------------
 // 2. Reuse.
 
-/// `reuse [stream]`: 10000 × cudaMalloc(4096) / cudaFree, each block written
-/// through the driver (which checks that the range lies inside a live driver
-/// allocation). With `stream`, a stream is created first, so freed blocks are
-/// reused only behind fences.
-const REUSE_C: &str = r#"
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include "fake_cuda_api.h"
-#include "fake_cudart_api.h"
-#define N 10000
-static int cmp(const void *a, const void *b)
-{
-    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
-    return x < y ? -1 : x > y;
-}
-int main(int argc, char **argv)
-{
-    static uintptr_t ptrs[N];
-    cudaStream_t s = NULL;
-    int with_stream = argc > 1 && strcmp(argv[1], "stream") == 0;
-    if (with_stream && cudaStreamCreate(&s) != cudaSuccess) {
-        printf("result: FAIL cudaStreamCreate\n");
-        return 1;
-    }
-    unsigned same_as_first = 0;
-    for (int i = 0; i < N; i++) {
-        void *p = NULL;
-        int e = cudaMalloc(&p, 4096);
-        if (e) {
-            printf("result: FAIL cudaMalloc -> %d at %d\n", e, i);
-            return 1;
-        }
-        ptrs[i] = (uintptr_t)p;
-        same_as_first += ptrs[i] == ptrs[0];
-        unsigned char b = (unsigned char)i, back = 0;
-        if (cuMemsetD8_v2((CUdeviceptr)ptrs[i], b, 4096) || cuMemcpyDtoH_v2(&back, (CUdeviceptr)ptrs[i] + 4095, 1) ||
-            back != b) {
-            printf("result: FAIL block %p does not hold data\n", p);
-            return 1;
-        }
-        e = cudaFree(p);
-        if (e) {
-            printf("result: FAIL cudaFree -> %d at %d\n", e, i);
-            return 1;
-        }
-    }
-    qsort(ptrs, N, sizeof(ptrs[0]), cmp);
-    unsigned distinct = 0;
-    for (int i = 0; i < N; i++)
-        distinct += i == 0 || ptrs[i] != ptrs[i - 1];
-    if (with_stream && cudaStreamDestroy(s) != cudaSuccess) {
-        printf("result: FAIL cudaStreamDestroy\n");
-        return 1;
-    }
-    printf("same_as_first=%u\n", same_as_first);
-    printf("distinct=%u\n", distinct);
-    printf("result: ok allocs=%d frees=%d leaked_bytes=0\n", N, N);
-    return 0;
-}
-"#;
-
 #[test]
 fn reuse_without_streams_is_immediate() {
-    let prog = compile_rt("reuse", REUSE_C);
+    let prog = compile_rt("reuse", "pool_reuse.c");
     let r = run_prog(&prog, &[], POOL);
     assert_eq!(r.stats["allocs"], 1, "10000 cudaMalloc(4096) must make one driver allocation: {:?}", r.stats);
     assert_eq!(value(&r, "same_as_first"), 10_000, "the freed block is handed out again at once");
@@ -594,7 +490,7 @@ fn reuse_without_streams_is_immediate() {
 fn reuse_after_a_stream_exists_goes_through_fences() {
     // Fences start as soon as a stream exists: the runtime's own kernel
     // launches cannot be observed, so a created stream counts as in use.
-    let prog = compile_rt("reuse", REUSE_C);
+    let prog = compile_rt("reuse", "pool_reuse.c");
     let r = run_prog(&prog, &["stream"], POOL);
     let p = &pools(&r.log)[0];
     assert_eq!(p["multi_stream"], true, "{p}");
@@ -614,66 +510,9 @@ fn reuse_after_a_stream_exists_goes_through_fences() {
 // ---------------------------------------------------------------------------
 // 3. limit.
 
-const LIMIT_C: &str = r#"
-#include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-#include "fake_cuda_api.h"
-#include "fake_cudart_api.h"
-#define CK(call)                                                                                                      \
-    do {                                                                                                               \
-        int r_ = (call);                                                                                               \
-        if (r_) {                                                                                                      \
-            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
-static int works(void *p, size_t n)
-{
-    unsigned char out[256], in[256];
-    for (int i = 0; i < 256; i++)
-        out[i] = (unsigned char)(i * 7 + 1);
-    CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
-    return cuMemcpyHtoD_v2(d + n - 256, out, 256) == 0 && cuMemcpyDtoH_v2(in, d + n - 256, 256) == 0 &&
-           memcmp(in, out, 256) == 0;
-}
-int main(void)
-{
-    size_t f = 0, t = 0;
-    CK(cudaMemGetInfo(&f, &t));
-    printf("free0=%zu\ntotal0=%zu\n", f, t);
-    void *a = NULL, *m = NULL;
-    CK(cudaMalloc(&a, 3000000));
-    CK(cudaMallocManaged(&m, 1 << 20, cudaMemAttachGlobal));
-    CK(cudaMemGetInfo(&f, &t));
-    printf("free1=%zu\ntotal1=%zu\n", f, t);
-    CK(cuMemGetInfo_v2(&f, &t));
-    printf("drv_free1=%zu\ndrv_total1=%zu\n", f, t);
-    void *big = (void *)(uintptr_t)0x77;
-    printf("big=%d\n", cudaMalloc(&big, 100u << 20));
-    printf("big_untouched=%d\n", big == (void *)(uintptr_t)0x77);
-    void *mid = NULL;
-    printf("mid=%d\n", cudaMalloc(&mid, 50u << 20));
-    void *s = NULL;
-    CK(cudaMalloc(&s, 4096));
-    printf("small_works=%d\n", works(s, 4096));
-    CK(cudaFree(a));
-    printf("mid_after_free=%d\n", cudaMalloc(&mid, 50u << 20));
-    printf("mid_works=%d\n", mid && works(mid, 50u << 20));
-    printf("drv_null_free=%d\n", cuMemGetInfo_v2(NULL, &t));
-    printf("drv_null_total=%d\n", cuMemGetInfo_v2(&f, NULL));
-    printf("rt_null_free=%d\n", cudaMemGetInfo(NULL, &t));
-    CK(cudaFree(mid));
-    CK(cudaFree(s));
-    CK(cudaFree(m));
-    printf("result: ok allocs=4 frees=4 leaked_bytes=0\n");
-    return 0;
-}
-"#;
-
 #[test]
 fn limit_caps_the_pool_and_shapes_mem_get_info() {
-    let prog = compile_rt("limit", LIMIT_C);
+    let prog = compile_rt("limit", "pool_limit.c");
     let r = run_prog(&prog, &[], &format!("{POOL}:limit=64m"));
     assert_eq!(r.log["options"]["limit"].as_u64(), Some(64 * MIB), "{}", r.log["options"]);
     // Nothing held yet: the device looks 64 MiB large and empty.
@@ -725,7 +564,7 @@ fn limit_caps_the_pool_and_shapes_mem_get_info() {
 
 #[test]
 fn oom_events_name_the_allocating_api() {
-    let prog = compile_rt("limit", LIMIT_C);
+    let prog = compile_rt("limit", "pool_limit.c");
     let r = run_prog(&prog, &[], &format!("{POOL}:limit=64m"));
     // Each pool OOM follows the alloc_failed event of the call it failed, and
     // names that call like every other event (the validator requires it).
@@ -744,7 +583,7 @@ fn oom_events_name_the_allocating_api() {
 
 #[test]
 fn without_limit_mem_get_info_is_the_drivers() {
-    let prog = compile_rt("limit", LIMIT_C);
+    let prog = compile_rt("limit", "pool_limit.c");
     let r = run_prog(&prog, &[], POOL);
     // The fake has 1 GiB; no cap: total is the device's, and the 100 MiB request fits.
     assert_eq!(value(&r, "total0"), 1 << 30);
@@ -757,70 +596,9 @@ fn without_limit_mem_get_info_is_the_drivers() {
 // ---------------------------------------------------------------------------
 // 4. Pointer range queries.
 
-const PTR_C: &str = r#"
-#include <stdio.h>
-#include "fake_cuda_api.h"
-#define CK(call)                                                                                                      \
-    do {                                                                                                               \
-        CUresult r_ = (call);                                                                                          \
-        if (r_) {                                                                                                      \
-            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
-int main(void)
-{
-    CUcontext ctx;
-    CUdeviceptr a = 0, p = 0, m = 0, base = 0, start = 0;
-    size_t size = 0, rsize = 0;
-    int ordinal = -1;
-    CK(cuInit(0));
-    CK(cuDevicePrimaryCtxRetain(&ctx, 0));
-    CK(cuCtxSetCurrent(ctx));
-    CK(cuMemAlloc_v2(&a, 1000));
-    CK(cuMemAlloc_v2(&p, 1000));
-    CK(cuMemAllocManaged(&m, 5000, CU_MEM_ATTACH_GLOBAL));
-    printf("a=%llu\np=%llu\nm=%llu\n", a, p, m);
-
-    CK(cuMemGetAddressRange_v2(&base, &size, p + 100));
-    printf("range_base=%llu\nrange_size=%zu\n", base, size);
-    base = 0;
-    CK(cuMemGetAddressRange_v2(&base, NULL, p + 999));
-    printf("range_last_base=%llu\n", base);
-    size = 0;
-    CK(cuMemGetAddressRange_v2(NULL, &size, p));
-    printf("range_exact_size=%zu\n", size);
-    CK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 100));
-    CK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 100));
-    CK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p + 100));
-    printf("attr_start=%llu\nattr_size=%zu\nattr_ordinal=%d\n", start, rsize, ordinal);
-
-    CK(cuMemGetAddressRange_v2(&base, &size, a + 5));
-    printf("a_base=%llu\na_size=%zu\n", base, size);
-    CK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, a));
-    printf("a_attr_size=%zu\n", rsize);
-
-    CK(cuMemGetAddressRange_v2(&base, &size, m + 10));
-    printf("m_base=%llu\nm_size=%zu\n", base, size);
-    CK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m + 10));
-    CK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, m + 10));
-    printf("m_attr_start=%llu\nm_attr_size=%zu\n", start, rsize);
-
-    printf("range_unknown=%d\n", cuMemGetAddressRange_v2(&base, &size, (CUdeviceptr)0x10));
-    printf("attr_unknown=%d\n", cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)0x10));
-    printf("attr_null=%d\n", cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
-
-    CK(cuMemFree_v2(p));
-    CK(cuMemFree_v2(a));
-    CK(cuMemFree_v2(m));
-    printf("result: ok allocs=3 frees=3 leaked_bytes=0\n");
-    return 0;
-}
-"#;
-
 #[test]
 fn pointer_range_queries_describe_the_pooled_block() {
-    let prog = compile_drv("ptrquery", PTR_C);
+    let prog = compile_drv("ptrquery", "pool_ptr_query.c");
     let r = run_prog(&prog, &[], POOL);
     let (a, p, m) = (value(&r, "a"), value(&r, "p"), value(&r, "m"));
     // p is the second 1000 B block of one small segment: 512-byte rounding puts it 1024 B after a.
@@ -860,76 +638,13 @@ fn pointer_range_queries_describe_the_pooled_block() {
 // ---------------------------------------------------------------------------
 // 5. Exact error codes.
 
-/// `errors [segment_start]`. Allocates blocks a and b (b inside a's segment
-/// in pool mode) and double-frees b, or with `segment_start` a (the block at
-/// the start of the pool's segment). Afterwards new blocks must hold data;
-/// copies go through the driver, which checks that the range lies in live
-/// driver memory, so a released segment shows as `*_works=0`, not a crash.
-const ERRORS_C: &str = r#"
-#include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-#include "fake_cuda_api.h"
-#include "fake_cudart_api.h"
-static int works(void *p, size_t n)
-{
-    unsigned char out[64], in[64];
-    for (int i = 0; i < 64; i++)
-        out[i] = (unsigned char)(i * 13 + 5);
-    CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
-    return cuMemcpyHtoD_v2(d + n - 64, out, 64) == 0 && cuMemcpyDtoH_v2(in, d + n - 64, 64) == 0 &&
-           memcmp(in, out, 64) == 0;
-}
-int main(int argc, char **argv)
-{
-    int segment_start = argc > 1 && strcmp(argv[1], "segment_start") == 0;
-    unsigned allocs = 0, frees = 0;
-    setvbuf(stdout, NULL, _IONBF, 0);
-    if (cudaFree(NULL) != cudaSuccess) {
-        printf("result: FAIL init\n");
-        return 1;
-    }
-    printf("bogus_free=%d\n", cudaFree((void *)(uintptr_t)0x123400));
-    printf("null_out=%d\n", cudaMalloc(NULL, 16));
-    void *z = (void *)(uintptr_t)0x1;
-    printf("zero=%d\n", cudaMalloc(&z, 0));
-    printf("zero_ptr=%llu\n", (unsigned long long)(uintptr_t)z);
-
-    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
-    if (cudaMalloc(&a, 1000) || cudaMalloc(&b, 1000)) {
-        printf("result: FAIL cudaMalloc\n");
-        return 1;
-    }
-    allocs += 2;
-    printf("a=%llu\nb=%llu\n", (unsigned long long)(uintptr_t)a, (unsigned long long)(uintptr_t)b);
-    void *twice = segment_start ? a : b, *other = segment_start ? b : a;
-    printf("free=%d\n", cudaFree(twice));
-    frees++;
-    printf("double_free=%d\n", cudaFree(twice));
-    printf("other_works=%d\n", works(other, 1000));
-    if (cudaMalloc(&c, 1000) || cudaMalloc(&d, 1000)) {
-        printf("result: FAIL cudaMalloc after double free\n");
-        return 1;
-    }
-    allocs += 2;
-    printf("c_works=%d\n", works(c, 1000));
-    printf("d_works=%d\n", works(d, 1000));
-    printf("free_other=%d\n", cudaFree(other));
-    printf("free_c=%d\n", cudaFree(c));
-    printf("free_d=%d\n", cudaFree(d));
-    frees += 3;
-    printf("result: ok allocs=%u frees=%u leaked_bytes=0\n", allocs, frees);
-    return 0;
-}
-"#;
-
 fn invalid_frees(log: &Value) -> Vec<(u64, i64)> {
     events(log, "invalid_free").iter().map(|e| (hex(&e["ptr"]), e["result"].as_i64().unwrap())).collect()
 }
 
 #[test]
 fn error_codes_are_cudas_own() {
-    let prog = compile_rt("errors", ERRORS_C);
+    let prog = compile_rt("errors", "pool_errors.c");
     let plain = run_prog(&prog, &[], "");
     let pool = run_prog(&prog, &[], POOL);
     let (a, b) = (value(&pool, "a"), value(&pool, "b"));
@@ -970,7 +685,7 @@ fn error_codes_are_cudas_own() {
 
 #[test]
 fn double_free_of_the_block_at_a_segment_start_is_refused() {
-    let prog = compile_rt("errors", ERRORS_C);
+    let prog = compile_rt("errors", "pool_errors.c");
     let plain = run_prog(&prog, &["segment_start"], "");
     assert_eq!(value(&plain, "double_free"), 1, "passthrough: the fake refuses a double free");
     let r = run_prog(&prog, &["segment_start"], POOL);
@@ -1001,7 +716,7 @@ fn double_free_of_the_block_at_a_segment_start_is_refused() {
 
 #[test]
 fn zero_byte_malloc_is_not_recorded_as_an_allocation() {
-    let prog = compile_rt("errors", ERRORS_C);
+    let prog = compile_rt("errors", "pool_errors.c");
     let r = run_prog(&prog, &[], POOL);
     assert_eq!((value(&r, "zero"), value(&r, "zero_ptr")), (0, 0));
     // cudaMalloc(&p, 0) succeeds with p = NULL and allocates nothing: there is
@@ -1040,109 +755,9 @@ fn pool_context_destroy_reports_the_checkpoint_leak() {
     assert_valid_log(&r.log, "prog_driver");
 }
 
-/// A second context on device 0 next to the primary one: allocations in
-/// both, a leak in the second, which is then destroyed; afterwards the
-/// primary context's old and new blocks must work.
-const CTX_C: &str = r#"
-#include <stdio.h>
-#include <string.h>
-#include "fake_cuda_api.h"
-#define LEAK_CTX 3000017u
-#define LEAK_EXIT 7777u
-#define CK(call)                                                                                                      \
-    do {                                                                                                               \
-        CUresult r_ = (call);                                                                                          \
-        if (r_) {                                                                                                      \
-            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
-static int fill(CUdeviceptr p, size_t n, unsigned seed)
-{
-    unsigned char out[512];
-    size_t len = n < sizeof(out) ? n : sizeof(out);
-    for (size_t i = 0; i < len; i++)
-        out[i] = (unsigned char)(i * 3 + seed);
-    return cuMemcpyHtoD_v2(p, out, len) == 0 && cuMemsetD8_v2(p + n - 1, (unsigned char)seed, 1) == 0;
-}
-static int check(CUdeviceptr p, size_t n, unsigned seed)
-{
-    unsigned char in[512], last = 0;
-    size_t len = n < sizeof(in) ? n : sizeof(in);
-    if (cuMemcpyDtoH_v2(in, p, len) || cuMemcpyDtoH_v2(&last, p + n - 1, 1) || last != (unsigned char)seed)
-        return 0;
-    for (size_t i = 0; i + 1 < len; i++)
-        if (in[i] != (unsigned char)(i * 3 + seed))
-            return 0;
-    return 1;
-}
-int main(void)
-{
-    unsigned allocs = 0, frees = 0;
-    CUcontext prim, c1, now = NULL;
-    CUdeviceptr x = 0, y = 0, leak = 0, q[20], big = 0, keep = 0;
-    CK(cuInit(0));
-    CK(cuDevicePrimaryCtxRetain(&prim, 0));
-    CK(cuCtxSetCurrent(prim));
-    CK(cuMemAlloc_v2(&x, 3000));
-    allocs++;
-    if (!fill(x, 3000, 11))
-        printf("result: FAIL fill x\n");
-
-    CK(cuCtxCreate_v2(&c1, 0, 0));
-    CK(cuMemAlloc_v2(&y, 5000));
-    allocs++;
-    if (!fill(y, 5000, 22) || !check(y, 5000, 22)) {
-        printf("result: FAIL y\n");
-        return 1;
-    }
-    CK(cuMemFree_v2(y));
-    frees++;
-    CK(cuMemAlloc_v2(&leak, LEAK_CTX));
-    allocs++;
-    if (!fill(leak, LEAK_CTX, 33)) {
-        printf("result: FAIL leak\n");
-        return 1;
-    }
-    CK(cuCtxDestroy_v2(c1));
-    CK(cuCtxGetCurrent(&now));
-    if (now != prim) {
-        printf("result: FAIL current context after destroy\n");
-        return 1;
-    }
-    printf("leak=%llu\n", leak);
-
-    printf("x_intact=%d\n", check(x, 3000, 11));
-    unsigned ok = 0;
-    for (unsigned i = 0; i < 20; i++) {
-        size_t n = 1000 * (i + 1);
-        CK(cuMemAlloc_v2(&q[i], n));
-        allocs++;
-        ok += fill(q[i], n, i) && check(q[i], n, i);
-    }
-    CK(cuMemAlloc_v2(&big, 4u << 20));
-    allocs++;
-    ok += fill(big, 4u << 20, 44) && check(big, 4u << 20, 44);
-    printf("new_blocks_ok=%u\n", ok);
-    printf("x_still_intact=%d\n", check(x, 3000, 11));
-    for (unsigned i = 0; i < 20; i++) {
-        CK(cuMemFree_v2(q[i]));
-        frees++;
-    }
-    CK(cuMemFree_v2(big));
-    CK(cuMemFree_v2(x));
-    frees += 2;
-    CK(cuMemAlloc_v2(&keep, LEAK_EXIT));
-    allocs++;
-    printf("keep_ok=%d\n", fill(keep, LEAK_EXIT, 55) && check(keep, LEAK_EXIT, 55));
-    printf("result: ok allocs=%u frees=%u leaked_bytes=%u\n", allocs, frees, LEAK_CTX + LEAK_EXIT);
-    return 0;
-}
-"#;
-
 #[test]
 fn pool_context_destroy_leaves_the_primary_context_working() {
-    let prog = compile_drv("ctxdestroy", CTX_C);
+    let prog = compile_drv("ctxdestroy", "pool_ctx_destroy.c");
     let r = run_prog(&prog, &[], POOL);
     assert_eq!(value(&r, "x_intact"), 1, "a primary-context block after another context died");
     assert_eq!(value(&r, "new_blocks_ok"), 21, "new primary-context blocks after another context died");
@@ -1175,89 +790,6 @@ fn pool_context_destroy_leaves_the_primary_context_working() {
     assert_valid_log(&r.log, "ctxdestroy");
 }
 
-/// `reset [w][c]`: x = cuMemAlloc_v2(1000) in the primary context of device 0,
-/// then cuDevicePrimaryCtxReset_v2(0), which destroys x (and only x: other
-/// contexts keep their memory), then the primary context is retained again
-/// and used. `w`: a 512 B allocation is made and freed before x, so x is not
-/// the process's first allocation. `c`: a second context on device 0 holds
-/// blocks a and b (one pool segment) across the reset; afterwards a is freed,
-/// b must still hold its data and be freeable, and a new block c must work.
-const RESET_C: &str = r#"
-#include <stdio.h>
-#include <string.h>
-#include "fake_cuda_api.h"
-#define CK(call)                                                                                                      \
-    do {                                                                                                               \
-        CUresult r_ = (call);                                                                                          \
-        if (r_) {                                                                                                      \
-            printf("result: FAIL %s -> %d at line %d\n", #call, r_, __LINE__);                                         \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
-static int works(CUdeviceptr p, size_t n, unsigned char seed)
-{
-    unsigned char out[64], in[64];
-    for (int i = 0; i < 64; i++)
-        out[i] = (unsigned char)(i + seed);
-    return cuMemcpyHtoD_v2(p + n - 64, out, 64) == 0 && cuMemcpyDtoH_v2(in, p + n - 64, 64) == 0 &&
-           memcmp(in, out, 64) == 0;
-}
-int main(int argc, char **argv)
-{
-    int warm = argc > 1 && strchr(argv[1], 'w'), other = argc > 1 && strchr(argv[1], 'c');
-    unsigned allocs = 0, frees = 0;
-    CUcontext prim, c1;
-    CUdeviceptr w = 0, x = 0, a = 0, b = 0, c = 0, y = 0;
-    setvbuf(stdout, NULL, _IONBF, 0);
-    CK(cuInit(0));
-    CK(cuDevicePrimaryCtxRetain(&prim, 0));
-    CK(cuCtxSetCurrent(prim));
-    if (warm) {
-        CK(cuMemAlloc_v2(&w, 512));
-        CK(cuMemFree_v2(w));
-        allocs++, frees++;
-    }
-    CK(cuMemAlloc_v2(&x, 1000));
-    allocs++;
-    printf("x=%llu\n", x);
-    if (other) {
-        CK(cuCtxCreate_v2(&c1, 0, 0));
-        CK(cuMemAlloc_v2(&a, 1000));
-        CK(cuMemAlloc_v2(&b, 1000));
-        allocs += 2;
-        printf("a=%llu\nb=%llu\n", a, b);
-        if (!works(a, 1000, 1) || !works(b, 1000, 2)) {
-            printf("result: FAIL a, b\n");
-            return 1;
-        }
-        CK(cuCtxPushCurrent_v2(prim));
-    }
-    CK(cuDevicePrimaryCtxReset_v2(0));
-    if (other) {
-        CK(cuCtxPopCurrent_v2(NULL)); /* c1 is current again */
-        printf("a_free=%d\n", cuMemFree_v2(a));
-        printf("b_works=%d\n", works(b, 1000, 3));
-        printf("b_free=%d\n", cuMemFree_v2(b));
-        frees += 2;
-        CK(cuMemAlloc_v2(&c, 1000));
-        allocs++;
-        printf("c_works=%d\n", works(c, 1000, 4));
-        CK(cuMemFree_v2(c));
-        frees++;
-        CK(cuCtxDestroy_v2(c1));
-    }
-    CK(cuDevicePrimaryCtxRetain(&prim, 0));
-    CK(cuCtxSetCurrent(prim));
-    CK(cuMemAlloc_v2(&y, 2000));
-    allocs++;
-    printf("y_works=%d\n", works(y, 2000, 5));
-    CK(cuMemFree_v2(y));
-    frees++;
-    printf("result: ok allocs=%u frees=%u leaked_bytes=1000\n", allocs, frees);
-    return 0;
-}
-"#;
-
 /// (api, device, leaked_bytes, leaked_count) of each checkpoint event.
 fn checkpoints(log: &Value) -> Vec<(String, i64, u64, u64)> {
     events(log, "checkpoint")
@@ -1275,7 +807,7 @@ fn checkpoints(log: &Value) -> Vec<(String, i64, u64, u64)> {
 
 #[test]
 fn primary_context_reset_leaves_other_contexts_pools_alone() {
-    let prog = compile_drv("reset", RESET_C);
+    let prog = compile_drv("reset", "pool_primary_reset.c");
     let r = run_prog(&prog, &["wc"], POOL);
     let (x, a, b) = (value(&r, "x"), value(&r, "a"), value(&r, "b"));
     assert_eq!(b, a + 1024, "a and b share one segment of the second context's pool");
@@ -1306,7 +838,7 @@ fn primary_context_reset_leaves_other_contexts_pools_alone() {
 
 #[test]
 fn primary_context_reset_reports_the_processs_first_allocation() {
-    let prog = compile_drv("reset", RESET_C);
+    let prog = compile_drv("reset", "pool_primary_reset.c");
     let r = run_prog(&prog, &[], POOL);
     let x = value(&r, "x");
     assert_eq!(value(&r, "y_works"), 1, "the primary context after its reset");

@@ -678,49 +678,9 @@ fn threads_every_alloc_and_free_recorded() {
     }
 }
 
-/// Threads that make their first allocation together, right after the
-/// runtime was initialised by `cudaFree(NULL)` (which the shim does not
-/// record, so its lazy start happens under the threads' feet).
-const START_RACE_C: &str = r#"
-#include <pthread.h>
-#include <stdio.h>
-#include "fake_cudart_api.h"
-#define N 16
-static pthread_barrier_t bar;
-static int errors;
-static void *worker(void *arg)
-{
-    (void)arg;
-    void *p = NULL;
-    pthread_barrier_wait(&bar);
-    if (cudaMalloc(&p, 4096) != cudaSuccess || cudaFree(p) != cudaSuccess)
-        __atomic_add_fetch(&errors, 1, __ATOMIC_RELAXED);
-    return NULL;
-}
-int main(void)
-{
-    pthread_t t[N];
-    if (cudaFree(NULL) != cudaSuccess) {
-        printf("result: FAIL init\n");
-        return 1;
-    }
-    pthread_barrier_init(&bar, NULL, N);
-    for (int i = 0; i < N; i++)
-        pthread_create(&t[i], NULL, worker, NULL);
-    for (int i = 0; i < N; i++)
-        pthread_join(t[i], NULL);
-    if (errors) {
-        printf("result: FAIL %d errors\n", errors);
-        return 1;
-    }
-    printf("result: ok allocs=%d frees=%d leaked_bytes=0\n", N, N);
-    return 0;
-}
-"#;
-
 #[test]
 fn threads_racing_the_lazy_start_are_all_recorded() {
-    let prog = compile_c("start_race", START_RACE_C, &link_fake_cudart());
+    let prog = compile_fake_program("start_race", "preload_start_race.c", &link_fake_cudart());
     for round in 0..8 {
         let dir = scratch_dir("start-race");
         let out = run_preloaded(&prog, &[], &dir, "");

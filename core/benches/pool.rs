@@ -1,4 +1,5 @@
-//! Pool latency with a backend that does nothing (bump addresses, no tags).
+//! Pool latency on the simulated device with its defaults: unbounded,
+//! segments end to end, no fences (the backend costs next to nothing).
 //!
 //! * `pair/<size>`: one `allocate` + `free` of the same size, steady state.
 //! * `mixed/1000_live`: free a random live block and allocate a random size
@@ -13,23 +14,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use cupool_core::pool::{Backend, Block, Pool, PoolConfig};
+use cupool_core::pool::testing::SimulatedDevice;
+use cupool_core::pool::{Block, Pool, PoolConfig};
 
-struct NoOp {
-    next: u64,
-}
-
-impl Backend for NoOp {
-    fn allocate_segment(&mut self, size: u64) -> Option<u64> {
-        let a = self.next;
-        self.next += size;
-        Some(a)
-    }
-    fn release_segment(&mut self, _addr: u64, _size: u64) {}
-}
-
-fn new_pool() -> Pool<NoOp> {
-    Pool::new(NoOp { next: 1 << 40 }, PoolConfig::default())
+fn new_pool() -> Pool<SimulatedDevice> {
+    Pool::new(SimulatedDevice::new(), PoolConfig::default())
 }
 
 /// xorshift64*: deterministic and cheap.

@@ -4,7 +4,8 @@
 //!
 //! The model (`model/mod.rs`) works by brute force straight from the rules.
 //! After every operation the pool must agree with it exactly: block handed
-//! out, every segment and block (snapshot), backend state, every stat
+//! out, every segment and block (snapshot), the simulated device's state
+//! (segments held, releases in order, segment requests), every stat
 //! (current and peak) and counter. Independently of the model, every live
 //! block is checked (aligned, inside one segment, no overlap, findable by
 //! address), and every out-of-memory is checked to be forced by the limit or
@@ -12,8 +13,9 @@
 
 mod model;
 
+use cupool_core::pool::testing::{Fences, SimulatedDevice};
 use cupool_core::pool::{Block, BlockState, Pool, PoolConfig};
-use model::{pool_stats, Fake, Model, ALIGN, MIB};
+use model::{pool_stats, Model, ALIGN, MIB};
 use proptest::prelude::*;
 
 // ---- the comparison -------------------------------------------------------
@@ -31,7 +33,7 @@ enum Op {
 }
 
 struct Harness {
-    pool: Pool<Fake>,
+    pool: Pool<SimulatedDevice>,
     model: Model,
     /// Live blocks with their requested sizes.
     live: Vec<(Block, u64)>,
@@ -39,12 +41,14 @@ struct Harness {
 
 impl Harness {
     fn new(cfg: PoolConfig, cap: Option<u64>) -> Self {
-        let pool = Pool::new(Fake::new(cap), cfg);
-        let model = Model::new(*pool.config(), Fake::new(cap));
+        // Adjacent segments: a merge across two of them would show.
+        let device = SimulatedDevice::new().with_capacity(cap);
+        let pool = Pool::new(device.clone(), cfg);
+        let model = Model::new(*pool.config(), device);
         Harness { pool, model, live: Vec::new() }
     }
 
-    fn both(&mut self, f: impl Fn(&mut Fake)) {
+    fn both(&mut self, f: impl Fn(&mut SimulatedDevice)) {
         f(self.pool.backend_mut());
         f(&mut self.model.be);
     }
@@ -76,10 +80,10 @@ impl Harness {
                 assert_eq!(self.pool.trim_to(target), self.model.release(target));
                 assert!(self.pool.stats().reserved_bytes.current <= target || self.no_whole_free());
             }
-            Op::Deferred(on) => self.both(|f| f.deferred = on),
-            Op::Launch => self.both(|f| f.tag += 1),
-            Op::Complete(n) => self.both(|f| f.done = f.tag.min(f.done + n as u64)),
-            Op::Capture(on) => self.both(|f| f.capture = on),
+            Op::Deferred(on) => self.both(|f| f.fences = if on { Fences::AtQueued } else { Fences::Off }),
+            Op::Launch => self.both(SimulatedDevice::launch),
+            Op::Complete(n) => self.both(|f| f.complete(n as u64)),
+            Op::Capture(on) => self.both(|f| f.capturing = on),
         }
     }
 
@@ -104,7 +108,7 @@ impl Harness {
                 assert!(!self.model.allowed(small, b.size, rounded), "a free block fits");
             }
         }
-        if !self.pool.backend().capture {
+        if !self.pool.backend().capturing {
             assert_eq!(self.pool.pending_blocks(), 0, "did not synchronize");
         }
         let seg = if small {
@@ -121,7 +125,7 @@ impl Harness {
         let be = self.pool.backend();
         let reserved = self.pool.stats().reserved_bytes.current;
         assert!(
-            reserved + seg > c.limit || be.cap.is_some_and(|cap| be.outstanding + seg > cap),
+            reserved + seg > c.limit || be.capacity.is_some_and(|cap| be.outstanding() + seg > cap),
             "OOM with room for a {seg}-byte segment"
         );
     }
@@ -191,8 +195,8 @@ impl Harness {
             self.model.free(b.addr);
         }
         self.both(|f| {
-            f.capture = false;
-            f.done = f.tag;
+            f.capturing = false;
+            f.complete_all();
         });
         self.model.reclaim(false);
         assert_eq!(self.pool.empty_cache(), self.model.release(0));
@@ -202,8 +206,8 @@ impl Harness {
         assert_eq!(s.active_bytes.current, 0);
         assert_eq!(s.num_device_alloc, s.num_device_free);
         assert_eq!(s.reserved_bytes.allocated, s.reserved_bytes.freed);
-        assert!(self.pool.backend().live.is_empty());
-        assert_eq!(self.pool.backend().outstanding, 0);
+        assert!(self.pool.backend().live_segments().is_empty());
+        assert_eq!(self.pool.backend().outstanding(), 0);
     }
 }
 
@@ -297,7 +301,7 @@ proptest! {
 
     /// Small blocks only, many of them: deep fragmentation of few segments.
     #[test]
-    fn small_pool_best_fit(
+    fn small_blocks_only_match_the_model(
         ops in prop::collection::vec(
             prop_oneof![
                 3 => (0u64..=64 << 10).prop_map(Op::Alloc),
@@ -315,7 +319,7 @@ proptest! {
     /// Large blocks only, no device cap: many splits of shared 20 MiB
     /// segments, and oversize blocks when max_split_size is set.
     #[test]
-    fn large_pool_best_fit(
+    fn large_blocks_only_match_the_model(
         max_split in prop::sample::select(vec![u64::MAX, 32 * MIB, 24 * MIB]),
         ops in prop::collection::vec(
             prop_oneof![
@@ -338,7 +342,7 @@ proptest! {
     /// deferred: the pending bytes often equal the request or a quarter of
     /// the reserved bytes exactly, the edges of the wait rule.
     #[test]
-    fn wait_rule_edges(
+    fn edges_of_the_wait_rule_match_the_model(
         ops in prop::collection::vec(
             prop_oneof![
                 4 => prop::sample::select(vec![512, 64 << 10, 512 << 10, MIB, 2 * MIB, 5 * MIB, 10 * MIB, 20 * MIB])
@@ -358,7 +362,7 @@ proptest! {
 }
 
 #[test]
-fn all_edges_in_sequence() {
+fn every_edge_size_matches_the_model_in_sequence() {
     // Every edge size allocated and freed in every config, deterministically.
     let edges = [0, 512, MIB, MIB + 512, 10 * MIB - 512, 10 * MIB, 20 * MIB, 33 * MIB, 64 * MIB];
     for max_split in [u64::MAX, 32 * MIB] {

@@ -5,18 +5,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
+
 int main(int argc, char **argv)
 {
     void *h = dlopen("libplugin.so", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        printf("result: FAIL dlopen: %s\n", dlerror());
-        return 1;
-    }
+    if (!h)
+        FAIL("dlopen: %s", dlerror());
     int (*run)(void) = (int (*)(void))dlsym(h, "plugin_run");
-    if (!run) {
-        printf("result: FAIL dlsym(plugin_run): %s\n", dlerror());
-        return 1;
-    }
+    if (!run)
+        FAIL("dlsym(plugin_run): %s", dlerror());
     if (run() != 0)
         return 1;
     return argc > 1 ? atoi(argv[1]) : 0;

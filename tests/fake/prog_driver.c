@@ -14,31 +14,10 @@
 #include <string.h>
 
 #include "fake_cuda_api.h"
+#include "check.h"
 
 #define LEAK_EXIT 4000037u
 #define LEAK_CTX 5000011u
-
-#define FAIL(...)                                                                                                      \
-    do {                                                                                                               \
-        printf("result: FAIL ");                                                                                       \
-        printf(__VA_ARGS__);                                                                                           \
-        printf("\n");                                                                                                  \
-        return 1;                                                                                                      \
-    } while (0)
-
-#define CHECK(call)                                                                                                    \
-    do {                                                                                                               \
-        CUresult r_ = (call);                                                                                          \
-        if (r_ != CUDA_SUCCESS)                                                                                        \
-            FAIL("%s -> %d at line %d", #call, r_, __LINE__);                                                          \
-    } while (0)
-
-#define EXPECT(call, want)                                                                                             \
-    do {                                                                                                               \
-        CUresult r_ = (call);                                                                                          \
-        if (r_ != (want))                                                                                              \
-            FAIL("%s -> %d, expected %d, at line %d", #call, r_, (int)(want), __LINE__);                               \
-    } while (0)
 
 static unsigned allocs, frees;
 

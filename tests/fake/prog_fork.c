@@ -9,17 +9,10 @@
 #include <unistd.h>
 
 #include "fake_cudart_api.h"
+#include "check.h"
 
 #define CHILD_BYTES 7777u
 #define PARENT_BYTES 6666u
-
-#define FAIL(...)                                                                                                      \
-    do {                                                                                                               \
-        printf("result: FAIL ");                                                                                       \
-        printf(__VA_ARGS__);                                                                                           \
-        printf("\n");                                                                                                  \
-        return 1;                                                                                                      \
-    } while (0)
 
 static int child(void)
 {

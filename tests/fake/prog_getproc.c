@@ -11,16 +11,9 @@
 #include <string.h>
 
 #include "fake_cuda_api.h"
+#include "check.h"
 
 #define LEAK_BYTES 10007u
-
-#define FAIL(...)                                                                                                      \
-    do {                                                                                                               \
-        printf("result: FAIL ");                                                                                       \
-        printf(__VA_ARGS__);                                                                                           \
-        printf("\n");                                                                                                  \
-        return 1;                                                                                                      \
-    } while (0)
 
 static __typeof__(cuGetProcAddress_v2) *get_proc;
 

@@ -6,16 +6,15 @@
 #include <unistd.h>
 
 #include "fake_cudart_api.h"
+#include "check.h"
 
 int main(int argc, char **argv)
 {
     unsigned seconds = argc > 1 ? (unsigned)atoi(argv[1]) : 30;
     for (unsigned i = 0; i < 50; i++) {
         void *p = NULL;
-        if (cudaMalloc(&p, 4096) != cudaSuccess) {
-            printf("result: FAIL cudaMalloc %u\n", i);
-            return 1;
-        }
+        if (cudaMalloc(&p, 4096) != cudaSuccess)
+            FAIL("cudaMalloc %u", i);
     }
     printf("result: ok allocs=50 frees=0 leaked_bytes=%u\n", 50u * 4096u);
     printf("ready\n");

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fake_cudart_api.h"
+#include "check.h"
 
 #define THREADS 8
 #define ITERS 1000
@@ -67,10 +68,8 @@ int main(void)
     memset(jobs, 0, sizeof(jobs));
     for (unsigned i = 0; i < THREADS; i++) {
         jobs[i].id = i;
-        if (pthread_create(&t[i], NULL, worker, &jobs[i]) != 0) {
-            printf("result: FAIL pthread_create\n");
-            return 1;
-        }
+        if (pthread_create(&t[i], NULL, worker, &jobs[i]) != 0)
+            FAIL("pthread_create");
     }
     unsigned allocs = 0, frees = 0;
     for (unsigned i = 0; i < THREADS; i++) {
@@ -79,10 +78,8 @@ int main(void)
         frees += jobs[i].frees;
     }
     for (unsigned i = 0; i < THREADS; i++)
-        if (jobs[i].error[0]) {
-            printf("result: FAIL %s\n", jobs[i].error);
-            return 1;
-        }
+        if (jobs[i].error[0])
+            FAIL("%s", jobs[i].error);
     printf("result: ok allocs=%u frees=%u leaked_bytes=0\n", allocs, frees);
     return 0;
 }

@@ -7,21 +7,8 @@
 #include "fake_cudart_api.h"
 #include "workload.h"
 
-#define FAIL(...)                                                                                                      \
-    do {                                                                                                               \
-        printf("result: FAIL ");                                                                                       \
-        printf(__VA_ARGS__);                                                                                           \
-        printf("\n");                                                                                                  \
-        fflush(stdout);                                                                                                \
-        return 1;                                                                                                      \
-    } while (0)
-
-#define CHECK(call)                                                                                                    \
-    do {                                                                                                               \
-        cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess)                                                                                         \
-            FAIL("%s -> %d (%s) at line %d", #call, e_, cudaGetErrorString(e_), __LINE__);                             \
-    } while (0)
+#define CHECK_ERROR_NAME(code) cudaGetErrorString((cudaError_t)(code))
+#include "check.h"
 
 /* Writes a pattern into [dev, dev+n) through cudaMemcpy and reads it back. */
 static int roundtrip(void *dev, size_t n, unsigned seed)

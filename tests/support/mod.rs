@@ -793,23 +793,37 @@ pub fn fake_source_dir() -> PathBuf {
     source_dir()
 }
 
-/// Compiles one test-local C source with the system compiler into a fresh
-/// scratch directory and returns the output file. `args` go after the
-/// source (e.g. `-shared -fPIC`, or [`link_fake_cudart`]). Panics with the
-/// compiler's output on failure.
+/// Compiles one test-local C source given as text (see [`compile_c_file`]).
 pub fn compile_c(name: &str, source: &str, args: &[String]) -> PathBuf {
-    let dir = scratch_dir(&format!("cc-{name}"));
+    let dir = scratch_dir(&format!("cc-src-{name}"));
     let src = dir.join(format!("{name}.c"));
     fs::write(&src, source).unwrap_or_else(|e| panic!("write {}: {e}", src.display()));
+    compile_c_file(name, &src, args)
+}
+
+/// Compiles the test-local program `tests/fake/<file>` (see [`compile_c_file`]).
+pub fn compile_fake_program(name: &str, file: &str, args: &[String]) -> PathBuf {
+    compile_c_file(name, &source_dir().join(file), args)
+}
+
+/// Compiles one test-local C source file with the system compiler into a
+/// fresh scratch directory and returns the output file, named `name` (the
+/// program name its log records). `tests/fake/` is on the include path
+/// (`check.h`, the fake API headers). `args` go after the source (e.g.
+/// `-shared -fPIC`, or [`link_fake_cudart`]). Panics with the compiler's
+/// output on failure.
+pub fn compile_c_file(name: &str, source: &Path, args: &[String]) -> PathBuf {
+    let dir = scratch_dir(&format!("cc-{name}"));
     let out = dir.join(name);
     let res = Command::new(compiler())
         .arg("-std=gnu11")
         .arg("-O1")
         .arg("-Wall")
+        .arg("-Wextra")
         .arg(format!("-I{}", source_dir().display()))
         .arg("-o")
         .arg(&out)
-        .arg(&src)
+        .arg(source)
         .args(args)
         .stdin(Stdio::null())
         .output()

@@ -21,6 +21,8 @@ mod free_index;
 mod inspect;
 mod size;
 mod stats;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 

@@ -1,4 +1,5 @@
-//! The fake device and the brute-force reference model used by `pool_props.rs`.
+//! The brute-force reference model used by `pool_props.rs`. It drives its
+//! own `SimulatedDevice`, a twin of the pool's, which must end up equal to it.
 //!
 //! The model keeps each segment as a `Vec` of blocks and does everything by
 //! linear search, straight from the rules: best fit is the minimum
@@ -7,71 +8,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use cupool_core::pool::testing::SimulatedDevice;
 use cupool_core::pool::{Backend, BlockSnapshot, BlockState, PoolConfig, PoolStats, SegmentSnapshot};
 
 pub const MIB: u64 = 1 << 20;
 pub const ALIGN: u64 = 2 * MIB;
-
-/// Bump-allocating device: addresses are never reused and segments are
-/// adjacent (so a merge across segments would be visible). `cap` bounds the
-/// bytes outstanding. Tags model a GPU timeline: `tag` is the newest queued
-/// work, `done` the newest finished.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fake {
-    pub next: u64,
-    pub cap: Option<u64>,
-    pub outstanding: u64,
-    pub live: BTreeMap<u64, u64>,
-    pub deferred: bool,
-    pub tag: u64,
-    pub done: u64,
-    pub capture: bool,
-}
-
-impl Fake {
-    pub fn new(cap: Option<u64>) -> Self {
-        Fake {
-            next: 1 << 40,
-            cap,
-            outstanding: 0,
-            live: BTreeMap::new(),
-            deferred: false,
-            tag: 0,
-            done: 0,
-            capture: false,
-        }
-    }
-}
-
-impl Backend for Fake {
-    fn allocate_segment(&mut self, size: u64) -> Option<u64> {
-        assert!(size > 0 && size.is_multiple_of(ALIGN), "segment size {size}");
-        if self.cap.is_some_and(|c| self.outstanding + size > c) {
-            return None;
-        }
-        let addr = self.next;
-        self.next += size;
-        self.outstanding += size;
-        self.live.insert(addr, size);
-        Some(addr)
-    }
-    fn release_segment(&mut self, addr: u64, size: u64) {
-        assert_eq!(self.live.remove(&addr), Some(size), "bad release of {addr:#x}");
-        self.outstanding -= size;
-    }
-    fn free_tag(&mut self) -> Option<u64> {
-        self.deferred.then_some(self.tag)
-    }
-    fn is_complete(&mut self, tag: u64) -> bool {
-        tag <= self.done
-    }
-    fn synchronize(&mut self) -> bool {
-        if !self.capture {
-            self.done = self.tag;
-        }
-        !self.capture
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum St {
@@ -116,7 +57,7 @@ pub fn pool_stats(s: &PoolStats) -> [(u64, u64); NSTATS] {
 
 pub struct Model {
     pub cfg: PoolConfig,
-    pub be: Fake,
+    pub be: SimulatedDevice,
     pub segs: BTreeMap<u64, MSeg>,
     pub fifo: VecDeque<(u64, u64)>,
     pub peaks: [u64; NSTATS],
@@ -127,7 +68,7 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn new(cfg: PoolConfig, be: Fake) -> Self {
+    pub fn new(cfg: PoolConfig, be: SimulatedDevice) -> Self {
         Model {
             cfg,
             be,
@@ -357,7 +298,7 @@ impl Model {
             if pending < rounded || pending.saturating_mul(self.cfg.wait_share.max(1)) < reserved {
                 break;
             }
-            // The fake does not override `wait_for`: the default synchronizes.
+            // The device does not override `wait_for`: the default synchronizes.
             if !self.be.wait_for(tag) {
                 break;
             }

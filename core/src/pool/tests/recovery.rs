@@ -5,7 +5,7 @@ use super::*;
 #[test]
 fn pending_blocks_wait_for_their_tag() {
     let mut p = pool(PoolConfig::default());
-    p.backend_mut().deferred = true;
+    p.backend_mut().fences = Fences::PerFree;
     // Six segments' worth of live memory, so that one pending block is a small
     // share of what is reserved: the pool grows rather than wait for it.
     let keep: Vec<Block> = (0..5).map(|_| alloc(&mut p, MIB)).collect();
@@ -20,8 +20,9 @@ fn pending_blocks_wait_for_their_tag() {
     let _c2 = alloc(&mut p, MIB);
     assert_ne!(c.addr, a.addr);
     assert_eq!(p.snapshot().len(), 4);
-    // Complete: the next miss reclaims `a` before growing.
-    p.backend_mut().done = 1;
+    // The GPU finishes the work queued before `a`'s free (tag 1, the first
+    // free): the next miss reclaims `a` before growing.
+    p.backend_mut().completed = 1;
     let d = alloc(&mut p, MIB);
     assert_eq!(p.snapshot().len(), 4, "no growth: {:?}", states(&p));
     assert_eq!(d.addr, a.addr);
@@ -33,7 +34,7 @@ fn pending_blocks_wait_for_their_tag() {
 #[test]
 fn a_large_pending_share_is_waited_for_not_grown_around() {
     let mut p = pool(PoolConfig::default());
-    p.backend_mut().deferred = true;
+    p.backend_mut().fences = Fences::PerFree;
     let a = alloc(&mut p, MIB);
     let _b = alloc(&mut p, MIB);
     free(&mut p, a);
@@ -47,11 +48,11 @@ fn a_large_pending_share_is_waited_for_not_grown_around() {
 #[test]
 fn reclaim_happens_only_on_a_miss() {
     let mut p = pool(PoolConfig::default());
-    p.backend_mut().deferred = true;
+    p.backend_mut().fences = Fences::PerFree;
     let a = alloc(&mut p, 4 * KIB);
     free(&mut p, a);
-    p.backend_mut().done = u64::MAX;
-    // A hit in the tail does not look at the pending queue.
+    p.backend_mut().completed = u64::MAX; // every fence has completed
+                                          // A hit in the tail does not look at the pending queue.
     let b = alloc(&mut p, 4 * KIB);
     assert_eq!(b.addr, a.addr + 4 * KIB);
     assert_eq!(p.pending_blocks(), 1);
@@ -62,10 +63,10 @@ fn reclaim_happens_only_on_a_miss() {
 }
 
 #[test]
-fn synchronize_false_keeps_blocks_pending() {
+fn pending_blocks_stay_pending_while_a_stream_capture_refuses_to_wait() {
     let mut p = pool(PoolConfig { limit: 2 * MIB, ..PoolConfig::default() });
-    p.backend_mut().deferred = true;
-    p.backend_mut().capture = true;
+    p.backend_mut().fences = Fences::PerFree;
+    p.backend_mut().capturing = true;
     let a = alloc(&mut p, MIB);
     let b = alloc(&mut p, MIB);
     free(&mut p, a);
@@ -77,7 +78,7 @@ fn synchronize_false_keeps_blocks_pending() {
     assert_eq!(p.stats().num_ooms, 1);
     assert_eq!(p.stats().num_alloc_retries, 1);
     assert_eq!(p.empty_cache(), 0, "pending blocks keep the segment");
-    p.backend_mut().capture = false;
+    p.backend_mut().capturing = false;
     let c = alloc(&mut p, 512);
     assert_eq!(c.addr, a.addr);
     assert_eq!(p.stats().num_waits, 1, "the miss waited for the pending frees");
@@ -87,7 +88,7 @@ fn synchronize_false_keeps_blocks_pending() {
 #[test]
 fn oom_recovery_releases_cached_segments() {
     let mut p = pool(PoolConfig::default());
-    p.backend_mut().cap = Some(22 * MIB);
+    p.backend_mut().capacity = Some(22 * MIB);
     let s = alloc(&mut p, 512);
     free(&mut p, s);
     let l = alloc(&mut p, 19 * MIB + 1); // a whole 20 MiB segment: 22 MiB in all
@@ -95,16 +96,16 @@ fn oom_recovery_releases_cached_segments() {
                                          // still not enough.
     assert_eq!(p.allocate(3 * MIB), Err(OutOfMemory));
     p.check_invariants().unwrap();
-    assert_eq!(p.backend().released, [(s.addr, 2 * MIB)]);
+    assert_eq!(p.backend().released(), [(s.addr, 2 * MIB)]);
     assert_eq!((p.stats().num_alloc_retries, p.stats().num_ooms), (1, 1));
     free(&mut p, l);
     // The segment is cached: a hit, no backend call.
-    let calls = p.backend().calls;
+    let calls = p.backend().segment_requests();
     assert_eq!(alloc(&mut p, 3 * MIB).addr, l.addr);
-    assert_eq!(p.backend().calls, calls);
+    assert_eq!(p.backend().segment_requests(), calls);
     // Recovery that succeeds: the cached small segment makes room.
     let mut q = pool(PoolConfig::default());
-    q.backend_mut().cap = Some(20 * MIB);
+    q.backend_mut().capacity = Some(20 * MIB);
     let s = alloc(&mut q, 512);
     free(&mut q, s);
     let l = alloc(&mut q, 2 * MIB);
@@ -120,7 +121,7 @@ fn limit_caps_reserved_bytes() {
     let mut p = pool(PoolConfig { limit: 24 * MIB, ..PoolConfig::default() });
     assert_eq!(p.allocate(24 * MIB + 1), Err(OutOfMemory));
     assert_eq!(p.allocate(u64::MAX), Err(OutOfMemory));
-    assert_eq!(p.backend().calls, 0, "hopeless requests never reach the device");
+    assert_eq!(p.backend().segment_requests(), 0, "hopeless requests never reach the device");
     alloc(&mut p, 4 * MIB); // 20 MiB segment
     for _ in 0..4 {
         alloc(&mut p, MIB); // two full small segments: 24 MiB
@@ -132,7 +133,7 @@ fn limit_caps_reserved_bytes() {
 }
 
 #[test]
-fn empty_cache_and_trim() {
+fn trim_and_empty_cache_release_whole_free_segments_largest_first() {
     let mut p = pool(PoolConfig::default());
     let v: Vec<Block> = [512, 19 * MIB, 12 * MIB, 30 * MIB, 12 * MIB].iter().map(|&n| alloc(&mut p, n)).collect();
     let keep = alloc(&mut p, 512);
@@ -148,7 +149,7 @@ fn empty_cache_and_trim() {
     assert_eq!(p.trim_to(14 * MIB), 12 * MIB);
     assert_eq!(p.empty_cache(), 12 * MIB);
     let released = [(v[3].addr, 30 * MIB), (v[1].addr, 20 * MIB), (v[2].addr, 12 * MIB), (v[4].addr, 12 * MIB)];
-    assert_eq!(p.backend().released, released);
+    assert_eq!(p.backend().released(), released);
     assert_eq!(p.stats().reserved_bytes.current, 2 * MIB, "the used small segment stays");
     free(&mut p, keep);
     assert_eq!(p.empty_cache(), 2 * MIB);

@@ -3,7 +3,7 @@
 use super::*;
 
 #[test]
-fn rounding_and_zero() {
+fn requests_round_up_to_512_bytes_and_zero_takes_512() {
     let mut p = pool(PoolConfig::default());
     assert_eq!(alloc(&mut p, 0).size, 512);
     assert_eq!(alloc(&mut p, 1).size, 512);
@@ -15,7 +15,7 @@ fn rounding_and_zero() {
 }
 
 #[test]
-fn small_and_large_never_share() {
+fn small_and_large_requests_never_share_a_segment() {
     let mut p = pool(PoolConfig::default());
     let s = alloc(&mut p, MIB);
     let l = alloc(&mut p, MIB + 1);
@@ -46,7 +46,7 @@ fn segment_sizes_follow_the_threshold() {
 }
 
 #[test]
-fn split_thresholds() {
+fn a_block_is_split_only_when_the_remainder_is_worth_keeping() {
     let mut p = pool(PoolConfig::default());
     // Large: remainder of 1 MiB - 512 is not worth keeping: whole block out.
     let a = alloc(&mut p, 19 * MIB + 1);
@@ -64,8 +64,9 @@ fn split_thresholds() {
     assert_eq!(p.snapshot().len(), 1);
 }
 
+// Splitting blocks above max_split_size would fragment big segments for good.
 #[test]
-fn max_split_size() {
+fn oversize_blocks_serve_only_oversize_requests_that_waste_under_20_mib() {
     let mut p = pool(PoolConfig { max_split_size: 32 * MIB, ..PoolConfig::default() });
     let big = alloc(&mut p, 40 * MIB - 4 * MIB + 1); // rounded to a 38 MiB segment
     assert_eq!(big.size, 38 * MIB);
@@ -90,7 +91,7 @@ fn max_split_size() {
 }
 
 #[test]
-fn best_fit_lowest_address() {
+fn best_fit_takes_the_smallest_hole_then_the_lowest_address() {
     let mut p = pool(PoolConfig::default());
     let v: Vec<Block> = (0..6).map(|_| alloc(&mut p, 64 * KIB)).collect();
     // Free 1 and 3 (64 KiB holes) and 5 (merges with the tail).
@@ -106,7 +107,7 @@ fn best_fit_lowest_address() {
 }
 
 #[test]
-fn coalescing_in_any_order() {
+fn freed_neighbours_merge_whatever_the_order_of_the_frees() {
     for order in [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]] {
         let mut p = pool(PoolConfig::default());
         let v: Vec<Block> = (0..3).map(|_| alloc(&mut p, 100 * KIB)).collect();
@@ -119,8 +120,9 @@ fn coalescing_in_any_order() {
     }
 }
 
+// The shim answers cuMemGetAddressRange and frees by address: any byte of a live block must find it.
 #[test]
-fn lookup_and_live_blocks() {
+fn lookup_finds_a_live_block_from_any_address_inside_it() {
     let mut p = pool(PoolConfig::default());
     let a = alloc(&mut p, 1000);
     let b = alloc(&mut p, 3 * MIB);
@@ -142,7 +144,7 @@ fn lookup_and_live_blocks() {
 }
 
 #[test]
-fn double_free_is_ignored() {
+fn double_and_unknown_frees_change_nothing() {
     let mut p = pool(PoolConfig::default());
     let a = alloc(&mut p, 512);
     free(&mut p, a);
@@ -153,7 +155,7 @@ fn double_free_is_ignored() {
 }
 
 #[test]
-fn fragmentation_report() {
+fn fragmentation_reports_free_bytes_and_the_largest_free_block() {
     let mut p = pool(PoolConfig::default());
     let f = p.fragmentation();
     assert_eq!((f.reserved, f.allocated, f.ratio), (0, 0, 1.0));
@@ -167,8 +169,9 @@ fn fragmentation_report() {
     assert_eq!(f.ratio, 4.0);
 }
 
+// The hot path of a training loop: it must neither grow the slab nor touch the device.
 #[test]
-fn steady_state_reuses_slots() {
+fn alloc_free_cycles_reuse_the_same_block_slot_and_segment() {
     let mut p = pool(PoolConfig::default());
     let first = alloc(&mut p, 4 * KIB);
     free(&mut p, first);

@@ -1,0 +1,56 @@
+/* Test-local program of tests/pool.rs (`ptrquery`): two 1000 B blocks a and p
+ * and 5000 B of managed memory m, then what cuMemGetAddressRange_v2 and
+ * cuPointerGetAttribute answer for addresses inside them (and NULL
+ * out-parameters), and the result codes for an unknown address and a NULL
+ * attribute. Prints one key=value line per answer. */
+#include "fake_cuda_api.h"
+#include "check.h"
+
+int main(void)
+{
+    CUcontext ctx;
+    CUdeviceptr a = 0, p = 0, m = 0, base = 0, start = 0;
+    size_t size = 0, rsize = 0;
+    int ordinal = -1;
+    CHECK(cuInit(0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuMemAlloc_v2(&a, 1000));
+    CHECK(cuMemAlloc_v2(&p, 1000));
+    CHECK(cuMemAllocManaged(&m, 5000, CU_MEM_ATTACH_GLOBAL));
+    printf("a=%llu\np=%llu\nm=%llu\n", a, p, m);
+
+    CHECK(cuMemGetAddressRange_v2(&base, &size, p + 100));
+    printf("range_base=%llu\nrange_size=%zu\n", base, size);
+    base = 0;
+    CHECK(cuMemGetAddressRange_v2(&base, NULL, p + 999));
+    printf("range_last_base=%llu\n", base);
+    size = 0;
+    CHECK(cuMemGetAddressRange_v2(NULL, &size, p));
+    printf("range_exact_size=%zu\n", size);
+    CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 100));
+    CHECK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 100));
+    CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p + 100));
+    printf("attr_start=%llu\nattr_size=%zu\nattr_ordinal=%d\n", start, rsize, ordinal);
+
+    CHECK(cuMemGetAddressRange_v2(&base, &size, a + 5));
+    printf("a_base=%llu\na_size=%zu\n", base, size);
+    CHECK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, a));
+    printf("a_attr_size=%zu\n", rsize);
+
+    CHECK(cuMemGetAddressRange_v2(&base, &size, m + 10));
+    printf("m_base=%llu\nm_size=%zu\n", base, size);
+    CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m + 10));
+    CHECK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, m + 10));
+    printf("m_attr_start=%llu\nm_attr_size=%zu\n", start, rsize);
+
+    printf("range_unknown=%d\n", cuMemGetAddressRange_v2(&base, &size, (CUdeviceptr)0x10));
+    printf("attr_unknown=%d\n", cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)0x10));
+    printf("attr_null=%d\n", cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
+
+    CHECK(cuMemFree_v2(p));
+    CHECK(cuMemFree_v2(a));
+    CHECK(cuMemFree_v2(m));
+    printf("result: ok allocs=3 frees=3 leaked_bytes=0\n");
+    return 0;
+}

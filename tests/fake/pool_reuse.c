@@ -1,0 +1,52 @@
+/* Test-local program of tests/pool.rs (`reuse`).
+ * Usage: reuse [stream]
+ * 10000 x cudaMalloc(4096) / cudaFree, each block written through the driver
+ * (which checks that the range lies inside a live driver allocation). With
+ * `stream`, a stream is created first, so freed blocks are reused only
+ * behind fences. Prints same_as_first= (blocks at the first block's address)
+ * and distinct= (distinct addresses). */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "fake_cuda_api.h"
+#include "fake_cudart_api.h"
+#include "check.h"
+
+#define N 10000
+
+static int cmp(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    static uintptr_t ptrs[N];
+    cudaStream_t s = NULL;
+    int with_stream = argc > 1 && strcmp(argv[1], "stream") == 0;
+    if (with_stream)
+        CHECK(cudaStreamCreate(&s));
+    unsigned same_as_first = 0;
+    for (int i = 0; i < N; i++) {
+        void *p = NULL;
+        CHECK(cudaMalloc(&p, 4096));
+        ptrs[i] = (uintptr_t)p;
+        same_as_first += ptrs[i] == ptrs[0];
+        unsigned char b = (unsigned char)i, back = 0;
+        if (cuMemsetD8_v2((CUdeviceptr)ptrs[i], b, 4096) || cuMemcpyDtoH_v2(&back, (CUdeviceptr)ptrs[i] + 4095, 1) ||
+            back != b)
+            FAIL("block %p does not hold data", p);
+        CHECK(cudaFree(p));
+    }
+    qsort(ptrs, N, sizeof(ptrs[0]), cmp);
+    unsigned distinct = 0;
+    for (int i = 0; i < N; i++)
+        distinct += i == 0 || ptrs[i] != ptrs[i - 1];
+    if (with_stream)
+        CHECK(cudaStreamDestroy(s));
+    printf("same_as_first=%u\n", same_as_first);
+    printf("distinct=%u\n", distinct);
+    printf("result: ok allocs=%d frees=%d leaked_bytes=0\n", N, N);
+    return 0;
+}
