@@ -562,6 +562,31 @@ fn limit_caps_the_pool_and_shapes_mem_get_info() {
     assert_valid_log(&r.log, "limit");
 }
 
+/// The cap is one rule in every mode: requests past it fail with CUDA's
+/// out-of-memory error through the runtime and the driver alike, and near the
+/// cap the pool shrinks its segments to what fits instead of failing.
+#[test]
+fn limit_is_one_cap_in_every_mode() {
+    let prog = compile_rt("limit_modes", "limit_modes.c");
+    for mode in ["mode=passthrough", POOL] {
+        let r = run_prog(&prog, &[], &format!("{mode}:limit=64m"));
+        let got: Vec<u64> =
+            ["total_mib", "a", "b", "driver", "near_cap", "near_cap_works"].iter().map(|k| value(&r, k)).collect();
+        assert_eq!(got, vec![64, 0, 2, 2, 0, 1], "{mode}: total_mib a b driver near_cap near_cap_works");
+        let failed = events(&r.log, "alloc_failed");
+        let apis: Vec<(&str, u64, i64)> =
+            failed.iter().map(|e| (str_of(e, "api"), u64_of(e, "size"), e["result"].as_i64().unwrap())).collect();
+        assert_eq!(apis, vec![("cudaMalloc", 40 * MIB, 2), ("cuMemAlloc_v2", 40 * MIB, 2)], "{mode}: {failed:?}");
+        if mode == POOL {
+            let p = &pools(&r.log)[0];
+            assert!(p["reserved_bytes"]["peak"].as_u64().unwrap() <= 64 * MIB, "the pool passed its limit: {p}");
+        } else {
+            assert_eq!(r.stats["allocs"], 2, "passthrough: only the two allocations within the cap reach CUDA");
+        }
+        assert_valid_log(&r.log, "limit_modes");
+    }
+}
+
 #[test]
 fn oom_events_name_the_allocating_api() {
     let prog = compile_rt("limit", "pool_limit.c");

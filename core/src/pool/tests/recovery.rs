@@ -157,3 +157,25 @@ fn trim_and_empty_cache_release_whole_free_segments_largest_first() {
     assert_eq!(p.stats().num_device_free, p.stats().num_device_alloc);
     p.check_invariants().unwrap();
 }
+
+#[test]
+fn near_the_limit_segments_shrink_to_what_fits() {
+    // 4 MiB cap, 2 MiB cached by a freed small block: a 3 MiB request would
+    // want a 20 MiB segment. The cache gives way and a 4 MiB segment serves it.
+    let mut p = pool(PoolConfig { limit: 4 * MIB, ..PoolConfig::default() });
+    let small = alloc(&mut p, KIB);
+    free(&mut p, small);
+    let big = alloc(&mut p, 3 * MIB);
+    assert_eq!(p.stats().reserved_bytes.current, 4 * MIB, "{:?}", states(&p));
+    free(&mut p, big);
+    // Room for more than the request, but less than the configured segment:
+    // the segment is what is left of the cap.
+    let mut p = pool(PoolConfig { limit: 30 * MIB, ..PoolConfig::default() });
+    let _a = alloc(&mut p, 11 * MIB);
+    let b = alloc(&mut p, 2 * MIB);
+    assert_eq!(p.snapshot().len(), 2);
+    assert_eq!(p.stats().reserved_bytes.current, 30 * MIB, "a 12 MiB segment, then the 18 MiB left");
+    free(&mut p, b);
+    // Past the cap, even after giving everything cached back: out of memory.
+    assert!(p.allocate(20 * MIB).is_err());
+}
