@@ -587,6 +587,34 @@ fn limit_is_one_cap_in_every_mode() {
     }
 }
 
+/// The C API the Python module reads: allocated is what the program holds,
+/// reserved what cupool holds from CUDA for it (the pool's segments in pool
+/// mode), peaks start again on request.
+#[test]
+fn memory_stats_api_reports_allocated_and_reserved() {
+    let prog = compile_fake_program("api_stats", "api_stats.c", &{
+        let mut args = link_fake_cudart();
+        args.extend(link_fake_cuda());
+        args.push("-ldl".into());
+        args
+    });
+    // Passthrough: reserved is what CUDA allocated. Pool: a 2 MiB small
+    // segment for the 1 MiB block and a 20 MiB segment for the 3 MiB one.
+    for (mode, reserved, peak_reserved) in [("mode=passthrough", MIB, 4 * MIB), (POOL, 22 * MIB, 22 * MIB)] {
+        let r = run_prog(&prog, &[], mode);
+        let keys = ["has_api", "allocated", "peak_allocated", "reserved", "peak_reserved"];
+        let got: Vec<u64> = keys.iter().map(|k| value(&r, k)).collect();
+        assert_eq!(got, vec![1, MIB, 4 * MIB, reserved, peak_reserved], "{mode}: {keys:?}");
+        let counts = ["allocations", "peak_allocations", "num_allocs", "num_frees", "peak_after_reset"];
+        let got: Vec<u64> = counts.iter().map(|k| value(&r, k)).collect();
+        assert_eq!(got, vec![1, 2, 2, 1, MIB], "{mode}: {counts:?}");
+    }
+    // Not under cupool: the symbols are simply absent.
+    let dir = scratch_dir("api-stats-plain");
+    let out = run_plain(&prog, &[], &dir);
+    assert_eq!(stdout_value(&stdout_of(&out), "has_api"), Some(0));
+}
+
 #[test]
 fn oom_events_name_the_allocating_api() {
     let prog = compile_rt("limit", "pool_limit.c");

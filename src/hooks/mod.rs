@@ -2,6 +2,7 @@
 //! Each hook only decodes its arguments, calls `intercept`, and returns
 //! CUDA's own result.
 
+pub mod api;
 pub mod dlsym;
 pub mod driver;
 pub mod procaddr;

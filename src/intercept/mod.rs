@@ -5,6 +5,7 @@
 
 mod context;
 mod limit;
+pub mod stats;
 
 use crate::cuda::{Status, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
 use crate::observe::{self, Allocation, Pooled, Space};
@@ -173,7 +174,9 @@ fn from_pool(call: AllocCall, bytes: u64) -> Option<Result<u64, Status>> {
     // The device is asked only when this thread meets a new context.
     let pool = pool::pool_of(ctx, || context::current().1);
     let cap = limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool));
-    match pool::allocate(pool, bytes, cap) {
+    let (result, reserved_delta) = pool::allocate(pool, bytes, cap);
+    observe::reserved_changed(pool.device, reserved_delta);
+    match result {
         Ok(block) => {
             let pooled = Pooled { pool: NonZeroUsize::new(pool as *const _ as usize)?, block: block.id.to_raw() };
             observe::allocated(
@@ -251,10 +254,7 @@ pub fn context_destroy(ctx: u64, real: impl FnOnce() -> Status) -> Status {
     };
     let r = real();
     if r == SUCCESS {
-        diag::shielded(|| {
-            pool::drop_context(|p| p.ctx == ctx);
-            observe::context_died(Api::CuCtxDestroy, -1, |a| a.ctx == ctx);
-        });
+        diag::shielded(|| context_died(Api::CuCtxDestroy, -1, ctx));
     }
     r
 }
@@ -269,12 +269,17 @@ pub fn primary_reset(api: Api, device: impl FnOnce() -> i32, real: impl FnOnce()
     let primary = diag::shielded(|| context::primary(device)).flatten();
     let r = real();
     if let (SUCCESS, Some(ctx)) = (r, primary) {
-        diag::shielded(|| {
-            pool::drop_context(|p| p.ctx == ctx);
-            observe::context_died(api, device, |a| a.ctx == ctx);
-        });
+        diag::shielded(|| context_died(api, device, ctx));
     }
     r
+}
+
+/// Context `ctx` died, and with it its pool and everything it held.
+fn context_died(api: Api, device: i32, ctx: u64) {
+    for (device, reserved) in pool::drop_context(|p| p.ctx == ctx) {
+        observe::reserved_changed(device, -(reserved as i64));
+    }
+    observe::context_died(api, device, |a| a.ctx == ctx);
 }
 
 /// `cudaMemGetInfo`/`cuMemGetInfo`: the real answer, seen through the `limit`.

@@ -1,5 +1,6 @@
 //! Per-device counters (and one set for pinned host memory): calls, bytes
-//! and allocations now and at peak. Lock-free.
+//! and allocations now and at peak, and the bytes held from CUDA (reserved:
+//! the pools' segments plus allocations CUDA made directly). Lock-free.
 
 use cupool_core::log::MemKind;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,8 @@ pub struct Counters {
     pub peak_bytes: AtomicU64,
     pub current_count: AtomicU64,
     pub peak_count: AtomicU64,
+    pub reserved_bytes: AtomicU64,
+    pub peak_reserved_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -41,6 +44,24 @@ impl Counters {
         self.hold(bytes);
     }
 
+    /// The bytes held from CUDA changed by `delta`.
+    #[inline]
+    pub fn reserve(&self, delta: i64) {
+        if delta >= 0 {
+            let now = self.reserved_bytes.fetch_add(delta as u64, Ordering::Relaxed) + delta as u64;
+            self.peak_reserved_bytes.fetch_max(now, Ordering::Relaxed);
+        } else {
+            self.reserved_bytes.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
+    /// Peaks start again from what is held now.
+    pub fn reset_peaks(&self) {
+        self.peak_bytes.store(self.current_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.peak_count.store(self.current_count.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.peak_reserved_bytes.store(self.reserved_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     pub fn failed(&self) {
         self.failures.fetch_add(1, Ordering::Relaxed);
     }
@@ -62,6 +83,8 @@ impl Counters {
             &self.peak_bytes,
             &self.current_count,
             &self.peak_count,
+            &self.reserved_bytes,
+            &self.peak_reserved_bytes,
         ] {
             c.store(0, Ordering::Relaxed);
         }

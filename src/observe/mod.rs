@@ -21,10 +21,34 @@ pub fn allocated(space: Space, key: u64, a: Allocation) {
     if let Some(old) = live::insert(space, key, a) {
         // CUDA handed out an address we still thought live: an allocation we
         // did not see the end of. Keep the books balanced.
-        counters::of(old.kind, old.device).sub(old.size);
+        let c = counters::of(old.kind, old.device);
+        c.sub(old.size);
+        c.reserve(-held_from_cuda(&old));
     }
-    counters::of(a.kind, a.device).add(a.size);
+    let c = counters::of(a.kind, a.device);
+    c.add(a.size);
+    c.reserve(held_from_cuda(&a));
     timeline::allocated(key, &a);
+}
+
+/// Bytes an allocation holds from CUDA itself: all of it when CUDA made it,
+/// nothing when a pool block serves it (the pool's segments are counted as
+/// they come and go, `reserved_changed`).
+#[inline]
+fn held_from_cuda(a: &Allocation) -> i64 {
+    if a.pooled.is_some() {
+        0
+    } else {
+        a.size as i64
+    }
+}
+
+/// A pool of `device` reserved (or gave back) `delta` bytes of segments.
+#[inline]
+pub fn reserved_changed(device: i32, delta: i64) {
+    if delta != 0 {
+        counters::of(MemKind::Device, device).reserve(delta);
+    }
 }
 
 #[inline]
@@ -38,7 +62,9 @@ pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i3
 #[inline]
 pub fn releasing(space: Space, key: u64) -> Option<Allocation> {
     let a = live::remove(space, key)?;
-    counters::of(a.kind, a.device).sub(a.size);
+    let c = counters::of(a.kind, a.device);
+    c.sub(a.size);
+    c.reserve(-held_from_cuda(&a));
     Some(a)
 }
 
@@ -49,7 +75,9 @@ pub fn freed(api: Api, key: u64, a: &Allocation, at: Stamp) {
 
 /// CUDA refused to free `a`: it is still live, and so it is again here.
 pub fn free_refused(space: Space, key: u64, a: Allocation) {
-    counters::of(a.kind, a.device).unfree(a.size);
+    let c = counters::of(a.kind, a.device);
+    c.unfree(a.size);
+    c.reserve(held_from_cuda(&a));
     live::insert(space, key, a);
 }
 
@@ -66,7 +94,9 @@ pub fn mapping(kind: EventKind, api: Api, ptr: u64, size: u64, handle: u64) {
 pub fn context_died(at: Api, device: i32, dies: impl FnMut(&Allocation) -> bool) {
     let died = live::take_where(dies);
     for (_, a) in &died {
-        counters::of(a.kind, a.device).forget(a.size);
+        let c = counters::of(a.kind, a.device);
+        c.forget(a.size);
+        c.reserve(-held_from_cuda(a));
     }
     if died.is_empty() {
         return; // a context that died clean is no news

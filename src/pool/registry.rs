@@ -55,14 +55,17 @@ pub fn pool_of(ctx: u64, device: impl FnOnce() -> i32) -> &'static ContextPool {
     pool
 }
 
-/// A block of `size` bytes from `pool`, which may reserve at most `cap` bytes in all.
+/// A block of `size` bytes from `pool`, which may reserve at most `cap` bytes
+/// in all; with it, how much the pool's reserved bytes changed on the way.
 #[inline]
-pub fn allocate(pool: &ContextPool, size: u64, cap: u64) -> Result<Block, OutOfMemory> {
+pub fn allocate(pool: &ContextPool, size: u64, cap: u64) -> (Result<Block, OutOfMemory>, i64) {
     let mut pool = pool.pool.lock();
     if pool.config().limit != cap {
         pool.set_limit(cap);
     }
-    pool.allocate(size)
+    let before = pool.stats().reserved_bytes.current;
+    let result = pool.allocate(size);
+    (result, pool.stats().reserved_bytes.current as i64 - before as i64)
 }
 
 /// Returns `block` to the pool at `pool` (a `ContextPool` address kept with
@@ -86,18 +89,29 @@ pub fn stream_created(ctx: u64, stream: u64) {
     }
 }
 
-/// The context died: its memory went with it; retire its pool.
-pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) {
+/// The context died: its memory went with it; retire its pool. Returns the
+/// pools retired, as (device, bytes they had reserved).
+pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {
     let mut pools = POOLS.lock();
     let mut retired = RETIRED.lock();
+    let mut gone = Vec::new();
     pools.retain(|p| {
         let dead = dies(p);
         if dead {
             retired.push(p);
+            gone.push((p.device, p.pool.lock().stats().reserved_bytes.current));
         }
         !dead
     });
     GENERATION.fetch_add(1, Ordering::AcqRel);
+    gone
+}
+
+/// Peaks of `device`'s pools start again from now.
+pub fn reset_peaks(device: i32) {
+    for p in all().into_iter().filter(|p| p.device == device) {
+        p.pool.lock().reset_peak_stats();
+    }
 }
 
 /// Every live pool.
