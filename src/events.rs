@@ -154,7 +154,7 @@ fn open_log_file() -> Option<LogFile> {
         return None;
     }
     let mut text = String::with_capacity(1 << 16);
-    log::write_header(&mut text, &crate::report::process_json(), &opts.to_json());
+    log::write_header(&mut text, &crate::report::process_info(), opts);
     log::write_event(&mut text, &Event::new(EventKind::Start, log::Api::None), EventLine::First);
     write_all(fd, text.as_bytes());
     text.clear();

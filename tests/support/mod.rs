@@ -278,14 +278,11 @@ pub fn fake_stats_for(dir: &Path, pid: u64) -> Option<HashMap<String, u64>> {
 
 /// Reads every `cupool.<pid>.json` in `dir`, sorted by pid.
 ///
-/// A complete file is parsed as one JSON document. A partial one (process
-/// killed, or still running) is rebuilt line by line: the header line (up to
-/// and including `"events":[`) gets `]}` appended, every following line is
-/// one event after stripping a leading `,`; an unparsable *last* line (cut
-/// off mid-write) is dropped, an `],"end":...` line is attached as `end` if
-/// it parses. Each returned object gets test-side annotations:
-/// `"_file"` (file name), `"_partial"` (bool) and, for partial files,
-/// `"_bad_lines"` (unparsable lines other than the last one; should be 0).
+/// Each log is read by `cupool_core::log::read_log`, the reader the CLI
+/// uses (complete or cut short; a line it cannot read before the last one
+/// makes the file unreadable, reported on stderr and left out), then turned
+/// into JSON with `serde_json::to_value`. Each returned object gets test-side
+/// annotations: `"_file"` (file name) and `"_partial"` (no end record).
 pub fn read_logs(dir: &Path) -> Vec<Value> {
     let mut files: Vec<(u64, PathBuf)> = match fs::read_dir(dir) {
         Ok(rd) => rd
@@ -301,60 +298,37 @@ pub fn read_logs(dir: &Path) -> Vec<Value> {
     files.sort();
     files
         .into_iter()
-        .filter_map(|(_, path)| {
-            let text = fs::read_to_string(&path).ok()?;
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let parsed = parse_log(&text);
-            if parsed.is_none() {
-                eprintln!("read_logs: {name}: no parsable header line");
+        .filter_map(|(_, path)| match cupool_core::log::read_log(&path) {
+            Ok(log) => {
+                let mut v = log_value(&log);
+                v["_file"] = Value::String(path.file_name().unwrap().to_string_lossy().into_owned());
+                Some(v)
             }
-            let mut v = parsed?;
-            v["_file"] = Value::String(name);
-            Some(v)
+            Err(e) => {
+                eprintln!("read_logs: {e}");
+                None
+            }
         })
         .collect()
 }
 
-/// Parses the text of one cupool log (complete or partial); see [`read_logs`].
+/// Parses the text of one cupool log (complete or partial) with the core's
+/// reader; see [`read_logs`].
 pub fn parse_log(text: &str) -> Option<Value> {
-    if let Ok(mut v) = serde_json::from_str::<Value>(text) {
-        if v.is_object() {
-            v["_partial"] = Value::Bool(false);
-            return Some(v);
+    match cupool_core::log::read_log_from(text.as_bytes(), "<text>") {
+        Ok(log) => Some(log_value(&log)),
+        Err(e) => {
+            eprintln!("parse_log: {e}");
+            None
         }
     }
-    let mut lines = text.lines();
-    let header = lines.next()?.trim_end();
-    if !header.ends_with("\"events\":[") {
-        return None;
-    }
-    let mut v: Value = serde_json::from_str(&format!("{header}]}}")).ok()?;
-    let rest: Vec<&str> = lines.filter(|l| !l.trim().is_empty()).collect();
-    let mut events = Vec::new();
-    let mut bad = 0u64;
-    for (i, line) in rest.iter().enumerate() {
-        let line = line.trim();
-        let is_last = i + 1 == rest.len();
-        if line.starts_with(']') {
-            // `],"end":{...}}`: parse it as the tail of a tiny object.
-            match serde_json::from_str::<Value>(&format!("{{\"_\":[{line}")) {
-                Ok(tail) => v["end"] = tail["end"].clone(),
-                Err(_) if is_last => {}
-                Err(_) => bad += 1,
-            }
-            continue;
-        }
-        let body = line.strip_prefix(',').unwrap_or(line);
-        match serde_json::from_str::<Value>(body) {
-            Ok(ev) => events.push(ev),
-            Err(_) if is_last => {}
-            Err(_) => bad += 1,
-        }
-    }
-    v["events"] = Value::Array(events);
-    v["_partial"] = Value::Bool(true);
-    v["_bad_lines"] = Value::from(bad);
-    Some(v)
+}
+
+/// A typed log as the JSON document it stands for, plus `"_partial"`.
+fn log_value(log: &cupool_core::log::Log) -> Value {
+    let mut v = serde_json::to_value(log).expect("a log serializes");
+    v["_partial"] = Value::Bool(log.end.is_none());
+    v
 }
 
 /// The log of process `pid`.
@@ -542,7 +516,7 @@ fn build_fakes() -> Fakes {
 // Checking logs
 
 /// Checks one log (as returned by [`read_logs`] / [`parse_log`]) against the
-/// log schema: `schema`/`version`, `process.pid` equal to the pid in the file
+/// log schema: `schema`/`version` (the version this build writes), `process.pid` equal to the pid in the file
 /// name (when `_file` is set), `process.cmdline[0]` ending with `prog`, `seq`
 /// unique, `t_ns` non-decreasing in `seq` order within each thread, every
 /// event carrying the fields its `ev` requires (with known names for `ev`,
@@ -558,7 +532,7 @@ pub fn validate_log(log: &Value, prog: &str) -> Result<(), String> {
     if log["schema"] != "cupool-log" {
         bad!("schema is {}", log["schema"]);
     }
-    if log["version"] != 1 {
+    if log["version"] != cupool_core::log::VERSION {
         bad!("version is {}", log["version"]);
     }
     let process = &log["process"];
@@ -583,9 +557,6 @@ pub fn validate_log(log: &Value, prog: &str) -> Result<(), String> {
     }
     if !log["options"].is_object() {
         bad!("options is not an object: {}", log["options"]);
-    }
-    if log["_partial"] == true && log["_bad_lines"] != 0 {
-        bad!("{} unparsable lines before the last", log["_bad_lines"]);
     }
 
     let is_hex = |v: &Value| -> bool {
