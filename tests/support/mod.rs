@@ -95,60 +95,82 @@ pub fn fakes() -> &'static Fakes {
 
 /// `target/<profile>/libcupool.so`, next to the `cupool` binary.
 ///
-/// `cargo test` builds the `cupool` binary for integration tests but never
-/// the cdylib, so the first call in each test binary runs
-/// `cargo build --lib` for the same profile and target directory (cargo does
-/// not hold its build lock while tests run; concurrent test binaries simply
-/// queue on it). Set `CUPOOL_TEST_SHIM=<path>` to use a prebuilt shim
-/// instead and skip the build.
+/// `cargo test` builds neither the cdylib nor the CLI (the `cupool-cli`
+/// package) for these tests, so the first call in each test binary runs
+/// `cargo build -p cupool -p cupool-cli` for the same profile and target
+/// directory (cargo does not hold its build lock while tests run; concurrent
+/// test binaries simply queue on it). Set `CUPOOL_TEST_SHIM=<path>` to use a
+/// prebuilt shim instead and skip the build.
 pub fn shim_path() -> PathBuf {
     static SHIM: OnceLock<PathBuf> = OnceLock::new();
     SHIM.get_or_init(|| {
         if let Some(p) = std::env::var_os("CUPOOL_TEST_SHIM").filter(|p| !p.is_empty()) {
             return PathBuf::from(p);
         }
-        let shim = cli().with_file_name("libcupool.so");
-        build_shim(&shim);
+        build_products();
+        let shim = profile_dir().join("libcupool.so");
+        assert!(shim.exists(), "cargo build did not produce {}", shim.display());
         shim
     })
     .clone()
 }
 
-fn build_shim(shim: &Path) {
-    let profile_dir = shim.parent().expect("shim has a parent");
-    let target = profile_dir.parent().expect("profile dir has a parent");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev".to_string(),
-        Some(name) => name.to_string(),
-        None => panic!("cannot tell the cargo profile from {}", profile_dir.display()),
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(&cargo)
-        .args(["build", "--quiet", "--lib", "-p", "cupool", "--profile", &profile])
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("run {cargo:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "cargo build --lib (for {}) failed:\n{}",
-        shim.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(shim.exists(), "cargo build --lib did not produce {}", shim.display());
+/// `target/<profile>/`: test binaries run from its `deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    exe.parent().and_then(Path::parent).expect("the test binary lies in target/<profile>/deps").to_path_buf()
 }
 
-/// The `cupool` CLI binary.
+/// Builds the shim and the CLI, once per test binary.
+fn build_products() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let profile_dir = profile_dir();
+        let target = profile_dir.parent().expect("profile dir has a parent");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev".to_string(),
+            Some(name) => name.to_string(),
+            None => panic!("cannot tell the cargo profile from {}", profile_dir.display()),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(&cargo)
+            .args(["build", "--quiet", "-p", "cupool", "-p", "cupool-cli", "--profile", &profile])
+            .arg("--manifest-path")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {cargo:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "cargo build -p cupool -p cupool-cli (into {}) failed:\n{}",
+            profile_dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+/// The `cupool` CLI binary (package `cupool-cli`), built on first use like
+/// the shim (see [`shim_path`]). Set `CUPOOL_TEST_CLI=<path>` to use a
+/// prebuilt one instead.
 pub fn cli() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_cupool"))
+    static CLI: OnceLock<PathBuf> = OnceLock::new();
+    CLI.get_or_init(|| {
+        if let Some(p) = std::env::var_os("CUPOOL_TEST_CLI").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
+        build_products();
+        let cli = profile_dir().join("cupool");
+        assert!(cli.exists(), "cargo build did not produce {}", cli.display());
+        cli
+    })
+    .clone()
 }
 
-/// The cargo target directory (`target/`), derived from the CLI's location.
+/// The cargo target directory (`target/`), derived from the test binary's location.
 pub fn target_dir() -> PathBuf {
-    cli().parent().and_then(Path::parent).expect("CARGO_BIN_EXE_cupool has no grandparent").to_path_buf()
+    profile_dir().parent().expect("target/<profile> has a parent").to_path_buf()
 }
 
 /// A fresh, empty directory under `target/fake-cuda/scratch/` for one test.

@@ -114,7 +114,7 @@ fn replay(ops: &[Op]) -> Outcome {
 fn bundled() -> Vec<PathBuf> {
     let dir = std::env::var_os("CUPOOL_TRACES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("traces"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("traces"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect())
         .unwrap_or_default();
