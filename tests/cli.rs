@@ -205,20 +205,11 @@ fn cli_process_is_not_intercepted() {
 // ---------------------------------------------------------------------------
 // LD_PRELOAD and options.
 
-const MARKER_C: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-#include <unistd.h>
-__attribute__((constructor)) static void marker(void)
-{
-    const char *p = getenv("LD_PRELOAD");
-    fprintf(stderr, "preload-marker pid=%d LD_PRELOAD=%s\n", (int)getpid(), p ? p : "");
-}
-"#;
-
 #[test]
 fn run_appends_to_an_existing_ld_preload() {
-    let marker = compile_c("libmarker.so", MARKER_C, &["-shared".into(), "-fPIC".into()]);
+    let source = fake_source_dir().join("prog_marker.c");
+    let source = std::fs::read_to_string(&source).unwrap_or_else(|e| panic!("read {}: {e}", source.display()));
+    let marker = compile_c("libmarker.so", &source, &["-shared".into(), "-fPIC".into()]);
     let dir = scratch_dir("cli-preload");
     let mut cmd = cupool_command(
         &["run", "--log-dir", path_str(&dir), "-q", "--", path_str(&fakes().prog("prog_runtime"))],

@@ -405,7 +405,7 @@ fn validator_rejects_broken_logs() {
     let first_alloc = r.log["events"].as_array().unwrap().iter().position(|e| e["ev"] == "alloc").unwrap();
     let cases: Vec<(&str, Value)> = vec![
         ("schema", mutate(&|v| v["schema"] = "x".into())),
-        ("version", mutate(&|v| v["version"] = 2.into())),
+        ("version", mutate(&|v| v["version"] = (cupool_core::log::VERSION + 1).into())),
         ("pid", mutate(&|v| v["process"]["pid"] = 1.into())),
         ("duplicate seq", mutate(&|v| v["events"][first_alloc + 1]["seq"] = v["events"][first_alloc]["seq"].clone())),
         (

@@ -1,12 +1,11 @@
 //! `cupool replay`: traces in both accepted formats go through the pool core
 //! and the figures it prints follow from the trace.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::Command;
-
-fn cli() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_cupool"))
-}
+use support::cli;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("cupool-replay-test-{}-{name}", std::process::id()));

@@ -4,10 +4,12 @@
 //! the option keeps its default, because a typo in an environment variable must
 //! never take down the program being observed.
 
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
 /// How device allocations are served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Every call goes straight to CUDA; cupool only observes.
     Passthrough,
@@ -24,7 +26,11 @@ impl Mode {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+/// The options in force. Also the `options` record of the log header: an
+/// option missing from an older log reads as its default, and a key this
+/// build does not know (an option since removed) is ignored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Options {
     pub mode: Mode,
     /// Directory for `cupool.<pid>.json`; created if missing.
@@ -160,23 +166,6 @@ pub fn parse_bytes(v: &str) -> Option<u64> {
     n.checked_mul(1u64 << shift)
 }
 
-impl Options {
-    /// The options as a JSON object, for the log header.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "mode": self.mode.as_str(),
-            "log_dir": self.log_dir,
-            "log": self.log,
-            "trace": self.trace,
-            "run_id": self.run_id,
-            "flush_ms": self.flush_ms,
-            "limit": self.limit,
-            "verbosity": self.verbosity,
-            "fence_us": self.fence_us,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +200,19 @@ mod tests {
         assert_eq!(e.len(), 5, "{e:?}");
         assert!(e[0].contains("'turbo'") && e[0].contains("mode"));
         assert!(e.iter().all(|l| !l.contains('\n')));
+    }
+
+    #[test]
+    fn options_record_round_trips_and_tolerates_old_logs() {
+        let (o, _) = parse("mode=pool:limit=1g:fence_us=2000:run_id=r");
+        let v = serde_json::to_value(&o).unwrap();
+        assert_eq!(v["mode"], "pool");
+        assert_eq!(v["fence_us"], 2000);
+        assert_eq!(serde_json::from_value::<Options>(v).unwrap(), o);
+        // A version-1 log: no fence_us yet, and strict_streams since removed.
+        let old: Options =
+            serde_json::from_str(r#"{"mode":"passthrough","flush_ms":50,"strict_streams":true}"#).unwrap();
+        assert_eq!(old, Options { flush_ms: 50, ..Options::default() });
     }
 
     #[test]

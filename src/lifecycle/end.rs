@@ -6,8 +6,7 @@
 use crate::observe::{counters, incidents, live, Allocation, Space};
 use crate::runtime::clock;
 use crate::{pool, sink};
-use cupool_core::log;
-use serde_json::{json, Value};
+use cupool_core::log::{self, DeviceCounters, End, ExitRecord, Leak, LeakSummary};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Clone, Copy, Debug)]
@@ -28,73 +27,63 @@ pub fn write(how: ExitInfo) {
     if !sink::ensure_open() {
         return;
     }
-    let mut leaks: Vec<(u64, Value)> = checkpoint_leaks
-        .iter()
-        .map(|c| (c.allocation.size, leak_json(c.key, &c.allocation, c.at.as_str(), c.t_ns)))
-        .collect();
-    leaks.extend(live.iter().map(|(key, a)| (a.size, leak_json(*key, a, "exit", now_ns))));
-    leaks.sort_by_key(|l| std::cmp::Reverse(l.0));
-    let leak_bytes: u64 = leaks.iter().map(|(s, _)| s).sum();
-    let devices: Vec<Value> = counters::devices().map(|(d, c)| counters_json(d, c)).collect();
-    let end = json!({
-        "end_unix_ms": clock::unix_ms(),
-        "duration_ms": now_ns / 1_000_000,
-        "exit": exit_json(how),
-        "devices": devices,
-        "host": counters_json(-1, counters::host()),
-        "leak_summary": {"bytes": leak_bytes, "count": leaks.len()},
-        "leaks": leaks.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
-        "dropped_events": sink::dropped(),
-        "pools": pool::records::all(),
-        "ooms": ooms,
-        "complete": complete,
-    });
-    sink::close_with(|out| {
-        log::write_trailer_open(out);
-        out.push_str(&end.to_string());
-        out.push_str("}\n");
-    });
+    let mut leaks: Vec<Leak> =
+        checkpoint_leaks.iter().map(|c| leak(c.key, &c.allocation, c.at.as_str(), c.t_ns)).collect();
+    leaks.extend(live.iter().map(|(key, a)| leak(*key, a, "exit", now_ns)));
+    leaks.sort_by_key(|l| std::cmp::Reverse(l.size));
+    let end = End {
+        end_unix_ms: clock::unix_ms(),
+        duration_ms: now_ns / 1_000_000,
+        exit: exit_record(how),
+        devices: counters::devices().map(|(d, c)| device_counters(d, c)).collect(),
+        host: device_counters(-1, counters::host()),
+        leak_summary: LeakSummary { bytes: leaks.iter().map(|l| l.size).sum(), count: leaks.len() as u64 },
+        leaks,
+        dropped_events: sink::dropped(),
+        pools: pool::records::all(),
+        ooms,
+        complete,
+    };
+    sink::close_with(|out| log::write_end(out, &end));
 }
 
-fn counters_json(device: i32, c: &counters::Counters) -> Value {
+fn device_counters(device: i32, c: &counters::Counters) -> DeviceCounters {
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    json!({
-        "device": device,
-        "allocs": get(&c.allocs),
-        "frees": get(&c.frees),
-        "failures": get(&c.failures),
-        "current_bytes": get(&c.current_bytes),
-        "peak_bytes": get(&c.peak_bytes),
-        "current_count": get(&c.current_count),
-        "peak_count": get(&c.peak_count),
-    })
+    DeviceCounters {
+        device,
+        allocs: get(&c.allocs),
+        frees: get(&c.frees),
+        failures: get(&c.failures),
+        current_bytes: get(&c.current_bytes),
+        peak_bytes: get(&c.peak_bytes),
+        current_count: get(&c.current_count),
+        peak_count: get(&c.peak_count),
+        reserved_bytes: get(&c.reserved_bytes),
+        peak_reserved_bytes: get(&c.peak_reserved_bytes),
+    }
 }
 
-fn leak_json(key: u64, a: &Allocation, at: &str, now_ns: u64) -> Value {
-    let mut v = json!({
-        "ptr": format!("{key:#x}"),
-        "size": a.size,
-        "device": a.device,
-        "kind": a.kind.as_str(),
-        "api": a.api.as_str(),
-        "age_ms": now_ns.saturating_sub(a.t_ns) / 1_000_000,
-        "tid": a.tid,
-        "at": at,
-    });
-    if a.stream != 0 {
-        v["stream"] = json!(format!("{:#x}", a.stream));
+/// `key` is a pointer, or a handle for VMM memory.
+fn leak(key: u64, a: &Allocation, at: &str, now_ns: u64) -> Leak {
+    let vmm = Space::of(a.kind) == Space::VmmHandle;
+    Leak {
+        ptr: (!vmm).then_some(key),
+        handle: vmm.then_some(key),
+        size: a.size,
+        device: a.device,
+        kind: a.kind.into(),
+        api: a.api.into(),
+        age_ms: now_ns.saturating_sub(a.t_ns) / 1_000_000,
+        tid: a.tid,
+        at: at.to_string(),
+        stream: (a.stream != 0).then_some(a.stream),
     }
-    if Space::of(a.kind) == Space::VmmHandle {
-        v["handle"] = v["ptr"].take();
-        v.as_object_mut().map(|o| o.remove("ptr"));
-    }
-    v
 }
 
-fn exit_json(how: ExitInfo) -> Value {
+fn exit_record(how: ExitInfo) -> ExitRecord {
     match how {
-        ExitInfo::Exit(status) => json!({"how": "exit", "status": status}),
-        ExitInfo::Signal(sig) => json!({"how": "signal", "signal": sig, "name": signal_name(sig)}),
+        ExitInfo::Exit(status) => ExitRecord::Exit { status },
+        ExitInfo::Signal(sig) => ExitRecord::Signal { signal: sig, name: signal_name(sig).to_string() },
     }
 }
 

@@ -3,10 +3,9 @@
 
 use super::allocation::Allocation;
 use crate::runtime::clock;
-use cupool_core::log::Api;
+use cupool_core::log::{Api, OomRecord};
 use cupool_core::pool::Fragmentation;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
 
 /// An allocation still live when its context was destroyed.
 pub struct CheckpointLeak {
@@ -22,7 +21,7 @@ static CHECKPOINT_LEAKS: Mutex<Vec<CheckpointLeak>> = Mutex::new(Vec::new());
 
 /// OOM snapshots (the first few are the telling ones).
 const MAX_OOMS: usize = 16;
-static OOMS: Mutex<Vec<Value>> = Mutex::new(Vec::new());
+static OOMS: Mutex<Vec<OomRecord>> = Mutex::new(Vec::new());
 
 pub fn checkpoint(at: Api, died: &[(u64, Allocation)]) {
     let t_ns = clock::now_ns();
@@ -41,20 +40,20 @@ pub fn out_of_memory(device: i32, bytes: u64, snapshot: impl FnOnce() -> (Fragme
         return;
     }
     let (f, largest) = snapshot();
-    ooms.push(json!({
-        "t_ns": clock::now_ns(),
-        "device": device,
-        "requested": bytes,
-        "reserved": f.reserved,
-        "allocated": f.allocated,
-        "free_in_pool": f.free_bytes,
-        "largest_free_block": f.largest_free_block,
-        "largest_live": largest,
-    }));
+    ooms.push(OomRecord {
+        t_ns: clock::now_ns(),
+        device,
+        requested: bytes,
+        reserved: f.reserved,
+        allocated: f.allocated,
+        free_in_pool: f.free_bytes,
+        largest_free_block: f.largest_free_block,
+        largest_live: largest,
+    });
 }
 
 /// Hands over everything kept, for the end record.
-pub fn take() -> (Vec<CheckpointLeak>, Vec<Value>) {
+pub fn take() -> (Vec<CheckpointLeak>, Vec<OomRecord>) {
     (std::mem::take(&mut *CHECKPOINT_LEAKS.lock()), std::mem::take(&mut *OOMS.lock()))
 }
 

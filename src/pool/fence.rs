@@ -10,6 +10,7 @@ use super::streams;
 use crate::cuda::{CUdeviceptr, CUevent, CUstream, CUstreamCaptureStatus, SUCCESS};
 use crate::real;
 use crate::runtime::{clock, options};
+use cupool_core::log::FenceCounters;
 use cupool_core::pool::Backend;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -29,18 +30,6 @@ pub struct CudaBackend {
     /// them, and a stream created later is made to wait on them too.
     pub barrier: Vec<u64>,
     pub counters: FenceCounters,
-}
-
-/// How the reuse fences fared, for the end record.
-#[derive(Clone, Copy, Default, Debug)]
-pub struct FenceCounters {
-    pub recorded: u64,
-    pub completed: u64,
-    pub skipped_for_capture: u64,
-    pub record_errors: u64,
-    pub gpu_barriers: u64,
-    pub waits: u64,
-    pub syncs: u64,
 }
 
 /// A GPU-side barrier makes every stream wait on every event of a fence: past

@@ -46,7 +46,7 @@ impl LogFile {
             return None;
         }
         let mut text = String::with_capacity(1 << 16);
-        log::write_header(&mut text, &process::info(), &opts.to_json());
+        log::write_header(&mut text, &process::info(), opts);
         log::write_event(&mut text, &Event::new(EventKind::Start, log::Api::None), EventLine::First);
         write_all(fd, text.as_bytes());
         text.clear();

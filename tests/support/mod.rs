@@ -95,60 +95,82 @@ pub fn fakes() -> &'static Fakes {
 
 /// `target/<profile>/libcupool.so`, next to the `cupool` binary.
 ///
-/// `cargo test` builds the `cupool` binary for integration tests but never
-/// the cdylib, so the first call in each test binary runs
-/// `cargo build --lib` for the same profile and target directory (cargo does
-/// not hold its build lock while tests run; concurrent test binaries simply
-/// queue on it). Set `CUPOOL_TEST_SHIM=<path>` to use a prebuilt shim
-/// instead and skip the build.
+/// `cargo test` builds neither the cdylib nor the CLI (the `cupool-cli`
+/// package) for these tests, so the first call in each test binary runs
+/// `cargo build -p cupool -p cupool-cli` for the same profile and target
+/// directory (cargo does not hold its build lock while tests run; concurrent
+/// test binaries simply queue on it). Set `CUPOOL_TEST_SHIM=<path>` to use a
+/// prebuilt shim instead and skip the build.
 pub fn shim_path() -> PathBuf {
     static SHIM: OnceLock<PathBuf> = OnceLock::new();
     SHIM.get_or_init(|| {
         if let Some(p) = std::env::var_os("CUPOOL_TEST_SHIM").filter(|p| !p.is_empty()) {
             return PathBuf::from(p);
         }
-        let shim = cli().with_file_name("libcupool.so");
-        build_shim(&shim);
+        build_products();
+        let shim = profile_dir().join("libcupool.so");
+        assert!(shim.exists(), "cargo build did not produce {}", shim.display());
         shim
     })
     .clone()
 }
 
-fn build_shim(shim: &Path) {
-    let profile_dir = shim.parent().expect("shim has a parent");
-    let target = profile_dir.parent().expect("profile dir has a parent");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev".to_string(),
-        Some(name) => name.to_string(),
-        None => panic!("cannot tell the cargo profile from {}", profile_dir.display()),
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(&cargo)
-        .args(["build", "--quiet", "--lib", "-p", "cupool", "--profile", &profile])
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("run {cargo:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "cargo build --lib (for {}) failed:\n{}",
-        shim.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(shim.exists(), "cargo build --lib did not produce {}", shim.display());
+/// `target/<profile>/`: test binaries run from its `deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    exe.parent().and_then(Path::parent).expect("the test binary lies in target/<profile>/deps").to_path_buf()
 }
 
-/// The `cupool` CLI binary.
+/// Builds the shim and the CLI, once per test binary.
+fn build_products() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let profile_dir = profile_dir();
+        let target = profile_dir.parent().expect("profile dir has a parent");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev".to_string(),
+            Some(name) => name.to_string(),
+            None => panic!("cannot tell the cargo profile from {}", profile_dir.display()),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(&cargo)
+            .args(["build", "--quiet", "-p", "cupool", "-p", "cupool-cli", "--profile", &profile])
+            .arg("--manifest-path")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {cargo:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "cargo build -p cupool -p cupool-cli (into {}) failed:\n{}",
+            profile_dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+/// The `cupool` CLI binary (package `cupool-cli`), built on first use like
+/// the shim (see [`shim_path`]). Set `CUPOOL_TEST_CLI=<path>` to use a
+/// prebuilt one instead.
 pub fn cli() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_cupool"))
+    static CLI: OnceLock<PathBuf> = OnceLock::new();
+    CLI.get_or_init(|| {
+        if let Some(p) = std::env::var_os("CUPOOL_TEST_CLI").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
+        build_products();
+        let cli = profile_dir().join("cupool");
+        assert!(cli.exists(), "cargo build did not produce {}", cli.display());
+        cli
+    })
+    .clone()
 }
 
-/// The cargo target directory (`target/`), derived from the CLI's location.
+/// The cargo target directory (`target/`), derived from the test binary's location.
 pub fn target_dir() -> PathBuf {
-    cli().parent().and_then(Path::parent).expect("CARGO_BIN_EXE_cupool has no grandparent").to_path_buf()
+    profile_dir().parent().expect("target/<profile> has a parent").to_path_buf()
 }
 
 /// A fresh, empty directory under `target/fake-cuda/scratch/` for one test.
@@ -278,14 +300,11 @@ pub fn fake_stats_for(dir: &Path, pid: u64) -> Option<HashMap<String, u64>> {
 
 /// Reads every `cupool.<pid>.json` in `dir`, sorted by pid.
 ///
-/// A complete file is parsed as one JSON document. A partial one (process
-/// killed, or still running) is rebuilt line by line: the header line (up to
-/// and including `"events":[`) gets `]}` appended, every following line is
-/// one event after stripping a leading `,`; an unparsable *last* line (cut
-/// off mid-write) is dropped, an `],"end":...` line is attached as `end` if
-/// it parses. Each returned object gets test-side annotations:
-/// `"_file"` (file name), `"_partial"` (bool) and, for partial files,
-/// `"_bad_lines"` (unparsable lines other than the last one; should be 0).
+/// Each log is read by `cupool_core::log::read_log`, the reader the CLI
+/// uses (complete or cut short; a line it cannot read before the last one
+/// makes the file unreadable, reported on stderr and left out), then turned
+/// into JSON with `serde_json::to_value`. Each returned object gets test-side
+/// annotations: `"_file"` (file name) and `"_partial"` (no end record).
 pub fn read_logs(dir: &Path) -> Vec<Value> {
     let mut files: Vec<(u64, PathBuf)> = match fs::read_dir(dir) {
         Ok(rd) => rd
@@ -301,60 +320,37 @@ pub fn read_logs(dir: &Path) -> Vec<Value> {
     files.sort();
     files
         .into_iter()
-        .filter_map(|(_, path)| {
-            let text = fs::read_to_string(&path).ok()?;
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let parsed = parse_log(&text);
-            if parsed.is_none() {
-                eprintln!("read_logs: {name}: no parsable header line");
+        .filter_map(|(_, path)| match cupool_core::log::read_log(&path) {
+            Ok(log) => {
+                let mut v = log_value(&log);
+                v["_file"] = Value::String(path.file_name().unwrap().to_string_lossy().into_owned());
+                Some(v)
             }
-            let mut v = parsed?;
-            v["_file"] = Value::String(name);
-            Some(v)
+            Err(e) => {
+                eprintln!("read_logs: {e}");
+                None
+            }
         })
         .collect()
 }
 
-/// Parses the text of one cupool log (complete or partial); see [`read_logs`].
+/// Parses the text of one cupool log (complete or partial) with the core's
+/// reader; see [`read_logs`].
 pub fn parse_log(text: &str) -> Option<Value> {
-    if let Ok(mut v) = serde_json::from_str::<Value>(text) {
-        if v.is_object() {
-            v["_partial"] = Value::Bool(false);
-            return Some(v);
+    match cupool_core::log::read_log_from(text.as_bytes(), "<text>") {
+        Ok(log) => Some(log_value(&log)),
+        Err(e) => {
+            eprintln!("parse_log: {e}");
+            None
         }
     }
-    let mut lines = text.lines();
-    let header = lines.next()?.trim_end();
-    if !header.ends_with("\"events\":[") {
-        return None;
-    }
-    let mut v: Value = serde_json::from_str(&format!("{header}]}}")).ok()?;
-    let rest: Vec<&str> = lines.filter(|l| !l.trim().is_empty()).collect();
-    let mut events = Vec::new();
-    let mut bad = 0u64;
-    for (i, line) in rest.iter().enumerate() {
-        let line = line.trim();
-        let is_last = i + 1 == rest.len();
-        if line.starts_with(']') {
-            // `],"end":{...}}`: parse it as the tail of a tiny object.
-            match serde_json::from_str::<Value>(&format!("{{\"_\":[{line}")) {
-                Ok(tail) => v["end"] = tail["end"].clone(),
-                Err(_) if is_last => {}
-                Err(_) => bad += 1,
-            }
-            continue;
-        }
-        let body = line.strip_prefix(',').unwrap_or(line);
-        match serde_json::from_str::<Value>(body) {
-            Ok(ev) => events.push(ev),
-            Err(_) if is_last => {}
-            Err(_) => bad += 1,
-        }
-    }
-    v["events"] = Value::Array(events);
-    v["_partial"] = Value::Bool(true);
-    v["_bad_lines"] = Value::from(bad);
-    Some(v)
+}
+
+/// A typed log as the JSON document it stands for, plus `"_partial"`.
+fn log_value(log: &cupool_core::log::Log) -> Value {
+    let mut v = serde_json::to_value(log).expect("a log serializes");
+    v["_partial"] = Value::Bool(log.end.is_none());
+    v
 }
 
 /// The log of process `pid`.
@@ -542,7 +538,7 @@ fn build_fakes() -> Fakes {
 // Checking logs
 
 /// Checks one log (as returned by [`read_logs`] / [`parse_log`]) against the
-/// log schema: `schema`/`version`, `process.pid` equal to the pid in the file
+/// log schema: `schema`/`version` (the version this build writes), `process.pid` equal to the pid in the file
 /// name (when `_file` is set), `process.cmdline[0]` ending with `prog`, `seq`
 /// unique, `t_ns` non-decreasing in `seq` order within each thread, every
 /// event carrying the fields its `ev` requires (with known names for `ev`,
@@ -558,7 +554,7 @@ pub fn validate_log(log: &Value, prog: &str) -> Result<(), String> {
     if log["schema"] != "cupool-log" {
         bad!("schema is {}", log["schema"]);
     }
-    if log["version"] != 1 {
+    if log["version"] != cupool_core::log::VERSION {
         bad!("version is {}", log["version"]);
     }
     let process = &log["process"];
@@ -583,9 +579,6 @@ pub fn validate_log(log: &Value, prog: &str) -> Result<(), String> {
     }
     if !log["options"].is_object() {
         bad!("options is not an object: {}", log["options"]);
-    }
-    if log["_partial"] == true && log["_bad_lines"] != 0 {
-        bad!("{} unparsable lines before the last", log["_bad_lines"]);
     }
 
     let is_hex = |v: &Value| -> bool {

@@ -1,11 +1,12 @@
-//! The cupool log: event vocabulary, the line-oriented JSON writer used by the
-//! shim, and the reader used by the CLI tools.
+//! The cupool log: event vocabulary, the typed records of the log schema
+//! (`schema`), the line-oriented JSON writer used by the shim, and the reader
+//! used by the CLI, replay and the tests.
 //!
 //! A log is one JSON document written one line at a time, so that a file cut
 //! short by SIGKILL is still readable line by line:
 //!
 //! ```text
-//! {"schema":"cupool-log","version":1,"process":{..},"options":{..},"events":[
+//! {"schema":"cupool-log","version":2,"process":{..},"options":{..},"events":[
 //! {"seq":0,"t_ns":0,"ev":"start"}
 //! ,{"seq":1,"t_ns":812,"ev":"alloc",...}
 //! ],"end":{...}}
@@ -14,11 +15,18 @@
 
 mod names;
 mod read;
+mod schema;
+#[cfg(test)]
+mod tests;
 mod write;
 
-pub use names::{Api, EventKind, MemKind};
-pub use read::{read_log, summarize, DeviceSummary, Log, Summary};
-pub use write::{write_event, write_header, write_trailer_open, EventLine, SCHEMA, VERSION};
+pub use names::{Api, EventKind, MemKind, Named, NamedEnum};
+pub use read::{maybe_gunzip, read_log, read_log_from, summarize, Log, ReadError, ReadErrorKind, Summary};
+pub use schema::{
+    parse_hex, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary, OomRecord,
+    PoolRecord, ProcessInfo, Stat, READABLE_VERSIONS, SCHEMA, VERSION,
+};
+pub use write::{write_end, write_event, write_header, EventLine};
 
 /// One fixed-size record of something the shim saw. `Copy` and heap-free so
 /// that recording it on the hot path never allocates.

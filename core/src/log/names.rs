@@ -1,4 +1,79 @@
 //! Names that appear in the log. Each enum is `repr(u8)` so an `Event` stays small.
+//!
+//! Each enum (de)serializes as its name in the log and rejects names it does
+//! not know. The reader's records hold them as [`Named`] instead, which keeps
+//! a name this build does not know (a newer shim's API, say) as a string, so
+//! that one unfamiliar name never makes a whole log unreadable.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The enums of this module: a fixed set of names.
+pub trait NamedEnum: Copy + Sized + 'static {
+    fn as_str(self) -> &'static str;
+    fn from_name(s: &str) -> Option<Self>;
+}
+
+/// A name read from a log: one this build knows, or any other string, kept
+/// as written. Serializes back to the same string.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Named<T> {
+    Known(T),
+    Unknown(String),
+}
+
+impl<T: NamedEnum> Named<T> {
+    /// The known value, `None` for an unknown name.
+    pub fn known(&self) -> Option<T> {
+        match self {
+            Named::Known(t) => Some(*t),
+            Named::Unknown(_) => None,
+        }
+    }
+
+    /// The name as written in the log.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Named::Known(t) => t.as_str(),
+            Named::Unknown(s) => s,
+        }
+    }
+
+    /// Parses a name, keeping an unknown one as a string.
+    pub fn from_name(s: &str) -> Named<T> {
+        T::from_name(s).map_or_else(|| Named::Unknown(s.to_string()), Named::Known)
+    }
+}
+
+impl<T> From<T> for Named<T> {
+    fn from(t: T) -> Self {
+        Named::Known(t)
+    }
+}
+
+impl<T: NamedEnum + PartialEq> PartialEq<T> for Named<T> {
+    fn eq(&self, other: &T) -> bool {
+        self.known() == Some(*other)
+    }
+}
+
+impl<T: NamedEnum> std::fmt::Display for Named<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl<T: NamedEnum> Serialize for Named<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de, T: NamedEnum> Deserialize<'de> for Named<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(Named::from_name(&s))
+    }
+}
 
 macro_rules! named_enum {
     ($(#[$m:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
@@ -13,6 +88,33 @@ macro_rules! named_enum {
             }
             pub fn from_name(s: &str) -> Option<$name> {
                 match s { $($text => Some($name::$variant),)+ _ => None }
+            }
+        }
+        impl NamedEnum for $name {
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
+            }
+            fn from_name(s: &str) -> Option<Self> {
+                $name::from_name(s)
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        /// By its name in the log; an unknown name is an error (see [`Named`] for a tolerant field).
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                $name::from_name(&s).ok_or_else(|| {
+                    serde::de::Error::custom(format!("unknown {} {:?}", stringify!($name), s))
+                })
             }
         }
     };

@@ -1,172 +1,341 @@
-//! Reading logs back, complete or cut short.
+//! Reading logs back: complete or cut short, plain or gzipped.
 
+use super::schema::{DeviceCounters, End, EventRecord, ExitRecord, Header, Leak, READABLE_VERSIONS, SCHEMA};
+use super::{Api, EventKind, MemKind, Named};
+use serde::Serialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// A parsed log. `end` is `None` when the process died before finishing it
 /// (SIGKILL, power loss): the events up to the last whole line are still here.
-#[derive(Debug, Clone)]
+///
+/// Serializes back to the log's JSON document (without `path`).
+#[derive(Debug, Clone, Serialize)]
 pub struct Log {
+    /// The file it was read from, or the name given to [`read_log_from`].
+    #[serde(skip)]
     pub path: PathBuf,
-    /// The header object (`schema`, `version`, `process`, `options`) without `events`.
-    pub header: Value,
-    pub events: Vec<Value>,
-    pub end: Option<Value>,
+    #[serde(flatten)]
+    pub header: Header,
+    pub events: Vec<EventRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<End>,
 }
 
-pub fn read_log(path: &Path) -> std::io::Result<Log> {
-    let text = std::fs::read_to_string(path)?;
-    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {why}", path.display()));
-    if let Ok(mut whole) = serde_json::from_str::<Value>(&text) {
-        let events = match whole.get_mut("events").map(Value::take) {
-            Some(Value::Array(a)) => a,
-            _ => return Err(bad("no events array".into())),
-        };
-        let end = whole.get_mut("end").map(Value::take);
-        if let Some(o) = whole.as_object_mut() {
-            o.remove("events");
-            o.remove("end");
+/// Why a log could not be read. Its `Display` names the file, and the line
+/// where one applies: `logs/cupool.12.json:7: ...`.
+#[derive(Debug)]
+pub struct ReadError {
+    pub path: PathBuf,
+    /// 1-based line of the file, where the problem is on one line.
+    pub line: Option<usize>,
+    pub kind: ReadErrorKind,
+}
+
+#[derive(Debug)]
+pub enum ReadErrorKind {
+    /// The file could not be read or decompressed.
+    Io(std::io::Error),
+    /// Readable, but not a cupool log (the reason says what was found).
+    NotALog(String),
+    /// A cupool log of a version this build cannot read.
+    Version(u64),
+    /// A cupool log with a record that does not match the schema.
+    Invalid(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
         }
-        return Ok(Log { path: path.to_owned(), header: whole, events, end });
+        match &self.kind {
+            ReadErrorKind::Io(e) => write!(f, ": {e}"),
+            ReadErrorKind::NotALog(why) => write!(f, ": not a cupool log ({why})"),
+            ReadErrorKind::Version(v) => {
+                write!(
+                    f,
+                    ": cupool-log version {v} is not supported (this cupool reads versions {READABLE_VERSIONS:?})"
+                )
+            }
+            ReadErrorKind::Invalid(why) => write!(f, ": {why}"),
+        }
     }
-    let mut lines = text.lines();
-    let first = lines.next().ok_or_else(|| bad("empty file".into()))?;
-    let mut header: Value =
-        serde_json::from_str(&format!("{first}]}}")).map_err(|e| bad(format!("unreadable header: {e}")))?;
-    if header.get("schema").and_then(Value::as_str) != Some(super::SCHEMA) {
-        return Err(bad("not a cupool log".into()));
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ReadErrorKind::Io(e) => Some(e),
+            _ => None,
+        }
     }
-    if let Some(o) = header.as_object_mut() {
+}
+
+impl From<ReadError> for std::io::Error {
+    fn from(e: ReadError) -> std::io::Error {
+        let kind = match &e.kind {
+            ReadErrorKind::Io(io) => io.kind(),
+            _ => std::io::ErrorKind::InvalidData,
+        };
+        std::io::Error::new(kind, e.to_string())
+    }
+}
+
+/// Reads the log at `path` (plain or gzipped; see [`read_log_from`]).
+pub fn read_log(path: impl AsRef<Path>) -> Result<Log, ReadError> {
+    let path = path.as_ref();
+    let file = std::fs::File::open(path).map_err(|e| ReadError {
+        path: path.to_owned(),
+        line: None,
+        kind: ReadErrorKind::Io(e),
+    })?;
+    read_log_from(file, path)
+}
+
+/// Reads a log from `reader`; `name` stands for the file in errors and in `Log::path`.
+///
+/// gzip is recognised by its magic bytes. A log cut short (the process was
+/// killed) reads as far as its last whole line, with `end: None`. Anything
+/// that is not a cupool log is an error.
+pub fn read_log_from(mut reader: impl Read, name: impl AsRef<Path>) -> Result<Log, ReadError> {
+    let path = name.as_ref();
+    let fail = |line: Option<usize>, kind: ReadErrorKind| ReadError { path: path.to_owned(), line, kind };
+    let mut raw = Vec::new();
+    reader.read_to_end(&mut raw).map_err(|e| fail(None, ReadErrorKind::Io(e)))?;
+    let bytes = maybe_gunzip(raw).map_err(|e| fail(None, ReadErrorKind::Io(e)))?;
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(t) => t,
+        // Cut in the middle of a character: keep what came before.
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or(""),
+        Err(e) => return Err(fail(None, ReadErrorKind::NotALog(format!("not UTF-8 text: {e}")))),
+    };
+    parse(text).map_err(|(line, kind)| fail(line, kind))
+}
+
+/// `bytes` decompressed when they start with gzip's magic, else unchanged.
+/// A gzip stream cut short yields what could be decompressed.
+pub fn maybe_gunzip(bytes: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return Ok(bytes);
+    }
+    let mut out = Vec::new();
+    match flate2::read::GzDecoder::new(&bytes[..]).read_to_end(&mut out) {
+        Ok(_) => Ok(out),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => Ok(out),
+        Err(e) => Err(e),
+    }
+}
+
+type ParseError = (Option<usize>, ReadErrorKind);
+
+fn invalid(line: Option<usize>, what: String) -> ParseError {
+    (line, ReadErrorKind::Invalid(what))
+}
+
+/// Checks `schema` and `version` of a header object.
+fn check_header(v: &Value, line: Option<usize>) -> Result<(), ParseError> {
+    match v.get("schema") {
+        Some(Value::String(s)) if s == SCHEMA => {}
+        Some(other) => return Err((line, ReadErrorKind::NotALog(format!("\"schema\" is {other}, not \"{SCHEMA}\"")))),
+        None => return Err((line, ReadErrorKind::NotALog(format!("no \"schema\":\"{SCHEMA}\"")))),
+    }
+    match v.get("version").and_then(Value::as_u64) {
+        Some(n) if READABLE_VERSIONS.iter().any(|&r| u64::from(r) == n) => Ok(()),
+        Some(n) => Err((line, ReadErrorKind::Version(n))),
+        None => Err(invalid(line, "the header has no numeric \"version\"".into())),
+    }
+}
+
+fn parse(text: &str) -> Result<Log, ParseError> {
+    let first = text.lines().next().unwrap_or("").trim_end();
+    if first.ends_with("\"events\":[") {
+        parse_lines(text)
+    } else {
+        parse_document(text)
+    }
+}
+
+fn header_from(mut v: Value, line: Option<usize>) -> Result<Header, ParseError> {
+    if let Some(o) = v.as_object_mut() {
         o.remove("events");
+        o.remove("end");
     }
+    serde_json::from_value(v).map_err(|e| invalid(line, format!("header: {e}")))
+}
+
+/// The form the shim writes: a header line, one event per line, a trailer line.
+fn parse_lines(text: &str) -> Result<Log, ParseError> {
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty()).peekable();
+    let (_, first) = lines.next().unwrap_or((1, ""));
+    let header: Value = serde_json::from_str(&format!("{first}]}}"))
+        .map_err(|e| (Some(1), ReadErrorKind::NotALog(format!("unreadable header line: {e}"))))?;
+    check_header(&header, Some(1))?;
+    let header = header_from(header, Some(1))?;
     let mut events = Vec::new();
     let mut end = None;
-    for line in lines {
-        if let Some(rest) = line.strip_prefix("],\"end\":") {
-            end = rest.strip_suffix('}').and_then(|o| serde_json::from_str(o).ok());
+    while let Some((n, line)) = lines.next() {
+        let is_last = lines.peek().is_none();
+        // A line that is not (yet) whole JSON is where a killed process stopped writing.
+        let cut = |e: &serde_json::Error| is_last && matches!(e.classify(), serde_json::error::Category::Eof);
+        if line.starts_with(']') {
+            // `],"end":{...}}`, or `]}` from a writer that had no end record.
+            let tail: Value = match serde_json::from_str(&format!("{{\"_\":[{line}")) {
+                Ok(v) => v,
+                Err(e) if cut(&e) => break,
+                Err(e) => return Err(invalid(Some(n), format!("unreadable trailer: {e}"))),
+            };
+            if let Some(v) = tail.get("end").filter(|v| !v.is_null()) {
+                end = Some(
+                    serde_json::from_value::<End>(v.clone())
+                        .map_err(|e| invalid(Some(n), format!("end record: {e}")))?,
+                );
+            }
             break;
         }
-        match serde_json::from_str::<Value>(line.strip_prefix(',').unwrap_or(line)) {
-            Ok(v) => events.push(v),
-            Err(_) => break, // the line being written when the process died
+        let body = line.strip_prefix(',').unwrap_or(line);
+        match serde_json::from_str::<EventRecord>(body) {
+            Ok(e) => events.push(e),
+            Err(e) if cut(&e) => break,
+            Err(e) => return Err(invalid(Some(n), format!("event: {e}"))),
         }
     }
-    Ok(Log { path: path.to_owned(), header, events, end })
+    Ok(Log { path: PathBuf::new(), header, events, end })
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeviceSummary {
-    pub device: i64,
-    pub allocs: u64,
-    pub frees: u64,
-    pub failures: u64,
-    pub current_bytes: u64,
-    pub peak_bytes: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct Summary {
-    pub pid: u64,
-    pub cmdline: String,
-    pub complete: bool,
-    pub exit: Option<Value>,
-    pub devices: Vec<DeviceSummary>,
-    pub host: DeviceSummary,
-    /// Leak objects as written in the end record, or reconstructed from the
-    /// timeline (`at: "not finished"`) when the log was cut short.
-    pub leaks: Vec<Value>,
-    pub leak_bytes: u64,
-    pub events: usize,
-}
-
-fn field_u64(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or(0)
-}
-
-fn device_summary(v: &Value) -> DeviceSummary {
-    DeviceSummary {
-        device: v.get("device").and_then(Value::as_i64).unwrap_or(-1),
-        allocs: field_u64(v, "allocs"),
-        frees: field_u64(v, "frees"),
-        failures: field_u64(v, "failures"),
-        current_bytes: field_u64(v, "current_bytes"),
-        peak_bytes: field_u64(v, "peak_bytes"),
+/// Any other layout of one complete JSON document (pretty-printed, say).
+fn parse_document(text: &str) -> Result<Log, ParseError> {
+    let mut whole: Value = serde_json::from_str(text).map_err(|e| {
+        (None, ReadErrorKind::NotALog(format!("neither a JSON document nor a cupool log header on line 1: {e}")))
+    })?;
+    if !whole.is_object() {
+        return Err((None, ReadErrorKind::NotALog("the JSON document is not an object".into())));
     }
+    check_header(&whole, None)?;
+    let events = match whole.get_mut("events").map(Value::take) {
+        Some(Value::Array(a)) => a,
+        _ => return Err(invalid(None, "no \"events\" array".into())),
+    };
+    let end = whole.get_mut("end").map(Value::take).filter(|v| !v.is_null());
+    let header = header_from(whole, None)?;
+    let events = events
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| serde_json::from_value(e).map_err(|err| invalid(None, format!("event #{i}: {err}"))))
+        .collect::<Result<Vec<EventRecord>, _>>()?;
+    let end =
+        end.map(serde_json::from_value::<End>).transpose().map_err(|e| invalid(None, format!("end record: {e}")))?;
+    Ok(Log { path: PathBuf::new(), header, events, end })
+}
+
+/// One process at a glance: from the end record when there is one, else
+/// rebuilt from the timeline. Serializes as one entry of `cupool report --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub pid: u32,
+    /// The command line, joined by spaces.
+    pub cmdline: String,
+    /// The log has its end record.
+    pub complete: bool,
+    pub exit: Option<ExitRecord>,
+    /// Number of events in the timeline.
+    pub events: usize,
+    pub devices: Vec<DeviceCounters>,
+    pub host: DeviceCounters,
+    pub leak_bytes: u64,
+    /// The end record's leaks, or, for a log cut short, the allocations the
+    /// timeline leaves live (`at: "not finished"`, `age_ms` up to the last event).
+    pub leaks: Vec<Leak>,
 }
 
 /// Per-process figures: from the end record when there is one, else rebuilt
 /// from the timeline.
 pub fn summarize(log: &Log) -> Summary {
-    let process = &log.header["process"];
-    let cmdline = process["cmdline"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default();
+    let process = &log.header.process;
     let mut s = Summary {
-        pid: field_u64(process, "pid"),
-        cmdline,
+        pid: process.pid,
+        cmdline: process.cmdline.join(" "),
         complete: log.end.is_some(),
         exit: None,
-        devices: Vec::new(),
-        host: DeviceSummary { device: -1, ..Default::default() },
-        leaks: Vec::new(),
-        leak_bytes: 0,
         events: log.events.len(),
+        devices: Vec::new(),
+        host: DeviceCounters::new(-1),
+        leak_bytes: 0,
+        leaks: Vec::new(),
     };
     if let Some(end) = &log.end {
-        s.exit = end.get("exit").cloned();
-        s.devices = end["devices"].as_array().map(|a| a.iter().map(device_summary).collect()).unwrap_or_default();
-        s.host = device_summary(&end["host"]);
-        s.leaks = end["leaks"].as_array().cloned().unwrap_or_default();
-        s.leak_bytes = field_u64(&end["leak_summary"], "bytes");
+        s.exit = Some(end.exit.clone());
+        s.devices = end.devices.clone();
+        s.host = end.host.clone();
+        s.leaks = end.leaks.clone();
+        s.leak_bytes = end.leak_summary.bytes;
         return s;
     }
-    let mut devices: BTreeMap<i64, DeviceSummary> = BTreeMap::new();
-    let mut live: HashMap<String, Value> = HashMap::new();
-    for e in &log.events {
-        if e.get("kind").is_none() {
+    let mut order: Vec<&EventRecord> = log.events.iter().collect();
+    order.sort_by_key(|e| e.seq);
+    let last_t = order.iter().map(|e| e.t_ns).max().unwrap_or(0);
+    let mut devices: BTreeMap<i32, DeviceCounters> = BTreeMap::new();
+    let mut live: HashMap<(bool, u64), &EventRecord> = HashMap::new();
+    for e in order {
+        let Some(kind) = &e.kind else {
             continue; // start, checkpoints and invalid frees move no bytes
-        }
-        let dev = e.get("device").and_then(Value::as_i64).unwrap_or(-1);
-        let is_host = e.get("kind").and_then(Value::as_str) == Some("host");
-        let slot = if is_host {
+        };
+        let dev = e.device.unwrap_or(-1);
+        let slot = if *kind == MemKind::Host {
             &mut s.host
         } else {
-            devices.entry(dev).or_insert_with(|| DeviceSummary { device: dev, ..Default::default() })
+            devices.entry(dev).or_insert_with(|| DeviceCounters::new(dev))
         };
-        let size = field_u64(e, "size");
-        match e.get("ev").and_then(Value::as_str) {
-            Some("alloc") => {
+        let size = e.size.unwrap_or(0);
+        let key = e.ptr.map(|p| (*kind == MemKind::Vmm, p));
+        match e.ev.known() {
+            Some(EventKind::Alloc) => {
                 slot.allocs += 1;
                 slot.current_bytes += size;
                 slot.peak_bytes = slot.peak_bytes.max(slot.current_bytes);
-                if let Some(p) = e.get("ptr").and_then(Value::as_str) {
-                    live.insert(format!("{}:{p}", e["kind"] == "vmm"), e.clone());
+                slot.current_count += 1;
+                slot.peak_count = slot.peak_count.max(slot.current_count);
+                if let Some(k) = key {
+                    live.insert(k, e);
                 }
             }
-            Some("free") => {
+            Some(EventKind::Free) => {
                 slot.frees += 1;
                 slot.current_bytes = slot.current_bytes.saturating_sub(size);
-                if let Some(p) = e.get("ptr").and_then(Value::as_str) {
-                    live.remove(&format!("{}:{p}", e["kind"] == "vmm"));
+                slot.current_count = slot.current_count.saturating_sub(1);
+                if let Some(k) = key {
+                    live.remove(&k);
                 }
             }
-            Some("alloc_failed") => slot.failures += 1,
+            Some(EventKind::AllocFailed) => slot.failures += 1,
             _ => {}
         }
     }
     s.devices = devices.into_values().collect();
-    let mut leaks: Vec<Value> = live
-        .into_values()
-        .map(|e| {
-            serde_json::json!({"ptr": e["ptr"], "size": e["size"], "device": e["device"],
-                               "kind": e["kind"], "api": e["api"], "at": "not finished"})
+    let mut leaks: Vec<(u64, Leak)> = live
+        .into_iter()
+        .map(|((vmm, p), e)| {
+            let leak = Leak {
+                ptr: (!vmm).then_some(p),
+                handle: vmm.then_some(p),
+                size: e.size.unwrap_or(0),
+                device: e.device.unwrap_or(-1),
+                kind: e.kind.clone().unwrap_or(Named::Known(MemKind::Device)),
+                api: e.api.clone().unwrap_or(Named::Known(Api::None)),
+                age_ms: last_t.saturating_sub(e.t_ns) / 1_000_000,
+                tid: e.tid.unwrap_or(0),
+                at: "not finished".into(),
+                stream: e.stream,
+            };
+            (e.seq, leak)
         })
         .collect();
-    leaks.sort_by_key(|l| std::cmp::Reverse(field_u64(l, "size")));
-    s.leak_bytes = leaks.iter().map(|l| field_u64(l, "size")).sum();
-    s.leaks = leaks;
+    leaks.sort_by_key(|(seq, l)| (std::cmp::Reverse(l.size), *seq));
+    s.leak_bytes = leaks.iter().map(|(_, l)| l.size).sum();
+    s.leaks = leaks.into_iter().map(|(_, l)| l).collect();
     s
 }
 
@@ -175,48 +344,136 @@ mod tests {
     use super::*;
 
     const COMPLETE: &str = concat!(
-        "{\"schema\":\"cupool-log\",\"version\":1,\"process\":{\"pid\":5,\"cmdline\":[\"a\",\"b\"]},\"options\":{},\"events\":[\n",
+        "{\"schema\":\"cupool-log\",\"version\":2,\"process\":{\"pid\":5,\"cmdline\":[\"a\",\"b\"]},\"options\":{},\"events\":[\n",
         "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":1}\n",
         ",{\"seq\":1,\"t_ns\":5,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x10\",\"size\":100,\"device\":0,\"tid\":1}\n",
         ",{\"seq\":2,\"t_ns\":6,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x20\",\"size\":50,\"device\":0,\"tid\":1}\n",
         ",{\"seq\":3,\"t_ns\":7,\"ev\":\"free\",\"api\":\"cudaFree\",\"kind\":\"device\",\"ptr\":\"0x10\",\"size\":100,\"device\":0,\"tid\":1}\n",
-        "],\"end\":{\"devices\":[{\"device\":0,\"allocs\":2,\"frees\":1,\"failures\":0,\"current_bytes\":50,\"peak_bytes\":150}],",
-        "\"host\":{},\"leaks\":[{\"ptr\":\"0x20\",\"size\":50}],\"leak_summary\":{\"bytes\":50,\"count\":1}}}\n"
+        "],\"end\":{\"end_unix_ms\":9,\"duration_ms\":1,\"exit\":{\"how\":\"exit\",\"status\":0},",
+        "\"devices\":[{\"device\":0,\"allocs\":2,\"frees\":1,\"failures\":0,\"current_bytes\":50,\"peak_bytes\":150,\"current_count\":1,\"peak_count\":2,\"reserved_bytes\":0,\"peak_reserved_bytes\":0}],",
+        "\"host\":{\"device\":-1,\"allocs\":0,\"frees\":0,\"failures\":0,\"current_bytes\":0,\"peak_bytes\":0,\"current_count\":0,\"peak_count\":0,\"reserved_bytes\":0,\"peak_reserved_bytes\":0},",
+        "\"leaks\":[{\"ptr\":\"0x20\",\"size\":50,\"device\":0,\"kind\":\"device\",\"api\":\"cudaMalloc\",\"age_ms\":0,\"tid\":1,\"at\":\"exit\"}],",
+        "\"leak_summary\":{\"bytes\":50,\"count\":1},\"dropped_events\":0,\"pools\":[],\"ooms\":[],\"complete\":true}}\n"
     );
 
-    fn write_tmp(name: &str, text: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("cupool-read-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
+    fn read(text: &str) -> Result<Log, ReadError> {
+        read_log_from(text.as_bytes(), "test.json")
     }
 
     #[test]
     fn complete_and_truncated_logs_agree() {
-        let full = read_log(&write_tmp("full.json", COMPLETE)).unwrap();
+        let full = read(COMPLETE).unwrap();
         assert_eq!(full.events.len(), 4);
         let a = summarize(&full);
         assert!(a.complete);
         assert_eq!(a.cmdline, "a b");
+        assert_eq!(a.exit, Some(ExitRecord::Exit { status: Some(0) }));
         // Cut in the middle of the trailer line, as SIGKILL would.
         let cut = &COMPLETE[..COMPLETE.find("],\"end\"").unwrap() + 12];
-        let part = read_log(&write_tmp("cut.json", cut)).unwrap();
+        let part = read(cut).unwrap();
         assert!(part.end.is_none());
         let b = summarize(&part);
         assert!(!b.complete);
         assert_eq!(b.devices, a.devices);
         assert_eq!(b.leak_bytes, 50);
-        assert_eq!(b.leaks[0]["ptr"], "0x20");
+        assert_eq!(b.leaks[0].ptr, Some(0x20));
+        assert_eq!(b.leaks[0].at, "not finished");
         // Cut in the middle of an event line: the half line is dropped.
         let mid = &COMPLETE[..COMPLETE.find("\"seq\":3").unwrap() + 4];
-        let part = read_log(&write_tmp("mid.json", mid)).unwrap();
+        let part = read(mid).unwrap();
         assert_eq!(part.events.len(), 3);
         assert_eq!(summarize(&part).leak_bytes, 150);
+        // Only the header line.
+        let head = &COMPLETE[..COMPLETE.find('\n').unwrap() + 1];
+        assert!(read(head).unwrap().events.is_empty());
     }
 
     #[test]
-    fn rejects_foreign_json() {
-        assert!(read_log(&write_tmp("x.json", "{\"a\":1")).is_err());
+    fn the_same_document_in_another_layout_reads_the_same() {
+        let full = read(COMPLETE).unwrap();
+        let v: Value = serde_json::from_str(COMPLETE).unwrap();
+        let pretty = read(&serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        assert_eq!(pretty.header, full.header);
+        assert_eq!(pretty.events, full.events);
+        assert_eq!(pretty.end, full.end);
+        // And a Log serializes back to the document.
+        assert_eq!(serde_json::to_value(&full).unwrap()["end"], v["end"]);
+        assert_eq!(serde_json::to_value(&full).unwrap()["events"], v["events"]);
+    }
+
+    #[test]
+    fn gzip_is_recognised() {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(COMPLETE.as_bytes()).unwrap();
+        let bytes = gz.finish().unwrap();
+        let log = read_log_from(&bytes[..], "x.json.gz").unwrap();
+        assert_eq!(log.events.len(), 4);
+        assert!(log.end.is_some());
+        // A gzip stream cut short still gives the events it holds.
+        let cut = read_log_from(&bytes[..bytes.len() - 12], "x.json.gz");
+        assert!(cut.is_ok() || cut.unwrap_err().to_string().starts_with("x.json.gz"));
+    }
+
+    #[test]
+    fn bundled_version_1_traces_read() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
+        let log = read_log(dir.join("cupy.json.gz")).unwrap();
+        assert_eq!(log.header.version, 1);
+        assert_eq!(log.header.options.fence_us, 500, "missing option reads as its default");
+        let end = log.end.as_ref().expect("complete trace");
+        assert_eq!(end.exit, ExitRecord::Exit { status: Some(0) });
+        assert!(log.events.len() > 100);
+    }
+
+    #[test]
+    fn version_1_fences_text_is_read() {
+        let mut v: Value = serde_json::from_str(COMPLETE).unwrap();
+        let pool = serde_json::json!({"device":0,"context_destroyed":false,
+            "allocated_bytes":{"current":1,"peak":2},"requested_bytes":{"current":1,"peak":2},
+            "reserved_bytes":{"current":1,"peak":2},"active_bytes":{"current":1,"peak":2},
+            "inactive_split_bytes":{"current":0,"peak":0},"segment":{"current":1,"peak":1},
+            "num_device_alloc":1,"num_device_free":0,"num_alloc_retries":0,"num_ooms":0,"num_syncs":0,
+            "num_waits":0,"largest_free_block":0,"multi_stream":false,
+            "fences":"FenceCounters { recorded: 12, completed: 3, skipped_for_capture: 0, waits: 7 }",
+            "peak_reserved_over_peak_requested":1.0});
+        v["end"]["pools"] = serde_json::json!([pool]);
+        v["version"] = 1.into();
+        let log = read(&v.to_string()).unwrap();
+        let f = log.end.unwrap().pools[0].fences;
+        assert_eq!((f.recorded, f.completed, f.waits, f.syncs), (12, 3, 7, 0));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let e = read("{\"a\":1").unwrap_err();
+        assert!(e.to_string().starts_with("test.json: not a cupool log"), "{e}");
+        let e = read("{\"hello\": 1}\n").unwrap_err();
+        assert!(matches!(e.kind, ReadErrorKind::NotALog(_)), "{e}");
+        assert!(e.to_string().contains("cupool-log"), "{e}");
+        let e = read("not a trace").unwrap_err();
+        assert!(matches!(e.kind, ReadErrorKind::NotALog(_)), "{e}");
+        let e = read(&COMPLETE.replace("\"version\":2", "\"version\":9")).unwrap_err();
+        assert!(matches!(e.kind, ReadErrorKind::Version(9)), "{e}");
+        assert_eq!(e.line, Some(1));
+        // A whole line that is not an event is an error, not a cut.
+        let e = read(&COMPLETE.replace("\"seq\":2,", "")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.to_string().starts_with("test.json:4: event"), "{e}");
+        // So is garbage before the last line.
+        let e = read(&COMPLETE.replace(",{\"seq\":2", ",{\"seq\":2#")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = read_log("/nonexistent/cupool.1.json").unwrap_err();
+        assert!(e.to_string().starts_with("/nonexistent/cupool.1.json: "), "{e}");
+    }
+
+    #[test]
+    fn unknown_names_are_kept() {
+        let text = COMPLETE.replace("\"api\":\"cudaFree\"", "\"api\":\"cuMemFutureFree\"");
+        let log = read(&text).unwrap();
+        let api = log.events[3].api.as_ref().unwrap();
+        assert_eq!(api.known(), None);
+        assert_eq!(api.as_str(), "cuMemFutureFree");
+        assert_eq!(serde_json::to_value(&log).unwrap()["events"][3]["api"], "cuMemFutureFree");
     }
 }

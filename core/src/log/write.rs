@@ -1,10 +1,9 @@
 //! Formatting of log lines. Pure functions over `String` so they can be golden-tested.
 
+use super::schema::{End, ProcessInfo, SCHEMA, VERSION};
 use super::{Event, EventKind};
+use crate::options::Options;
 use std::fmt::Write as _;
-
-pub const SCHEMA: &str = "cupool-log";
-pub const VERSION: u32 = 1;
 
 /// Marker for the first event line, which carries no leading comma.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -14,14 +13,18 @@ pub enum EventLine {
 }
 
 /// The first line: everything up to and including `"events":[`.
-pub fn write_header(out: &mut String, process: &serde_json::Value, options: &serde_json::Value) {
+pub fn write_header(out: &mut String, process: &ProcessInfo, options: &Options) {
+    // Plain records of strings and numbers: serializing them cannot fail.
+    let process = serde_json::to_string(process).unwrap_or_else(|_| "{}".into());
+    let options = serde_json::to_string(options).unwrap_or_else(|_| "{}".into());
     let _ = writeln!(
         out,
         "{{\"schema\":\"{SCHEMA}\",\"version\":{VERSION},\"process\":{process},\"options\":{options},\"events\":["
     );
 }
 
-/// Appends one event as one line.
+/// Appends one event as one line: exactly the JSON of `EventRecord::from(e)`,
+/// formatted by hand because it runs for every allocation.
 pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
     if line == EventLine::Later {
         out.push(',');
@@ -66,21 +69,27 @@ pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
     let _ = writeln!(out, ",\"tid\":{}}}", e.tid);
 }
 
-/// Closes the events array and opens the `end` object; the caller appends the
-/// end object's JSON and then `}\n`.
-pub fn write_trailer_open(out: &mut String) {
+/// Closes the events array and writes the end record and the closing brace:
+/// `],"end":{...}}` and a newline.
+pub fn write_end(out: &mut String, end: &End) {
     out.push_str("],\"end\":");
+    // Plain records of strings and numbers (non-finite floats become null).
+    out.push_str(&serde_json::to_string(end).unwrap_or_else(|_| "null".into()));
+    out.push_str("}\n");
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::schema::{DeviceCounters, ExitRecord, LeakSummary};
     use super::super::{Api, MemKind};
     use super::*;
 
     #[test]
     fn golden_lines() {
         let mut s = String::new();
-        write_header(&mut s, &serde_json::json!({"pid": 7}), &serde_json::json!({"mode": "pool"}));
+        let process = ProcessInfo { pid: 7, ppid: 1, cmdline: vec!["a".into()], exe: "/a".into(), start_unix_ms: 5 };
+        let options = crate::options::parse("mode=pool").0;
+        write_header(&mut s, &process, &options);
         write_event(&mut s, &Event::new(EventKind::Start, Api::None), EventLine::First);
         let mut a = Event::new(EventKind::Alloc, Api::CudaMallocAsync);
         a.seq = 1;
@@ -98,14 +107,32 @@ mod tests {
         c.size = 5000011;
         c.aux = 1;
         write_event(&mut s, &c, EventLine::Later);
-        write_trailer_open(&mut s);
-        s.push_str("{}}\n");
+        let end = End {
+            end_unix_ms: 9,
+            duration_ms: 4,
+            exit: ExitRecord::Exit { status: None },
+            devices: vec![],
+            host: DeviceCounters::new(-1),
+            leak_summary: LeakSummary::default(),
+            leaks: vec![],
+            dropped_events: 0,
+            pools: vec![],
+            ooms: vec![],
+            complete: true,
+        };
+        write_end(&mut s, &end);
         let expected = concat!(
-            "{\"schema\":\"cupool-log\",\"version\":1,\"process\":{\"pid\":7},\"options\":{\"mode\":\"pool\"},\"events\":[\n",
+            "{\"schema\":\"cupool-log\",\"version\":2,",
+            "\"process\":{\"pid\":7,\"ppid\":1,\"cmdline\":[\"a\"],\"exe\":\"/a\",\"start_unix_ms\":5},",
+            "\"options\":{\"mode\":\"pool\",\"log_dir\":\".\",\"log\":true,\"trace\":true,\"run_id\":\"\",",
+            "\"flush_ms\":100,\"limit\":0,\"verbosity\":1,\"fence_us\":500},\"events\":[\n",
             "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":0}\n",
             ",{\"seq\":1,\"t_ns\":99,\"ev\":\"alloc\",\"api\":\"cudaMallocAsync\",\"kind\":\"async\",\"ptr\":\"0x7f0000000200\",\"size\":1000003,\"device\":0,\"stream\":\"0x55\",\"tid\":42}\n",
             ",{\"seq\":2,\"t_ns\":0,\"ev\":\"checkpoint\",\"api\":\"cuCtxDestroy_v2\",\"device\":1,\"leaked_bytes\":5000011,\"leaked_count\":1,\"tid\":0}\n",
-            "],\"end\":{}}\n"
+            "],\"end\":{\"end_unix_ms\":9,\"duration_ms\":4,\"exit\":{\"how\":\"exit\",\"status\":null},\"devices\":[],",
+            "\"host\":{\"device\":-1,\"allocs\":0,\"frees\":0,\"failures\":0,\"current_bytes\":0,\"peak_bytes\":0,",
+            "\"current_count\":0,\"peak_count\":0,\"reserved_bytes\":0,\"peak_reserved_bytes\":0},\"leak_summary\":{\"bytes\":0,\"count\":0},\"leaks\":[],",
+            "\"dropped_events\":0,\"pools\":[],\"ooms\":[],\"complete\":true}}\n"
         );
         assert_eq!(s, expected);
         let v: serde_json::Value = serde_json::from_str(&s).expect("complete log is valid JSON");

@@ -1,19 +1,15 @@
 //! One-screen summaries of cupool logs.
 
-use cupool_core::log::{read_log, summarize, Log, Summary};
-use serde_json::{json, Value};
+use cupool_core::log::{read_log, summarize, ExitRecord, Log, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Every log in `dir` written by the run tagged `run_id`, oldest process first.
 pub fn logs_of_run(dir: &Path, run_id: &str) -> Vec<Log> {
-    let mut logs: Vec<Log> = log_files(dir)
-        .iter()
-        .filter_map(|p| read_log(p).ok())
-        .filter(|l| l.header["options"]["run_id"] == run_id)
-        .collect();
-    logs.sort_by_key(|l| l.header["process"]["start_unix_ms"].as_u64().unwrap_or(0));
+    let mut logs: Vec<Log> =
+        log_files(dir).iter().filter_map(|p| read_log(p).ok()).filter(|l| l.header.options.run_id == run_id).collect();
+    logs.sort_by_key(|l| l.header.process.start_unix_ms);
     logs
 }
 
@@ -25,7 +21,7 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("cupool.") && name.ends_with(".json")
+            name.starts_with("cupool.") && (name.ends_with(".json") || name.ends_with(".json.gz"))
         })
         .collect();
     files.sort();
@@ -50,13 +46,9 @@ pub fn human_bytes(n: u64) -> String {
 fn exit_text(s: &Summary) -> String {
     match &s.exit {
         _ if !s.complete => "log cut short (killed?)".into(),
-        Some(e) if e["how"] == "signal" => {
-            format!("killed by {}", e["name"].as_str().unwrap_or("a signal"))
-        }
-        Some(e) => match e["status"].as_i64() {
-            Some(st) => format!("exit {st}"),
-            None => "exit".into(),
-        },
+        Some(ExitRecord::Signal { name, .. }) => format!("killed by {name}"),
+        Some(ExitRecord::Exit { status: Some(st) }) => format!("exit {st}"),
+        Some(ExitRecord::Exit { status: None }) => "exit".into(),
         None => "?".into(),
     }
 }
@@ -102,16 +94,16 @@ pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for s in &summaries {
         for l in &s.leaks {
-            let size = l["size"].as_u64().unwrap_or(0);
-            let at = match l["at"].as_str().unwrap_or("?") {
+            let size = l.size;
+            let at = match l.at.as_str() {
                 "not finished" => "alive when killed",
                 other => other,
             };
             let what = format!(
                 "{:<8} {:<22} device {:<2} pid {:<8} at {at}",
-                l["kind"].as_str().unwrap_or("?"),
-                l["api"].as_str().unwrap_or("?"),
-                l["device"],
+                l.kind.as_str(),
+                l.api.as_str(),
+                l.device,
                 s.pid
             );
             let key = format!("{size}|{what}");
@@ -134,21 +126,6 @@ pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
     }
 }
 
-fn summary_json(s: &Summary) -> Value {
-    json!({
-        "pid": s.pid,
-        "cmdline": s.cmdline,
-        "complete": s.complete,
-        "exit": s.exit,
-        "events": s.events,
-        "devices": s.devices.iter().map(|d| json!({
-            "device": d.device, "allocs": d.allocs, "frees": d.frees, "failures": d.failures,
-            "current_bytes": d.current_bytes, "peak_bytes": d.peak_bytes})).collect::<Vec<_>>(),
-        "leak_bytes": s.leak_bytes,
-        "leaks": s.leaks,
-    })
-}
-
 pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
     let mut logs = Vec::new();
     let mut failed = false;
@@ -165,7 +142,7 @@ pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
         }
     }
     if as_json {
-        let v: Vec<Value> = logs.iter().map(|l| summary_json(&summarize(l))).collect();
+        let v: Vec<Summary> = logs.iter().map(summarize).collect();
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         let dir = paths.first().cloned().unwrap_or_default();

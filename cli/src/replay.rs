@@ -1,27 +1,13 @@
 //! `cupool replay`: runs recorded allocation traces through the pool core on
 //! the CPU and reports how much memory it would reserve for them.
 
-use cupool_core::log::read_log;
-use cupool_core::pool::{Backend, BlockId, Pool, PoolConfig};
+use cupool_core::log::{maybe_gunzip, read_log_from, EventKind, MemKind};
+use cupool_core::pool::testing::SimulatedDevice;
+use cupool_core::pool::{BlockId, Pool, PoolConfig};
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-
-/// A device with unbounded memory: segments are laid out end to end.
-struct Simulated {
-    next: u64,
-}
-
-impl Backend for Simulated {
-    fn allocate_segment(&mut self, size: u64) -> Option<u64> {
-        let addr = self.next;
-        self.next += size;
-        Some(addr)
-    }
-    fn release_segment(&mut self, _addr: u64, _size: u64) {}
-}
 
 /// One operation of a trace: allocate `size` under `key`, or free `key`.
 enum Op {
@@ -29,23 +15,14 @@ enum Op {
     Free(u64),
 }
 
-fn read_text(path: &Path) -> std::io::Result<String> {
-    let raw = std::fs::read(path)?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut s = String::new();
-        flate2::read::GzDecoder::new(&raw[..]).read_to_string(&mut s)?;
-        Ok(s)
-    } else {
-        String::from_utf8(raw).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-    }
-}
-
 /// Device-memory operations of a cupool log, or of an RMM logging CSV
-/// (`Thread,Time,Action,Pointer,Size,Stream`).
-fn load(path: &Path) -> std::io::Result<Vec<Op>> {
-    let text = read_text(path)?;
+/// (`Thread,Time,Action,Pointer,Size,Stream`); either may be gzipped.
+fn load(path: &Path) -> Result<Vec<Op>, String> {
+    let in_file = |e: std::io::Error| format!("{}: {e}", path.display());
+    let bytes = maybe_gunzip(std::fs::read(path).map_err(in_file)?).map_err(in_file)?;
     let mut ops = Vec::new();
-    if text.starts_with("Thread,") {
+    if bytes.starts_with(b"Thread,") {
+        let text = String::from_utf8_lossy(&bytes);
         for line in text.lines().skip(1) {
             let f: Vec<&str> = line.split(',').map(str::trim).collect();
             if f.len() < 5 {
@@ -60,21 +37,16 @@ fn load(path: &Path) -> std::io::Result<Vec<Op>> {
         }
         return Ok(ops);
     }
-    let tmp = std::env::temp_dir().join(format!("cupool-replay-{}.json", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    let log = read_log(&tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let mut events = log?.events;
-    events.sort_by_key(|e| e["seq"].as_u64().unwrap_or(0));
+    let mut events = read_log_from(&bytes[..], path).map_err(|e| e.to_string())?.events;
+    events.sort_by_key(|e| e.seq);
     for e in events {
-        let kind = e["kind"].as_str().unwrap_or("");
-        if !matches!(kind, "device" | "pitched") {
+        if !matches!(e.kind.as_ref().and_then(|k| k.known()), Some(MemKind::Device | MemKind::Pitched)) {
             continue; // what the pool serves
         }
-        let ptr = e["ptr"].as_str().and_then(|p| u64::from_str_radix(p.trim_start_matches("0x"), 16).ok()).unwrap_or(0);
-        match e["ev"].as_str() {
-            Some("alloc") => ops.push(Op::Alloc(ptr, e["size"].as_u64().unwrap_or(0))),
-            Some("free") => ops.push(Op::Free(ptr)),
+        let ptr = e.ptr.unwrap_or(0);
+        match e.ev.known() {
+            Some(EventKind::Alloc) => ops.push(Op::Alloc(ptr, e.size.unwrap_or(0))),
+            Some(EventKind::Free) => ops.push(Op::Free(ptr)),
             _ => {}
         }
     }
@@ -90,7 +62,7 @@ struct Outcome {
 }
 
 fn replay(ops: &[Op]) -> Outcome {
-    let mut pool = Pool::new(Simulated { next: 1 << 40 }, PoolConfig::shim_default());
+    let mut pool = Pool::new(SimulatedDevice::new(), PoolConfig::shim_default());
     let mut live: HashMap<u64, (BlockId, u64)> = HashMap::with_capacity(ops.len() / 2);
     let (mut live_bytes, mut peak_live) = (0u64, 0u64);
     let start = Instant::now();
@@ -125,11 +97,11 @@ fn replay(ops: &[Op]) -> Outcome {
     }
 }
 
-/// The traces shipped in `traces/` next to the repository's Cargo.toml (or `$CUPOOL_TRACES`).
+/// The traces shipped in the repository's `traces/` (or `$CUPOOL_TRACES`).
 fn bundled() -> Vec<PathBuf> {
     let dir = std::env::var_os("CUPOOL_TRACES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("traces"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("traces"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect())
         .unwrap_or_default();
@@ -166,7 +138,7 @@ pub fn run(paths: Vec<PathBuf>) -> ExitCode {
                 );
             }
             Err(e) => {
-                eprintln!("cupool replay: {}: {e}", p.display());
+                eprintln!("cupool replay: {e}");
                 failed = true;
             }
         }

@@ -1,0 +1,90 @@
+//! `cupool`: runs programs under the preload library and reads its logs.
+
+mod replay;
+mod run;
+mod summary;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "cupool",
+    about = "Pool, track and leak-check the CUDA device memory of any program",
+    long_about = "Pool, track and leak-check the CUDA device memory of any program.\n\n\
+        cupool runs a program with libcupool.so preloaded. The library sees every CUDA memory \
+        allocation and free (runtime and driver API), can serve device allocations from its own \
+        pool (--mode pool), and writes one JSON log per process (cupool.<pid>.json) with a \
+        timeline and a leak report at exit. No change to the program is needed.",
+    after_help = "Start with:  cupool run -- python train.py\n\
+        Then:        cupool report cupool-logs\n\
+        Each command has its own --help."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program with libcupool.so preloaded, then summarise its logs
+    #[command(
+        long_about = "Run a program with libcupool.so preloaded, then summarise its logs.\n\n\
+            Every process the program starts that uses CUDA memory writes its own log into \
+            --log-dir. cupool waits for the program, prints a one-screen summary of every process \
+            of this run (devices, peaks, leaks) on stderr, and exits with the program's exit status \
+            (128 + the signal number when the program was killed).",
+        after_help = run::options_help()
+    )]
+    Run(run::RunArgs),
+    /// Summarise existing logs: peaks, failures and leaks per process
+    #[command(long_about = "Summarise existing logs: peaks, failures and leaks per process.\n\n\
+        Reads logs written by libcupool.so, complete or cut short (a process killed by SIGKILL \
+        leaves a log without its end record; its leaks are then rebuilt from the timeline). \
+        Exits with status 2 if a file cannot be read as a cupool log.")]
+    Report {
+        /// Print the summary as JSON (one object per log) instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Log files (cupool.<pid>.json, also gzipped as .json.gz) or directories; a directory
+        /// stands for every cupool.*.json and cupool.*.json.gz in it.
+        #[arg(required = true, value_name = "PATHS")]
+        paths: Vec<PathBuf>,
+    },
+    /// Replay recorded allocation traces through cupool's pool on the CPU
+    #[command(long_about = "Replay recorded allocation traces through cupool's pool on the CPU.\n\n\
+        For each trace, prints the number of operations, the peak of live bytes, the peak of \
+        bytes the pool reserved from the device, their ratio (the pool's overhead), the number of \
+        segments and the time per operation. Only device memory the pool would serve (kind \
+        device and pitched) is replayed. No GPU is needed.")]
+    Replay {
+        /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
+        /// plain or gzipped. None: the traces bundled in traces/ (or $CUPOOL_TRACES).
+        #[arg(value_name = "TRACES")]
+        traces: Vec<PathBuf>,
+    },
+}
+
+/// `cupool --version`: the tool's version and the version of the log schema it reads and writes.
+fn version() -> &'static str {
+    let text = format!(
+        "{} (log schema {} version {}; reads versions {:?})",
+        env!("CARGO_PKG_VERSION"),
+        cupool_core::log::SCHEMA,
+        cupool_core::log::VERSION,
+        cupool_core::log::READABLE_VERSIONS
+    );
+    Box::leak(text.into_boxed_str()) // once per process
+}
+
+fn main() -> ExitCode {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().version(version()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Replay { traces } => replay::run(traces),
+        Command::Report { json, paths } => summary::report(&paths, json),
+    }
+}

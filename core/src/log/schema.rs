@@ -1,0 +1,348 @@
+//! The records of a cupool log, defined once: the shim writes them, the CLI,
+//! replay and the tests read them. `docs/log-schema.md` documents every field
+//! (a test checks that the two agree).
+//!
+//! Pointers, handles and streams are hex strings (`"0x7f3a40000000"`) in the
+//! JSON: readers in other languages lose precision above 2^53.
+//!
+//! Names (`ev`, `api`, `kind`) are [`Named`]: a name this build does not know
+//! is kept as a string rather than making the whole log unreadable.
+
+use super::{Api, Event, EventKind, MemKind, Named};
+use crate::options::Options;
+use serde::{Deserialize, Serialize};
+
+/// The `schema` of every cupool log.
+pub const SCHEMA: &str = "cupool-log";
+/// The version this build writes. 2: `end.pools[].fences` became an object.
+pub const VERSION: u32 = 2;
+/// The versions this build reads.
+pub const READABLE_VERSIONS: &[u32] = &[1, 2];
+
+/// `process`: the process that wrote the log. A field missing from a log reads as 0 / empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub cmdline: Vec<String>,
+    pub exe: String,
+    pub start_unix_ms: u64,
+}
+
+/// Everything on the header line except the `events` array.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Always [`SCHEMA`].
+    pub schema: String,
+    pub version: u32,
+    pub process: ProcessInfo,
+    pub options: Options,
+}
+
+/// One line of the timeline as read back. Which fields an event has depends
+/// on `ev` (see `docs/log-schema.md`); the others are `None`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub seq: u64,
+    pub t_ns: u64,
+    pub ev: Named<EventKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<Named<Api>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Named<MemKind>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
+    pub ptr: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
+    pub stream: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
+    pub handle: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaked_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaked_count: Option<u64>,
+    /// Always written; `None` only in hand-made logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tid: Option<u32>,
+}
+
+impl EventRecord {
+    /// An event with only `seq`, `t_ns` and `ev`.
+    pub fn new(seq: u64, t_ns: u64, ev: EventKind) -> EventRecord {
+        EventRecord {
+            seq,
+            t_ns,
+            ev: ev.into(),
+            api: None,
+            kind: None,
+            ptr: None,
+            size: None,
+            device: None,
+            stream: None,
+            handle: None,
+            result: None,
+            leaked_bytes: None,
+            leaked_count: None,
+            tid: None,
+        }
+    }
+}
+
+impl From<&Event> for EventRecord {
+    /// The record `write_event` writes for `e` (a test holds the two together).
+    fn from(e: &Event) -> EventRecord {
+        let mut r = EventRecord::new(e.seq, e.t_ns, e.kind);
+        r.tid = Some(e.tid);
+        if e.kind != EventKind::Start {
+            r.api = Some(e.api.into());
+        }
+        let aux = (e.aux != 0).then_some(e.aux);
+        match e.kind {
+            EventKind::Start => {}
+            EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap => {
+                r.kind = Some(e.mem.into());
+                r.ptr = Some(e.ptr);
+                r.size = Some(e.size);
+                r.device = Some(e.device);
+                if matches!(e.kind, EventKind::Map | EventKind::Unmap) {
+                    r.handle = aux;
+                } else {
+                    r.stream = aux;
+                }
+            }
+            EventKind::AllocFailed | EventKind::Oom => {
+                r.kind = Some(e.mem.into());
+                r.size = Some(e.size);
+                r.device = Some(e.device);
+                r.result = Some(e.result);
+            }
+            EventKind::InvalidFree => {
+                r.ptr = Some(e.ptr);
+                r.device = Some(e.device);
+                r.result = Some(e.result);
+            }
+            EventKind::Checkpoint => {
+                r.device = Some(e.device);
+                r.leaked_bytes = Some(e.size);
+                r.leaked_count = Some(e.aux);
+            }
+        }
+        r
+    }
+}
+
+/// `end.exit`: how the process ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "how", rename_all = "lowercase")]
+pub enum ExitRecord {
+    /// `{"how":"exit","status":N}`; `status` is `null` when unknown.
+    Exit { status: Option<i32> },
+    /// `{"how":"signal","signal":15,"name":"SIGTERM"}`.
+    Signal { signal: i32, name: String },
+}
+
+/// `end.devices[]` and `end.host`: what one device (or pinned host memory, device -1) saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCounters {
+    pub device: i32,
+    pub allocs: u64,
+    pub frees: u64,
+    pub failures: u64,
+    pub current_bytes: u64,
+    pub peak_bytes: u64,
+    pub current_count: u64,
+    pub peak_count: u64,
+    /// Bytes held from CUDA: pool segments plus allocations CUDA made
+    /// directly (0 in logs written before it was recorded).
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    #[serde(default)]
+    pub peak_reserved_bytes: u64,
+}
+
+impl DeviceCounters {
+    /// All zero, for `device`.
+    pub fn new(device: i32) -> DeviceCounters {
+        DeviceCounters { device, ..Default::default() }
+    }
+}
+
+/// `end.leak_summary`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeakSummary {
+    pub bytes: u64,
+    pub count: u64,
+}
+
+/// `end.leaks[]`: an allocation still live when its context died or the process ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leak {
+    /// The address; `None` for VMM memory, which has `handle` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
+    pub ptr: Option<u64>,
+    /// The `cuMemCreate` handle of VMM memory.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
+    pub handle: Option<u64>,
+    pub size: u64,
+    pub device: i32,
+    pub kind: Named<MemKind>,
+    pub api: Named<Api>,
+    /// Milliseconds between the allocation and `at`.
+    pub age_ms: u64,
+    pub tid: u32,
+    /// `exit`, the API of the checkpoint that found it, or `not finished`
+    /// when rebuilt from the timeline of a log cut short.
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
+    pub stream: Option<u64>,
+}
+
+/// A `{current, peak}` figure of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    pub current: u64,
+    pub peak: u64,
+}
+
+/// `end.pools[].fences`: how a pool's reuse fences fared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceCounters {
+    pub recorded: u64,
+    pub completed: u64,
+    pub skipped_for_capture: u64,
+    pub record_errors: u64,
+    pub gpu_barriers: u64,
+    pub waits: u64,
+    pub syncs: u64,
+}
+
+impl FenceCounters {
+    /// Version 1 wrote the counters as Rust's `Debug` text,
+    /// `FenceCounters { recorded: 2, completed: 1, ... }`; absent counters read as 0.
+    pub fn from_debug_text(s: &str) -> FenceCounters {
+        let get = |name: &str| -> u64 {
+            let pat = format!("{name}: ");
+            let Some(at) = s.find(&pat) else { return 0 };
+            let digits: String = s[at + pat.len()..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().unwrap_or(0)
+        };
+        FenceCounters {
+            recorded: get("recorded"),
+            completed: get("completed"),
+            skipped_for_capture: get("skipped_for_capture"),
+            record_errors: get("record_errors"),
+            gpu_barriers: get("gpu_barriers"),
+            waits: get("waits"),
+            syncs: get("syncs"),
+        }
+    }
+}
+
+/// `end.pools[]`: one pool (one CUDA context) in pool mode. Named after PyTorch's statistics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolRecord {
+    pub device: i32,
+    pub context_destroyed: bool,
+    pub allocated_bytes: Stat,
+    pub requested_bytes: Stat,
+    pub reserved_bytes: Stat,
+    pub active_bytes: Stat,
+    pub inactive_split_bytes: Stat,
+    pub segment: Stat,
+    pub num_device_alloc: u64,
+    pub num_device_free: u64,
+    pub num_alloc_retries: u64,
+    pub num_ooms: u64,
+    pub num_syncs: u64,
+    pub num_waits: u64,
+    pub largest_free_block: u64,
+    pub multi_stream: bool,
+    /// An object since version 2; version 1's text form is read too.
+    #[serde(deserialize_with = "fences_v1_or_v2")]
+    pub fences: FenceCounters,
+    pub peak_reserved_over_peak_requested: f64,
+}
+
+fn fences_v1_or_v2<'de, D: serde::Deserializer<'de>>(d: D) -> Result<FenceCounters, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        V2(FenceCounters),
+        V1(String),
+    }
+    Ok(match Either::deserialize(d)? {
+        Either::V2(f) => f,
+        Either::V1(s) => FenceCounters::from_debug_text(&s),
+    })
+}
+
+/// `end.ooms[]`: what the device memory looked like when the pool ran out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomRecord {
+    pub t_ns: u64,
+    pub device: i32,
+    pub requested: u64,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub free_in_pool: u64,
+    pub largest_free_block: u64,
+    /// The 10 largest live requests, largest first.
+    pub largest_live: Vec<u64>,
+}
+
+/// `end`: the record written when the process ends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct End {
+    pub end_unix_ms: u64,
+    pub duration_ms: u64,
+    pub exit: ExitRecord,
+    pub devices: Vec<DeviceCounters>,
+    pub host: DeviceCounters,
+    pub leak_summary: LeakSummary,
+    /// Largest first.
+    pub leaks: Vec<Leak>,
+    pub dropped_events: u64,
+    pub pools: Vec<PoolRecord>,
+    pub ooms: Vec<OomRecord>,
+    pub complete: bool,
+}
+
+/// `0x…` strings for `Option<u64>` fields. Reading also accepts a plain number.
+pub(crate) mod hex_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(n) => s.collect_str(&format_args!("{n:#x}")),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Number(u64),
+        }
+        match Option::<Raw>::deserialize(d)? {
+            None => Ok(None),
+            Some(Raw::Number(n)) => Ok(Some(n)),
+            Some(Raw::Text(t)) => super::parse_hex(&t)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom(format!("expected a 0x… hex string, got {t:?}"))),
+        }
+    }
+}
+
+/// `"0x1f"` → 31.
+pub fn parse_hex(s: &str) -> Option<u64> {
+    let h = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X"))?;
+    u64::from_str_radix(h, 16).ok()
+}

@@ -1,0 +1,322 @@
+//! The writer, the records and `docs/log-schema.md` agree.
+
+use super::*;
+use crate::options::Options;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One event of `kind` with every field set; `aux` decides the optional
+/// `stream`/`handle` (and is the leak count of a checkpoint).
+fn event(kind: EventKind, aux: u64) -> Event {
+    let mut e = Event::new(kind, Api::CuMemAllocAsync);
+    e.seq = 17;
+    e.t_ns = 123_456_789;
+    e.mem = if matches!(kind, EventKind::Map | EventKind::Unmap) { MemKind::Vmm } else { MemKind::Async };
+    e.device = 3;
+    e.ptr = 0xffff_ffff_ffff_fff0;
+    e.size = u64::MAX - 1;
+    e.aux = aux;
+    e.tid = u32::MAX;
+    e.result = -2;
+    e
+}
+
+fn line_of(e: &Event) -> String {
+    let mut s = String::new();
+    write_event(&mut s, e, EventLine::Later);
+    assert!(s.starts_with(',') && s.ends_with('\n'), "{s:?}");
+    s[1..s.len() - 1].to_string()
+}
+
+#[test]
+fn every_event_kind_round_trips_through_event_record() {
+    for &kind in EventKind::ALL {
+        for aux in [0, 0x55] {
+            for api in [Api::None, Api::CudaMalloc, Api::CuMemUnmap] {
+                for mem in MemKind::ALL {
+                    let mut e = event(kind, aux);
+                    e.api = api;
+                    e.mem = *mem;
+                    let line = line_of(&e);
+                    let read: EventRecord =
+                        serde_json::from_str(&line).unwrap_or_else(|err| panic!("{kind:?}: {line}: {err}"));
+                    assert_eq!(read, EventRecord::from(&e), "{line}");
+                    assert_eq!(read.ev, kind);
+                    // Byte for byte what serde writes for the record.
+                    assert_eq!(serde_json::to_string(&read).unwrap(), line, "{kind:?}");
+                }
+            }
+        }
+    }
+    let mut first = String::new();
+    write_event(&mut first, &event(EventKind::Start, 0), EventLine::First);
+    assert!(first.starts_with("{\"seq\":17,"), "{first}");
+}
+
+fn process() -> ProcessInfo {
+    ProcessInfo {
+        pid: 4242,
+        ppid: 1,
+        cmdline: vec!["python3".into(), "train.py".into()],
+        exe: "/usr/bin/python3.12".into(),
+        start_unix_ms: 1_795_320_821_241,
+    }
+}
+
+fn stat(n: u64) -> Stat {
+    Stat { current: n, peak: 2 * n }
+}
+
+/// An end record with every optional field present somewhere.
+fn full_end() -> End {
+    let counters = |device: i32| DeviceCounters {
+        device,
+        allocs: 5,
+        frees: 4,
+        failures: 1,
+        current_bytes: 100,
+        peak_bytes: 300,
+        current_count: 1,
+        peak_count: 3,
+        reserved_bytes: 2 << 20,
+        peak_reserved_bytes: 4 << 20,
+    };
+    let leak = Leak {
+        ptr: Some(0x7f00_0000_0000),
+        handle: None,
+        size: 100,
+        device: 0,
+        kind: MemKind::Async.into(),
+        api: Api::CudaMallocAsync.into(),
+        age_ms: 12,
+        tid: 77,
+        at: "exit".into(),
+        stream: Some(0x55),
+    };
+    let vmm =
+        Leak { ptr: None, handle: Some(0x9), kind: MemKind::Vmm.into(), api: Api::CuMemCreate.into(), ..leak.clone() };
+    End {
+        end_unix_ms: 1_795_320_821_496,
+        duration_ms: 255,
+        exit: ExitRecord::Signal { signal: 15, name: "SIGTERM".into() },
+        devices: vec![counters(0), counters(1)],
+        host: counters(-1),
+        leak_summary: LeakSummary { bytes: 200, count: 2 },
+        leaks: vec![leak, vmm],
+        dropped_events: 3,
+        pools: vec![PoolRecord {
+            device: 0,
+            context_destroyed: true,
+            allocated_bytes: stat(1),
+            requested_bytes: stat(2),
+            reserved_bytes: stat(3),
+            active_bytes: stat(4),
+            inactive_split_bytes: stat(5),
+            segment: stat(6),
+            num_device_alloc: 7,
+            num_device_free: 8,
+            num_alloc_retries: 9,
+            num_ooms: 10,
+            num_syncs: 11,
+            num_waits: 12,
+            largest_free_block: 13,
+            multi_stream: true,
+            fences: FenceCounters {
+                recorded: 1,
+                completed: 2,
+                skipped_for_capture: 3,
+                record_errors: 4,
+                gpu_barriers: 5,
+                waits: 6,
+                syncs: 7,
+            },
+            peak_reserved_over_peak_requested: 1.25,
+        }],
+        ooms: vec![OomRecord {
+            t_ns: 1,
+            device: 0,
+            requested: 2,
+            reserved: 3,
+            allocated: 4,
+            free_in_pool: 5,
+            largest_free_block: 6,
+            largest_live: vec![8, 7],
+        }],
+        complete: false,
+    }
+}
+
+/// A whole log as the writer writes it, with one event of each kind.
+fn full_log_text(end: &End) -> String {
+    let mut s = String::new();
+    let options = crate::options::parse("mode=pool:run_id=r1:fence_us=250").0;
+    write_header(&mut s, &process(), &options);
+    write_event(&mut s, &event(EventKind::Start, 0), EventLine::First);
+    for (i, &kind) in EventKind::ALL.iter().enumerate() {
+        let mut e = event(kind, 0x10 + i as u64);
+        e.seq = 100 + i as u64;
+        write_event(&mut s, &e, EventLine::Later);
+    }
+    write_end(&mut s, end);
+    s
+}
+
+#[test]
+fn a_written_log_reads_back_into_the_same_records() {
+    let end = full_end();
+    let text = full_log_text(&end);
+    let log = read_log_from(text.as_bytes(), "full.json").unwrap();
+    assert_eq!(log.header.schema, SCHEMA);
+    assert_eq!(log.header.version, VERSION);
+    assert_eq!(log.header.process, process());
+    assert_eq!(log.header.options.fence_us, 250);
+    assert_eq!(log.events.len(), EventKind::ALL.len() + 1);
+    assert_eq!(log.end.as_ref(), Some(&end));
+    // The typed log serializes back to the very document that was written.
+    let written: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(serde_json::to_value(&log).unwrap(), written);
+    // Every exit form round-trips.
+    for exit in [ExitRecord::Exit { status: Some(7) }, ExitRecord::Exit { status: None }] {
+        let v = serde_json::to_value(&exit).unwrap();
+        assert_eq!(v["how"], "exit");
+        assert!(v.as_object().unwrap().contains_key("status"), "{v}");
+        assert_eq!(serde_json::from_value::<ExitRecord>(v).unwrap(), exit);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// docs/log-schema.md
+
+const DOC: &str = include_str!("../../../docs/log-schema.md");
+
+fn keys(v: &Value) -> BTreeSet<String> {
+    v.as_object().unwrap_or_else(|| panic!("not an object: {v}")).keys().cloned().collect()
+}
+
+fn union(vs: &[Value]) -> BTreeSet<String> {
+    vs.iter().flat_map(keys).collect()
+}
+
+/// The field names of every record, by the path the doc's headings use.
+fn record_fields() -> BTreeMap<&'static str, BTreeSet<String>> {
+    let end = full_end();
+    let log: Value = serde_json::from_str(&full_log_text(&end)).unwrap();
+    let e = &log["end"];
+    let exits = [
+        serde_json::to_value(ExitRecord::Exit { status: Some(0) }).unwrap(),
+        serde_json::to_value(ExitRecord::Signal { signal: 9, name: "SIGKILL".into() }).unwrap(),
+    ];
+    let evs: Vec<Value> = log["events"].as_array().unwrap().clone();
+    let common: BTreeSet<String> = evs.iter().map(keys).reduce(|a, b| &a & &b).unwrap();
+    let mut m = BTreeMap::new();
+    m.insert("log", keys(&log));
+    m.insert("process", keys(&log["process"]));
+    m.insert("options", keys(&serde_json::to_value(Options::default()).unwrap()));
+    m.insert("events[]", common);
+    m.insert("end", keys(e));
+    m.insert("end.exit", union(&exits));
+    m.insert("end.devices[]", union(e["devices"].as_array().unwrap()));
+    m.insert("end.leak_summary", keys(&e["leak_summary"]));
+    m.insert("end.leaks[]", union(e["leaks"].as_array().unwrap()));
+    m.insert("end.pools[]", keys(&e["pools"][0]));
+    m.insert("end.pools[].segment", keys(&e["pools"][0]["segment"]));
+    m.insert("end.pools[].fences", keys(&e["pools"][0]["fences"]));
+    m.insert("end.ooms[]", keys(&e["ooms"][0]));
+    m
+}
+
+/// Backticked words of a markdown cell, each with whether a `?` follows it.
+fn ticked(cell: &str) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut rest = cell;
+    while let Some(a) = rest.find('`') {
+        let Some(b) = rest[a + 1..].find('`') else { break };
+        let word = &rest[a + 1..a + 1 + b];
+        rest = &rest[a + b + 2..];
+        out.push((word.to_string(), rest.starts_with('?')));
+    }
+    out
+}
+
+/// The doc's tables: heading path -> rows of cells. A table belongs to the
+/// first backticked word of the heading above it.
+fn doc_tables() -> BTreeMap<String, Vec<Vec<String>>> {
+    let mut tables: BTreeMap<String, Vec<Vec<String>>> = BTreeMap::new();
+    let mut path = None;
+    let mut lines = DOC.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.starts_with('#') {
+            path = ticked(line).into_iter().next().map(|(w, _)| w);
+            continue;
+        }
+        let (Some(p), true) = (&path, line.starts_with('|')) else { continue };
+        let cells: Vec<String> = line.trim().trim_matches('|').split('|').map(|c| c.trim().to_string()).collect();
+        if cells[0].starts_with("---") || lines.peek().is_some_and(|next| next.starts_with("|---")) {
+            continue; // the header and separator rows
+        }
+        tables.entry(p.clone()).or_default().push(cells);
+    }
+    tables
+}
+
+#[test]
+fn the_schema_doc_lists_exactly_the_fields_of_the_records() {
+    let tables = doc_tables();
+    let mut problems = Vec::new();
+    for (path, fields) in record_fields() {
+        let Some(rows) = tables.get(path) else {
+            problems.push(format!("no table for `{path}`"));
+            continue;
+        };
+        let documented: BTreeSet<String> = rows.iter().flat_map(|r| ticked(&r[0])).map(|(w, _)| w).collect();
+        for f in fields.difference(&documented) {
+            problems.push(format!("`{path}`: field `{f}` is written but not documented"));
+        }
+        for f in documented.difference(&fields) {
+            problems.push(format!("`{path}`: field `{f}` is documented but not in the record"));
+        }
+    }
+    // The fields of each kind of event: `events[].ev` rows are `ev` names and
+    // their fields besides the common ones; `x`? marks a field written only sometimes.
+    let common = &record_fields()["events[]"];
+    let mut by_kind: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    for row in tables.get("events[].ev").map(Vec::as_slice).unwrap_or_default() {
+        let fields: BTreeSet<String> = ticked(&row[1]).into_iter().map(|(w, _)| w).collect();
+        let optional: BTreeSet<String> = ticked(&row[1]).into_iter().filter(|(_, q)| *q).map(|(w, _)| w).collect();
+        for (ev, _) in ticked(&row[0]) {
+            by_kind.insert(ev, (fields.clone(), optional.clone()));
+        }
+    }
+    for &kind in EventKind::ALL {
+        let with: Value = serde_json::from_str(&line_of(&event(kind, 0x55))).unwrap();
+        let without: Value = serde_json::from_str(&line_of(&event(kind, 0))).unwrap();
+        let all: BTreeSet<String> = &keys(&with) - common;
+        let sometimes: BTreeSet<String> = &keys(&with) - &keys(&without);
+        match by_kind.remove(kind.as_str()) {
+            None => problems.push(format!("event `{kind}` is not documented")),
+            Some((fields, optional)) => {
+                if fields != all {
+                    problems.push(format!("event `{kind}`: documented {fields:?}, written {all:?}"));
+                }
+                if optional != sometimes {
+                    problems
+                        .push(format!("event `{kind}`: documented as optional {optional:?}, optional {sometimes:?}"));
+                }
+            }
+        }
+    }
+    for ev in by_kind.keys() {
+        problems.push(format!("event `{ev}` is documented but not written"));
+    }
+    // Every field of EventRecord is written by some kind of event.
+    let all_written: BTreeSet<String> =
+        EventKind::ALL.iter().flat_map(|&k| keys(&serde_json::from_str(&line_of(&event(k, 1))).unwrap())).collect();
+    let mut every = EventRecord::from(&event(EventKind::Alloc, 1));
+    every.handle = Some(1);
+    every.result = Some(0);
+    every.leaked_bytes = Some(0);
+    every.leaked_count = Some(0);
+    assert_eq!(all_written, keys(&serde_json::to_value(every).unwrap()));
+    assert!(DOC.starts_with(&format!("# The cupool log, schema `{SCHEMA}` version {VERSION}\n")), "doc title");
+    assert!(problems.is_empty(), "docs/log-schema.md does not match the records:\n  {}", problems.join("\n  "));
+}
