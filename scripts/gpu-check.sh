@@ -78,6 +78,12 @@ for mode in passthrough pool; do
   done
 done
 
+# cupool's own C API (what the Python module reads), in both modes.
+for mode in passthrough pool; do
+  got=$($bin/cupool run -q --log-dir $work/stats-$mode --mode $mode -- python3 $src/torch_stats.py | grep '^result:')
+  rows+=("$(printf '%-22s' "memory-stats-$mode") | $(echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | $got")
+done
+
 # Exit status and signals through the CLI.
 $bin/cupool run -q --log-dir $work/status -- python3 -c "import torch; torch.zeros(1, device='cuda'); import sys; sys.exit(7)"
 rows+=("exit-status            | $([ $? = 7 ] && echo PASS || echo FAIL)                                     | cupool run returned the program's 7")
