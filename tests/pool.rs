@@ -611,6 +611,58 @@ fn memory_stats_api_reports_allocated_and_reserved() {
     assert_eq!(stdout_value(&stdout_of(&out), "has_api"), Some(0));
 }
 
+/// Phases named through the C API are in the log with what is live and
+/// reserved at each edge; a phase begun before the first CUDA call is written
+/// when recording starts; a program that names phases but never touches CUDA
+/// memory writes no log.
+#[test]
+fn phases_from_the_c_api_are_in_the_log() {
+    let mut args = link_fake_cudart();
+    args.extend(link_fake_cuda());
+    args.push("-ldl".into());
+    let prog = compile_fake_program("api_phases", "api_phases.c", &args);
+    for mode in ["mode=passthrough", POOL] {
+        let r = run_prog(&prog, &[], mode);
+        let phases: Vec<(String, String, i64, u64)> = r.log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ev"].as_str().is_some_and(|k| k.starts_with("phase_")))
+            .map(|e| {
+                (
+                    str_of(e, "ev").to_string(),
+                    str_of(e, "name").to_string(),
+                    e["device"].as_i64().unwrap(),
+                    u64_of(e, "live"),
+                )
+            })
+            .collect();
+        let want = vec![
+            // Begun before any CUDA call: written when recording starts, before
+            // the first allocation is counted, so no device has seen activity yet.
+            ("phase_begin", "setup \"quoted\"", -1, 0),
+            ("phase_begin", "epoch 1", 0, MIB),
+            ("phase_end", "epoch 1", 0, 3 * MIB),
+            ("phase_begin", "epoch 2", 0, 3 * MIB),
+            ("phase_end", "setup \"quoted\"", 0, MIB),
+        ];
+        let want: Vec<(String, String, i64, u64)> =
+            want.into_iter().map(|(a, b, c, d)| (a.to_string(), b.to_string(), c, d)).collect();
+        assert_eq!(phases, want, "{mode}");
+        let apis: Vec<&str> = events(&r.log, "phase_begin").iter().map(|e| str_of(e, "api")).collect();
+        assert_eq!(apis, vec!["cupool_phase_begin", "cupool_mark", "cupool_mark"], "{mode}");
+        for e in events(&r.log, "phase_begin") {
+            assert!(u64_of(e, "reserved") >= u64_of(e, "live"), "{mode}: reserved below live: {e}");
+        }
+        assert_valid_log(&r.log, "api_phases");
+    }
+    let dir = scratch_dir("api-phases-nocuda");
+    let out = run_preloaded(&prog, &["nocuda"], &dir, "");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(stdout_value(&stdout_of(&out), "has_api"), Some(1));
+    assert!(log_files(&dir).is_empty(), "no CUDA memory touched, yet logs: {:?}", log_files(&dir));
+}
+
 #[test]
 fn oom_events_name_the_allocating_api() {
     let prog = compile_rt("limit", "pool_limit.c");

@@ -2,8 +2,9 @@
 //! that want figures from inside the run. A program not started under
 //! cupool simply does not find these symbols (`dlsym` returns NULL).
 
+use crate::intercept::phases;
 use crate::intercept::stats::{self, MemoryStats};
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int};
 
 /// Bumped when a struct below changes incompatibly.
 pub const API_VERSION: c_int = 1;
@@ -36,4 +37,29 @@ pub unsafe extern "C" fn cupool_memory_stats(device: c_int, out: *mut MemoryStat
 #[no_mangle]
 pub extern "C" fn cupool_reset_peak_memory_stats(device: c_int) {
     stats::reset_peaks(device);
+}
+
+/// Begins a phase named `name` (nestable; ended by `cupool_phase_end`).
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_phase_begin(name: *const c_char) {
+    phases::begin(name);
+}
+
+/// Ends the innermost phase begun by `cupool_phase_begin`.
+#[no_mangle]
+pub extern "C" fn cupool_phase_end() {
+    phases::end();
+}
+
+/// Marks the start of the part of the run named `name`; the part the
+/// previous mark began ends here.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_mark(name: *const c_char) {
+    phases::mark(name);
 }

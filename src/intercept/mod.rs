@@ -5,6 +5,7 @@
 
 mod context;
 mod limit;
+pub mod phases;
 pub mod stats;
 
 use crate::cuda::{Status, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};

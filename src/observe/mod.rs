@@ -8,6 +8,7 @@ mod allocation;
 pub mod counters;
 pub mod incidents;
 pub mod live;
+pub mod phases;
 mod timeline;
 
 pub use allocation::{Allocation, Pooled, Space};
@@ -115,11 +116,13 @@ pub fn out_of_memory(api: Api, device: i32, bytes: u64, snapshot: impl FnOnce() 
 pub fn lock_for_fork() {
     live::lock_all();
     incidents::lock_for_fork();
+    phases::lock_for_fork();
 }
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
+    phases::unlock_after_fork();
     incidents::unlock_after_fork(in_child);
     live::unlock_all();
     if in_child {

@@ -2,9 +2,11 @@
 //! sink. Events are fixed-size and `Copy`: building one never allocates.
 
 use super::allocation::Allocation;
+use super::counters::Counters;
 use crate::cuda::OUT_OF_MEMORY;
 use crate::sink::{self, Stamp};
 use cupool_core::log::{Api, Event, EventKind, MemKind};
+use std::sync::atomic::Ordering;
 
 #[inline]
 pub fn allocated(ptr: u64, a: &Allocation) {
@@ -67,5 +69,15 @@ pub fn out_of_memory(api: Api, device: i32, bytes: u64) {
     e.device = device;
     e.size = bytes;
     e.result = OUT_OF_MEMORY;
+    sink::record(e);
+}
+
+/// A phase began or ended; `c` holds `device`'s figures now.
+pub fn phase(kind: EventKind, api: Api, name: u32, device: i32, c: &Counters) {
+    let mut e = Event::new(kind, api);
+    e.device = device;
+    e.size = c.current_bytes.load(Ordering::Relaxed);
+    e.ptr = c.reserved_bytes.load(Ordering::Relaxed);
+    e.aux = name as u64;
     sink::record(e);
 }

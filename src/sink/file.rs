@@ -1,6 +1,6 @@
 //! The log file: its name, its header, and writing drained events into it.
 
-use super::buffers;
+use super::{buffers, strings};
 use crate::runtime::{diag, options, process};
 use cupool_core::log::{self, Event, EventKind, EventLine};
 use parking_lot::Mutex;
@@ -61,7 +61,13 @@ impl LogFile {
             return;
         }
         for e in &self.batch {
-            log::write_event(&mut self.text, e, EventLine::Later);
+            if matches!(e.kind, EventKind::PhaseBegin | EventKind::PhaseEnd) {
+                strings::with_text(e.aux as u32, |name| {
+                    log::write_named_event(&mut self.text, e, EventLine::Later, name)
+                });
+            } else {
+                log::write_event(&mut self.text, e, EventLine::Later);
+            }
         }
         self.batch.clear();
         self.flush();

@@ -5,9 +5,11 @@
 
 mod buffers;
 mod file;
+mod strings;
 mod writer;
 
 pub use buffers::{dropped, Stamp};
+pub use strings::intern;
 pub use writer::FinishOnSignal;
 
 use crate::runtime::{diag, options, switch::Switch, SESSION};
@@ -97,11 +99,13 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32) -> bool {
 pub fn lock_for_fork() {
     std::mem::forget(LOG.lock());
     buffers::lock_for_fork();
+    strings::lock_for_fork();
 }
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
+    strings::unlock_after_fork();
     buffers::unlock_after_fork(in_child);
     LOG.force_unlock();
     if in_child {

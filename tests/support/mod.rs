@@ -644,6 +644,13 @@ pub fn validate_log(log: &Value, prog: &str) -> Result<(), String> {
                 need("leaked_bytes", &is_u64);
                 need("leaked_count", &is_u64);
             }
+            EventKind::PhaseBegin | EventKind::PhaseEnd => {
+                need("api", &api_ok);
+                need("name", &|v: &Value| v.is_string());
+                need("device", &is_i64);
+                need("live", &is_u64);
+                need("reserved", &is_u64);
+            }
         }
     }
 

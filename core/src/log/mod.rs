@@ -26,7 +26,7 @@ pub use schema::{
     parse_hex, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary, OomRecord,
     PoolRecord, ProcessInfo, Stat, READABLE_VERSIONS, SCHEMA, VERSION,
 };
-pub use write::{write_end, write_event, write_header, EventLine};
+pub use write::{write_end, write_event, write_header, write_named_event, EventLine};
 
 /// One fixed-size record of something the shim saw. `Copy` and heap-free so
 /// that recording it on the hot path never allocates.
@@ -39,9 +39,12 @@ pub struct Event {
     pub mem: MemKind,
     /// Device ordinal; -1 when unknown.
     pub device: i32,
+    /// The pointer; bytes reserved on the device for phase events.
     pub ptr: u64,
+    /// Bytes; bytes live on the device for phase events.
     pub size: u64,
-    /// Stream of stream-ordered calls, VMM handle of map/unmap, leak count of checkpoints.
+    /// Stream of stream-ordered calls, VMM handle of map/unmap, leak count of
+    /// checkpoints, the name's string id of phase events.
     pub aux: u64,
     pub tid: u32,
     /// CUDA result code of failed calls.

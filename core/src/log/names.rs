@@ -132,6 +132,8 @@ named_enum!(
         Map => "map",
         Unmap => "unmap",
         Oom => "oom",
+        PhaseBegin => "phase_begin",
+        PhaseEnd => "phase_end",
     }
 );
 
@@ -193,5 +195,8 @@ named_enum!(
         CuCtxDestroy => "cuCtxDestroy_v2",
         CuDevicePrimaryCtxReset => "cuDevicePrimaryCtxReset_v2",
         Exit => "exit",
+        CupoolMark => "cupool_mark",
+        CupoolPhaseBegin => "cupool_phase_begin",
+        CupoolPhaseEnd => "cupool_phase_end",
     }
 );

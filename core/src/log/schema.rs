@@ -67,6 +67,12 @@ pub struct EventRecord {
     pub leaked_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leaked_count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<u64>,
     /// Always written; `None` only in hand-made logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tid: Option<u32>,
@@ -89,8 +95,22 @@ impl EventRecord {
             result: None,
             leaked_bytes: None,
             leaked_count: None,
+            name: None,
+            live: None,
+            reserved: None,
             tid: None,
         }
+    }
+}
+
+impl EventRecord {
+    /// The record `write_named_event` writes for `e` and `name`.
+    pub fn named(e: &Event, name: &str) -> EventRecord {
+        let mut r = EventRecord::from(e);
+        if r.name.is_some() {
+            r.name = Some(name.to_string());
+        }
+        r
     }
 }
 
@@ -131,6 +151,12 @@ impl From<&Event> for EventRecord {
                 r.device = Some(e.device);
                 r.leaked_bytes = Some(e.size);
                 r.leaked_count = Some(e.aux);
+            }
+            EventKind::PhaseBegin | EventKind::PhaseEnd => {
+                r.name = Some(String::new());
+                r.device = Some(e.device);
+                r.live = Some(e.size);
+                r.reserved = Some(e.ptr);
             }
         }
         r

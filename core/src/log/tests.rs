@@ -316,7 +316,24 @@ fn the_schema_doc_lists_exactly_the_fields_of_the_records() {
     every.result = Some(0);
     every.leaked_bytes = Some(0);
     every.leaked_count = Some(0);
+    every.name = Some(String::new());
+    every.live = Some(0);
+    every.reserved = Some(0);
     assert_eq!(all_written, keys(&serde_json::to_value(every).unwrap()));
     assert!(DOC.starts_with(&format!("# The cupool log, schema `{SCHEMA}` version {VERSION}\n")), "doc title");
     assert!(problems.is_empty(), "docs/log-schema.md does not match the records:\n  {}", problems.join("\n  "));
+}
+
+#[test]
+fn phase_names_are_escaped_and_read_back_as_written() {
+    let mut e = event(EventKind::PhaseBegin, 3);
+    e.api = Api::CupoolPhaseBegin;
+    for name in ["epoch 3", "quote \" and \\ backslash", "line\nbreak\ttab", "ünïcode ✓", ""] {
+        let mut s = String::new();
+        write_named_event(&mut s, &e, EventLine::First, name);
+        let read: EventRecord = serde_json::from_str(s.trim_end()).unwrap_or_else(|err| panic!("{s:?}: {err}"));
+        assert_eq!(read.name.as_deref(), Some(name));
+        assert_eq!(read, EventRecord::named(&e, name));
+        assert_eq!(serde_json::to_string(&read).unwrap(), s.trim_end());
+    }
 }

@@ -26,6 +26,12 @@ pub fn write_header(out: &mut String, process: &ProcessInfo, options: &Options) 
 /// Appends one event as one line: exactly the JSON of `EventRecord::from(e)`,
 /// formatted by hand because it runs for every allocation.
 pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
+    write_named_event(out, e, line, "");
+}
+
+/// `write_event` for an event that carries a name (phases): `name` is the
+/// text of the string the event's `aux` refers to.
+pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &str) {
     if line == EventLine::Later {
         out.push(',');
     }
@@ -64,6 +70,11 @@ pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
         }
         EventKind::Checkpoint => {
             let _ = write!(out, ",\"device\":{},\"leaked_bytes\":{},\"leaked_count\":{}", e.device, e.size, e.aux);
+        }
+        EventKind::PhaseBegin | EventKind::PhaseEnd => {
+            // A string of user text: serde_json escapes it (it cannot fail on a &str).
+            let name = serde_json::to_string(name).unwrap_or_else(|_| "\"\"".into());
+            let _ = write!(out, ",\"device\":{},\"name\":{name},\"live\":{},\"reserved\":{}", e.device, e.size, e.ptr);
         }
     }
     let _ = writeln!(out, ",\"tid\":{}}}", e.tid);
