@@ -27,8 +27,8 @@ unsafe fn host_allocated(r: Status, out: *mut *mut c_void, size: usize) -> Outco
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevPtr, size: usize) -> Status {
     let bytes = if dptr.is_null() { 0 } else { size as u64 };
-    let call = AllocCall::new(Api::CuMemAlloc, MemKind::Device);
-    intercept::pooled_allocation(call, bytes, |p| *dptr = p, || allocated(real!(cuMemAlloc_v2(dptr, size)), dptr, size))
+    let call = AllocCall::new(Api::CuMemAlloc, MemKind::Device, bytes);
+    intercept::pooled_allocation(call, |p| *dptr = p, || allocated(real!(cuMemAlloc_v2(dptr, size)), dptr, size))
 }
 
 #[no_mangle]
@@ -51,8 +51,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         *dptr = p;
         *pitch = pooled_pitch;
     };
-    let call = AllocCall::new(Api::CuMemAllocPitch, MemKind::Pitched);
-    intercept::pooled_allocation(call, bytes, write, || {
+    let call = AllocCall::new(Api::CuMemAllocPitch, MemKind::Pitched, bytes);
+    intercept::pooled_allocation(call, write, || {
         let r = real!(cuMemAllocPitch_v2(dptr, pitch, width, height, element_size));
         let bytes = if r == SUCCESS && !pitch.is_null() { *pitch * height } else { width * height };
         allocated(r, dptr, bytes)
@@ -61,18 +61,16 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut DevPtr, size: usize, flags: c_uint) -> Status {
-    let call = AllocCall::new(Api::CuMemAllocManaged, MemKind::Managed);
-    intercept::allocation(call, size as u64, 0, None, || {
-        allocated(real!(cuMemAllocManaged(dptr, size, flags)), dptr, size)
-    })
+    let call = AllocCall::new(Api::CuMemAllocManaged, MemKind::Managed, size as u64);
+    intercept::allocation(call, || allocated(real!(cuMemAllocManaged(dptr, size, flags)), dptr, size))
 }
 
 // Stream-ordered allocations, each with its per-thread-default-stream twin.
 
 twins!(cuMemAllocAsync / cuMemAllocAsync_ptsz (dptr: *mut DevPtr, size: usize, stream: CUstream) |real, per_thread| {
     let api = if per_thread { Api::CuMemAllocAsyncPtsz } else { Api::CuMemAllocAsync };
-    let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, size as u64, stream as u64, None, || {
+    let call = AllocCall::new(api, MemKind::Async, size as u64).on_stream(stream as u64);
+    intercept::allocation(call, || {
         allocated(real!([real](dptr, size, stream)), dptr, size)
     })
 });
@@ -85,24 +83,22 @@ twins!(cuMemFreeAsync / cuMemFreeAsync_ptsz (dptr: DevPtr, stream: CUstream) |re
 twins!(cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz
     (dptr: *mut DevPtr, size: usize, pool: CUmemoryPool, stream: CUstream) |real, per_thread| {
     let api = if per_thread { Api::CuMemAllocFromPoolAsyncPtsz } else { Api::CuMemAllocFromPoolAsync };
-    let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, size as u64, stream as u64, None, || {
+    let call = AllocCall::new(api, MemKind::Async, size as u64).on_stream(stream as u64);
+    intercept::allocation(call, || {
         allocated(real!([real](dptr, size, pool, stream)), dptr, size)
     })
 });
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> Status {
-    let call = AllocCall::new(Api::CuMemAllocHost, MemKind::Host);
-    intercept::allocation(call, size as u64, 0, None, || host_allocated(real!(cuMemAllocHost_v2(pp, size)), pp, size))
+    let call = AllocCall::new(Api::CuMemAllocHost, MemKind::Host, size as u64);
+    intercept::allocation(call, || host_allocated(real!(cuMemAllocHost_v2(pp, size)), pp, size))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> Status {
-    let call = AllocCall::new(Api::CuMemHostAlloc, MemKind::Host);
-    intercept::allocation(call, size as u64, 0, None, || {
-        host_allocated(real!(cuMemHostAlloc(pp, size, flags)), pp, size)
-    })
+    let call = AllocCall::new(Api::CuMemHostAlloc, MemKind::Host, size as u64);
+    intercept::allocation(call, || host_allocated(real!(cuMemHostAlloc(pp, size, flags)), pp, size))
 }
 
 #[no_mangle]
@@ -122,8 +118,8 @@ pub unsafe extern "C" fn cuMemCreate(
         let type_ = std::ptr::read(std::ptr::addr_of!((*loc).type_).cast::<u32>());
         (type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE as u32).then(|| (*loc).id)
     });
-    let call = AllocCall::new(Api::CuMemCreate, MemKind::Vmm);
-    intercept::allocation(call, size as u64, 0, device, || {
+    let call = AllocCall::new(Api::CuMemCreate, MemKind::Vmm, size as u64).on_device(device);
+    intercept::allocation(call, || {
         let r = real!(cuMemCreate(handle, size, prop, flags));
         (r, out_ptr(handle, r), size as u64)
     })

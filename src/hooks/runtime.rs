@@ -22,10 +22,9 @@ unsafe fn allocated(r: Status, out: *mut Ptr, size: usize) -> intercept::Outcome
 #[no_mangle]
 pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut Ptr, size: usize) -> Status {
     let bytes = if dev_ptr.is_null() { 0 } else { size as u64 };
-    let call = AllocCall::new(Api::CudaMalloc, MemKind::Device);
+    let call = AllocCall::new(Api::CudaMalloc, MemKind::Device, bytes);
     intercept::pooled_allocation(
         call,
-        bytes,
         |p| *dev_ptr = p as Ptr,
         || allocated(real!(cudaMalloc(dev_ptr, size)), dev_ptr, size),
     )
@@ -40,8 +39,8 @@ pub unsafe extern "C" fn cudaFree(dev_ptr: Ptr) -> Status {
 
 twins!(cudaMallocAsync / cudaMallocAsync_ptsz (dev_ptr: *mut Ptr, size: usize, stream: cudaStream_t) |real, per_thread| {
     let api = if per_thread { Api::CudaMallocAsyncPtsz } else { Api::CudaMallocAsync };
-    let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, size as u64, stream as u64, None, || {
+    let call = AllocCall::new(api, MemKind::Async, size as u64).on_stream(stream as u64);
+    intercept::allocation(call, || {
         allocated(real!([real](dev_ptr, size, stream)), dev_ptr, size)
     })
 });
@@ -54,18 +53,16 @@ twins!(cudaFreeAsync / cudaFreeAsync_ptsz (dev_ptr: Ptr, stream: cudaStream_t) |
 twins!(cudaMallocFromPoolAsync / cudaMallocFromPoolAsync_ptsz
     (ptr: *mut Ptr, size: usize, pool: cudaMemPool_t, stream: cudaStream_t) |real, per_thread| {
     let api = if per_thread { Api::CudaMallocFromPoolAsyncPtsz } else { Api::CudaMallocFromPoolAsync };
-    let call = AllocCall::new(api, MemKind::Async);
-    intercept::allocation(call, size as u64, stream as u64, None, || {
+    let call = AllocCall::new(api, MemKind::Async, size as u64).on_stream(stream as u64);
+    intercept::allocation(call, || {
         allocated(real!([real](ptr, size, pool, stream)), ptr, size)
     })
 });
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocManaged(dev_ptr: *mut Ptr, size: usize, flags: c_uint) -> Status {
-    let call = AllocCall::new(Api::CudaMallocManaged, MemKind::Managed);
-    intercept::allocation(call, size as u64, 0, None, || {
-        allocated(real!(cudaMallocManaged(dev_ptr, size, flags)), dev_ptr, size)
-    })
+    let call = AllocCall::new(Api::CudaMallocManaged, MemKind::Managed, size as u64);
+    intercept::allocation(call, || allocated(real!(cudaMallocManaged(dev_ptr, size, flags)), dev_ptr, size))
 }
 
 #[no_mangle]
@@ -76,8 +73,8 @@ pub unsafe extern "C" fn cudaMallocPitch(dev_ptr: *mut Ptr, pitch: *mut usize, w
         *dev_ptr = p as Ptr;
         *pitch = pooled_pitch;
     };
-    let call = AllocCall::new(Api::CudaMallocPitch, MemKind::Pitched);
-    intercept::pooled_allocation(call, bytes, write, || {
+    let call = AllocCall::new(Api::CudaMallocPitch, MemKind::Pitched, bytes);
+    intercept::pooled_allocation(call, write, || {
         let r = real!(cudaMallocPitch(dev_ptr, pitch, width, height));
         let bytes = if r == 0 && !pitch.is_null() { *pitch * height } else { width * height };
         allocated(r, dev_ptr, bytes)
@@ -91,8 +88,8 @@ pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cuda
     let write = |p: u64| {
         *pitched = cudaPitchedPtr { ptr: p as Ptr, pitch: pooled_pitch, xsize: extent.width, ysize: extent.height };
     };
-    let call = AllocCall::new(Api::CudaMalloc3D, MemKind::Pitched);
-    intercept::pooled_allocation(call, bytes, write, || {
+    let call = AllocCall::new(Api::CudaMalloc3D, MemKind::Pitched, bytes);
+    intercept::pooled_allocation(call, write, || {
         let r = real!(cudaMalloc3D(pitched, extent));
         if r == 0 && !pitched.is_null() {
             let p = &*pitched;
@@ -105,14 +102,14 @@ pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cuda
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocHost(ptr: *mut Ptr, size: usize) -> Status {
-    let call = AllocCall::new(Api::CudaMallocHost, MemKind::Host);
-    intercept::allocation(call, size as u64, 0, None, || allocated(real!(cudaMallocHost(ptr, size)), ptr, size))
+    let call = AllocCall::new(Api::CudaMallocHost, MemKind::Host, size as u64);
+    intercept::allocation(call, || allocated(real!(cudaMallocHost(ptr, size)), ptr, size))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut Ptr, size: usize, flags: c_uint) -> Status {
-    let call = AllocCall::new(Api::CudaHostAlloc, MemKind::Host);
-    intercept::allocation(call, size as u64, 0, None, || allocated(real!(cudaHostAlloc(ptr, size, flags)), ptr, size))
+    let call = AllocCall::new(Api::CudaHostAlloc, MemKind::Host, size as u64);
+    intercept::allocation(call, || allocated(real!(cudaHostAlloc(ptr, size, flags)), ptr, size))
 }
 
 #[no_mangle]

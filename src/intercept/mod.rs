@@ -17,16 +17,29 @@ use cupool_core::options::Mode;
 use cupool_core::pool::BlockId;
 use std::num::NonZeroUsize;
 
-/// An allocating call: the entry point and the kind of memory it makes.
+/// An allocating call: the entry point, the kind of memory it makes, the
+/// bytes asked for, its stream (stream-ordered calls) and its device when the
+/// call names one (VMM); else the current context's device is asked.
 #[derive(Clone, Copy)]
 pub struct AllocCall {
     pub api: Api,
     pub kind: MemKind,
+    pub request: u64,
+    pub stream: u64,
+    pub device: Option<i32>,
 }
 
 impl AllocCall {
-    pub const fn new(api: Api, kind: MemKind) -> AllocCall {
-        AllocCall { api, kind }
+    pub const fn new(api: Api, kind: MemKind, request: u64) -> AllocCall {
+        AllocCall { api, kind, request, stream: 0, device: None }
+    }
+
+    pub const fn on_stream(self, stream: u64) -> AllocCall {
+        AllocCall { stream, ..self }
+    }
+
+    pub const fn on_device(self, device: Option<i32>) -> AllocCall {
+        AllocCall { device, ..self }
     }
 }
 
@@ -46,33 +59,20 @@ pub unsafe fn out_ptr<T: Copy + Into<u64>>(out: *const T, result: Status) -> u64
     }
 }
 
-/// An allocation CUDA makes itself, of `request` bytes. `device_hint`: the
-/// device when the call names it (VMM), else the current context's.
+/// An allocation CUDA makes itself.
 #[inline]
-pub fn allocation(
-    call: AllocCall,
-    request: u64,
-    stream: u64,
-    device_hint: Option<i32>,
-    real: impl FnOnce() -> Outcome,
-) -> Status {
+pub fn allocation(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
     let Some(_guard) = Guard::enter() else {
         return real().0;
     };
-    passthrough(call, request, stream, device_hint, real)
+    passthrough(call, real)
 }
 
-fn passthrough(
-    call: AllocCall,
-    request: u64,
-    stream: u64,
-    device_hint: Option<i32>,
-    real: impl FnOnce() -> Outcome,
-) -> Status {
+fn passthrough(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
     if let Some(cap) = limit::cap().filter(|_| call.kind.is_device()) {
-        if let Some(Some(device)) = diag::shielded(|| refused_by_cap(call, cap, request, device_hint)) {
+        if let Some(Some(device)) = diag::shielded(|| refused_by_cap(call, cap)) {
             lifecycle::recording();
-            observe::alloc_failed(call.api, call.kind, device, request, OUT_OF_MEMORY);
+            observe::alloc_failed(call.api, call.kind, device, call.request, OUT_OF_MEMORY);
             return OUT_OF_MEMORY;
         }
     }
@@ -80,12 +80,12 @@ fn passthrough(
     diag::shielded(|| {
         lifecycle::recording(); // starts the clock before the first allocation is stamped
         let (ctx, dev) = context::current();
-        let device = device_hint.unwrap_or(dev);
+        let device = call.device.unwrap_or(dev);
         if result != SUCCESS {
             observe::alloc_failed(call.api, call.kind, device, bytes, result);
         } else if ptr != 0 {
             // A 0-byte request succeeds with a NULL pointer: nothing was allocated.
-            observe::allocated(Space::of(call.kind), ptr, allocation_record(call, stream, ctx, device, bytes, None));
+            observe::allocated(Space::of(call.kind), ptr, allocation_record(call, ctx, device, bytes, None));
         }
     });
     result
@@ -94,9 +94,9 @@ fn passthrough(
 #[inline]
 /// The device, when `request` more bytes on it would pass the cap.
 #[cold]
-fn refused_by_cap(call: AllocCall, cap: u64, request: u64, device_hint: Option<i32>) -> Option<i32> {
-    let device = device_hint.unwrap_or_else(|| current_device(call));
-    limit::exceeded(cap, device, request).then_some(device)
+fn refused_by_cap(call: AllocCall, cap: u64) -> Option<i32> {
+    let device = call.device.unwrap_or_else(|| current_device(call));
+    limit::exceeded(cap, device, call.request).then_some(device)
 }
 
 fn current_device(call: AllocCall) -> i32 {
@@ -115,14 +115,7 @@ fn ensure_context(call: AllocCall) -> u64 {
     context::current_only()
 }
 
-fn allocation_record(
-    call: AllocCall,
-    stream: u64,
-    ctx: u64,
-    device: i32,
-    size: u64,
-    pooled: Option<Pooled>,
-) -> Allocation {
+fn allocation_record(call: AllocCall, ctx: u64, device: i32, size: u64, pooled: Option<Pooled>) -> Allocation {
     Allocation {
         size,
         t_ns: clock::now_ns(),
@@ -131,27 +124,23 @@ fn allocation_record(
         kind: call.kind,
         api: call.api,
         tid: crate::runtime::guard::tid(),
-        stream,
+        stream: call.stream,
         pooled,
     }
 }
 
-/// A device allocation that the pool may serve. `bytes` is what the call
-/// occupies (pitch × rows for pitched memory); `write` stores the pointer
-/// (and pitch) into the caller's out-parameters; `real` is the real CUDA
-/// call, used in passthrough mode, for 0 bytes, and whenever the pool cannot help.
+/// A device allocation that the pool may serve. `call.request` is what the
+/// call occupies (pitch × rows for pitched memory; 0 when the pool must not
+/// serve it); `write` stores the pointer (and pitch) into the caller's
+/// out-parameters; `real` is the real CUDA call, used in passthrough mode,
+/// for 0 bytes, and whenever the pool cannot help.
 #[inline]
-pub fn pooled_allocation(
-    call: AllocCall,
-    bytes: u64,
-    write: impl FnOnce(u64),
-    real: impl FnOnce() -> Outcome,
-) -> Status {
+pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl FnOnce() -> Outcome) -> Status {
     let Some(_guard) = Guard::enter() else {
         return real().0;
     };
-    if options::get().mode == Mode::Pool && bytes > 0 {
-        if let Some(Some(result)) = diag::shielded(|| from_pool(call, bytes)) {
+    if options::get().mode == Mode::Pool && call.request > 0 {
+        if let Some(Some(result)) = diag::shielded(|| from_pool(call)) {
             return match result {
                 Ok(ptr) => {
                     write(ptr);
@@ -161,12 +150,13 @@ pub fn pooled_allocation(
             };
         }
     }
-    passthrough(call, bytes, 0, None, real)
+    passthrough(call, real)
 }
 
 /// `None`: the pool cannot be used here (no context); the caller passes through.
 #[inline]
-fn from_pool(call: AllocCall, bytes: u64) -> Option<Result<u64, Status>> {
+fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
+    let bytes = call.request;
     lifecycle::recording();
     let ctx = ensure_context(call);
     if ctx == 0 {
@@ -183,7 +173,7 @@ fn from_pool(call: AllocCall, bytes: u64) -> Option<Result<u64, Status>> {
             observe::allocated(
                 Space::Pointer,
                 block.addr,
-                allocation_record(call, 0, ctx, pool.device, bytes, Some(pooled)),
+                allocation_record(call, ctx, pool.device, bytes, Some(pooled)),
             );
             Some(Ok(block.addr))
         }

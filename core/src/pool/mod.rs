@@ -373,15 +373,7 @@ impl<B: Backend> Pool<B> {
         }
         let addr = self.backend.allocate_segment(size)?;
         debug_assert_eq!(addr % MIN_BLOCK, 0, "segment address not 512-aligned");
-        let s = &mut self.stats;
-        s.num_device_alloc += 1;
-        s.reserved_bytes.inc(size);
-        if small {
-            s.reserved_bytes_small.inc(size);
-        } else {
-            s.reserved_bytes_large.inc(size);
-        }
-        s.segment.inc(1);
+        self.stats.segment_added(size, small);
         let seg = self.segs.insert(SegRec { addr, size, small, head: NIL });
         let i =
             self.blocks.insert(BlockRec { addr, size, requested: 0, prev: NIL, next: NIL, seg, state: State::Free });
@@ -416,15 +408,7 @@ impl<B: Backend> Pool<B> {
             self.blocks.remove(i);
             self.segs.remove(seg);
             self.seg_by_addr.remove(&addr);
-            let s = &mut self.stats;
-            s.reserved_bytes.dec(size);
-            if small {
-                s.reserved_bytes_small.dec(size);
-            } else {
-                s.reserved_bytes_large.dec(size);
-            }
-            s.segment.dec(1);
-            s.num_device_free += 1;
+            self.stats.segment_removed(size, small);
             self.backend.release_segment(addr, size);
             released += size;
         }

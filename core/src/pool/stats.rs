@@ -84,6 +84,30 @@ pub struct PoolStats {
 }
 
 impl PoolStats {
+    /// A segment of `size` bytes was obtained from the backend.
+    pub(crate) fn segment_added(&mut self, size: u64, small: bool) {
+        self.num_device_alloc += 1;
+        self.segment.inc(1);
+        self.reserved_bytes.inc(size);
+        if small {
+            self.reserved_bytes_small.inc(size);
+        } else {
+            self.reserved_bytes_large.inc(size);
+        }
+    }
+
+    /// A segment of `size` bytes was given back to the backend.
+    pub(crate) fn segment_removed(&mut self, size: u64, small: bool) {
+        self.num_device_free += 1;
+        self.segment.dec(1);
+        self.reserved_bytes.dec(size);
+        if small {
+            self.reserved_bytes_small.dec(size);
+        } else {
+            self.reserved_bytes_large.dec(size);
+        }
+    }
+
     /// Resets every peak to the current value (like
     /// `torch.cuda.reset_peak_memory_stats`).
     pub fn reset_peaks(&mut self) {
