@@ -58,6 +58,9 @@ table! {
         cudaMemGetInfo: fn(*mut usize, *mut usize) -> Status;
         cudaDeviceReset: fn() -> Status;
         cudaGetDevice: fn(*mut c_int) -> Status;
+        cudaIpcGetMemHandle: fn(*mut cudaIpcMemHandle_t, Ptr) -> Status;
+        cudaIpcOpenMemHandle: fn(*mut Ptr, cudaIpcMemHandle_t, c_uint) -> Status;
+        cudaIpcCloseMemHandle: fn(Ptr) -> Status;
         cudaGetDriverEntryPoint: fn(*const c_char, *mut Ptr, c_ulonglong, *mut c_int) -> Status;
         cudaGetDriverEntryPointByVersion: fn(*const c_char, *mut Ptr, c_uint, c_ulonglong, *mut c_int) -> Status;
     }
@@ -81,6 +84,11 @@ table! {
         cuMemMap: fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, c_ulonglong) -> Status;
         cuMemUnmap: fn(CUdeviceptr, usize) -> Status;
         cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> Status;
+        // IPC. The handle is passed by value (64 bytes).
+        cuIpcGetMemHandle: fn(*mut CUipcMemHandle, CUdeviceptr) -> Status;
+        cuIpcOpenMemHandle: fn(*mut CUdeviceptr, CUipcMemHandle, c_uint) -> Status;
+        cuIpcOpenMemHandle_v2: fn(*mut CUdeviceptr, CUipcMemHandle, c_uint) -> Status;
+        cuIpcCloseMemHandle: fn(CUdeviceptr) -> Status;
         // Pointer queries. The attribute stays an int: callers may pass values cudarc does not know.
         cuPointerGetAttribute: fn(Ptr, c_int, CUdeviceptr) -> Status;
         cuPointerGetAttributes: fn(c_uint, *const c_int, *mut Ptr, CUdeviceptr) -> Status;

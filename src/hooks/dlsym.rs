@@ -25,7 +25,7 @@ extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     crate::runtime::diag::shielded(|| {
         let name = unsafe { CStr::from_ptr(name) };
         if name.to_bytes().starts_with(b"cuda") {
-            super::procaddr::dlsym_substitute(super::runtime::TABLE.iter(), handle, name)
+            super::procaddr::dlsym_substitute(super::runtime_entries(), handle, name)
         } else {
             super::procaddr::dlsym_substitute(super::driver_entries(), handle, name)
         }

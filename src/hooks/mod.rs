@@ -5,6 +5,7 @@
 pub mod api;
 pub mod dlsym;
 pub mod driver;
+pub mod ipc;
 pub mod procaddr;
 pub mod process;
 pub mod runtime;
@@ -69,5 +70,10 @@ pub fn pitch_for(width: usize) -> usize {
 
 /// Every driver function cupool hands out a wrapper for.
 pub fn driver_entries() -> impl Iterator<Item = &'static Entry> {
-    driver::TABLE.iter().chain(submit::TABLE.iter())
+    driver::TABLE.iter().chain(submit::TABLE.iter()).chain(ipc::DRIVER_TABLE.iter())
+}
+
+/// Every runtime function a caller may look up with `dlsym`.
+pub fn runtime_entries() -> impl Iterator<Item = &'static Entry> {
+    runtime::TABLE.iter().chain(ipc::RUNTIME_TABLE.iter())
 }

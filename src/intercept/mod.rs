@@ -4,6 +4,7 @@
 //! real CUDA function, and tells the observers what happened.
 
 mod context;
+pub mod ipc;
 mod limit;
 pub mod phases;
 pub mod stats;

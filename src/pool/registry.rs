@@ -7,7 +7,8 @@ use crate::runtime::options;
 use cupool_core::pool::{Block, BlockId, OutOfMemory, Pool, PoolConfig};
 use parking_lot::Mutex;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// One context's pool.
 pub struct ContextPool {
@@ -70,11 +71,31 @@ pub fn allocate(pool: &ContextPool, size: u64, cap: u64) -> (Result<Block, OutOf
 
 /// Returns `block` to the pool at `pool` (a `ContextPool` address kept with
 /// the allocation). A pool whose context died still takes it: the memory is
-/// gone, the books stay straight.
+/// gone, the books stay straight. A block exported through IPC is never
+/// handed out again: another process may still read it through its handle.
 #[inline]
 pub fn free(pool: usize, block: BlockId) {
+    if ANY_EXPORTED.load(Ordering::Acquire) && EXPORTED.lock().remove(&(pool, block.to_raw())) {
+        return;
+    }
     let pool = unsafe { &*(pool as *const ContextPool) };
     pool.pool.lock().free(block);
+}
+
+/// Blocks exported through IPC, as (pool address, block id).
+static EXPORTED: Mutex<BTreeSet<(usize, u32)>> = Mutex::new(BTreeSet::new());
+static ANY_EXPORTED: AtomicBool = AtomicBool::new(false);
+
+/// A pooled block is being exported through IPC: it is kept out of reuse
+/// for the rest of the run. Returns the segment it lies in and its offset
+/// there, or `None` when `ptr` is in no allocated pooled block.
+pub fn export(ptr: u64) -> Option<(u64, u64)> {
+    all().into_iter().find_map(|p| {
+        let b = p.pool.lock().lookup(ptr)?;
+        ANY_EXPORTED.store(true, Ordering::Release);
+        EXPORTED.lock().insert((p as *const ContextPool as usize, b.id.to_raw()));
+        Some((b.segment_addr, b.addr - b.segment_addr))
+    })
 }
 
 /// A stream was created in `ctx`. It must also wait behind the last GPU-side
@@ -147,6 +168,7 @@ pub fn held_on(device: i32) -> (u64, u64) {
 
 pub fn lock_for_fork() {
     std::mem::forget(POOLS.lock());
+    std::mem::forget(EXPORTED.lock());
     streams::lock_for_fork();
 }
 
@@ -154,8 +176,10 @@ pub fn lock_for_fork() {
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
     streams::unlock_after_fork(in_child);
+    EXPORTED.force_unlock();
     POOLS.force_unlock();
     if in_child {
+        EXPORTED.lock().clear();
         // The child has no CUDA context of its parent's: start with no pools.
         POOLS.lock().clear();
         RETIRED.lock().clear();

@@ -1,0 +1,106 @@
+//! CUDA IPC hooks, runtime and driver: handles of pooled blocks name the
+//! block, not its segment (`intercept::ipc`).
+
+#![allow(non_snake_case)]
+
+use super::entry;
+use crate::cuda::{cudaIpcMemHandle_t, CUdeviceptr, CUipcMemHandle, Status};
+use crate::intercept::ipc::{self, Handle};
+use crate::real;
+use std::ffi::{c_uint, c_void};
+
+// Both handle types are `struct { char reserved[64]; }`.
+const _: () = assert!(std::mem::size_of::<CUipcMemHandle>() == 64);
+const _: () = assert!(std::mem::size_of::<cudaIpcMemHandle_t>() == 64);
+
+fn bytes<T>(h: &T) -> &Handle {
+    unsafe { &*(h as *const T).cast::<Handle>() }
+}
+
+fn from_bytes<T: Copy>(h: &Handle) -> T {
+    unsafe { std::ptr::read_unaligned(h.as_ptr().cast::<T>()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> Status {
+    ipc::export(dptr, handle.cast(), |base| real!(cuIpcGetMemHandle(handle, base)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> Status {
+    open_driver(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle_v2(p, h, flags)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> Status {
+    open_driver(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle(p, h, flags)))
+}
+
+unsafe fn open_driver(
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    real: impl FnOnce(*mut CUdeviceptr, CUipcMemHandle) -> Status,
+) -> Status {
+    if pdptr.is_null() {
+        return real(pdptr, handle);
+    }
+    let mut out = 0;
+    let r = ipc::open(bytes(&handle), &mut out, |h| {
+        let mut base: CUdeviceptr = 0;
+        (real(&mut base, from_bytes(h)), base)
+    });
+    if r == 0 {
+        *pdptr = out;
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> Status {
+    ipc::close(dptr, |base| real!(cuIpcCloseMemHandle(base)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut cudaIpcMemHandle_t, dev_ptr: *mut c_void) -> Status {
+    ipc::export(dev_ptr as u64, handle.cast(), |base| real!(cudaIpcGetMemHandle(handle, base as *mut c_void)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaIpcOpenMemHandle(
+    dev_ptr: *mut *mut c_void,
+    handle: cudaIpcMemHandle_t,
+    flags: c_uint,
+) -> Status {
+    if dev_ptr.is_null() {
+        return real!(cudaIpcOpenMemHandle(dev_ptr, handle, flags));
+    }
+    let mut out = 0;
+    let r = ipc::open(bytes(&handle), &mut out, |h| {
+        let mut base: *mut c_void = std::ptr::null_mut();
+        (real!(cudaIpcOpenMemHandle(&mut base, from_bytes(h), flags)), base as u64)
+    });
+    if r == 0 {
+        *dev_ptr = out as *mut c_void;
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> Status {
+    ipc::close(dev_ptr as u64, |base| real!(cudaIpcCloseMemHandle(base as *mut c_void)))
+}
+
+/// For `dlsym` and `cuGetProcAddress` substitution.
+pub static DRIVER_TABLE: &[super::Entry] = &[
+    entry!(cuIpcGetMemHandle),
+    entry!(cuIpcOpenMemHandle_v2),
+    entry!(cuIpcOpenMemHandle),
+    entry!(cuIpcCloseMemHandle),
+];
+
+pub static RUNTIME_TABLE: &[super::Entry] =
+    &[entry!(cudaIpcGetMemHandle), entry!(cudaIpcOpenMemHandle), entry!(cudaIpcCloseMemHandle)];
