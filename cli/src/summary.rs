@@ -238,3 +238,33 @@ pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
         ExitCode::SUCCESS
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn command_lines_keep_the_program_name_and_the_end() {
+        assert_eq!(short_cmdline(&argv(&["/usr/bin/python3", "train.py"]), 40), "python3 train.py");
+        let long =
+            argv(&["/opt/venv/bin/python", "train.py", "--epochs", "100", "--learning-rate", "0.001", "--out", "run7"]);
+        let s = short_cmdline(&long, 40);
+        assert_eq!(s.chars().count(), 40, "{s}");
+        assert!(s.starts_with("python train.py") && s.ends_with("--out run7") && s.contains("..."), "{s}");
+        let huge_name = argv(&["a-program-with-a-name-longer-than-the-whole-column-allows", "x"]);
+        let s = short_cmdline(&huge_name, 40);
+        assert!(s.starts_with("a-program-with-a-name-longer-than-the") && s.chars().count() == 40, "{s}");
+        assert_eq!(short_cmdline(&[], 40), "?");
+    }
+
+    #[test]
+    fn leak_times_are_worded() {
+        assert_eq!(when_text("exit"), "live at exit");
+        assert_eq!(when_text("not finished"), "still live when the log stopped");
+        assert_eq!(when_text("cudaDeviceReset"), "live when cudaDeviceReset destroyed its context");
+    }
+}
