@@ -261,6 +261,24 @@ fn run_help_lists_every_option() {
             "`cupool run --help` does not list option {key:?}:\n{help}"
         );
     }
+    // And vice versa: every option line of the help (`  key  default D  what`) is one the
+    // core parses, with the core's default.
+    let listed: Vec<(&str, &str)> = help
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let key = w.next()?;
+            (w.next()? == "default").then_some((key, l))
+        })
+        .collect();
+    let known: Vec<&str> = cupool_core::options::OPTION_HELP.iter().map(|(k, _, _)| *k).collect();
+    assert_eq!(listed.iter().map(|(k, _)| *k).collect::<Vec<_>>(), known, "{help}");
+    let defaults = cupool_core::options::Options::default();
+    for (key, line) in listed {
+        let default = cupool_core::options::value_of(&defaults, key).unwrap();
+        assert!(line.contains(&format!("default {default} ")), "{key}: the parser's default is {default:?}: {line}");
+    }
 }
 
 #[test]
@@ -388,4 +406,264 @@ fn report_fails_on_a_file_that_is_not_a_log() {
     let out = run_cupool(&["report", "--json", path_str(&dir)], &dir);
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(stderr_of(&out).contains("cupool.1.json"), "{}", stderr_of(&out));
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: every one answered with one line naming it, a documented status,
+// and (for `cupool run`) before the program starts.
+
+/// One bad input: the arguments of `cupool` (for `run`, the flags before `--`),
+/// an inherited `CUPOOL_OPTIONS`, the exit status, a fragment of the message.
+struct BadInput {
+    args: Vec<String>,
+    env: Option<&'static str>,
+    code: i32,
+    says: String,
+}
+
+fn bad(args: &[&str], code: i32, says: &str) -> BadInput {
+    BadInput { args: args.iter().map(|s| s.to_string()).collect(), env: None, code, says: says.into() }
+}
+
+#[test]
+fn bad_input_is_refused_with_one_line_and_a_documented_status() {
+    let base = scratch_dir("cli-bad-input");
+    let p = |name: &str| base.join(name).display().to_string();
+    // Inputs on disk.
+    let file = base.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let empty = base.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let no_logs = base.join("no-logs");
+    std::fs::create_dir_all(&no_logs).unwrap();
+    std::fs::write(no_logs.join("notes.txt"), "hello").unwrap();
+    std::fs::write(base.join("junk.json"), "not a trace").unwrap();
+    std::fs::write(base.join("empty.json"), "").unwrap();
+    std::fs::write(base.join("hello.json"), "{\"hello\": 1}\n").unwrap();
+    let header = "Thread,Time,Action,Pointer,Size,Stream\n";
+    let good_row = "1,0.1,allocate,0x1000,4096,0x0\n";
+    std::fs::write(base.join("rmm.csv"), format!("{header}{good_row}")).unwrap();
+    std::fs::write(base.join("zzz.csv"), format!("{header}{good_row}zzz\n")).unwrap();
+    std::fs::write(base.join("abc.csv"), format!("{header}1,0.1,abc,0x1000,4096,0x0\n")).unwrap();
+    std::fs::write(base.join("cols.csv"), format!("{header}{good_row}1,0.2,free,0x1000,4096,0x0,extra\n")).unwrap();
+    std::fs::write(base.join("ptr.csv"), format!("{header}1,0.1,allocate,0xzz,4096,0x0\n")).unwrap();
+    std::fs::write(base.join("size.csv"), format!("{header}1,0.1,allocate,0x1000,lots,0x0\n")).unwrap();
+    std::fs::write(base.join("nohdr.csv"), "Thread,Time,Pointer\n1,2,0x1\n").unwrap();
+    {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(format!("{header}{good_row}{good_row}abc\n").as_bytes()).unwrap();
+        std::fs::write(base.join("bad.csv.gz"), gz.finish().unwrap()).unwrap();
+    }
+    let not_a_dir = format!("{}/sub", file.display());
+
+    let mut cases = vec![
+        // cupool run: flags and options (status 2).
+        bad(
+            &["run", "--limit", "lots"],
+            2,
+            "cupool run: --limit: bad value 'lots' for 'limit' (expected bytes such as 16g",
+        ),
+        bad(&["run", "--limit", "1bbbbb"], 2, "--limit: bad value '1bbbbb' for 'limit'"),
+        bad(&["run", "--limit", ""], 2, "--limit: no value for 'limit'"),
+        bad(&["run", "--mode", "turbo"], 2, "--mode: bad value 'turbo' for 'mode' (expected pool or passthrough)"),
+        bad(&["run", "-o", "bogus=1"], 2, "-o bogus=1: unknown option 'bogus' (options: mode, log_dir, log,"),
+        bad(&["run", "-o", "flush_ms=abc"], 2, "-o flush_ms=abc: bad value 'abc' for 'flush_ms' (expected a number"),
+        bad(&["run", "-o", "flush_ms=5"], 2, "'5' for 'flush_ms' (expected a number of milliseconds, 10..10000)"),
+        bad(&["run", "-o", "verbosity=9"], 2, "bad value '9' for 'verbosity' (expected 0, 1 or 2)"),
+        bad(&["run", "-o", "trace=maybe"], 2, "bad value 'maybe' for 'trace' (expected 1 or 0)"),
+        bad(&["run", "-o", "limit=16gg"], 2, "bad value '16gg' for 'limit'"),
+        bad(&["run", "-o", "mode="], 2, "-o mode=: no value for 'mode' (expected pool or passthrough)"),
+        bad(&["run", "-o", "log_dir="], 2, "-o log_dir=: no value for 'log_dir' (expected a directory)"),
+        bad(&["run", "-o", "noequals"], 2, "-o noequals: expected key=value"),
+        bad(&["run", "-o", "run_id=x"], 2, "-o run_id=x: run_id is set by cupool run itself"),
+        bad(&["run", "--log-dir", ""], 2, "a value is required for '--log-dir <DIR>'"),
+        bad(&["run", "--no-such-flag"], 2, "--no-such-flag"),
+        BadInput {
+            env: Some("mode=turbo"),
+            ..bad(&["run"], 2, "cupool run: CUPOOL_OPTIONS: bad value 'turbo' for 'mode'")
+        },
+        BadInput {
+            env: Some("flush_ms=20:log_dir='/tmp/x"),
+            ..bad(&["run"], 2, "CUPOOL_OPTIONS: 'log_dir='/tmp/x': the quote is never closed")
+        },
+        BadInput { env: Some("colour=blue"), ..bad(&["run"], 2, "CUPOOL_OPTIONS: unknown option 'colour'") },
+        // cupool run: a log directory that cannot be created or written (status 123).
+        bad(&["run", "--log-dir", "/proc/nope"], 123, "cupool run: cannot create log directory /proc/nope: "),
+        bad(&["run", "--log-dir", &not_a_dir], 123, &format!("cannot create log directory {not_a_dir}: ")),
+        bad(&["run", "--log-dir", "/proc"], 123, "cupool run: cannot write into log directory /proc: "),
+        bad(&["run", "-o", "log_dir=/proc/nope"], 123, "cannot create log directory /proc/nope"),
+        // cupool report (status 2).
+        bad(&["report", "/nonexistent/x.json"], 2, "cupool report: /nonexistent/x.json: No such file or directory"),
+        bad(&["report", &p("empty")], 2, &format!("{}: no cupool logs in this directory", p("empty"))),
+        bad(&["report", &p("no-logs")], 2, &format!("{}: no cupool logs in this directory", p("no-logs"))),
+        bad(&["report", &p("junk.json")], 2, &format!("{}: not a cupool log", p("junk.json"))),
+        bad(&["report", &p("empty.json")], 2, &format!("{}: not a cupool log (the file is empty)", p("empty.json"))),
+        bad(&["report", &p("hello.json")], 2, &format!("{}: not a cupool log (no \"schema\"", p("hello.json"))),
+        bad(&["report", &p("rmm.csv")], 2, "(it is an RMM logging CSV: cupool replay reads those)"),
+        bad(&["report"], 2, "required"),
+        // cupool replay (status 2).
+        bad(&["replay", "/nonexistent/t.csv"], 2, "cupool replay: /nonexistent/t.csv: No such file or directory"),
+        bad(&["replay", &p("empty")], 2, &format!("{}: no traces in this directory", p("empty"))),
+        bad(&["replay", &p("no-logs")], 2, &format!("{}: no traces in this directory", p("no-logs"))),
+        bad(
+            &["replay", &p("junk.json")],
+            2,
+            &format!("{}: neither a cupool log nor an RMM logging CSV", p("junk.json")),
+        ),
+        bad(&["replay", &p("empty.json")], 2, "the file is empty"),
+        bad(&["replay", &p("zzz.csv")], 2, &format!("{}:3: 1 column(s) where the header has 6", p("zzz.csv"))),
+        bad(&["replay", &p("abc.csv")], 2, &format!("{}:2: unknown action 'abc'", p("abc.csv"))),
+        bad(&["replay", &p("cols.csv")], 2, &format!("{}:3: 7 column(s) where the header has 6", p("cols.csv"))),
+        bad(&["replay", &p("ptr.csv")], 2, &format!("{}:2: bad pointer '0xzz'", p("ptr.csv"))),
+        bad(&["replay", &p("size.csv")], 2, &format!("{}:2: bad size 'lots'", p("size.csv"))),
+        bad(&["replay", &p("nohdr.csv")], 2, &format!("{}:1: the header has no Action column", p("nohdr.csv"))),
+        bad(&["replay", &p("bad.csv.gz")], 2, &format!("{}:4: 1 column(s)", p("bad.csv.gz"))),
+    ];
+    if unsafe { libc::geteuid() } != 0 {
+        // Root writes into read-only directories; /proc above stands in for it there.
+        let ro = base.join("read-only");
+        std::fs::create_dir_all(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+        let ro = ro.display().to_string();
+        cases.push(bad(&["run", "--log-dir", &ro], 123, &format!("cannot write into log directory {ro}: ")));
+    }
+
+    let marker = base.join("the-program-ran");
+    let logs = base.join("logs");
+    for case in &cases {
+        let mut args: Vec<String> = case.args.clone();
+        if args[0] == "run" {
+            if !args.iter().any(|a| a == "--log-dir" || a.starts_with("log_dir=")) {
+                args.extend(["--log-dir".into(), logs.display().to_string()]);
+            }
+            args.extend(["--".into(), "touch".into(), marker.display().to_string()]);
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut cmd = cupool_command(&argv, &base);
+        if let Some(env) = case.env {
+            cmd.env("CUPOOL_OPTIONS", env);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = stderr_of(&out);
+        let what = format!("cupool {argv:?} (CUPOOL_OPTIONS={:?})", case.env);
+        assert_eq!(out.status.code(), Some(case.code), "{what}: status\n{stderr}");
+        assert!(stderr.contains(&case.says), "{what}: stderr lacks {:?}:\n{stderr}", case.says);
+        assert!(stdout_of(&out).trim().is_empty(), "{what}: stdout\n{}", stdout_of(&out));
+        if argv[0] == "run" && !stderr.starts_with("error:") {
+            assert_eq!(stderr.lines().count(), 1, "{what}: one line\n{stderr}");
+        }
+        assert!(!marker.exists(), "{what}: the program ran");
+        assert!(!logs.exists(), "{what}: the log directory was created");
+    }
+}
+
+#[test]
+fn log_dirs_with_colons_and_equals_reach_the_shim() {
+    let base = scratch_dir("cli-colon");
+    let prog = fakes().prog("prog_getproc");
+    // --log-dir, and -o log_dir: each value as it is.
+    for (i, how) in ["--log-dir", "-o"].into_iter().enumerate() {
+        let dir = base.join(format!("a:b=c {i}"));
+        let value = if how == "-o" { format!("log_dir={}", dir.display()) } else { dir.display().to_string() };
+        let out = run_cupool(&["run", "-q", how, &value, "--", path_str(&prog)], &base);
+        assert!(out.status.success(), "{how}: {}", stderr_of(&out));
+        let logs = read_logs(&dir);
+        assert_eq!(logs.len(), 1, "{how}: {:?}", log_files(&dir));
+        assert_eq!(logs[0]["options"]["log_dir"], path_str(&dir));
+    }
+    // A quoted value in CUPOOL_OPTIONS, as cupool run writes it, read by the bare shim.
+    let dir = base.join("x:y='z'");
+    let spec = format!("log_dir={}:verbosity=0", cupool_core::options::quote(path_str(&dir)));
+    assert!(spec.starts_with("log_dir=\""), "{spec}");
+    let out =
+        plain_command(&prog, &[], &base).env("LD_PRELOAD", shim_path()).env("CUPOOL_OPTIONS", spec).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).is_empty(), "{}", stderr_of(&out));
+    assert_eq!(read_logs(&dir).len(), 1, "{:?}", log_files(&dir));
+}
+
+/// The bare shim keeps the program running when it cannot write its log, and says so once.
+#[test]
+fn shim_without_a_writable_log_dir_keeps_the_program_running() {
+    let base = scratch_dir("shim-no-log-dir");
+    let file = base.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    for prog in ["prog_runtime", "prog_driver"] {
+        let plain = run_plain(&fakes().prog(prog), &[], &base);
+        for dir in [Path::new("/proc/nope").to_path_buf(), file.join("sub")] {
+            let out = plain_command(&fakes().prog(prog), &[], &base)
+                .env("LD_PRELOAD", shim_path())
+                .env("CUPOOL_OPTIONS", format!("log_dir={}", dir.display()))
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), plain.status.code(), "{prog} {}", dir.display());
+            assert_eq!(
+                result_line(&stdout_of(&out)),
+                result_line(&stdout_of(&plain)),
+                "{prog} {}: {}",
+                dir.display(),
+                stdout_of(&out)
+            );
+            let stderr = stderr_of(&out);
+            let ours: Vec<&str> = stderr.lines().filter(|l| l.starts_with("cupool:")).collect();
+            assert_eq!(ours.len(), 1, "{prog} {}: one line from cupool:\n{stderr}", dir.display());
+            assert!(
+                ours[0].contains(&format!("cannot create log_dir {}", dir.display()))
+                    && ours[0].contains("no log will be written"),
+                "{}",
+                ours[0]
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The summary's wording.
+
+#[test]
+fn summary_explains_failures_and_cuts_long_command_lines() {
+    let dir = scratch_dir("cli-summary-driver");
+    let long = "an-argument-long-enough-to-need-cutting-in-the-middle";
+    let out = cupool_run(&dir, &[], &fakes().prog("prog_driver"), &[long, "last"]);
+    let stderr = stderr_of(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("; logs in {}", dir.display())), "{stderr}");
+    assert!(!stderr.contains("device -1"), "{stderr}");
+    assert!(stderr.contains("allocation call(s) failed before reaching any device (no current context)"), "{stderr}");
+    let pid_line = stderr.lines().find(|l| l.trim_start().starts_with("pid ")).expect("a pid line");
+    assert!(
+        pid_line.contains("prog_driver an-arg...") && pid_line.contains("...") && pid_line.contains(" last"),
+        "{pid_line}"
+    );
+    assert!(pid_line.contains("exit 0"), "{pid_line}");
+    assert!(stderr.contains("live when cuCtxDestroy_v2 destroyed its context"), "{stderr}");
+}
+
+#[test]
+fn summary_of_a_killed_process_says_so_plainly() {
+    let dir = scratch_dir("cli-summary-killed");
+    let (mut cupool, pid) = start_sleep_under_cupool(&dir);
+    std::thread::sleep(Duration::from_millis(300)); // a few flushes (flush_ms=20): the allocations reach the log
+    send_signal(pid, libc::SIGKILL);
+    let status = wait_for_cupool(&mut cupool, pid, "SIGKILL to the program");
+    assert_eq!(status.code(), Some(137), "{status:?}");
+    let out = run_cupool(&["report", path_str(&dir)], &dir);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = stdout_of(&out);
+    assert!(text.contains("killed, or still running (the log has no end)"), "{text}");
+    assert!(text.contains("still live when the log stopped"), "{text}");
+    assert!(!text.contains("logs in"), "report names no directory: {text}");
+}
+
+#[test]
+fn summary_names_no_directory_that_does_not_exist() {
+    let base = scratch_dir("cli-summary-nodir");
+    let logs = base.join("never-made");
+    let out = run_cupool(&["run", "--log-dir", path_str(&logs), "--", path_str(&fakes().prog("prog_nocuda"))], &base);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let stderr = stderr_of(&out);
+    assert!(stderr.contains("no CUDA memory activity recorded"), "{stderr}");
+    assert!(!stderr.contains(path_str(&logs)), "{stderr}");
+    assert!(!logs.exists(), "cupool run left an empty log directory behind");
 }

@@ -42,7 +42,8 @@ enum Command {
     #[command(long_about = "Summarise existing logs: peaks, failures and leaks per process.\n\n\
         Reads logs written by libcupool.so, complete or cut short (a process killed by SIGKILL \
         leaves a log without its end record; its leaks are then rebuilt from the timeline). \
-        Exits with status 2 if a file cannot be read as a cupool log.")]
+        Exits with status 2 if a path does not exist, a file cannot be read as a cupool log, or a \
+        directory holds no cupool logs; each problem gets one line naming the file (and line).")]
     Report {
         /// Print the summary as JSON (one object per log) instead of text.
         #[arg(long)]
@@ -60,7 +61,8 @@ enum Command {
         device and pitched) is replayed. No GPU is needed.")]
     Replay {
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
-        /// plain or gzipped. None: the traces bundled in traces/ (or $CUPOOL_TRACES).
+        /// plain or gzipped, or directories of them (*.json, *.csv, also .gz). None: the traces
+        /// bundled in traces/ (or $CUPOOL_TRACES). Exits with status 2 when one cannot be read.
         #[arg(value_name = "TRACES")]
         traces: Vec<PathBuf>,
     },

@@ -1,7 +1,7 @@
 //! `cupool replay`: runs recorded allocation traces through the pool core on
 //! the CPU and reports how much memory it would reserve for them.
 
-use cupool_core::log::{maybe_gunzip, read_log_from, EventKind, MemKind};
+use cupool_core::log::{maybe_gunzip, read_log_from, EventKind, MemKind, ReadErrorKind};
 use cupool_core::pool::testing::SimulatedDevice;
 use cupool_core::pool::{BlockId, Pool, PoolConfig};
 use std::collections::HashMap;
@@ -15,30 +15,29 @@ enum Op {
     Free(u64),
 }
 
+/// The header of an RMM logging CSV (`rmm::mr::logging_resource_adaptor`).
+const RMM_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
 /// Device-memory operations of a cupool log, or of an RMM logging CSV
 /// (`Thread,Time,Action,Pointer,Size,Stream`); either may be gzipped.
+/// Errors name the file, and the line where one is at fault.
 fn load(path: &Path) -> Result<Vec<Op>, String> {
     let in_file = |e: std::io::Error| format!("{}: {e}", path.display());
     let bytes = maybe_gunzip(std::fs::read(path).map_err(in_file)?).map_err(in_file)?;
-    let mut ops = Vec::new();
     if bytes.starts_with(b"Thread,") {
-        let text = String::from_utf8_lossy(&bytes);
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split(',').map(str::trim).collect();
-            if f.len() < 5 {
-                continue;
-            }
-            let ptr = u64::from_str_radix(f[3].trim_start_matches("0x"), 16).unwrap_or(0);
-            match f[2] {
-                "allocate" => ops.push(Op::Alloc(ptr, f[4].parse().unwrap_or(0))),
-                "free" => ops.push(Op::Free(ptr)),
-                _ => {}
-            }
-        }
-        return Ok(ops);
+        return load_rmm_csv(&String::from_utf8_lossy(&bytes))
+            .map_err(|(line, why)| format!("{}:{line}: {why}", path.display()));
     }
-    let mut events = read_log_from(&bytes[..], path).map_err(|e| e.to_string())?.events;
+    let log = read_log_from(&bytes[..], path).map_err(|e| match &e.kind {
+        ReadErrorKind::NotALog(why) => format!(
+            "{}: neither a cupool log nor an RMM logging CSV (whose first line is {RMM_HEADER}): {why}",
+            path.display()
+        ),
+        _ => e.to_string(),
+    })?;
+    let mut events = log.events;
     events.sort_by_key(|e| e.seq);
+    let mut ops = Vec::new();
     for e in events {
         if !matches!(e.kind.as_ref().and_then(|k| k.known()), Some(MemKind::Device | MemKind::Pitched)) {
             continue; // what the pool serves
@@ -48,6 +47,51 @@ fn load(path: &Path) -> Result<Vec<Op>, String> {
             Some(EventKind::Alloc) => ops.push(Op::Alloc(ptr, e.size.unwrap_or(0))),
             Some(EventKind::Free) => ops.push(Op::Free(ptr)),
             _ => {}
+        }
+    }
+    Ok(ops)
+}
+
+/// The rows of an RMM logging CSV; an error is (1-based line, what is wrong).
+/// Rows of `allocate failure` are skipped; any row that is not an
+/// `allocate` or `free` with a hex pointer and a byte count is an error.
+fn load_rmm_csv(text: &str) -> Result<Vec<Op>, (usize, String)> {
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end_matches('\r')));
+    let (_, header) = lines.next().unwrap_or((1, ""));
+    let columns: Vec<&str> = header.split(',').map(str::trim).collect();
+    let column = |name: &str| {
+        columns
+            .iter()
+            .position(|c| *c == name)
+            .ok_or_else(|| (1, format!("the header has no {name} column (expected {RMM_HEADER})")))
+    };
+    let (action, pointer, size) = (column("Action")?, column("Pointer")?, column("Size")?);
+    let mut ops = Vec::new();
+    for (n, line) in lines {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() != columns.len() {
+            return Err((
+                n,
+                format!("{} column(s) where the header has {} ({RMM_HEADER}): '{line}'", f.len(), columns.len()),
+            ));
+        }
+        let ptr = || {
+            let p = f[pointer];
+            u64::from_str_radix(p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")).unwrap_or(p), 16)
+                .map_err(|_| (n, format!("bad pointer '{p}' (expected hex, such as 0x7f3a00000000)")))
+        };
+        let bytes =
+            || f[size].parse::<u64>().map_err(|_| (n, format!("bad size '{}' (expected a number of bytes)", f[size])));
+        match f[action] {
+            "allocate" => ops.push(Op::Alloc(ptr()?, bytes()?)),
+            "free" => ops.push(Op::Free(ptr()?)),
+            "allocate failure" => {}
+            other => {
+                return Err((n, format!("unknown action '{other}' (expected allocate, free or allocate failure)")))
+            }
         }
     }
     Ok(ops)
@@ -109,21 +153,63 @@ fn bundled() -> Vec<PathBuf> {
     files
 }
 
-pub fn run(paths: Vec<PathBuf>) -> ExitCode {
-    let paths = if paths.is_empty() { bundled() } else { paths };
-    if paths.is_empty() {
-        eprintln!("cupool replay: no traces given and none bundled");
-        return ExitCode::from(2);
+/// Trace files named by `path`: the file itself, or the traces in a directory
+/// (`*.json`, `*.csv`, either also `.gz`).
+fn traces_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]); // reading it says what is wrong with it
     }
-    println!(
-        "{:<40} {:>9} {:>12} {:>14} {:>8} {:>9} {:>8}",
-        "trace", "ops", "peak live", "peak reserved", "ratio", "segments", "ns/op"
-    );
+    let entries = std::fs::read_dir(path).map_err(|e| format!("{}: cannot list the directory: {e}", path.display()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let name = name.strip_suffix(".gz").unwrap_or(name);
+            p.is_file() && (name.ends_with(".json") || name.ends_with(".csv"))
+        })
+        .collect();
+    if files.is_empty() {
+        return Err(format!("{}: no traces in this directory (*.json, *.csv, also gzipped)", path.display()));
+    }
+    files.sort();
+    Ok(files)
+}
+
+pub fn run(paths: Vec<PathBuf>) -> ExitCode {
+    let bad_input = ExitCode::from(crate::summary::EXIT_BAD_INPUT);
     let mut failed = false;
+    let paths = if paths.is_empty() {
+        bundled()
+    } else {
+        let mut files = Vec::new();
+        for p in &paths {
+            match traces_named_by(p) {
+                Ok(f) => files.extend(f),
+                Err(e) => {
+                    eprintln!("cupool replay: {e}");
+                    failed = true;
+                }
+            }
+        }
+        files
+    };
+    if paths.is_empty() {
+        if !failed {
+            eprintln!("cupool replay: no traces given and none bundled");
+        }
+        return bad_input;
+    }
+    let mut header = false;
     for p in &paths {
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         match load(p) {
             Ok(ops) => {
+                if !std::mem::replace(&mut header, true) {
+                    println!(
+                        "{:<40} {:>9} {:>12} {:>14} {:>8} {:>9} {:>8}",
+                        "trace", "ops", "peak live", "peak reserved", "ratio", "segments", "ns/op"
+                    );
+                }
                 let o = replay(&ops);
                 let ratio = if o.peak_live == 0 { 1.0 } else { o.peak_reserved as f64 / o.peak_live as f64 };
                 println!(
@@ -144,7 +230,7 @@ pub fn run(paths: Vec<PathBuf>) -> ExitCode {
         }
     }
     if failed {
-        ExitCode::from(2)
+        bad_input
     } else {
         ExitCode::SUCCESS
     }

@@ -2,6 +2,7 @@
 
 use crate::summary;
 use clap::Args;
+use cupool_core::options::{self, Options};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -9,9 +10,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Directory for the logs (one cupool.<pid>.json per process).
-    #[arg(long, default_value = "cupool-logs")]
-    log_dir: PathBuf,
+    /// Directory for the logs (one cupool.<pid>.json per process); created if missing, and it
+    /// must be writable. Default: ./cupool-logs.
+    #[arg(long, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
     /// pool | passthrough.
     #[arg(long)]
     mode: Option<String>,
@@ -21,7 +23,7 @@ pub struct RunArgs {
     /// Per-device byte cap, e.g. 16g.
     #[arg(long)]
     limit: Option<String>,
-    /// Any other option as key=value (see below); may be repeated.
+    /// Any other option as key=value, the value taken as it is (see below); may be repeated.
     #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
     /// Print no summary at the end.
@@ -32,11 +34,35 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
+/// `cupool run`'s own exit statuses; otherwise it exits with the program's.
+pub mod exit {
+    /// A bad flag, option or value (also clap's status for its own usage errors).
+    pub const USAGE: u8 = 2;
+    /// The log directory cannot be created or written.
+    pub const LOG_DIR: u8 = 123;
+    /// cupool itself failed: no libcupool.so, or waiting for the program failed.
+    pub const CUPOOL: u8 = 125;
+    /// The program was found but could not be started.
+    pub const CANNOT_RUN: u8 = 126;
+    /// The program was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
 pub fn options_help() -> String {
-    let mut s = String::from("Options travel to the shim in CUPOOL_OPTIONS=key=value:key=value (flags override it):\n");
+    let mut s = String::from(
+        "Options travel to the shim in CUPOOL_OPTIONS=key=value:key=value; a value with ':' is quoted, \
+         as in log_dir='/tmp/a:b'. cupool run starts from the CUPOOL_OPTIONS it inherits, then applies \
+         -o, then the flags:\n",
+    );
     for (key, default, what) in cupool_core::options::OPTION_HELP {
         s.push_str(&format!("  {key:<10} default {default:<12} {what}\n"));
     }
+    s.push_str(
+        "\nEvery option is checked before the program starts. Exit status: the program's own \
+         (128 + N when signal N killed it); 2 for a bad flag or option, 123 when the log directory \
+         cannot be created or written, 125 when cupool itself fails, 126 when the program cannot be \
+         run, 127 when it is not found.\n",
+    );
     s
 }
 
@@ -67,26 +93,112 @@ fn absolute(p: &Path) -> PathBuf {
     }
 }
 
-pub fn run(args: RunArgs) -> ExitCode {
-    let Some(shim) = shim_path() else {
-        eprintln!("cupool: cannot find libcupool.so beside the cupool executable; set CUPOOL_LIB");
-        return ExitCode::from(125);
-    };
-    let log_dir = absolute(&args.log_dir);
-    let run_id = format!("{:x}-{:x}", std::process::id(), cupool_core_time_ns());
-    let mut opts: Vec<String> = std::env::var("CUPOOL_OPTIONS").ok().into_iter().filter(|s| !s.is_empty()).collect();
-    opts.push(format!("log_dir={}", log_dir.display()));
-    opts.push(format!("run_id={run_id}"));
-    if let Some(m) = &args.mode {
-        opts.push(format!("mode={m}"));
+/// The options the program gets: the inherited `CUPOOL_OPTIONS`, then `-o`, then the flags;
+/// or every problem found, one line each.
+fn options_of(args: &RunArgs, inherited: Option<&str>, run_id: &str) -> Result<Options, Vec<String>> {
+    let mut opts = Options::default();
+    let mut errors = Vec::new();
+    if let Some(spec) = inherited {
+        errors.extend(options::parse_into(&mut opts, spec).into_iter().map(|e| format!("CUPOOL_OPTIONS: {e}")));
+    }
+    let mut log_dir_option = false;
+    for entry in &args.options {
+        let Some((key, value)) = entry.split_once('=') else {
+            errors.push(format!("-o {entry}: expected key=value, such as -o flush_ms=50"));
+            continue;
+        };
+        let key = key.trim();
+        if key == "run_id" {
+            errors.push(format!("-o {entry}: run_id is set by cupool run itself (it finds the run's logs by it)"));
+            continue;
+        }
+        log_dir_option |= key == "log_dir";
+        if let Err(e) = options::set(&mut opts, key, value) {
+            errors.push(format!("-o {entry}: {e}"));
+        }
+    }
+    for (flag, key, value) in [("--mode", "mode", &args.mode), ("--limit", "limit", &args.limit)] {
+        if let Some(value) = value {
+            if let Err(e) = options::set(&mut opts, key, value) {
+                errors.push(format!("{flag}: {e}"));
+            }
+        }
     }
     if args.no_trace {
-        opts.push("trace=0".into());
+        opts.trace = false;
     }
-    if let Some(l) = &args.limit {
-        opts.push(format!("limit={l}"));
+    let log_dir = match &args.log_dir {
+        Some(dir) if dir.as_os_str().is_empty() => {
+            errors.push("--log-dir: no directory given".into());
+            PathBuf::new()
+        }
+        Some(dir) => absolute(dir),
+        None if log_dir_option => absolute(Path::new(&opts.log_dir)),
+        None => absolute(Path::new("cupool-logs")),
+    };
+    match log_dir.to_str() {
+        Some(dir) => opts.log_dir = dir.to_string(),
+        None => errors
+            .push(format!("--log-dir {}: the path is not UTF-8, which CUPOOL_OPTIONS cannot carry", log_dir.display())),
     }
-    opts.extend(args.options.iter().cloned());
+    opts.run_id = run_id.to_string();
+    if errors.is_empty() {
+        Ok(opts)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Makes sure the shim can write its logs into `dir`: creates it if missing
+/// (true when it did) and writes a file into it.
+fn prepare_log_dir(dir: &Path) -> Result<bool, String> {
+    let existed = dir.is_dir();
+    if !existed {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create log directory {}: {e}", dir.display()))?;
+    }
+    let probe = dir.join(format!(".cupool-write-check.{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(!existed)
+        }
+        Err(e) => {
+            if !existed {
+                let _ = std::fs::remove_dir(dir);
+            }
+            Err(format!("cannot write into log directory {}: {e}", dir.display()))
+        }
+    }
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let run_id = format!("{:x}-{:x}", std::process::id(), cupool_core_time_ns());
+    let inherited = std::env::var("CUPOOL_OPTIONS").ok();
+    let opts = match options_of(&args, inherited.as_deref(), &run_id) {
+        Ok(o) => o,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("cupool run: {e}");
+            }
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    let Some(shim) = shim_path() else {
+        eprintln!("cupool: cannot find libcupool.so beside the cupool executable; set CUPOOL_LIB");
+        return ExitCode::from(exit::CUPOOL);
+    };
+    let log_dir = PathBuf::from(&opts.log_dir);
+    let created = if opts.log {
+        match prepare_log_dir(&log_dir) {
+            Ok(created) => created,
+            Err(e) => {
+                eprintln!("cupool run: {e}; nothing was run");
+                return ExitCode::from(exit::LOG_DIR);
+            }
+        }
+    } else {
+        false
+    };
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(existing) if !existing.trim().is_empty() => {
             format!("{existing}:{}", absolute(&shim).display())
@@ -95,7 +207,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
 
     let mut cmd = Command::new(&args.command[0]);
-    cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("CUPOOL_OPTIONS", opts.join(":"));
+    cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("CUPOOL_OPTIONS", options::format(&opts));
     unsafe {
         // The terminal's ^C reaches the child directly; cupool waits and reports.
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -129,7 +241,14 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cupool: cannot run {}: {e}", args.command[0]);
-            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+            if created {
+                let _ = std::fs::remove_dir(&log_dir);
+            }
+            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::CANNOT_RUN
+            });
         }
     };
     let status = loop {
@@ -138,14 +257,21 @@ pub fn run(args: RunArgs) -> ExitCode {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 eprintln!("cupool: waiting for the child failed: {e}");
-                return ExitCode::from(125);
+                return ExitCode::from(exit::CUPOOL);
             }
         }
     };
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    if created {
+        let _ = std::fs::remove_dir(&log_dir); // only if nothing was logged: leave no empty directory
+    }
     if !args.quiet {
-        let logs = summary::logs_of_run(&log_dir, &run_id);
-        summary::print_text(&logs, &log_dir, &mut std::io::stderr());
+        if opts.log {
+            let logs = summary::logs_of_run(&log_dir, &run_id);
+            summary::print_text(&logs, Some(&log_dir), &mut std::io::stderr());
+        } else {
+            eprintln!("cupool: log=0, so no logs were written and there is nothing to summarise");
+        }
     }
     ExitCode::from(code as u8)
 }

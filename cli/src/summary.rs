@@ -1,6 +1,6 @@
 //! One-screen summaries of cupool logs.
 
-use cupool_core::log::{read_log, summarize, ExitRecord, Log, Summary};
+use cupool_core::log::{read_log, summarize, ExitRecord, Log, ReadErrorKind, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,7 +45,7 @@ pub fn human_bytes(n: u64) -> String {
 
 fn exit_text(s: &Summary) -> String {
     match &s.exit {
-        _ if !s.complete => "log cut short (killed?)".into(),
+        _ if !s.complete => "killed, or still running (the log has no end)".into(),
         Some(ExitRecord::Signal { name, .. }) => format!("killed by {name}"),
         Some(ExitRecord::Exit { status: Some(st) }) => format!("exit {st}"),
         Some(ExitRecord::Exit { status: None }) => "exit".into(),
@@ -53,37 +53,85 @@ fn exit_text(s: &Summary) -> String {
     }
 }
 
-pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
-    let summaries: Vec<Summary> = logs.iter().map(summarize).collect();
+/// `argv` in at most `width` characters: the program's file name, then its
+/// arguments, cut in the middle when too long so that the program name and
+/// the last arguments both stay.
+pub fn short_cmdline(argv: &[String], width: usize) -> String {
+    let prog = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).filter(|p| !p.is_empty()).unwrap_or("?");
+    let full: String =
+        std::iter::once(prog).chain(argv.iter().skip(1).map(String::as_str)).collect::<Vec<_>>().join(" ");
+    let chars: Vec<char> = full.chars().collect();
+    if chars.len() <= width {
+        return full;
+    }
+    let keep = width.saturating_sub(3);
+    let head = prog.chars().count().max(keep / 2).min(keep);
+    let tail = keep - head;
+    let mut s: String = chars[..head].iter().collect();
+    s.push_str("...");
+    s.extend(&chars[chars.len() - tail..]);
+    s
+}
+
+/// When a leaked allocation was found live, in words.
+fn when_text(at: &str) -> String {
+    match at {
+        "exit" => "live at exit".into(),
+        "not finished" => "still live when the log stopped".into(),
+        api => format!("live when {api} destroyed its context"),
+    }
+}
+
+/// The text summary; `dir` is the log directory of a run (named when it holds logs).
+pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
+    let summaries: Vec<(Summary, String)> =
+        logs.iter().map(|l| (summarize(l), short_cmdline(&l.header.process.cmdline, 40))).collect();
     if summaries.is_empty() {
-        let _ = writeln!(out, "cupool: no CUDA memory activity recorded (logs: {})", dir.display());
+        let _ = writeln!(out, "cupool: no CUDA memory activity recorded, so no log was written");
         return;
     }
-    let _ = writeln!(out, "cupool: {} process(es) used CUDA memory; logs in {}", summaries.len(), dir.display());
-    for s in &summaries {
-        let mut cmd = s.cmdline.clone();
-        if cmd.chars().count() > 40 {
-            cmd = cmd.chars().take(37).collect::<String>() + "...";
-        }
+    let _ = write!(out, "cupool: {} process(es) used CUDA memory", summaries.len());
+    match dir.filter(|d| d.is_dir()) {
+        Some(d) => writeln!(out, "; logs in {}", d.display()),
+        None => writeln!(out),
+    }
+    .ok();
+    for (s, cmd) in &summaries {
         let _ = writeln!(out, "  pid {:<8} {:<40} {}", s.pid, cmd, exit_text(s));
         for d in &s.devices {
-            let _ = writeln!(
-                out,
-                "    device {:>2}: peak {:>10}  {} allocs, {} frees, {} failed",
-                d.device,
-                human_bytes(d.peak_bytes),
-                d.allocs,
-                d.frees,
-                d.failures
-            );
+            if d.device < 0 && d.allocs == 0 && d.frees == 0 {
+                if d.failures > 0 {
+                    let _ = writeln!(
+                        out,
+                        "    {} allocation call(s) failed before reaching any device (no current context); \
+                         nothing was allocated",
+                        d.failures
+                    );
+                }
+                continue;
+            }
+            let device = if d.device < 0 { "device  ?".to_string() } else { format!("device {:>2}", d.device) };
+            let mut line =
+                format!("    {device}: peak {:>10}  {} allocs, {} frees", human_bytes(d.peak_bytes), d.allocs, d.frees);
+            if d.failures > 0 {
+                line.push_str(&format!(
+                    ", {} allocation(s) refused by CUDA (out of memory or a bad request)",
+                    d.failures
+                ));
+            }
+            let _ = writeln!(out, "{line}");
         }
-        if s.host.allocs > 0 {
-            let _ =
-                writeln!(out, "    pinned host: peak {:>10}  {} allocs", human_bytes(s.host.peak_bytes), s.host.allocs);
+        if s.host.allocs > 0 || s.host.failures > 0 {
+            let mut line =
+                format!("    pinned host: peak {:>10}  {} allocs", human_bytes(s.host.peak_bytes), s.host.allocs);
+            if s.host.failures > 0 {
+                line.push_str(&format!(", {} refused by CUDA", s.host.failures));
+            }
+            let _ = writeln!(out, "{line}");
         }
     }
-    let total: u64 = summaries.iter().map(|s| s.leak_bytes).sum();
-    let count: usize = summaries.iter().map(|s| s.leaks.len()).sum();
+    let total: u64 = summaries.iter().map(|(s, _)| s.leak_bytes).sum();
+    let count: usize = summaries.iter().map(|(s, _)| s.leaks.len()).sum();
     if count == 0 {
         let _ = writeln!(out, "cupool: no leaks");
         return;
@@ -92,19 +140,16 @@ pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
     // Identical leaks are grouped, LeakSanitizer style: "N bytes in M allocations".
     let mut groups: Vec<(u64, usize, String)> = Vec::new();
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for s in &summaries {
+    for (s, _) in &summaries {
         for l in &s.leaks {
             let size = l.size;
-            let at = match l.at.as_str() {
-                "not finished" => "alive when killed",
-                other => other,
-            };
+            let device = if l.device < 0 { "?".to_string() } else { l.device.to_string() };
             let what = format!(
-                "{:<8} {:<22} device {:<2} pid {:<8} at {at}",
+                "{:<8} {:<22} device {device:<2} pid {:<8} {}",
                 l.kind.as_str(),
                 l.api.as_str(),
-                l.device,
-                s.pid
+                s.pid,
+                when_text(&l.at)
             );
             let key = format!("{size}|{what}");
             match index.get(&key) {
@@ -126,16 +171,56 @@ pub fn print_text(logs: &[Log], dir: &Path, out: &mut dyn Write) {
     }
 }
 
+/// The status of `cupool report` and `cupool replay` when there is nothing to
+/// read or a file cannot be read as what it should be.
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// Log files named by `path`: the file itself, or the cupool logs in a directory.
+fn logs_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]); // reading it says what is wrong with it
+    }
+    if let Err(e) = std::fs::read_dir(path) {
+        return Err(format!("{}: cannot list the directory: {e}", path.display()));
+    }
+    let files = log_files(path);
+    if files.is_empty() {
+        return Err(format!("{}: no cupool logs in this directory (cupool.<pid>.json or .json.gz)", path.display()));
+    }
+    Ok(files)
+}
+
+/// A note for a file that is not a cupool log but a trace `cupool replay` reads.
+fn hint_for(path: &Path) -> &'static str {
+    let csv = std::fs::read(path)
+        .ok()
+        .and_then(|b| cupool_core::log::maybe_gunzip(b).ok())
+        .is_some_and(|b| b.starts_with(b"Thread,"));
+    if csv {
+        " (it is an RMM logging CSV: cupool replay reads those)"
+    } else {
+        ""
+    }
+}
+
 pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
     let mut logs = Vec::new();
     let mut failed = false;
     for p in paths {
-        let files = if p.is_dir() { log_files(p) } else { vec![p.clone()] };
+        let files = match logs_named_by(p) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("cupool report: {e}");
+                failed = true;
+                continue;
+            }
+        };
         for f in files {
             match read_log(&f) {
                 Ok(l) => logs.push(l),
                 Err(e) => {
-                    eprintln!("cupool: {e}");
+                    let hint = if matches!(e.kind, ReadErrorKind::NotALog(_)) { hint_for(&f) } else { "" };
+                    eprintln!("cupool report: {e}{hint}");
                     failed = true;
                 }
             }
@@ -144,13 +229,42 @@ pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
     if as_json {
         let v: Vec<Summary> = logs.iter().map(summarize).collect();
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-    } else {
-        let dir = paths.first().cloned().unwrap_or_default();
-        print_text(&logs, &dir, &mut std::io::stdout());
+    } else if !logs.is_empty() {
+        print_text(&logs, None, &mut std::io::stdout());
     }
     if failed {
-        ExitCode::from(2)
+        ExitCode::from(EXIT_BAD_INPUT)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn command_lines_keep_the_program_name_and_the_end() {
+        assert_eq!(short_cmdline(&argv(&["/usr/bin/python3", "train.py"]), 40), "python3 train.py");
+        let long =
+            argv(&["/opt/venv/bin/python", "train.py", "--epochs", "100", "--learning-rate", "0.001", "--out", "run7"]);
+        let s = short_cmdline(&long, 40);
+        assert_eq!(s.chars().count(), 40, "{s}");
+        assert!(s.starts_with("python train.py") && s.ends_with("--out run7") && s.contains("..."), "{s}");
+        let huge_name = argv(&["a-program-with-a-name-longer-than-the-whole-column-allows", "x"]);
+        let s = short_cmdline(&huge_name, 40);
+        assert!(s.starts_with("a-program-with-a-name-longer-than-the") && s.chars().count() == 40, "{s}");
+        assert_eq!(short_cmdline(&[], 40), "?");
+    }
+
+    #[test]
+    fn leak_times_are_worded() {
+        assert_eq!(when_text("exit"), "live at exit");
+        assert_eq!(when_text("not finished"), "still live when the log stopped");
+        assert_eq!(when_text("cudaDeviceReset"), "live when cudaDeviceReset destroyed its context");
     }
 }

@@ -1,11 +1,19 @@
 //! `CUPOOL_OPTIONS=key=value:key=value`, parsed in LeakSanitizer style.
 //!
-//! Parsing never fails: a bad entry produces one human-readable complaint and
-//! the option keeps its default, because a typo in an environment variable must
-//! never take down the program being observed.
+//! Entries are separated by `:`. A value runs to the next `:`, with the
+//! whitespace around it dropped, unless it starts with a quote: `'...'` holds
+//! any text but `'` as it is, and `"..."` holds any text with `\"` for `"` and
+//! `\\` for `\`. So `log_dir='/tmp/a:b'` names the directory `/tmp/a:b`.
+//! [`format`] writes options back in this form, and `parse(&format(&o))`
+//! gives `o` again (a property test checks it).
+//!
+//! [`parse`] never fails: a bad entry produces one human-readable complaint
+//! and the option keeps its default, because a typo in an environment variable
+//! must never take down the program being observed. The CLI uses
+//! [`parse_into`] and [`set`], which say what is wrong, to refuse bad input
+//! before it starts anything.
 
 use serde::{Deserialize, Serialize};
-use std::fmt::Write as _;
 
 /// How device allocations are served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,58 +97,215 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Parses `spec`; every complaint is appended to the returned vector as one line.
-pub fn parse(spec: &str) -> (Options, Vec<String>) {
-    let mut opts = Options::default();
-    let mut errors = Vec::new();
-    for entry in spec.split(':').map(str::trim).filter(|e| !e.is_empty()) {
-        let Some((key, value)) = entry.split_once('=') else {
-            errors.push(format!("ignoring '{entry}': expected key=value"));
-            continue;
-        };
-        let (key, value) = (key.trim(), value.trim());
-        let mut bad = |expected: &str, default: &dyn std::fmt::Display| {
-            let mut line = String::new();
-            let _ = write!(line, "bad value '{value}' for '{key}' (expected {expected}); using {default}");
-            errors.push(line);
-        };
-        match key {
-            "mode" => match value {
-                "pool" => opts.mode = Mode::Pool,
-                "passthrough" => opts.mode = Mode::Passthrough,
-                _ => bad("pool|passthrough", &opts.mode.as_str()),
-            },
-            "log_dir" if !value.is_empty() => opts.log_dir = value.to_string(),
-            "log_dir" => bad("a directory", &opts.log_dir),
-            "log" => match parse_bool(value) {
-                Some(b) => opts.log = b,
-                None => bad("0|1", &u8::from(opts.log)),
-            },
-            "trace" => match parse_bool(value) {
-                Some(b) => opts.trace = b,
-                None => bad("0|1", &u8::from(opts.trace)),
-            },
-            "run_id" => opts.run_id = value.to_string(),
-            "flush_ms" => match value.parse::<u64>() {
-                Ok(ms) if (10..=10_000).contains(&ms) => opts.flush_ms = ms,
-                _ => bad("10..10000", &opts.flush_ms),
-            },
-            "fence_us" => match value.parse::<u64>() {
-                Ok(us) if (10..=100_000).contains(&us) => opts.fence_us = us,
-                _ => bad("10..100000", &opts.fence_us),
-            },
-            "limit" => match parse_bytes(value) {
-                Some(b) => opts.limit = b,
-                None => bad("bytes such as 16g, 512m, 4096", &opts.limit),
-            },
-            "verbosity" => match value.parse::<u8>() {
-                Ok(v) if v <= 2 => opts.verbosity = v,
-                _ => bad("0|1|2", &opts.verbosity),
-            },
-            _ => errors.push(format!("ignoring unknown option '{key}'")),
+/// Why one option or one entry of `CUPOOL_OPTIONS` was not taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OptionError {
+    /// A key no option has.
+    Unknown { key: String },
+    /// A known key with a value it does not accept (`expected` says what it does).
+    BadValue { key: String, value: String, expected: &'static str },
+    /// An entry that cannot be read as `key=value` (`why` says what is wrong).
+    Syntax { entry: String, why: &'static str },
+}
+
+impl std::fmt::Display for OptionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OptionError::Unknown { key } => {
+                write!(f, "unknown option '{key}' (options: ")?;
+                for (i, (k, _, _)) in OPTION_HELP.iter().enumerate() {
+                    write!(f, "{}{k}", if i == 0 { "" } else { ", " })?;
+                }
+                write!(f, ")")
+            }
+            OptionError::BadValue { key, value, expected } if value.is_empty() => {
+                write!(f, "no value for '{key}' (expected {expected})")
+            }
+            OptionError::BadValue { key, value, expected } => {
+                write!(f, "bad value '{value}' for '{key}' (expected {expected})")
+            }
+            OptionError::Syntax { entry, why } => write!(f, "'{entry}': {why}"),
         }
     }
-    (opts, errors)
+}
+
+impl std::error::Error for OptionError {}
+
+/// Parses `spec`; every complaint is appended to the returned vector as one
+/// line, and the option it concerns keeps its default.
+pub fn parse(spec: &str) -> (Options, Vec<String>) {
+    let mut opts = Options::default();
+    let lines = parse_into(&mut opts, spec)
+        .into_iter()
+        .map(|e| match &e {
+            OptionError::BadValue { key, .. } => {
+                let kept = value_of(&opts, key).unwrap_or_default();
+                format!("{e}; using {}", if kept.is_empty() { "''" } else { &kept })
+            }
+            _ => format!("ignoring {e}"),
+        })
+        .collect();
+    (opts, lines)
+}
+
+/// Applies every entry of `spec` to `opts`, in order; returns what was not
+/// taken (the options concerned keep their values).
+pub fn parse_into(opts: &mut Options, spec: &str) -> Vec<OptionError> {
+    let mut errors = Vec::new();
+    for entry in entries(spec) {
+        if let Err(e) = entry.and_then(|(key, value)| set(opts, &key, &value)) {
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+/// The entries of `spec` in order: `(key, value)` with the value's quotes
+/// undone, or why the entry cannot be read. See the module's documentation.
+pub fn entries(spec: &str) -> Vec<Result<(String, String), OptionError>> {
+    let mut out = Vec::new();
+    let mut rest = spec;
+    loop {
+        rest = rest.trim_start_matches(|c: char| c == ':' || c.is_whitespace());
+        if rest.is_empty() {
+            break;
+        }
+        let stop = rest.find([':', '=']).unwrap_or(rest.len());
+        if !rest[stop..].starts_with('=') {
+            let entry = rest[..stop].trim().to_string();
+            out.push(Err(OptionError::Syntax { entry, why: "expected key=value" }));
+            rest = &rest[stop..];
+            continue;
+        }
+        let key = rest[..stop].trim().to_string();
+        let after = rest[stop + 1..].trim_start();
+        let (value, tail) = match after.chars().next() {
+            Some(q @ ('\'' | '"')) => match unquote(after, q) {
+                Some(v) => v,
+                None => {
+                    let entry = format!("{key}={after}");
+                    out.push(Err(OptionError::Syntax { entry, why: "the quote is never closed" }));
+                    break;
+                }
+            },
+            _ => {
+                let end = after.find(':').unwrap_or(after.len());
+                (after[..end].trim().to_string(), &after[end..])
+            }
+        };
+        let tail = tail.trim_start();
+        if !tail.is_empty() && !tail.starts_with(':') {
+            let end = tail.find(':').unwrap_or(tail.len());
+            let entry = format!("{key}={}", &after[..after.len() - tail.len() + end]);
+            out.push(Err(OptionError::Syntax { entry, why: "text after the closing quote" }));
+            rest = &tail[end..];
+            continue;
+        }
+        out.push(Ok((key, value)));
+        rest = tail;
+    }
+    out
+}
+
+/// `s` starts with the quote `q`: the text inside, and what follows the closing quote.
+fn unquote(s: &str, q: char) -> Option<(String, &str)> {
+    let body = &s[1..];
+    let mut value = String::new();
+    let mut chars = body.char_indices();
+    while let Some((i, c)) = chars.next() {
+        if c == q {
+            return Some((value, &body[i + 1..]));
+        }
+        if c == '\\' && q == '"' {
+            value.push(chars.next()?.1);
+        } else {
+            value.push(c);
+        }
+    }
+    None
+}
+
+/// `value` as it must be written in `CUPOOL_OPTIONS` to read back unchanged:
+/// as it is where that is safe, else in `'...'`, else in `"..."` with `\"` and `\\`.
+pub fn quote(value: &str) -> String {
+    let plain = !value.contains(':') && value.trim() == value && !value.starts_with(['\'', '"']);
+    if plain {
+        value.to_string()
+    } else if !value.contains('\'') {
+        format!("'{value}'")
+    } else {
+        let mut s = String::with_capacity(value.len() + 4);
+        s.push('"');
+        for c in value.chars() {
+            if c == '"' || c == '\\' {
+                s.push('\\');
+            }
+            s.push(c);
+        }
+        s.push('"');
+        s
+    }
+}
+
+/// `opts` as a `CUPOOL_OPTIONS` value: every option that differs from its
+/// default, quoted where needed. `parse(&format(&o)).0 == o`.
+pub fn format(opts: &Options) -> String {
+    let defaults = Options::default();
+    let mut entries = Vec::new();
+    for (key, _, _) in OPTION_HELP {
+        let value = value_of(opts, key).unwrap_or_default();
+        if value_of(&defaults, key).as_deref() != Some(value.as_str()) {
+            entries.push(format!("{key}={}", quote(&value)));
+        }
+    }
+    entries.join(":")
+}
+
+/// The value of option `key` in `opts`, written as `CUPOOL_OPTIONS` takes it
+/// (without quotes); `None` for a key no option has.
+pub fn value_of(opts: &Options, key: &str) -> Option<String> {
+    Some(match key {
+        "mode" => opts.mode.as_str().to_string(),
+        "log_dir" => opts.log_dir.clone(),
+        "log" => u8::from(opts.log).to_string(),
+        "trace" => u8::from(opts.trace).to_string(),
+        "run_id" => opts.run_id.clone(),
+        "flush_ms" => opts.flush_ms.to_string(),
+        "limit" => opts.limit.to_string(),
+        "verbosity" => opts.verbosity.to_string(),
+        "fence_us" => opts.fence_us.to_string(),
+        _ => return None,
+    })
+}
+
+/// Sets option `key` to `value` (taken as it is: no quotes, no trimming).
+/// On error `opts` is unchanged.
+pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError> {
+    let bad = |expected: &'static str| OptionError::BadValue { key: key.into(), value: value.into(), expected };
+    let in_range = |lo: u64, hi: u64, expected| match value.parse::<u64>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(bad(expected)),
+    };
+    match key {
+        "mode" => {
+            opts.mode = match value {
+                "pool" => Mode::Pool,
+                "passthrough" => Mode::Passthrough,
+                _ => return Err(bad("pool or passthrough")),
+            }
+        }
+        "log_dir" if value.is_empty() => return Err(bad("a directory")),
+        "log_dir" => opts.log_dir = value.to_string(),
+        "log" => opts.log = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
+        "trace" => opts.trace = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
+        "run_id" => opts.run_id = value.to_string(),
+        "flush_ms" => opts.flush_ms = in_range(10, 10_000, "a number of milliseconds, 10..10000")?,
+        "fence_us" => opts.fence_us = in_range(10, 100_000, "a number of microseconds, 10..100000")?,
+        "limit" => opts.limit = parse_bytes(value).ok_or_else(|| bad("bytes such as 16g, 512m or 4096; 0 = none"))?,
+        "verbosity" => opts.verbosity = in_range(0, 2, "0, 1 or 2")? as u8,
+        _ => return Err(OptionError::Unknown { key: key.to_string() }),
+    }
+    Ok(())
 }
 
 fn parse_bool(v: &str) -> Option<bool> {
@@ -151,24 +316,31 @@ fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
-/// `4096`, `64k`, `512m`, `16g`, `1t` (binary multiples, case-insensitive, optional `b`/`ib`).
+/// `4096`, `64k`, `512m`, `16g`, `1t`: binary multiples, case-insensitive,
+/// optionally followed by `b` (`16gb`, `4096b`) or `ib` (`512MiB`). Anything
+/// else, trailing text included, is not a size.
 pub fn parse_bytes(v: &str) -> Option<u64> {
-    let lower = v.to_ascii_lowercase();
-    let s = lower.trim_end_matches('b').trim_end_matches('i');
-    let (digits, shift) = match s.chars().last()? {
-        'k' => (&s[..s.len() - 1], 10),
-        'm' => (&s[..s.len() - 1], 20),
-        'g' => (&s[..s.len() - 1], 30),
-        't' => (&s[..s.len() - 1], 40),
-        _ => (s, 0),
+    let lower = v.trim().to_ascii_lowercase();
+    let end = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
+    let (digits, suffix) = lower.split_at(end);
+    let shift = match suffix {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
     };
-    let n: u64 = digits.trim().parse().ok()?;
-    n.checked_mul(1u64 << shift)
+    if digits.is_empty() {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn empty_spec_gives_defaults() {
@@ -221,7 +393,106 @@ mod tests {
         assert_eq!(parse_bytes("64k"), Some(64 << 10));
         assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
         assert_eq!(parse_bytes("2G"), Some(2 << 30));
-        assert_eq!(parse_bytes("x"), None);
-        assert_eq!(parse_bytes("99999999999t"), None);
+        assert_eq!(parse_bytes("16gb"), Some(16 << 30));
+        assert_eq!(parse_bytes("4096b"), Some(4096));
+        assert_eq!(parse_bytes("0"), Some(0));
+        for bad in ["x", "lots", "1bbbbb", "1ib", "16gg", "16 g", "", "k", "-1", "1.5g", "99999999999t", "4096x"] {
+            assert_eq!(parse_bytes(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn quoted_values_keep_colons_and_equals() {
+        let (o, e) = parse("log_dir='/tmp/a:b=c':run_id=\"x\\\"y:z\"  :  mode = pool ");
+        assert!(e.is_empty(), "{e:?}");
+        assert_eq!(o.log_dir, "/tmp/a:b=c");
+        assert_eq!(o.run_id, "x\"y:z");
+        assert_eq!(o.mode, Mode::Pool);
+        // Unquoted, a value runs to the next colon; an `=` in it is kept.
+        let (o, e) = parse("run_id=a=b:log_dir=/x");
+        assert!(e.is_empty(), "{e:?}");
+        assert_eq!((o.run_id.as_str(), o.log_dir.as_str()), ("a=b", "/x"));
+    }
+
+    #[test]
+    fn quoting_mistakes_are_reported() {
+        let (o, e) = parse("mode=pool:log_dir='/tmp/a");
+        assert_eq!(o.mode, Mode::Pool);
+        assert_eq!(o.log_dir, ".");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("never closed") && e[0].contains("/tmp/a"), "{e:?}");
+        let (o, e) = parse("log_dir='/a'b:mode=pool");
+        assert_eq!(o.log_dir, ".");
+        assert_eq!(o.mode, Mode::Pool);
+        assert!(e.len() == 1 && e[0].contains("after the closing quote"), "{e:?}");
+    }
+
+    #[test]
+    fn errors_name_the_option_and_what_it_takes() {
+        let mut o = Options::default();
+        let e = set(&mut o, "limit", "1bbbbb").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "bad value '1bbbbb' for 'limit' (expected bytes such as 16g, 512m or 4096; 0 = none)"
+        );
+        assert!(set(&mut o, "mode", "").unwrap_err().to_string().starts_with("no value for 'mode'"));
+        let e = set(&mut o, "bogus", "1").unwrap_err().to_string();
+        assert!(e.starts_with("unknown option 'bogus' (options: mode, log_dir,"), "{e}");
+        assert_eq!(o, Options::default(), "errors change nothing");
+        let errs = parse_into(&mut o, "noequals:flush_ms=5");
+        assert_eq!(errs.len(), 2);
+        assert_eq!(errs[0], OptionError::Syntax { entry: "noequals".into(), why: "expected key=value" });
+    }
+
+    /// OPTION_HELP, the parser and `value_of` know the same options with the same defaults.
+    #[test]
+    fn option_help_matches_the_parser() {
+        let defaults = Options::default();
+        for (key, default, _) in OPTION_HELP {
+            assert_eq!(value_of(&defaults, key).as_deref(), Some(*default), "{key}");
+            let mut o = Options::default();
+            assert_eq!(set(&mut o, key, default), Ok(()), "{key}");
+            assert_eq!(o, defaults, "{key}");
+        }
+        assert_eq!(format(&defaults), "");
+    }
+
+    fn any_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[ -~]{0,12}",       // printable ASCII: quotes, colons, backslashes, spaces
+            "[:='\"\\ a/]{0,8}", // mostly the characters that matter
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn format_then_parse_gives_the_options_back(
+            pool in any::<bool>(),
+            log_dir in any_text().prop_filter("a directory is never empty", |s| !s.is_empty()),
+            log in any::<bool>(),
+            trace in any::<bool>(),
+            run_id in any_text(),
+            flush_ms in 10u64..=10_000,
+            limit in any::<u64>(),
+            verbosity in 0u8..=2,
+            fence_us in 10u64..=100_000,
+        ) {
+            let o = Options {
+                mode: if pool { Mode::Pool } else { Mode::Passthrough },
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us,
+            };
+            let spec = format(&o);
+            let (back, errors) = parse(&spec);
+            prop_assert!(errors.is_empty(), "{spec:?}: {errors:?}");
+            prop_assert_eq!(back, o, "{:?}", spec);
+        }
+
+        #[test]
+        fn any_value_survives_quoting(value in any_text()) {
+            let spec = format!("run_id={}:mode=pool", quote(&value));
+            let got = entries(&spec);
+            prop_assert_eq!(got, vec![Ok(("run_id".to_string(), value)), Ok(("mode".to_string(), "pool".to_string()))]);
+        }
     }
 }

@@ -151,6 +151,9 @@ fn check_header(v: &Value, line: Option<usize>) -> Result<(), ParseError> {
 }
 
 fn parse(text: &str) -> Result<Log, ParseError> {
+    if text.trim().is_empty() {
+        return Err((None, ReadErrorKind::NotALog("the file is empty".into())));
+    }
     let first = text.lines().next().unwrap_or("").trim_end();
     if first.ends_with("\"events\":[") {
         parse_lines(text)
@@ -451,6 +454,8 @@ mod tests {
         let e = read("{\"hello\": 1}\n").unwrap_err();
         assert!(matches!(e.kind, ReadErrorKind::NotALog(_)), "{e}");
         assert!(e.to_string().contains("cupool-log"), "{e}");
+        let e = read("").unwrap_err();
+        assert_eq!(e.to_string(), "test.json: not a cupool log (the file is empty)");
         let e = read("not a trace").unwrap_err();
         assert!(matches!(e.kind, ReadErrorKind::NotALog(_)), "{e}");
         let e = read(&COMPLETE.replace("\"version\":2", "\"version\":9")).unwrap_err();
