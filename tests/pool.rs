@@ -734,6 +734,9 @@ fn pointer_range_queries_describe_the_pooled_block() {
     assert_eq!((value(&r, "m_base"), value(&r, "m_size")), (m, 5000));
     assert_eq!((value(&r, "m_attr_start"), value(&r, "m_attr_size")), (m, 5000));
     assert_eq!((value(&r, "range_unknown"), value(&r, "attr_unknown"), value(&r, "attr_null")), (500, 1, 1));
+    // A freed block answers as freed memory does without cupool, although its
+    // segment lives on around the other block.
+    assert_eq!((value(&r, "freed_range"), value(&r, "freed_attr")), (500, 1), "queries on a freed pooled block");
 }
 
 // ---------------------------------------------------------------------------

@@ -7,9 +7,9 @@
 use super::{entry, pitch_for, twins};
 use crate::cuda::{
     CUcontext, CUdevice, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemLocationType,
-    CUmemoryPool, CUpointer_attribute, CUstream, Status, SUCCESS,
+    CUmemoryPool, CUpointer_attribute, CUstream, Status, INVALID_VALUE, NOT_FOUND, SUCCESS,
 };
-use crate::intercept::{self, out_ptr, AllocCall, Outcome};
+use crate::intercept::{self, out_ptr, AllocCall, Outcome, PooledPointer};
 use crate::real;
 use cupool_core::log::{Api, EventKind, MemKind};
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
@@ -182,13 +182,13 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> Status {
 }
 
 /// Writes a pooled block's own range into the answer to a range query.
-unsafe fn translate_range(attribute: c_int, data: *mut c_void, ptr: DevPtr) {
+unsafe fn translate_range(attribute: c_int, data: *mut c_void, block: &PooledPointer) {
     const START: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as c_int;
     const SIZE: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as c_int;
     if data.is_null() || !matches!(attribute, START | SIZE) {
         return;
     }
-    if let Some((base, size)) = intercept::pooled_range(ptr) {
+    if let PooledPointer::Block(base, size) = *block {
         if attribute == START {
             *(data as *mut DevPtr) = base;
         } else {
@@ -197,11 +197,16 @@ unsafe fn translate_range(attribute: c_int, data: *mut c_void, ptr: DevPtr) {
     }
 }
 
+/// A freed pooled block gets the answer CUDA gives for memory that is not
+/// allocated; the driver itself still sees the live segment around it.
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: DevPtr) -> Status {
     let r = real!(cuPointerGetAttribute(data, attribute, ptr));
     if r == SUCCESS {
-        translate_range(attribute, data, ptr);
+        match intercept::pooled_pointer(ptr) {
+            PooledPointer::Freed => return INVALID_VALUE,
+            block => translate_range(attribute, data, &block),
+        }
     }
     r
 }
@@ -215,8 +220,9 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
 ) -> Status {
     let r = real!(cuPointerGetAttributes(count, attributes, data, ptr));
     if r == SUCCESS && !attributes.is_null() && !data.is_null() {
+        let block = intercept::pooled_pointer(ptr);
         for i in 0..count as usize {
-            translate_range(*attributes.add(i), *data.add(i), ptr);
+            translate_range(*attributes.add(i), *data.add(i), &block);
         }
     }
     r
@@ -226,13 +232,17 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
 pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut DevPtr, size: *mut usize, ptr: DevPtr) -> Status {
     let r = real!(cuMemGetAddressRange_v2(base, size, ptr));
     if r == SUCCESS {
-        if let Some((b, s)) = intercept::pooled_range(ptr) {
-            if !base.is_null() {
-                *base = b;
+        match intercept::pooled_pointer(ptr) {
+            PooledPointer::Block(b, s) => {
+                if !base.is_null() {
+                    *base = b;
+                }
+                if !size.is_null() {
+                    *size = s as usize;
+                }
             }
-            if !size.is_null() {
-                *size = s as usize;
-            }
+            PooledPointer::Freed => return NOT_FOUND,
+            PooledPointer::NotPooled => {}
         }
     }
     r

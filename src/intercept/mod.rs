@@ -306,8 +306,22 @@ pub fn work_queued(stream: u64, per_thread_api: bool) {
     pool::note_work(stream, per_thread_api);
 }
 
-/// The pooled block containing `ptr` as (start, size): a pooled block
-/// answers range queries as the allocation it is to the program.
-pub fn pooled_range(ptr: u64) -> Option<(u64, u64)> {
-    diag::shielded(|| pool::block_range(ptr)).flatten()
+/// What a pointer is to the pools: pooled blocks answer pointer queries as
+/// the allocations they are to the program.
+pub enum PooledPointer {
+    /// Inside a live pooled block: its (start, size).
+    Block(u64, u64),
+    /// Inside a pool segment but in no live block: freed, as far as the
+    /// program can tell, and CUDA would not know it.
+    Freed,
+    NotPooled,
+}
+
+pub fn pooled_pointer(ptr: u64) -> PooledPointer {
+    let found = diag::shielded(|| match pool::block_range(ptr) {
+        Some((base, size)) => PooledPointer::Block(base, size),
+        None if pool::owns(ptr) => PooledPointer::Freed,
+        None => PooledPointer::NotPooled,
+    });
+    found.unwrap_or(PooledPointer::NotPooled)
 }

@@ -2,7 +2,8 @@
  * and 5000 B of managed memory m, then what cuMemGetAddressRange_v2 and
  * cuPointerGetAttribute answer for addresses inside them (and NULL
  * out-parameters), and the result codes for an unknown address and a NULL
- * attribute. Prints one key=value line per answer. */
+ * attribute, and for p once freed (freed_range=, freed_attr=). Prints one
+ * key=value line per answer. */
 #include "fake_cuda_api.h"
 #include "check.h"
 
@@ -49,6 +50,9 @@ int main(void)
     printf("attr_null=%d\n", cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
 
     CHECK(cuMemFree_v2(p));
+    /* p is freed; a still lives in the same segment. */
+    printf("freed_range=%d\n", cuMemGetAddressRange_v2(&base, &size, p + 100));
+    printf("freed_attr=%d\n", cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p));
     CHECK(cuMemFree_v2(a));
     CHECK(cuMemFree_v2(m));
     printf("result: ok allocs=3 frees=3 leaked_bytes=0\n");
