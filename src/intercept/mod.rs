@@ -119,7 +119,7 @@ fn ensure_context(call: AllocCall) -> u64 {
 fn allocation_record(call: AllocCall, ctx: u64, device: i32, size: u64, pooled: Option<Pooled>) -> Allocation {
     Allocation {
         size,
-        t_ns: clock::now_ns(),
+        t_ns: clock::now_coarse_ns(),
         ctx,
         device,
         kind: call.kind,
@@ -208,7 +208,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     };
     lifecycle::recording();
     let known = diag::shielded(|| observe::releasing(space, key)).flatten();
-    let stamp = sink::stamp();
+    let stamp = sink::stamp_for(EventKind::Free);
     let result = match known.and_then(|a| a.pooled) {
         Some(p) => {
             diag::shielded(|| pool::free(p.pool.get(), BlockId::from_raw(p.block)));

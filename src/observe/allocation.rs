@@ -5,6 +5,7 @@ use cupool_core::log::{Api, MemKind};
 #[derive(Clone, Copy, Debug)]
 pub struct Allocation {
     pub size: u64,
+    /// When it was made, to a few ms (ages of leaks are reported in ms).
     pub t_ns: u64,
     /// The CUDA context current when it was made: context destruction frees it.
     pub ctx: u64,

@@ -47,10 +47,10 @@ impl Counters {
     /// The bytes held from CUDA changed by `delta`.
     #[inline]
     pub fn reserve(&self, delta: i64) {
-        if delta >= 0 {
+        if delta > 0 {
             let now = self.reserved_bytes.fetch_add(delta as u64, Ordering::Relaxed) + delta as u64;
             self.peak_reserved_bytes.fetch_max(now, Ordering::Relaxed);
-        } else {
+        } else if delta < 0 {
             self.reserved_bytes.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
         }
     }

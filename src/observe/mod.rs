@@ -70,7 +70,7 @@ pub fn releasing(space: Space, key: u64) -> Option<Allocation> {
 }
 
 #[inline]
-pub fn freed(api: Api, key: u64, a: &Allocation, at: Stamp) {
+pub fn freed(api: Api, key: u64, a: &Allocation, at: Option<Stamp>) {
     timeline::freed(api, key, a, at);
 }
 
@@ -82,7 +82,7 @@ pub fn free_refused(space: Space, key: u64, a: Allocation) {
     live::insert(space, key, a);
 }
 
-pub fn invalid_free(api: Api, ptr: u64, result: i32, at: Stamp) {
+pub fn invalid_free(api: Api, ptr: u64, result: i32, at: Option<Stamp>) {
     timeline::invalid_free(api, ptr, result, at);
 }
 

@@ -29,7 +29,7 @@ pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i3
 }
 
 #[inline]
-pub fn freed(api: Api, ptr: u64, a: &Allocation, at: Stamp) {
+pub fn freed(api: Api, ptr: u64, a: &Allocation, at: Option<Stamp>) {
     let mut e = Event::new(EventKind::Free, api);
     e.mem = a.kind;
     e.device = a.device;
@@ -38,7 +38,7 @@ pub fn freed(api: Api, ptr: u64, a: &Allocation, at: Stamp) {
     sink::record_at(e, at);
 }
 
-pub fn invalid_free(api: Api, ptr: u64, result: i32, at: Stamp) {
+pub fn invalid_free(api: Api, ptr: u64, result: i32, at: Option<Stamp>) {
     let mut e = Event::new(EventKind::InvalidFree, api);
     e.ptr = ptr;
     e.result = result;

@@ -30,6 +30,15 @@ pub fn now_ns() -> u64 {
     monotonic_ns().saturating_sub(T0_NS.load(Ordering::Relaxed))
 }
 
+/// Nanoseconds since the session started, to a few milliseconds: cheap
+/// enough for every allocation (the ages of leaks are reported in ms).
+#[inline]
+pub fn now_coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64).saturating_sub(T0_NS.load(Ordering::Relaxed))
+}
+
 pub fn start_unix_ms() -> u64 {
     START_UNIX_MS.load(Ordering::Relaxed)
 }

@@ -35,29 +35,32 @@ pub fn record(e: Event) {
     record_stamped(e, None);
 }
 
-/// Records `e` at the place `stamp` reserved.
+/// Records `e` at the place `at` reserved (now when `None`).
 #[inline]
-pub fn record_at(e: Event, at: Stamp) {
-    record_stamped(e, Some(at));
+pub fn record_at(e: Event, at: Option<Stamp>) {
+    record_stamped(e, at);
 }
 
-/// A place in the timeline, taken now for an event recorded later.
+/// A place in the timeline, taken now for an event of `kind` recorded
+/// later; `None` when such an event would not be recorded (no clock read).
 #[inline]
-pub fn stamp() -> Stamp {
-    buffers::stamp()
+pub fn stamp_for(kind: EventKind) -> Option<Stamp> {
+    recorded(kind).then(buffers::stamp)
+}
+
+/// Would an event of `kind` be written now?
+#[inline]
+fn recorded(kind: EventKind) -> bool {
+    let opts = options::get();
+    let traced_only = matches!(kind, EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap);
+    SESSION.is_on() && opts.log && (opts.trace || !traced_only)
 }
 
 #[inline]
 fn record_stamped(e: Event, at: Option<Stamp>) {
-    if !SESSION.is_on() {
-        return;
+    if recorded(e.kind) && OPENED.ensure_on(open) {
+        buffers::push(e, at);
     }
-    let opts = options::get();
-    let traced_only = matches!(e.kind, EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap);
-    if !opts.log || (traced_only && !opts.trace) || !OPENED.ensure_on(open) {
-        return;
-    }
-    buffers::push(e, at);
 }
 
 #[cold]
