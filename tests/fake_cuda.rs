@@ -119,6 +119,10 @@ fn libcuda_exports_exactly_the_driver_api() {
         "cuMemGetInfo_v2",
         "cuMemGetAddressRange_v2",
         "cuPointerGetAttribute",
+        "cuIpcGetMemHandle",
+        "cuIpcOpenMemHandle",
+        "cuIpcOpenMemHandle_v2",
+        "cuIpcCloseMemHandle",
         "cuStreamCreate",
         "cuStreamCreateWithPriority",
         "cuStreamDestroy_v2",
@@ -151,7 +155,15 @@ fn libcudart_reaches_the_driver_only_through_dlopen() {
     let Some(exports) = dynamic_defined(&f.libcudart()) else {
         return;
     };
-    for sym in ["cudaMalloc", "cudaFree", "cudaMalloc3D", "cudaGetDriverEntryPointByVersion"] {
+    for sym in [
+        "cudaMalloc",
+        "cudaFree",
+        "cudaMalloc3D",
+        "cudaGetDriverEntryPointByVersion",
+        "cudaIpcGetMemHandle",
+        "cudaIpcOpenMemHandle",
+        "cudaIpcCloseMemHandle",
+    ] {
         assert!(exports.contains(sym), "libcudart.so.13 does not export {sym}");
     }
     assert!(exports.iter().all(|s| s.starts_with("cuda")), "stray exports: {exports:?}");
@@ -178,6 +190,7 @@ fn program_linkage_is_as_intended() {
     assert!(!needed(&f.prog("prog_dlopen")).unwrap().iter().any(|d| d.starts_with("libcud")));
     assert!(needed(&f.prog("prog_driver")).unwrap().contains(&"libcuda.so.1".to_string()));
     assert!(!needed(&f.prog("prog_getproc")).unwrap().iter().any(|d| d.starts_with("libcud")));
+    assert!(needed(&f.prog("prog_ipc")).unwrap().contains(&"libcudart.so.13".to_string()));
 }
 
 /// The workload of prog_runtime / prog_runtime_static / prog_dlopen.
@@ -358,4 +371,275 @@ fn read_logs_handles_complete_and_partial_files() {
     assert_eq!(p["events"].as_array().unwrap().len(), 2);
     assert_eq!(events(p, "alloc")[0]["size"], 4);
     assert!(p.get("end").is_none());
+}
+
+// ---------------------------------------------------------------------------
+// Legacy CUDA IPC between real processes (prog_ipc, fake_cuda_ipc.c)
+
+/// The first 16 bytes of the exporter's buffer, as `prog_ipc import` prints
+/// them (byte i of MiB k is `k << 4 | i`).
+const BASE_DATA: &str = "000102030405060708090a0b0c0d0e0f";
+
+/// A running `prog_ipc` with piped stdin and stdout.
+struct Proc {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    lines: Vec<String>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Proc {
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn prog_ipc");
+        let stdin = child.stdin.take();
+        let out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        Proc { child, stdin, out, lines: Vec::new() }
+    }
+
+    /// Reads lines until one equal to `marker`; returns the lines of this call.
+    fn until(&mut self, marker: &str) -> Vec<String> {
+        use std::io::BufRead;
+        let mut got = Vec::new();
+        loop {
+            let mut line = String::new();
+            if self.out.read_line(&mut line).expect("read prog_ipc stdout") == 0 {
+                let _ = self.child.kill();
+                panic!("prog_ipc ended before {marker:?}; output: {:?}", self.lines);
+            }
+            let line = line.trim_end().to_string();
+            self.lines.push(line.clone());
+            got.push(line.clone());
+            if line == marker {
+                return got;
+            }
+        }
+    }
+
+    fn send(&mut self, text: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        stdin.write_all(text.as_bytes()).and_then(|_| stdin.flush()).expect("write to prog_ipc");
+    }
+
+    /// Closes stdin, reads the rest of stdout and waits (at most 30 s).
+    fn finish(mut self) -> (i32, String) {
+        use std::io::Read;
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        self.out.read_to_string(&mut rest).expect("read prog_ipc stdout");
+        let status = wait_with_timeout(&mut self.child, std::time::Duration::from_secs(30));
+        let mut all = self.lines.join("\n");
+        all.push('\n');
+        all.push_str(&rest);
+        (status.code().unwrap_or(-1), all)
+    }
+}
+
+/// `prog_ipc export n` (without the shim, stats in `dir`), up to `ready`.
+/// Returns the process and its handle lines.
+fn ipc_exporter(dir: &Path, n: usize) -> (Proc, Vec<String>) {
+    let mut p = Proc::spawn(plain_command(&fakes().prog("prog_ipc"), &["export", &n.to_string()], dir));
+    let lines = p.until("ready");
+    assert!(lines.contains(&"small_handle=1".to_string()), "a 4 KiB buffer has no handle: {lines:?}");
+    let handles: Vec<String> = lines.into_iter().filter(|l| l.len() == 128).collect();
+    assert_eq!(handles.len(), n, "{:?}", p.lines);
+    for h in &handles {
+        assert!(h.bytes().all(|b| b.is_ascii_hexdigit()), "{h}");
+    }
+    (p, handles)
+}
+
+/// One `open` line of `prog_ipc import`: rc, and for rc 0 the delta and data.
+#[derive(Debug, PartialEq)]
+struct Opened {
+    rc: u64,
+    delta: Option<i64>,
+    data: Option<String>,
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn opens(stdout: &str) -> Vec<Opened> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("open "))
+        .map(|l| Opened {
+            rc: field(l, "rc").and_then(|v| v.parse().ok()).expect("rc"),
+            delta: field(l, "delta").map(|v| v.parse().expect("delta")),
+            data: field(l, "data").map(String::from),
+        })
+        .collect()
+}
+
+fn opened_base() -> Opened {
+    Opened { rc: 0, delta: Some(0), data: Some(BASE_DATA.to_string()) }
+}
+
+fn refused() -> Opened {
+    Opened { rc: 1, delta: None, data: None }
+}
+
+/// Runs `prog_ipc import` on `handles` to completion (stats in `dir`);
+/// asserts it passed its own checks. Returns stdout, result line and pid.
+fn ipc_import(dir: &Path, handles: &[String]) -> (String, HashMap<String, u64>, u64) {
+    let mut p = Proc::spawn(plain_command(&fakes().prog("prog_ipc"), &["import"], dir));
+    let pid = u64::from(p.child.id());
+    p.send(&format!("{}\nend\n", handles.join("\n")));
+    let (code, stdout) = p.finish();
+    assert_eq!(code, 0, "prog_ipc import:\n{stdout}");
+    let result = result_line(&stdout).unwrap_or_else(|| panic!("no result line:\n{stdout}"));
+    (stdout, result, pid)
+}
+
+/// Lets the exporter free and exit; asserts it did so cleanly.
+fn finish_exporter(mut exporter: Proc, dir: &Path) {
+    let pid = u64::from(exporter.child.id());
+    exporter.send("free\n");
+    exporter.until("freed");
+    let (code, stdout) = exporter.finish();
+    assert_eq!(code, 0, "prog_ipc export:\n{stdout}");
+    let stats = fake_stats_for(dir, pid).expect("exporter stats");
+    assert_eq!((stats["allocs"], stats["frees"], stats["live"]), (2, 2, 0), "{stats:?}");
+    assert_eq!((stats["ipc_opens"], stats["ipc_closes"]), (0, 0), "{stats:?}");
+}
+
+fn hex_bytes(h: &str) -> Vec<u8> {
+    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap()).collect()
+}
+
+fn bytes_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn ipc_interior_handles_are_the_bases_and_open_the_whole_allocation() {
+    let dir = scratch_dir("ipc-interior");
+    let (exporter, handles) = ipc_exporter(&dir, 4);
+    // Handles of base + k MiB: byte-identical to the base's, bytes 56..63 zero.
+    for h in &handles {
+        assert_eq!(h, &handles[0], "interior handle differs from the base's");
+        assert!(hex_bytes(h)[56..].iter().all(|&b| b == 0), "{h}");
+    }
+    let (stdout, result, pid) = ipc_import(&dir, &handles);
+    // Every open maps the whole allocation and returns its base: the data is
+    // the base's (00 01 ..), not that of MiB k (k0 k1 ..).
+    assert_eq!(opens(&stdout), (0..4).map(|_| opened_base()).collect::<Vec<_>>(), "{stdout}");
+    assert_eq!((result["opens"], result["errors"], result["closes"]), (4, 0, 4), "{stdout}");
+    let stats = fake_stats_for(&dir, pid).expect("importer stats");
+    assert_eq!((stats["ipc_opens"], stats["ipc_closes"]), (4, 4), "{stats:?}");
+    // The mapping counts as no allocation of the importer's.
+    assert_eq!((stats["allocs"], stats["frees"], stats["live"], stats["live_bytes"]), (1, 1, 0, 0), "{stats:?}");
+    finish_exporter(exporter, &dir);
+}
+
+#[test]
+fn ipc_repeated_opens_share_one_mapping_and_each_needs_a_close() {
+    let dir = scratch_dir("ipc-refcount");
+    let (exporter, handles) = ipc_exporter(&dir, 1);
+    let three = vec![handles[0].clone(); 3];
+    let (stdout, result, pid) = ipc_import(&dir, &three);
+    // Same pointer three times (delta 0); prog_ipc closes each open (every
+    // close succeeds), then checks that a fourth close of the pointer and a
+    // close of its own cudaMalloc pointer fail with 1.
+    assert_eq!(opens(&stdout), (0..3).map(|_| opened_base()).collect::<Vec<_>>(), "{stdout}");
+    assert_eq!((result["opens"], result["closes"]), (3, 3), "{stdout}");
+    let stats = fake_stats_for(&dir, pid).expect("importer stats");
+    assert_eq!((stats["ipc_opens"], stats["ipc_closes"]), (3, 3), "{stats:?}");
+    finish_exporter(exporter, &dir);
+}
+
+#[test]
+fn ipc_handle_bytes_0_and_60_are_ignored_and_garbage_is_refused() {
+    let dir = scratch_dir("ipc-garbage");
+    let (exporter, handles) = ipc_exporter(&dir, 1);
+    let good = hex_bytes(&handles[0]);
+    let variant = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = good.clone();
+        f(&mut b);
+        bytes_hex(&b)
+    };
+    let accepted = vec![
+        variant(&|b| b[0] ^= 0xff),
+        variant(&|b| b[60] ^= 0x5a),
+        variant(&|b| {
+            b[0] = 0x11;
+            b[60] = 0x22;
+        }),
+    ];
+    let refused_handles = vec![
+        "00".repeat(64),
+        "5a".repeat(64),
+        variant(&|b| b[1] ^= 1),                                         // magic
+        variant(&|b| b[8..12].copy_from_slice(&i32::MAX.to_ne_bytes())), // no such process
+        variant(&|b| b[12..16].copy_from_slice(&0i32.to_ne_bytes())),    // the exporter's stdin, not the memfd
+        variant(&|b| b[12..16].copy_from_slice(&999i32.to_ne_bytes())),  // no such descriptor
+        variant(&|b| b[45] = 1),                                         // a reserved byte
+        variant(&|b| b[63] = 1),                                         // bytes 56..63 other than 60
+    ];
+    let all: Vec<String> = accepted.iter().chain(&refused_handles).cloned().collect();
+    let (stdout, result, _) = ipc_import(&dir, &all);
+    let want: Vec<Opened> =
+        accepted.iter().map(|_| opened_base()).chain(refused_handles.iter().map(|_| refused())).collect();
+    assert_eq!(opens(&stdout), want, "{stdout}");
+    assert_eq!((result["opens"], result["errors"]), (3, 8), "{stdout}");
+    finish_exporter(exporter, &dir);
+}
+
+#[test]
+fn ipc_mapping_outlives_the_exporters_free_and_later_opens_fail() {
+    let dir = scratch_dir("ipc-free");
+    let (mut exporter, handles) = ipc_exporter(&dir, 2);
+    let mut holder = Proc::spawn(plain_command(&fakes().prog("prog_ipc"), &["import", "hold"], &dir));
+    holder.send(&format!("{}\nend\n", handles.join("\n")));
+    let held = holder.until("holding");
+    assert_eq!(opens(&held.join("\n")), vec![opened_base(), opened_base()], "{held:?}");
+
+    // The exporter frees its buffer (and stays alive, its memfd closed).
+    exporter.send("free\n");
+    exporter.until("freed");
+    let (stdout, result, _) = ipc_import(&dir, &handles[..1]);
+    assert_eq!(opens(&stdout), vec![refused()], "open after the exporter's free:\n{stdout}");
+    assert_eq!(result["errors"], 1);
+
+    // The holder's mapping still holds the data, until its last close.
+    holder.send("go\n");
+    let (code, out) = holder.finish();
+    assert_eq!(code, 0, "{out}");
+    let after: Vec<&str> = out.lines().filter(|l| l.starts_with("after ")).collect();
+    assert_eq!(after.len(), 2, "{out}");
+    for l in after {
+        assert_eq!(field(l, "data"), Some(BASE_DATA), "{out}");
+    }
+    assert_eq!(result_line(&out).unwrap()["closes"], 2, "{out}");
+
+    let pid = u64::from(exporter.child.id());
+    let (code, out) = exporter.finish();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(fake_stats_for(&dir, pid).expect("exporter stats")["live"], 0);
+    // The exporter is gone altogether: still refused.
+    let (stdout, _, _) = ipc_import(&dir, &handles[..1]);
+    assert_eq!(opens(&stdout), vec![refused()], "open after the exporter's exit:\n{stdout}");
+}
+
+#[test]
+fn ipc_through_the_driver_api_and_pointer_attributes() {
+    // fake_cuda_ipc.c checks BUFFER_ID / IS_LEGACY_CUDA_IPC_CAPABLE, the
+    // handles, cuGetProcAddress, and (in a forked receiver) the driver's
+    // copies and memset on the mapping, both ways.
+    let prog = compile_fake_program("ipcdriver", "fake_cuda_ipc.c", &link_fake_cuda());
+    let dir = scratch_dir("ipc-driver");
+    let out = run_plain(&prog, &[], &dir);
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    assert!(stdout.contains("child: ok"), "{stdout}");
+    let result = result_line(&stdout).expect("result line");
+    let child = stdout_value(&stdout, "child_pid").expect("child_pid");
+    let parent = fake_stats(&dir).into_iter().find(|s| s["pid"] != child).expect("parent stats");
+    assert_agrees("ipcdriver", &result, &parent, 0);
+    assert_eq!((parent["ipc_opens"], parent["ipc_closes"]), (0, 0));
+    let c = fake_stats_for(&dir, child).expect("child stats");
+    assert_eq!((c["ipc_opens"], c["ipc_closes"], c["allocs"], c["live"]), (2, 2, 0, 0), "{c:?}");
 }

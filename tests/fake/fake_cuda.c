@@ -10,7 +10,15 @@
  * Environment:
  *   FAKE_CUDA_DEVICES    number of devices (default 2, at most FAKE_MAX_DEVICES)
  *   FAKE_CUDA_TOTAL_MEM  bytes of memory per device (default 1 GiB)
- *   FAKE_CUDA_STATS      file to which the destructor appends one line
+ *   FAKE_CUDA_STATS      file to which the destructor appends one line:
+ *                        pid allocs frees host_allocs host_frees vmm_creates
+ *                        vmm_releases live live_bytes ipc_opens ipc_closes
+ *
+ * Device allocations of cuMemAlloc_v2 / cuMemAllocPitch_v2 of at least
+ * FAKE_MMAP_THRESHOLD bytes live in a memfd file mapped MAP_SHARED, so that
+ * legacy CUDA IPC (cuIpcGetMemHandle / cuIpcOpenMemHandle) can share them
+ * with another process: the receiver opens /proc/<exporter pid>/fd/<fd> and
+ * maps the same pages.  See "Legacy CUDA IPC" below for the handle layout.
  *
  * Build: cc -shared -fPIC -fvisibility=hidden -Wl,-soname,libcuda.so.1
  *        -o libcuda.so.1 fake_cuda.c -pthread
@@ -25,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fake_cuda_api.h"
@@ -64,11 +73,17 @@ enum alloc_kind {
     K_POOL,     /* cuMemAllocFromPoolAsync */
     K_HOST,     /* cuMemAllocHost_v2 / cuMemHostAlloc */
     K_VMM_MAP,  /* a cuMemMap'ed range; memory owned by the mapping */
+    K_IPC,      /* another process's allocation, mapped by cuIpcOpenMemHandle */
 };
 
 static int kind_is_device(int k) { return k <= K_POOL; }
 
-enum backing { B_MALLOC, B_MMAP, B_NONE };
+enum backing {
+    B_MALLOC, /* posix_memalign */
+    B_MMAP,   /* private anonymous mapping (or an IPC mapping, whose fd is closed) */
+    B_MEMFD,  /* MAP_SHARED mapping of the memfd `fd`, closed on release */
+    B_NONE,
+};
 
 struct alloc {
     uintptr_t base;
@@ -77,8 +92,19 @@ struct alloc {
     int kind;
     int backing;
     int device;
-    struct CUctx_st *ctx; /* owning context (NULL for VMM mappings) */
+    struct CUctx_st *ctx;      /* owning context (NULL for VMM mappings) */
+    unsigned long long id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: fresh for every entry */
+    int fd;                    /* B_MEMFD: the memfd; otherwise -1 */
+    unsigned long long ino;    /* B_MEMFD and K_IPC: inode of the memfd */
+    /* K_IPC only: who exported it (for repeated opens of one handle) and how
+     * many opens are not closed yet. */
+    int ipc_pid, ipc_fd;
+    unsigned long long ipc_id;
+    int ipc_refs;
 };
+
+/* Source of buffer ids (under g_lock). */
+static unsigned long long g_next_id = 1;
 
 /* Sorted by base address: exact lookups and range lookups are binary searches. */
 static struct alloc *g_tab;
@@ -86,7 +112,7 @@ static size_t g_ntab, g_captab;
 
 /* Counters for FAKE_CUDA_STATS (successful calls only). */
 static struct {
-    unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases;
+    unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases, ipc_opens, ipc_closes;
 } g_stats;
 
 #define CTX_MAGIC 0xC0C0C7A1u
@@ -204,6 +230,7 @@ static struct alloc *tab_find_range(uintptr_t p, size_t len)
     return a;
 }
 
+/* Inserts a copy of *a, giving it a fresh buffer id. */
 static int tab_insert(const struct alloc *a)
 {
     if (g_ntab == g_captab) {
@@ -217,6 +244,7 @@ static int tab_insert(const struct alloc *a)
     size_t i = tab_upper(a->base);
     memmove(&g_tab[i + 1], &g_tab[i], (g_ntab - i) * sizeof(*g_tab));
     g_tab[i] = *a;
+    g_tab[i].id = g_next_id++;
     g_ntab++;
     return 0;
 }
@@ -234,6 +262,11 @@ static void release_backing(const struct alloc *a)
         free((void *)a->base);
     else if (a->backing == B_MMAP)
         munmap((void *)a->base, a->map_len);
+    else if (a->backing == B_MEMFD) {
+        /* A receiver that still maps the file keeps its pages alive. */
+        munmap((void *)a->base, a->map_len);
+        close(a->fd);
+    }
 }
 
 /* Removes every entry for which drop(entry, arg) is true, releasing memory. */
@@ -302,23 +335,53 @@ static int stream_valid(CUstream s)
 /* ------------------------------------------------------------------------ */
 /* Memory helpers                                                           */
 
-static void *backing_alloc(size_t size, int *backing, size_t *map_len)
+/* Large cuMemAlloc_v2 / cuMemAllocPitch_v2 memory can be exported by
+ * cuIpcGetMemHandle: it lives in a memfd mapped MAP_SHARED.  Should the
+ * process be out of file descriptors, it falls back to private memory, which
+ * cannot be exported (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 0). */
+static void *memfd_backing(size_t len, struct alloc *a)
 {
+    int fd = memfd_create("fake-cuda-device", MFD_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0 && fstat(fd, &st) == 0)
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    a->backing = B_MEMFD;
+    a->fd = fd;
+    a->ino = (unsigned long long)st.st_ino;
+    return p;
+}
+
+/* Memory for a new allocation; fills in a's backing, map_len, fd and ino. */
+static void *backing_alloc(size_t size, struct alloc *a)
+{
+    a->fd = -1;
     if (size >= FAKE_MMAP_THRESHOLD) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         size_t len = (size + page - 1) & ~(page - 1);
+        a->map_len = len;
+        if (a->kind == K_DEVICE || a->kind == K_PITCHED) {
+            void *p = memfd_backing(len, a);
+            if (p)
+                return p;
+        }
         void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED)
             return NULL;
-        *backing = B_MMAP;
-        *map_len = len;
+        a->backing = B_MMAP;
         return p;
     }
     void *p = NULL;
     if (posix_memalign(&p, FAKE_ALIGN, size) != 0)
         return NULL;
-    *backing = B_MALLOC;
-    *map_len = 0;
+    a->backing = B_MALLOC;
+    a->map_len = 0;
     return p;
 }
 
@@ -344,7 +407,7 @@ static CUresult do_alloc(uintptr_t *out, size_t size, int kind)
         goto out;
     }
     struct alloc a = {.size = size, .kind = kind, .device = dev, .ctx = ctx};
-    void *p = backing_alloc(size, &a.backing, &a.map_len);
+    void *p = backing_alloc(size, &a);
     if (!p) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -381,7 +444,8 @@ static CUresult do_free(uintptr_t p, int host)
     if (p == 0)
         goto out; /* freeing NULL is a no-op */
     struct alloc *a = tab_find_exact(p);
-    if (!a || a->kind == K_VMM_MAP || (a->kind == K_HOST) != host) {
+    /* IPC mappings are released by cuIpcCloseMemHandle only. */
+    if (!a || a->kind == K_VMM_MAP || a->kind == K_IPC || (a->kind == K_HOST) != host) {
         r = CUDA_ERROR_INVALID_VALUE;
         goto out;
     }
@@ -978,7 +1042,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    struct alloc a = {.base = ptr, .size = size, .kind = K_VMM_MAP, .backing = B_NONE, .device = h->device};
+    struct alloc a = {.base = ptr, .size = size, .kind = K_VMM_MAP, .backing = B_NONE, .device = h->device, .fd = -1};
     if (tab_insert(&a) != 0) {
         mmap(m, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1088,8 +1152,235 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr
         *(size_t *)data = a->size;
     } else if (attribute == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
         *(int *)data = a->device;
+    } else if (attribute == CU_POINTER_ATTRIBUTE_BUFFER_ID) {
+        *(unsigned long long *)data = a->id;
+    } else if (attribute == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) {
+        *(int *)data = a->backing == B_MEMFD;
     } else {
         r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Legacy CUDA IPC.                                                         */
+/*                                                                          */
+/* An exportable allocation is a memfd (see memfd_backing).  Its handle     */
+/* (64 bytes, integers in native byte order):                               */
+/*                                                                          */
+/*   byte  0       ignored (written 0); the real driver ignores it too      */
+/*   bytes 1..4    magic "FkIp"                                             */
+/*   byte  5       layout version, 1                                        */
+/*   bytes 6..7    0                                                        */
+/*   bytes 8..11   exporter pid (int32)                                     */
+/*   bytes 12..15  the memfd's descriptor in the exporter (int32)           */
+/*   bytes 16..23  allocation size (uint64)                                 */
+/*   bytes 24..31  allocation's buffer id in the exporter (uint64)          */
+/*   bytes 32..39  inode of the memfd (uint64): a reused descriptor number  */
+/*                 no longer matches                                        */
+/*   bytes 40..63  0; 56..63 are zero in the real driver's handles too.     */
+/*                 Byte 60 is ignored (like the real driver), every other   */
+/*                 byte must be 0                                           */
+/*                                                                          */
+/* Every pointer inside an allocation gets the handle of the allocation.   */
+/* cuIpcOpenMemHandle opens /proc/<pid>/fd/<fd>, checks the inode and the   */
+/* size, maps the whole file MAP_SHARED and returns its base; the mapping   */
+/* keeps the pages alive after the exporter frees the allocation.  Opening  */
+/* one allocation again while it is open returns the same base and counts   */
+/* one more reference; each open needs its own cuIpcCloseMemHandle.         */
+/*                                                                          */
+/* Errors: cuIpcGetMemHandle on memory that is not memfd-backed (small,     */
+/* managed, stream-ordered, host, VMM or IPC-opened memory) ->              */
+/* CUDA_ERROR_INVALID_VALUE.  cuIpcOpenMemHandle of a handle with a wrong   */
+/* magic or non-zero reserved bytes, of a process or descriptor that is     */
+/* gone, or of an allocation the exporter freed -> CUDA_ERROR_INVALID_VALUE; */
+/* of a handle made by the calling process itself ->                        */
+/* CUDA_ERROR_INVALID_CONTEXT (as the real driver refuses that).            */
+/* cuIpcCloseMemHandle of a pointer that is not the base of an open IPC     */
+/* mapping -> CUDA_ERROR_INVALID_VALUE.  cuMemFree* refuse IPC mappings.     */
+
+#define IPC_MAGIC "FkIp"
+#define IPC_VERSION 1
+#define IPC_OFF_PID 8
+#define IPC_OFF_FD 12
+#define IPC_OFF_SIZE 16
+#define IPC_OFF_ID 24
+#define IPC_OFF_INO 32
+#define IPC_OFF_RESERVED 40
+
+struct ipc_fields {
+    int pid, fd;
+    unsigned long long size, id, ino;
+};
+
+static void ipc_encode(CUipcMemHandle *h, const struct ipc_fields *f)
+{
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved + 1, IPC_MAGIC, 4);
+    h->reserved[5] = IPC_VERSION;
+    memcpy(h->reserved + IPC_OFF_PID, &f->pid, 4);
+    memcpy(h->reserved + IPC_OFF_FD, &f->fd, 4);
+    memcpy(h->reserved + IPC_OFF_SIZE, &f->size, 8);
+    memcpy(h->reserved + IPC_OFF_ID, &f->id, 8);
+    memcpy(h->reserved + IPC_OFF_INO, &f->ino, 8);
+}
+
+/* 0 when the handle is one the fake could have made (bytes 0 and 60 aside). */
+static int ipc_decode(const CUipcMemHandle *h, struct ipc_fields *f)
+{
+    if (memcmp(h->reserved + 1, IPC_MAGIC, 4) != 0 || h->reserved[5] != IPC_VERSION || h->reserved[6] ||
+        h->reserved[7])
+        return -1;
+    for (int i = IPC_OFF_RESERVED; i < (int)sizeof(h->reserved); i++)
+        if (i != 60 && h->reserved[i])
+            return -1;
+    memcpy(&f->pid, h->reserved + IPC_OFF_PID, 4);
+    memcpy(&f->fd, h->reserved + IPC_OFF_FD, 4);
+    memcpy(&f->size, h->reserved + IPC_OFF_SIZE, 8);
+    memcpy(&f->id, h->reserved + IPC_OFF_ID, 8);
+    memcpy(&f->ino, h->reserved + IPC_OFF_INO, 8);
+    if (f->pid <= 0 || f->fd < 0 || f->size == 0 || f->id == 0 || f->size > (unsigned long long)SIZE_MAX / 2)
+        return -1;
+    return 0;
+}
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    if (!pHandle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r) {
+        const struct alloc *a = tab_find_range(dptr, 1);
+        if (!a || a->backing != B_MEMFD || (a->kind != K_DEVICE && a->kind != K_PITCHED)) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            struct ipc_fields f = {.pid = (int)getpid(), .fd = a->fd, .size = a->size, .id = a->id, .ino = a->ino};
+            ipc_encode(pHandle, &f);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* The open IPC mapping of the handle's allocation (every meaningful field
+ * equal), if any.  Call with g_lock held. */
+static struct alloc *ipc_find(const struct ipc_fields *f)
+{
+    for (size_t i = 0; i < g_ntab; i++) {
+        struct alloc *a = &g_tab[i];
+        if (a->kind == K_IPC && a->ipc_pid == f->pid && a->ipc_fd == f->fd && a->ipc_id == f->id &&
+            a->ino == f->ino && a->size == f->size)
+            return a;
+    }
+    return NULL;
+}
+
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+    if (!pdptr || (flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    struct ipc_fields f;
+    if (ipc_decode(&handle, &f) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (f.pid == (int)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT;
+
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *ctx;
+    int fd = -1;
+    r = need_ctx(&ctx);
+    if (r)
+        goto out;
+    struct alloc *prev = ipc_find(&f);
+    if (prev) {
+        prev->ipc_refs++;
+        g_stats.ipc_opens++;
+        *pdptr = prev->base;
+        goto out;
+    }
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", f.pid, f.fd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (unsigned long long)st.st_ino != f.ino ||
+        (unsigned long long)st.st_size < f.size) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t len = ((size_t)f.size + page - 1) & ~(page - 1);
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    struct alloc a = {.base = (uintptr_t)m,
+                      .size = (size_t)f.size,
+                      .map_len = len,
+                      .kind = K_IPC,
+                      .backing = B_MMAP, /* the mapping keeps the file; the fd is closed below */
+                      .device = ctx->device,
+                      .ctx = ctx,
+                      .fd = -1,
+                      .ino = f.ino,
+                      .ipc_pid = f.pid,
+                      .ipc_fd = f.fd,
+                      .ipc_id = f.id,
+                      .ipc_refs = 1};
+    if (tab_insert(&a) != 0) {
+        munmap(m, len);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    g_stats.ipc_opens++;
+    *pdptr = a.base;
+out:
+    pthread_mutex_unlock(&g_lock);
+    if (fd >= 0)
+        close(fd);
+    return r;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    return ipc_open(pdptr, handle, Flags);
+}
+
+/* The CUDA 4.1 name, same ABI. */
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    return ipc_open(pdptr, handle, Flags);
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c;
+    r = need_ctx(&c);
+    if (!r) {
+        struct alloc *a = tab_find_exact(dptr);
+        if (!a || a->kind != K_IPC) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            g_stats.ipc_closes++;
+            if (--a->ipc_refs == 0) {
+                struct alloc copy = *a;
+                tab_remove(a);
+                release_backing(&copy);
+            }
+        }
     }
     pthread_mutex_unlock(&g_lock);
     return r;
@@ -1332,6 +1623,10 @@ LOCAL_ALIAS(cuMemUnmap);
 LOCAL_ALIAS(cuMemGetInfo_v2);
 LOCAL_ALIAS(cuMemGetAddressRange_v2);
 LOCAL_ALIAS(cuPointerGetAttribute);
+LOCAL_ALIAS(cuIpcGetMemHandle);
+LOCAL_ALIAS(cuIpcOpenMemHandle_v2);
+LOCAL_ALIAS(cuIpcOpenMemHandle);
+LOCAL_ALIAS(cuIpcCloseMemHandle);
 LOCAL_ALIAS(cuStreamCreate);
 LOCAL_ALIAS(cuStreamCreateWithPriority);
 LOCAL_ALIAS(cuStreamDestroy_v2);
@@ -1354,10 +1649,14 @@ struct proc_entry {
     int min_version;  /* first CUDA version that has the symbol */
     void *fn;         /* newest variant */
     void *ptsz;       /* per-thread-default-stream variant, if any */
+    void *old;        /* the variant handed out for versions before new_version */
+    int new_version;  /* first CUDA version that gets fn (0: all do) */
 };
 
-#define P(base, ver, f) {base, ver, (void *)local_##f, NULL}
-#define PS(base, ver, f) {base, ver, (void *)local_##f, (void *)local_##f##_ptsz}
+#define P(base, ver, f) {base, ver, (void *)local_##f, NULL, NULL, 0}
+#define PS(base, ver, f) {base, ver, (void *)local_##f, (void *)local_##f##_ptsz, NULL, 0}
+/* fn from CUDA version newver on, oldf before. */
+#define PV(base, ver, f, newver, oldf) {base, ver, (void *)local_##f, NULL, (void *)local_##oldf, newver}
 
 static const struct proc_entry g_procs[] = {
     P("cuInit", 2000, cuInit),
@@ -1396,6 +1695,9 @@ static const struct proc_entry g_procs[] = {
     P("cuMemGetInfo", 2000, cuMemGetInfo_v2),
     P("cuMemGetAddressRange", 2000, cuMemGetAddressRange_v2),
     P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    PV("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle_v2, 11000, cuIpcOpenMemHandle),
+    P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     P("cuStreamDestroy", 2000, cuStreamDestroy_v2),
@@ -1410,8 +1712,7 @@ static const struct proc_entry g_procs[] = {
     P("cuMemcpyDtoH", 2000, cuMemcpyDtoH_v2),
     P("cuMemsetD8", 2000, cuMemsetD8_v2),
     P("cuGetErrorString", 6000, cuGetErrorString),
-    /* "cuGetProcAddress" is special-cased below (v1 before 12.0). */
-    P("cuGetProcAddress", 11030, cuGetProcAddress_v2),
+    PV("cuGetProcAddress", 11030, cuGetProcAddress_v2, 12000, cuGetProcAddress),
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, unsigned long long flags,
@@ -1434,8 +1735,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
         void *fn = e->fn;
         if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && e->ptsz)
             fn = e->ptsz;
-        if (fn == (void *)local_cuGetProcAddress_v2 && cudaVersion < 12000)
-            fn = (void *)local_cuGetProcAddress;
+        if (cudaVersion < e->new_version)
+            fn = e->old;
         *pfn = fn;
         if (symbolStatus)
             *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
@@ -1488,9 +1789,10 @@ __attribute__((destructor)) static void fake_cuda_dtor(void)
         char line[512];
         int n = snprintf(line, sizeof(line),
                          "pid=%d allocs=%llu frees=%llu host_allocs=%llu host_frees=%llu vmm_creates=%llu "
-                         "vmm_releases=%llu live=%llu live_bytes=%llu\n",
+                         "vmm_releases=%llu live=%llu live_bytes=%llu ipc_opens=%llu ipc_closes=%llu\n",
                          (int)getpid(), g_stats.allocs, g_stats.frees, g_stats.host_allocs, g_stats.host_frees,
-                         g_stats.vmm_creates, g_stats.vmm_releases, live, live_bytes);
+                         g_stats.vmm_creates, g_stats.vmm_releases, live, live_bytes, g_stats.ipc_opens,
+                         g_stats.ipc_closes);
         pthread_mutex_unlock(&g_lock);
         int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
         if (fd >= 0) {

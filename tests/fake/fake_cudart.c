@@ -51,7 +51,10 @@
     X(cuMemFreeHost, "cuMemFreeHost")                                                                                  \
     X(cuMemGetInfo_v2, "cuMemGetInfo")                                                                                 \
     X(cuStreamCreate, "cuStreamCreate")                                                                                \
-    X(cuStreamDestroy_v2, "cuStreamDestroy")
+    X(cuStreamDestroy_v2, "cuStreamDestroy")                                                                       \
+    X(cuIpcGetMemHandle, "cuIpcGetMemHandle")                                                                          \
+    X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle")                                                                     \
+    X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle")
 
 static struct {
 #define DECLARE(fn, name) __typeof__(fn) *fn;
@@ -78,6 +81,7 @@ static cudaError_t map_result(CUresult r)
     case CUDA_SUCCESS: return cudaSuccess;
     case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
     case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
     default: return cudaErrorUnknown;
     }
 }
@@ -451,6 +455,49 @@ EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Legacy IPC: the driver's calls (see "Legacy CUDA IPC" in fake_cuda.c).   */
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle), "IPC handles are 64 bytes");
+
+EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
+{
+    if (!handle)
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_ctx();
+    if (e)
+        return ret(e);
+    CUipcMemHandle h;
+    e = map_result(drv.cuIpcGetMemHandle(&h, (CUdeviceptr)(uintptr_t)devPtr));
+    if (!e)
+        memcpy(handle, &h, sizeof(h));
+    return ret(e);
+}
+
+EXPORT cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags)
+{
+    if (!devPtr)
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_ctx();
+    if (e)
+        return ret(e);
+    CUipcMemHandle h;
+    memcpy(&h, &handle, sizeof(h));
+    CUdeviceptr p = 0;
+    e = map_result(drv.cuIpcOpenMemHandle_v2(&p, h, flags));
+    if (!e)
+        *devPtr = (void *)(uintptr_t)p;
+    return ret(e);
+}
+
+EXPORT cudaError_t cudaIpcCloseMemHandle(void *devPtr)
+{
+    cudaError_t e = rt_ctx();
+    if (e)
+        return ret(e);
+    return ret(map_result(drv.cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)devPtr)));
+}
+
+/* ------------------------------------------------------------------------ */
 /* Driver entry points: straight to the cuGetProcAddress_v2 we were given.  */
 /* A missing symbol is reported through driverStatus with cudaSuccess.      */
 
@@ -496,6 +543,7 @@ EXPORT const char *cudaGetErrorString(cudaError_t error)
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorDeviceUninitialized: return "invalid device context";
     case cudaErrorUnknown: return "unknown error";
     default: return "unrecognized error code";
     }

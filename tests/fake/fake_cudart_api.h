@@ -12,12 +12,19 @@ typedef int cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUmemPoolHandle_st *cudaMemPool_t;
 
+#define CUDA_IPC_HANDLE_SIZE 64
+typedef struct cudaIpcMemHandle_st {
+    char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcMemHandle_t;
+#define cudaIpcMemLazyEnablePeerAccess 0x01
+
 enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInsufficientDriver = 35,
     cudaErrorInvalidDevice = 101,
+    cudaErrorDeviceUninitialized = 201, /* CUDA_ERROR_INVALID_CONTEXT */
     cudaErrorUnknown = 999,
 };
 
@@ -70,6 +77,9 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 cudaError_t cudaMemset(void *devPtr, int value, size_t count);
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags);
+cudaError_t cudaIpcCloseMemHandle(void *devPtr);
 cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
                                     int *driverStatus);
 cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,

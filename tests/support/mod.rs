@@ -9,7 +9,8 @@
 //! Programs (see the comment at the top of each `tests/fake/*.c`):
 //! `prog_runtime` (shared fake cudart), `prog_runtime_static` (fake cudart
 //! compiled in), `prog_dlopen` (+ `libplugin.so`), `prog_driver`,
-//! `prog_getproc`, `prog_fork`, `prog_sleep`, `prog_nocuda`, `prog_threads`.
+//! `prog_getproc`, `prog_fork`, `prog_sleep`, `prog_nocuda`, `prog_threads`,
+//! `prog_ipc` (legacy CUDA IPC between an exporting and an importing process).
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -34,6 +35,7 @@ pub const PROGRAMS: &[&str] = &[
     "prog_sleep",
     "prog_nocuda",
     "prog_threads",
+    "prog_ipc",
 ];
 
 /// File (inside a run's log directory) where the fake driver appends its
@@ -284,7 +286,8 @@ fn parse_kv(s: &str) -> HashMap<String, u64> {
 
 /// Ground-truth lines written by the fake driver's destructor, one map per
 /// process (`pid`, `allocs`, `frees`, `host_allocs`, `host_frees`,
-/// `vmm_creates`, `vmm_releases`, `live`, `live_bytes`). Empty when no
+/// `vmm_creates`, `vmm_releases`, `live`, `live_bytes`, `ipc_opens`,
+/// `ipc_closes`). Empty when no
 /// process wrote any (e.g. all were SIGKILLed).
 pub fn fake_stats(dir: &Path) -> Vec<HashMap<String, u64>> {
     match fs::read_to_string(dir.join(FAKE_STATS_FILE)) {
@@ -433,6 +436,7 @@ fn recipe() -> (Vec<Step>, Vec<Step>) {
         step("prog_sleep", common(&[]), &[&s("prog_sleep.c"), "-L.", cudart, rpath]),
         step("prog_nocuda", common(&[]), &[&s("prog_nocuda.c")]),
         step("prog_threads", common(&[]), &[&s("prog_threads.c"), "-L.", cudart, "-pthread", rpath]),
+        step("prog_ipc", common(&[]), &[&s("prog_ipc.c"), "-L.", cudart, rpath]),
     ];
     (libs, progs)
 }
