@@ -2,6 +2,7 @@
 
 mod replay;
 mod run;
+mod shim;
 mod summary;
 
 use clap::{Parser, Subcommand};
@@ -60,7 +61,8 @@ enum Command {
         device and pitched) is replayed. No GPU is needed.")]
     Replay {
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
-        /// plain or gzipped. None: the traces bundled in traces/ (or $CUPOOL_TRACES).
+        /// plain or gzipped. None: the traces bundled in this binary (recorded from the repository's
+        /// traces/), or every file in the directory $CUPOOL_TRACES when it is set.
         #[arg(value_name = "TRACES")]
         traces: Vec<PathBuf>,
     },

@@ -27,6 +27,9 @@ pub struct RunArgs {
     /// Print no summary at the end.
     #[arg(short, long)]
     quiet: bool,
+    /// Say which libcupool.so is preloaded and where it was found.
+    #[arg(short, long)]
+    verbose: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -38,16 +41,6 @@ pub fn options_help() -> String {
         s.push_str(&format!("  {key:<10} default {default:<12} {what}\n"));
     }
     s
-}
-
-/// The preload library: `$CUPOOL_LIB`, else beside this executable.
-fn shim_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("CUPOOL_LIB") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
-    [dir.join("libcupool.so"), dir.join("../lib/libcupool.so")].into_iter().find(|p| p.exists())
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -68,9 +61,17 @@ fn absolute(p: &Path) -> PathBuf {
 }
 
 pub fn run(args: RunArgs) -> ExitCode {
-    let Some(shim) = shim_path() else {
-        eprintln!("cupool: cannot find libcupool.so beside the cupool executable; set CUPOOL_LIB");
-        return ExitCode::from(125);
+    let shim = match crate::shim::locate() {
+        Ok(s) => {
+            if args.verbose {
+                eprintln!("cupool: preloading {} ({})", s.path.display(), s.origin);
+            }
+            s.path
+        }
+        Err(e) => {
+            eprintln!("cupool: {e}");
+            return ExitCode::from(125);
+        }
     };
     let log_dir = absolute(&args.log_dir);
     let run_id = format!("{:x}-{:x}", std::process::id(), cupool_core_time_ns());
