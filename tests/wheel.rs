@@ -198,13 +198,13 @@ fn the_wheel_installs_a_working_cupool_and_python_module() {
     let cupool = bin.join("cupool");
     assert!(cupool.is_file(), "the wheel installs {}", cupool.display());
 
-    let out = run(&mut venv_command(&cupool, &dir).arg("--version"), "cupool --version");
+    let out = run(venv_command(&cupool, &dir).arg("--version"), "cupool --version");
     assert!(stdout_of(&out).contains(env!("CARGO_PKG_VERSION")), "{}", stdout_of(&out));
-    let out = run(&mut venv_command(&bin.join("python"), &dir).args(["-m", "cupool", "--version"]), "python -m cupool");
+    let out = run(venv_command(&bin.join("python"), &dir).args(["-m", "cupool", "--version"]), "python -m cupool");
     assert!(stdout_of(&out).contains(env!("CARGO_PKG_VERSION")), "{}", stdout_of(&out));
 
     // The bundled traces travel in the binary.
-    let out = run(&mut venv_command(&cupool, &dir).arg("replay"), "cupool replay");
+    let out = run(venv_command(&cupool, &dir).arg("replay"), "cupool replay");
     let stdout = stdout_of(&out);
     for trace in ["cupy.json.gz", "gpt2.json.gz", "resnet18.json.gz", "torch-transformer.json.gz"] {
         assert!(stdout.lines().any(|l| l.starts_with(trace)), "{trace} missing:\n{stdout}");
