@@ -561,7 +561,7 @@ fn ipc_handle_bytes_0_and_60_are_ignored_and_garbage_is_refused() {
         f(&mut b);
         bytes_hex(&b)
     };
-    let accepted = vec![
+    let accepted = [
         variant(&|b| b[0] ^= 0xff),
         variant(&|b| b[60] ^= 0x5a),
         variant(&|b| {

@@ -2,6 +2,7 @@
 
 mod replay;
 mod run;
+mod shim;
 mod summary;
 
 use clap::{Parser, Subcommand};
@@ -62,7 +63,8 @@ enum Command {
     Replay {
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
         /// plain or gzipped, or directories of them (*.json, *.csv, also .gz). None: the traces
-        /// bundled in traces/ (or $CUPOOL_TRACES). Exits with status 2 when one cannot be read.
+        /// bundled in this binary (recorded from the repository's traces/), or every file in the
+        /// directory $CUPOOL_TRACES when it is set. Exits with status 2 when one cannot be read.
         #[arg(value_name = "TRACES")]
         traces: Vec<PathBuf>,
     },

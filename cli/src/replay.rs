@@ -21,9 +21,14 @@ const RMM_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 /// Device-memory operations of a cupool log, or of an RMM logging CSV
 /// (`Thread,Time,Action,Pointer,Size,Stream`); either may be gzipped.
 /// Errors name the file, and the line where one is at fault.
-fn load(path: &Path) -> Result<Vec<Op>, String> {
+fn load(trace: &Trace) -> Result<Vec<Op>, String> {
+    let path = trace.path();
     let in_file = |e: std::io::Error| format!("{}: {e}", path.display());
-    let bytes = maybe_gunzip(std::fs::read(path).map_err(in_file)?).map_err(in_file)?;
+    let raw = match trace {
+        Trace::File(p) => std::fs::read(p).map_err(in_file)?,
+        Trace::Embedded(_, bytes) => bytes.to_vec(),
+    };
+    let bytes = maybe_gunzip(raw).map_err(in_file)?;
     if bytes.starts_with(b"Thread,") {
         return load_rmm_csv(&String::from_utf8_lossy(&bytes))
             .map_err(|(line, why)| format!("{}:{line}: {why}", path.display()));
@@ -141,16 +146,32 @@ fn replay(ops: &[Op]) -> Outcome {
     }
 }
 
-/// The traces shipped in the repository's `traces/` (or `$CUPOOL_TRACES`).
-fn bundled() -> Vec<PathBuf> {
-    let dir = std::env::var_os("CUPOOL_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("traces"));
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+/// A trace to replay: a file, or one carried in this binary.
+enum Trace {
+    File(PathBuf),
+    Embedded(&'static str, &'static [u8]),
+}
+
+impl Trace {
+    fn path(&self) -> &Path {
+        match self {
+            Trace::File(p) => p,
+            Trace::Embedded(name, _) => Path::new(name),
+        }
+    }
+}
+
+/// Every file in `$CUPOOL_TRACES` when it is set, else the traces of the
+/// repository's `traces/` that this binary carries (`build.rs`).
+fn bundled() -> Vec<Trace> {
+    let Some(dir) = std::env::var_os("CUPOOL_TRACES").filter(|d| !d.is_empty()) else {
+        return crate::shim::embedded::TRACES.iter().map(|(name, bytes)| Trace::Embedded(name, bytes)).collect();
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect())
         .unwrap_or_default();
     files.sort();
-    files
+    files.into_iter().map(Trace::File).collect()
 }
 
 /// Trace files named by `path`: the file itself, or the traces in a directory
@@ -184,7 +205,7 @@ pub fn run(paths: Vec<PathBuf>) -> ExitCode {
         let mut files = Vec::new();
         for p in &paths {
             match traces_named_by(p) {
-                Ok(f) => files.extend(f),
+                Ok(f) => files.extend(f.into_iter().map(Trace::File)),
                 Err(e) => {
                     eprintln!("cupool replay: {e}");
                     failed = true;
@@ -201,7 +222,7 @@ pub fn run(paths: Vec<PathBuf>) -> ExitCode {
     }
     let mut header = false;
     for p in &paths {
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = p.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         match load(p) {
             Ok(ops) => {
                 if !std::mem::replace(&mut header, true) {

@@ -29,6 +29,9 @@ pub struct RunArgs {
     /// Print no summary at the end.
     #[arg(short, long)]
     quiet: bool,
+    /// Say which libcupool.so is preloaded and where it was found.
+    #[arg(short, long)]
+    verbose: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -64,16 +67,6 @@ pub fn options_help() -> String {
          run, 127 when it is not found.\n",
     );
     s
-}
-
-/// The preload library: `$CUPOOL_LIB`, else beside this executable.
-fn shim_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("CUPOOL_LIB") {
-        return Some(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
-    [dir.join("libcupool.so"), dir.join("../lib/libcupool.so")].into_iter().find(|p| p.exists())
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -183,9 +176,17 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
-    let Some(shim) = shim_path() else {
-        eprintln!("cupool: cannot find libcupool.so beside the cupool executable; set CUPOOL_LIB");
-        return ExitCode::from(exit::CUPOOL);
+    let shim = match crate::shim::locate() {
+        Ok(s) => {
+            if args.verbose {
+                eprintln!("cupool: preloading {} ({})", s.path.display(), s.origin);
+            }
+            s.path
+        }
+        Err(e) => {
+            eprintln!("cupool: {e}");
+            return ExitCode::from(exit::CUPOOL);
+        }
     };
     let log_dir = PathBuf::from(&opts.log_dir);
     let created = if opts.log {
