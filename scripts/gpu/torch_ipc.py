@@ -20,7 +20,7 @@ if __name__ == "__main__":
     p = mp.Process(target=consumer, args=(q, r, done))
     p.start()
     q.put(ts)
-    got = r.get(timeout=120)
+    got = r.get(timeout=40)
     done.set()
     p.join(60)
     ok = got == want and p.exitcode == 0
