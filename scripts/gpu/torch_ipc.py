@@ -1,7 +1,9 @@
 """PyTorch shares CUDA tensors with another process (torch.multiprocessing,
 spawn): the consumer must see the producer's values. Several small tensors
-share one PyTorch segment (cache on) or one pool segment (cache off), so
-their IPC handles name blocks inside a segment. Prints one `result:` line."""
+share one PyTorch segment, and under cupool's pool PyTorch's segments are
+blocks inside pool segments, so their IPC handles name blocks inside a
+segment. (PyTorch shares CUDA tensors only with its caching allocator on.)
+Prints one `result:` line."""
 import os, sys, torch, torch.multiprocessing as mp
 
 SIZES = [10, 600, 1200, 5000, 70_000, 3_000_000]
