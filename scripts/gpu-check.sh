@@ -4,6 +4,7 @@
 # program's own counts and compute-sanitizer's leak report. Run through the
 # device tool from the repository root, with the built shim and CLI in .gpu/:
 #   cargo build --release && mkdir -p .gpu && cp target/release/{libcupool.so,cupool} .gpu/
+#   (and the wheel: maturin build --release && cp target/wheels/cupool-*.whl .gpu/)
 #   bash scripts/gpu-check.sh            (prints a table last)
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
@@ -95,6 +96,21 @@ for mode in passthrough pool; do
   got=$($bin/cupool run -q --log-dir $work/stats-$mode --mode $mode -- python3 $src/torch_stats.py | grep '^result:')
   rows+=("$(printf '%-22s' "memory-stats-$mode") | $(echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | $got")
 done
+
+# The pip wheel (carried in .gpu/), installed into a fresh venv that sees the
+# machine's PyTorch: its cupool command and Python module, phases in the log.
+if ls $bin/*.whl >/dev/null 2>&1; then
+  python3 -m venv --system-site-packages $work/venv && $work/venv/bin/pip install -q --no-index --no-deps $bin/*.whl
+  for mode in passthrough pool; do
+    got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $work/venv/bin/cupool run -q --log-dir $work/module-$mode --mode $mode -- $work/venv/bin/python $src/torch_module.py 2>&1 | grep '^result:')
+    phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/module-$mode/cupool.*.json')[0])); print(sorted({(e['ev'], e['name']) for e in l['events'] if e['ev'].startswith('phase_')}))" 2>&1)
+    want="[('phase_begin', 'epoch 0'), ('phase_begin', 'epoch 1'), ('phase_begin', 'warm-up'), ('phase_end', 'epoch 0'), ('phase_end', 'warm-up')]"
+    verdict=$([ "$phases" = "$want" ] && echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)
+    rows+=("$(printf '%-22s' "wheel-module-$mode") | $verdict                                     | $got phases=$phases")
+  done
+else
+  rows+=("wheel-module           | SKIPPED (no wheel in .gpu/)                  |")
+fi
 
 # Exit status and signals through the CLI.
 $bin/cupool run -q --log-dir $work/status -- python3 -c "import torch; torch.zeros(1, device='cuda'); import sys; sys.exit(7)"
