@@ -97,12 +97,14 @@ for mode in passthrough pool; do
   rows+=("$(printf '%-22s' "memory-stats-$mode") | $(echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | $got")
 done
 
-# The pip wheel (carried in .gpu/), installed into a fresh venv that sees the
-# machine's PyTorch: its cupool command and Python module, phases in the log.
+# The pip wheel (carried in .gpu/), installed with pip into a directory of its
+# own beside the machine's PyTorch environment (a fresh venv made from that
+# environment's python would not see PyTorch): its cupool command and Python
+# module, phases in the log.
 if ls $bin/*.whl >/dev/null 2>&1; then
-  python3 -m venv --system-site-packages $work/venv && $work/venv/bin/pip install -q --no-index --no-deps $bin/*.whl
+  python3 -m pip install -q --no-index --no-deps --target $work/wheel $bin/*.whl 2>/dev/null
   for mode in passthrough pool; do
-    got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $work/venv/bin/cupool run -q --log-dir $work/module-$mode --mode $mode -- $work/venv/bin/python $src/torch_module.py 2>&1 | grep '^result:')
+    got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$work/wheel $work/wheel/bin/cupool run -q --log-dir $work/module-$mode --mode $mode -- python3 $src/torch_module.py 2>&1 | grep '^result:')
     phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/module-$mode/cupool.*.json')[0])); print(sorted({(e['ev'], e['name']) for e in l['events'] if e['ev'].startswith('phase_')}))" 2>&1)
     want="[('phase_begin', 'epoch 0'), ('phase_begin', 'epoch 1'), ('phase_begin', 'warm-up'), ('phase_end', 'epoch 0'), ('phase_end', 'warm-up')]"
     verdict=$([ "$phases" = "$want" ] && echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)
