@@ -21,11 +21,11 @@
 
 use crate::cuda::{Status, SUCCESS};
 use crate::pool;
+pub use crate::pool::ipc::Handle;
 use crate::runtime::{diag, guard::Guard};
-use parking_lot::Mutex;
-use std::collections::HashMap;
 
-pub type Handle = [u8; 64];
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+const NOT_SUPPORTED: Status = 801;
 
 /// `cuIpcGetMemHandle` and `cudaIpcGetMemHandle`: `real(base)` asks the
 /// driver (or runtime) to write the handle of the allocation at `base` to
@@ -44,7 +44,7 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
     if r != SUCCESS || offset == 0 || handle.is_null() {
         return r;
     }
-    if seal(&mut *handle, offset) {
+    if pool::ipc::seal(&mut *handle, offset) {
         return SUCCESS;
     }
     // A driver whose handles use the bytes cupool marks: this block cannot
@@ -57,7 +57,7 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
 /// `cuIpcOpenMemHandle` and `cudaIpcOpenMemHandle`: `real(handle)` opens a
 /// driver handle and returns (result, mapped base).
 pub fn open(handle: &Handle, out: &mut u64, real: impl FnOnce(&Handle) -> (Status, u64)) -> Status {
-    let Some((driver_handle, offset)) = unseal(handle) else {
+    let Some((driver_handle, offset)) = pool::ipc::unseal(handle) else {
         let (r, base) = real(handle);
         if r == SUCCESS {
             *out = base;
@@ -68,90 +68,14 @@ pub fn open(handle: &Handle, out: &mut u64, real: impl FnOnce(&Handle) -> (Statu
     if r != SUCCESS {
         return r;
     }
-    let block = base + offset;
-    OPENED.lock().get_or_insert_with(HashMap::new).entry(block).or_insert((base, 0)).1 += 1;
-    *out = block;
+    *out = base + offset;
+    pool::ipc::opened(*out, base);
     SUCCESS
 }
 
 /// `cuIpcCloseMemHandle` and `cudaIpcCloseMemHandle`: a block opened from a
 /// sealed handle closes its segment's mapping.
 pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
-    let base = {
-        let mut opened = OPENED.lock();
-        let table = opened.get_or_insert_with(HashMap::new);
-        match table.get_mut(&ptr) {
-            Some((base, count)) => {
-                let base = *base;
-                *count -= 1;
-                if *count == 0 {
-                    table.remove(&ptr);
-                }
-                Some(base)
-            }
-            None => None,
-        }
-    };
+    let base = diag::shielded(|| pool::ipc::closing(ptr)).flatten();
     real(base.unwrap_or(ptr))
-}
-
-/// Blocks opened from sealed handles: block address → (mapped segment base, opens).
-static OPENED: Mutex<Option<HashMap<u64, (u64, u32)>>> = Mutex::new(None);
-
-/// `CUDA_ERROR_NOT_SUPPORTED`.
-const NOT_SUPPORTED: Status = 801;
-
-const MARK: [u8; 2] = *b"cp";
-const SEAL_VERSION: u8 = 1;
-/// Offsets are kept in units of the pool's block alignment.
-const OFFSET_SHIFT: u32 = 9;
-
-/// Scrambles the driver's bytes so no driver accepts them.
-fn scramble(h: &mut Handle) {
-    for (i, b) in h[1..56].iter_mut().enumerate() {
-        *b ^= 0xa5 ^ (i as u8).wrapping_mul(0x3b);
-    }
-}
-
-fn checksum(h: &Handle) -> u8 {
-    h[..59].iter().chain(&h[60..]).fold(0x5a, |acc: u8, &b| acc.rotate_left(3) ^ b)
-}
-
-fn seal(h: &mut Handle, offset: u64) -> bool {
-    let units = offset >> OFFSET_SHIFT;
-    if h[56..].iter().any(|&b| b != 0) || offset & ((1 << OFFSET_SHIFT) - 1) != 0 || units > u32::MAX as u64 {
-        return false;
-    }
-    scramble(h);
-    h[56..58].copy_from_slice(&MARK);
-    h[58] = SEAL_VERSION;
-    h[60..64].copy_from_slice(&(units as u32).to_le_bytes());
-    h[59] = checksum(h);
-    true
-}
-
-/// The driver's handle and the block's offset, when `h` was sealed by cupool.
-fn unseal(h: &Handle) -> Option<(Handle, u64)> {
-    if h[56..58] != MARK || h[58] != SEAL_VERSION || h[59] != checksum(h) {
-        return None;
-    }
-    let units = u32::from_le_bytes([h[60], h[61], h[62], h[63]]);
-    let mut driver = *h;
-    driver[56..].fill(0);
-    scramble(&mut driver);
-    Some((driver, (units as u64) << OFFSET_SHIFT))
-}
-
-pub fn lock_for_fork() {
-    std::mem::forget(OPENED.lock());
-}
-
-/// # Safety
-/// Only after `lock_for_fork`, in the same thread or its forked child.
-pub unsafe fn unlock_after_fork(in_child: bool) {
-    OPENED.force_unlock();
-    if in_child {
-        // CUDA mappings do not survive fork.
-        *OPENED.lock() = None;
-    }
 }

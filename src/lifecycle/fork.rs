@@ -3,7 +3,6 @@
 //! exist in it. The child then forgets the parent's run and, if it uses CUDA
 //! itself, writes a log of its own.
 
-use crate::intercept::ipc;
 use crate::runtime::{guard, SESSION};
 use crate::{observe, pool, sink};
 
@@ -11,7 +10,7 @@ pub extern "C" fn prepare() {
     sink::lock_for_fork();
     observe::lock_for_fork();
     pool::lock_for_fork();
-    ipc::lock_for_fork();
+    pool::ipc::lock_for_fork();
 }
 
 pub extern "C" fn parent() {
@@ -26,7 +25,7 @@ pub extern "C" fn child() {
 
 /// Releases in the reverse order of `prepare`.
 unsafe fn unlock(in_child: bool) {
-    ipc::unlock_after_fork(in_child);
+    pool::ipc::unlock_after_fork(in_child);
     pool::unlock_after_fork(in_child);
     observe::unlock_after_fork(in_child);
     sink::unlock_after_fork(in_child);

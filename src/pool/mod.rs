@@ -3,6 +3,7 @@
 //! safe by stream tracking (`streams`) and fences (`fence`).
 
 mod fence;
+pub mod ipc;
 pub mod records;
 mod registry;
 mod streams;
