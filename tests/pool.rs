@@ -720,12 +720,20 @@ fn pointer_range_queries_describe_the_pooled_block() {
     assert_eq!(value(&r, "range_unknown"), 500, "CUDA_ERROR_NOT_FOUND");
     assert_eq!(value(&r, "attr_unknown"), 1, "CUDA_ERROR_INVALID_VALUE");
     assert_eq!(value(&r, "attr_null"), 1, "CUDA_ERROR_INVALID_VALUE");
+    // A freed block answers as freed memory does without cupool, although its
+    // segment lives on around the other block.
+    assert_eq!((value(&r, "freed_range"), value(&r, "freed_attr")), (500, 1), "queries on a freed pooled block");
+    // Buffer ids: one per allocation, the same anywhere inside it, fresh when
+    // the pool hands the same block out again.
+    assert_eq!(value(&r, "q_is_p"), 1, "the pool reuses p's block for q");
+    let ids = ["ids_differ", "id_same_inside", "id_new_after_reuse"].map(|k| value(&r, k));
+    assert_eq!(ids, [1, 1, 1], "ids_differ id_same_inside id_new_after_reuse");
     assert_valid_log(&r.log, "ptrquery");
 
     // Passthrough: every answer is the fake driver's own (each allocation is its own range).
     let r = run_prog(&prog, &[], "");
     let (a, p, m) = (value(&r, "a"), value(&r, "p"), value(&r, "m"));
-    assert_eq!(r.stats["allocs"], 3, "{:?}", r.stats);
+    assert_eq!(r.stats["allocs"], 4, "a, p, m and q: {:?}", r.stats);
     assert_eq!((value(&r, "range_base"), value(&r, "range_size")), (p, 1000));
     assert_eq!(value(&r, "range_last_base"), p);
     assert_eq!(value(&r, "range_exact_size"), 1000);
@@ -734,9 +742,7 @@ fn pointer_range_queries_describe_the_pooled_block() {
     assert_eq!((value(&r, "m_base"), value(&r, "m_size")), (m, 5000));
     assert_eq!((value(&r, "m_attr_start"), value(&r, "m_attr_size")), (m, 5000));
     assert_eq!((value(&r, "range_unknown"), value(&r, "attr_unknown"), value(&r, "attr_null")), (500, 1, 1));
-    // A freed block answers as freed memory does without cupool, although its
-    // segment lives on around the other block.
-    assert_eq!((value(&r, "freed_range"), value(&r, "freed_attr")), (500, 1), "queries on a freed pooled block");
+    assert_eq!((value(&r, "freed_range"), value(&r, "freed_attr")), (500, 1));
 }
 
 // ---------------------------------------------------------------------------

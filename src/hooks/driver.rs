@@ -181,19 +181,21 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> Status {
     real!(cuStreamDestroy_v2(stream))
 }
 
-/// Writes a pooled block's own range into the answer to a range query.
+/// Writes a pooled block's own answer (its range, its buffer id) into the
+/// answer to a pointer query.
 unsafe fn translate_range(attribute: c_int, data: *mut c_void, block: &PooledPointer) {
     const START: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as c_int;
     const SIZE: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as c_int;
-    if data.is_null() || !matches!(attribute, START | SIZE) {
+    const BUFFER_ID: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID as c_int;
+    let PooledPointer::Block(base, size, id) = *block else { return };
+    if data.is_null() {
         return;
     }
-    if let PooledPointer::Block(base, size) = *block {
-        if attribute == START {
-            *(data as *mut DevPtr) = base;
-        } else {
-            *(data as *mut usize) = size as usize;
-        }
+    match attribute {
+        START => *(data as *mut DevPtr) = base,
+        SIZE => *(data as *mut usize) = size as usize,
+        BUFFER_ID if id != 0 => *(data as *mut u64) = id,
+        _ => {}
     }
 }
 
@@ -233,7 +235,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut DevPtr, size: *mut u
     let r = real!(cuMemGetAddressRange_v2(base, size, ptr));
     if r == SUCCESS {
         match intercept::pooled_pointer(ptr) {
-            PooledPointer::Block(b, s) => {
+            PooledPointer::Block(b, s, _) => {
                 if !base.is_null() {
                     *base = b;
                 }

@@ -17,6 +17,7 @@ use cupool_core::log::{Api, EventKind, MemKind};
 use cupool_core::options::Mode;
 use cupool_core::pool::BlockId;
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// An allocating call: the entry point, the kind of memory it makes, the
 /// bytes asked for, its stream (stream-ordered calls) and its device when the
@@ -170,7 +171,11 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     observe::reserved_changed(pool.device, reserved_delta);
     match result {
         Ok(block) => {
-            let pooled = Pooled { pool: NonZeroUsize::new(pool as *const _ as usize)?, block: block.id.to_raw() };
+            let pooled = Pooled {
+                pool: NonZeroUsize::new(pool as *const _ as usize)?,
+                block: block.id.to_raw(),
+                buffer_id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+            };
             observe::allocated(
                 Space::Pointer,
                 block.addr,
@@ -306,11 +311,15 @@ pub fn work_queued(stream: u64, per_thread_api: bool) {
     pool::note_work(stream, per_thread_api);
 }
 
+/// Buffer ids of pooled allocations, far above the driver's own (which count
+/// its allocations from 1).
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1 << 48);
+
 /// What a pointer is to the pools: pooled blocks answer pointer queries as
 /// the allocations they are to the program.
 pub enum PooledPointer {
-    /// Inside a live pooled block: its (start, size).
-    Block(u64, u64),
+    /// Inside a live pooled block: its (start, size, buffer id).
+    Block(u64, u64, u64),
     /// Inside a pool segment but in no live block: freed, as far as the
     /// program can tell, and CUDA would not know it.
     Freed,
@@ -319,7 +328,10 @@ pub enum PooledPointer {
 
 pub fn pooled_pointer(ptr: u64) -> PooledPointer {
     let found = diag::shielded(|| match pool::block_range(ptr) {
-        Some((base, size)) => PooledPointer::Block(base, size),
+        Some((base, size)) => {
+            let id = observe::live::get(Space::Pointer, base).and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);
+            PooledPointer::Block(base, size, id)
+        }
         None if pool::owns(ptr) => PooledPointer::Freed,
         None => PooledPointer::NotPooled,
     });

@@ -25,6 +25,10 @@ pub struct Pooled {
     /// process); never null, which keeps `Option<Pooled>` as small as `Pooled`.
     pub pool: std::num::NonZeroUsize,
     pub block: u32,
+    /// What `CU_POINTER_ATTRIBUTE_BUFFER_ID` answers for it: fresh for every
+    /// pooled allocation, so caches keyed on it (UCX, MPI, NCCL user
+    /// buffers) never take a reused block for the allocation before.
+    pub buffer_id: u64,
 }
 
 /// Device pointers and pinned host pointers share one address space (UVA);

@@ -50,6 +50,11 @@ pub fn remove(space: Space, key: u64) -> Option<Allocation> {
     table(space, key).lock().remove(&key)
 }
 
+/// The live allocation at `key`, if any.
+pub fn get(space: Space, key: u64) -> Option<Allocation> {
+    table(space, key).lock().get(&key).copied()
+}
+
 /// Removes and returns every live allocation that `dies` selects (context destruction).
 pub fn take_where(mut dies: impl FnMut(&Allocation) -> bool) -> Vec<(u64, Allocation)> {
     let mut out = Vec::new();

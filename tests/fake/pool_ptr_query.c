@@ -2,7 +2,8 @@
  * and 5000 B of managed memory m, then what cuMemGetAddressRange_v2 and
  * cuPointerGetAttribute answer for addresses inside them (and NULL
  * out-parameters), and the result codes for an unknown address and a NULL
- * attribute, and for p once freed (freed_range=, freed_attr=). Prints one
+ * attribute, buffer ids (distinct per allocation, also when a block is
+ * reused), and for p once freed (freed_range=, freed_attr=). Prints one
  * key=value line per answer. */
 #include "fake_cuda_api.h"
 #include "check.h"
@@ -49,12 +50,22 @@ int main(void)
     printf("attr_unknown=%d\n", cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)0x10));
     printf("attr_null=%d\n", cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
 
+    unsigned long long id_a = 0, id_p = 0, id_p_inside = 0, id_q = 0;
+    CHECK(cuPointerGetAttribute(&id_a, CU_POINTER_ATTRIBUTE_BUFFER_ID, a));
+    CHECK(cuPointerGetAttribute(&id_p, CU_POINTER_ATTRIBUTE_BUFFER_ID, p));
+    CHECK(cuPointerGetAttribute(&id_p_inside, CU_POINTER_ATTRIBUTE_BUFFER_ID, p + 999));
     CHECK(cuMemFree_v2(p));
-    /* p is freed; a still lives in the same segment. */
+    CUdeviceptr q = 0;
+    CHECK(cuMemAlloc_v2(&q, 1000));
+    CHECK(cuPointerGetAttribute(&id_q, CU_POINTER_ATTRIBUTE_BUFFER_ID, q));
+    printf("q_is_p=%d\nids_differ=%d\nid_same_inside=%d\nid_new_after_reuse=%d\n", q == p, id_a != id_p,
+           id_p == id_p_inside, id_q != id_p);
+    CHECK(cuMemFree_v2(q));
+    /* p (and q at the same place) is freed; a still lives in the same segment. */
     printf("freed_range=%d\n", cuMemGetAddressRange_v2(&base, &size, p + 100));
     printf("freed_attr=%d\n", cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p));
     CHECK(cuMemFree_v2(a));
     CHECK(cuMemFree_v2(m));
-    printf("result: ok allocs=3 frees=3 leaked_bytes=0\n");
+    printf("result: ok allocs=4 frees=4 leaked_bytes=0\n");
     return 0;
 }
