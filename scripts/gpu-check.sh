@@ -27,6 +27,7 @@ build -o $work/reset_static $src/reset.cu
 build -cudart shared -o $work/limit_shared $src/limit.cu -lcuda
 build -o $work/limit_static $src/limit.cu -lcuda
 build -cudart shared -o $work/ipc $root/tests/fake/ipc_blocks.c -lcuda
+build -o $work/ptr_query $src/ptr_query.cu -lcuda
 echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
 
 # case NAME [--sanitize] -- CMD...
@@ -79,6 +80,11 @@ for mode in passthrough pool; do
     rows+=("$(printf '%-22s' "limit-$mode-${prog#limit_}") | $([ "$got" = "$expect" ] && echo PASS || echo FAIL)                                     | $got")
   done
 done
+
+# Pointer queries answer per pooled block exactly as the driver answers per allocation.
+plain=$($work/ptr_query | grep '^result:')
+pooled=$($bin/cupool run -q --log-dir $work/ptr-query --mode pool -- $work/ptr_query | grep '^result:')
+rows+=("ptr-query-pool         | $([ -n "$plain" ] && [ "$plain" = "$pooled" ] && echo PASS || echo FAIL)                                     | pool: ${pooled#result: } (plain: ${plain#result: })")
 
 # IPC: a receiver sees each block's own bytes, or (outside cupool) an error.
 while read -r line; do
