@@ -20,18 +20,34 @@ fn lone_cupool(name: &str) -> (PathBuf, PathBuf) {
 }
 
 fn run_lone(exe: &Path, cache: &Path, args: &[&str], dir: &Path) -> Output {
-    Command::new(exe)
-        .args(args)
-        .env_remove("LD_PRELOAD")
-        .env_remove("CUPOOL_OPTIONS")
-        .env_remove("CUPOOL_LIB")
-        .env_remove("CUPOOL_TRACES")
-        .env("XDG_CACHE_HOME", cache)
-        .envs(fakes().env())
-        .env("FAKE_CUDA_STATS", dir.join(FAKE_STATS_FILE))
-        .current_dir(dir)
-        .output()
-        .unwrap()
+    // A binary just copied can be briefly "busy" (ETXTBSY): another test
+    // thread that forks at that moment holds the copy's write descriptor
+    // until its exec closes it.
+    for _ in 0..50 {
+        let out = Command::new(exe)
+            .args(args)
+            .env_remove("LD_PRELOAD")
+            .env_remove("CUPOOL_OPTIONS")
+            .env_remove("CUPOOL_LIB")
+            .env_remove("CUPOOL_TRACES")
+            .env("XDG_CACHE_HOME", cache)
+            .envs(fakes().env())
+            .env("FAKE_CUDA_STATS", dir.join(FAKE_STATS_FILE))
+            .current_dir(dir)
+            .output();
+        match out {
+            Err(e) if e.raw_os_error() == Some(libc_etxtbsy()) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("{} stayed busy", exe.display());
+}
+
+/// ETXTBSY on Linux.
+fn libc_etxtbsy() -> i32 {
+    26
 }
 
 #[test]

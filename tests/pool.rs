@@ -1021,3 +1021,69 @@ fn ipc_of_pooled_blocks_never_maps_the_wrong_memory() {
     );
     assert!(results.iter().any(|l| l.contains("pool-pool") && l.contains("b_minus_a=1048576")), "{stdout}");
 }
+
+/// NVTX ranges are phases: the shim attaches as the NVTX tool (what
+/// `cupool run` arranges with NVTX_INJECTION64_PATH), push/pop ranges nest
+/// per thread, start/end ranges match by id, registered and wide strings
+/// name them; `nvtx=0` declines to attach.
+#[test]
+fn nvtx_ranges_are_phases() {
+    let mut args = link_fake_cudart();
+    args.extend(link_fake_cuda());
+    args.extend(["-ldl".to_string(), "-lpthread".to_string()]);
+    let prog = compile_fake_program("nvtx_client", "nvtx_client.c", &args);
+    let shim = shim_path();
+    let dir = scratch_dir("nvtx-client");
+    let out = preloaded_command(&prog, &[], &dir, "").env("NVTX_INJECTION64_PATH", &shim).output().unwrap();
+    let stdout = stdout_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", stderr_of(&out));
+    let depths = ["attached", "d_outer", "d_inner", "pop_inner", "pop_outer"].map(|k| stdout_value(&stdout, k));
+    assert_eq!(depths, [Some(1), Some(0), Some(1), Some(1), Some(0)], "{stdout}");
+    assert!(stdout.contains("pop_extra=-1"), "{stdout}");
+    let logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1, "{:?}", log_files(&dir));
+    let phases: Vec<(String, String, String, u64)> = logs[0]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ev"].as_str().is_some_and(|k| k.starts_with("phase_")))
+        .map(|e| (str_of(e, "ev").into(), str_of(e, "name").into(), str_of(e, "api").into(), u64_of(e, "live")))
+        .collect();
+    let want = [
+        ("phase_begin", "outer", "nvtxRangePushA", MIB),
+        ("phase_begin", "inner", "nvtxRangePushEx", MIB),
+        ("phase_end", "inner", "nvtxRangePop", 3 * MIB),
+        ("phase_end", "outer", "nvtxRangePop", 3 * MIB),
+        ("phase_begin", "async", "nvtxRangeStartA", 3 * MIB),
+        ("phase_end", "async", "nvtxRangeEnd", MIB),
+        ("phase_begin", "registered", "nvtxDomainRangePushEx", MIB),
+        ("phase_end", "registered", "nvtxDomainRangePop", MIB),
+        ("phase_begin", "wide \u{2713}", "nvtxRangePushW", MIB),
+        ("phase_end", "wide \u{2713}", "nvtxRangePop", MIB),
+        ("phase_begin", "thread", "nvtxRangePushA", MIB),
+        ("phase_end", "thread", "nvtxRangePop", MIB),
+    ]
+    .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), d));
+    assert_eq!(phases, want);
+    assert_valid_log(&logs[0], "nvtx_client");
+
+    // nvtx=0: the shim declines to attach, and no range reaches the log.
+    let dir = scratch_dir("nvtx-client-off");
+    let out = preloaded_command(&prog, &[], &dir, "nvtx=0").env("NVTX_INJECTION64_PATH", &shim).output().unwrap();
+    assert_eq!(stdout_value(&stdout_of(&out), "attached"), Some(0), "{}", stdout_of(&out));
+    let logs = read_logs(&dir);
+    assert!(logs[0]["events"].as_array().unwrap().iter().all(|e| !e["ev"].as_str().unwrap().starts_with("phase_")));
+
+    // `cupool run` makes the shim the NVTX tool by itself.
+    let dir = scratch_dir("nvtx-client-cli");
+    let out = std::process::Command::new(cli())
+        .args(["run", "-q", "--log-dir"])
+        .arg(&dir)
+        .arg("--")
+        .arg(&prog)
+        .envs(fakes().env())
+        .env_remove("NVTX_INJECTION64_PATH")
+        .output()
+        .unwrap();
+    assert_eq!(stdout_value(&stdout_of(&out), "attached"), Some(1), "{}\n{}", stdout_of(&out), stderr_of(&out));
+}

@@ -209,6 +209,13 @@ pub fn run(args: RunArgs) -> ExitCode {
 
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("CUPOOL_OPTIONS", options::format(&opts));
+    // The shim is also the program's NVTX tool (its ranges become phases),
+    // unless another tool already is.
+    if opts.nvtx && std::env::var_os("NVTX_INJECTION64_PATH").is_none_or(|p| p.is_empty()) {
+        cmd.env("NVTX_INJECTION64_PATH", absolute(&shim));
+    } else if opts.nvtx && args.verbose {
+        eprintln!("cupool: NVTX_INJECTION64_PATH is set already: NVTX ranges go to that tool, not into the log");
+    }
     unsafe {
         // The terminal's ^C reaches the child directly; cupool waits and reports.
         libc::signal(libc::SIGINT, libc::SIG_IGN);

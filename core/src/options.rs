@@ -58,6 +58,8 @@ pub struct Options {
     pub verbosity: u8,
     /// Pool mode with streams: microseconds between reuse fences.
     pub fence_us: u64,
+    /// Take NVTX ranges as phases (cupool attaches as the NVTX tool).
+    pub nvtx: bool,
 }
 
 impl Default for Options {
@@ -72,6 +74,7 @@ impl Default for Options {
             limit: 0,
             verbosity: 1,
             fence_us: 500,
+            nvtx: true,
         }
     }
 }
@@ -95,6 +98,7 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "500",
         "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable (10..100000)",
     ),
+    ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
 ];
 
 /// Why one option or one entry of `CUPOOL_OPTIONS` was not taken.
@@ -274,6 +278,7 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "limit" => opts.limit.to_string(),
         "verbosity" => opts.verbosity.to_string(),
         "fence_us" => opts.fence_us.to_string(),
+        "nvtx" => u8::from(opts.nvtx).to_string(),
         _ => return None,
     })
 }
@@ -298,6 +303,7 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
         "log_dir" => opts.log_dir = value.to_string(),
         "log" => opts.log = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
         "trace" => opts.trace = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
+        "nvtx" => opts.nvtx = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
         "run_id" => opts.run_id = value.to_string(),
         "flush_ms" => opts.flush_ms = in_range(10, 10_000, "a number of milliseconds, 10..10000")?,
         "fence_us" => opts.fence_us = in_range(10, 100_000, "a number of microseconds, 10..100000")?,
@@ -477,10 +483,11 @@ mod tests {
             limit in any::<u64>(),
             verbosity in 0u8..=2,
             fence_us in 10u64..=100_000,
+            nvtx in any::<bool>(),
         ) {
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
-                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us,
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, nvtx,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

@@ -6,6 +6,7 @@ pub mod api;
 pub mod dlsym;
 pub mod driver;
 pub mod ipc;
+pub mod nvtx;
 pub mod procaddr;
 pub mod process;
 pub mod runtime;

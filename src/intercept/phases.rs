@@ -38,3 +38,59 @@ pub unsafe fn mark(name: *const c_char) {
     let name = text(name);
     diag::shielded(|| phases::mark(Api::CupoolMark, &name));
 }
+
+/// The message of an NVTX range, as the program gave it.
+pub enum Message<'a> {
+    Text(std::borrow::Cow<'a, str>),
+    /// A handle from `nvtxDomainRegisterString*`: see `register`.
+    Registered(usize),
+    None,
+}
+
+impl Message<'_> {
+    fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Message::Text(t) => t.clone(),
+            Message::Registered(h) => {
+                let name = h.checked_sub(1).and_then(|id| crate::sink::text_of(id as u32));
+                name.map_or("".into(), Into::into)
+            }
+            Message::None => "".into(),
+        }
+    }
+}
+
+/// `nvtxDomainRegisterString*`: a handle that names `text` (never null).
+pub fn register(text: &str) -> usize {
+    diag::shielded(|| crate::sink::intern(text) as usize + 1).unwrap_or(1)
+}
+
+/// An NVTX push in `domain` (0: the default domain).
+pub fn nvtx_push(api: Api, domain: usize, message: Message) -> i32 {
+    if !crate::runtime::options::get().nvtx {
+        return 0;
+    }
+    let name = message.text();
+    diag::shielded(|| phases::push_thread(api, domain, &name)).unwrap_or(-1)
+}
+
+pub fn nvtx_pop(api: Api, domain: usize) -> i32 {
+    if !crate::runtime::options::get().nvtx {
+        return 0;
+    }
+    diag::shielded(|| phases::pop_thread(api, domain)).unwrap_or(-1)
+}
+
+pub fn nvtx_start(api: Api, message: Message) -> u64 {
+    if !crate::runtime::options::get().nvtx {
+        return 0;
+    }
+    let name = message.text();
+    diag::shielded(|| phases::start_range(api, &name)).unwrap_or(0)
+}
+
+pub fn nvtx_end(api: Api, id: u64) {
+    if id != 0 {
+        diag::shielded(|| phases::end_range(api, id));
+    }
+}

@@ -4,12 +4,19 @@
 //! first call on, but written only once recording runs: phases open when it
 //! starts are written then, so a program that never touches CUDA memory
 //! still writes nothing.
+//!
+//! NVTX ranges are phases too, with NVTX's rules: push/pop ranges nest per
+//! thread, start/end ranges are matched by id. An NVTX range begun before
+//! recording started is not written (nor is its end).
 
 use super::{counters, timeline};
 use crate::runtime::SESSION;
 use crate::sink;
 use cupool_core::log::{Api, EventKind};
 use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 struct Phases {
     /// (name id, the call that began it), innermost last.
@@ -53,6 +60,59 @@ pub fn mark(api: Api, name: &str) {
     write(EventKind::PhaseBegin, api, id);
 }
 
+thread_local! {
+    /// This thread's NVTX push/pop ranges: (domain, name id, whether its begin was written).
+    static THREAD_RANGES: RefCell<Vec<(usize, u32, bool)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// NVTX start/end ranges by id: (name id, whether its begin was written).
+static STARTED: Mutex<Option<HashMap<u64, (u32, bool)>>> = Mutex::new(None);
+static NEXT_RANGE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An NVTX push on this thread in `domain` (0: the default domain); returns
+/// the range's depth in that domain (0 outermost), as NVTX does.
+pub fn push_thread(api: Api, domain: usize, name: &str) -> i32 {
+    let id = sink::intern(name);
+    let written = SESSION.is_on();
+    write(EventKind::PhaseBegin, api, id);
+    THREAD_RANGES.with(|r| {
+        let mut r = r.borrow_mut();
+        r.push((domain, id, written));
+        r.iter().filter(|e| e.0 == domain).count() as i32 - 1
+    })
+}
+
+/// An NVTX pop on this thread in `domain`; returns the depth it leaves, or
+/// -1 when no range of that domain was open (as NVTX does).
+pub fn pop_thread(api: Api, domain: usize) -> i32 {
+    THREAD_RANGES.with(|r| {
+        let mut r = r.borrow_mut();
+        let Some(i) = r.iter().rposition(|e| e.0 == domain) else { return -1 };
+        let (_, id, written) = r.remove(i);
+        if written {
+            write(EventKind::PhaseEnd, api, id);
+        }
+        r.iter().filter(|e| e.0 == domain).count() as i32
+    })
+}
+
+/// An NVTX start range; returns its id (never 0).
+pub fn start_range(api: Api, name: &str) -> u64 {
+    let id = NEXT_RANGE_ID.fetch_add(1, Ordering::Relaxed);
+    let name = sink::intern(name);
+    let written = SESSION.is_on();
+    write(EventKind::PhaseBegin, api, name);
+    STARTED.lock().get_or_insert_with(HashMap::new).insert(id, (name, written));
+    id
+}
+
+pub fn end_range(api: Api, id: u64) {
+    let started = STARTED.lock().as_mut().and_then(|m| m.remove(&id));
+    if let Some((name, true)) = started {
+        write(EventKind::PhaseEnd, api, name);
+    }
+}
+
 /// Recording has just started: the phases already open begin now.
 pub fn recording_started() {
     let p = PHASES.lock();
@@ -81,11 +141,13 @@ fn write(kind: EventKind, api: Api, id: u32) {
 
 pub fn lock_for_fork() {
     std::mem::forget(PHASES.lock());
+    std::mem::forget(STARTED.lock());
 }
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child. The
 /// child is inside the same phases as its parent.
 pub unsafe fn unlock_after_fork() {
+    STARTED.force_unlock();
     PHASES.force_unlock();
 }

@@ -9,7 +9,7 @@ mod strings;
 mod writer;
 
 pub use buffers::{dropped, Stamp};
-pub use strings::intern;
+pub use strings::{intern, text_of};
 pub use writer::FinishOnSignal;
 
 use crate::runtime::{diag, options, switch::Switch, SESSION};

@@ -38,6 +38,11 @@ pub fn with_text<R>(id: u32, f: impl FnOnce(&str) -> R) -> R {
     f(text)
 }
 
+/// The text of `id`, if it was handed out.
+pub fn text_of(id: u32) -> Option<String> {
+    TABLE.lock().as_ref().and_then(|t| t.texts.get(id as usize)).map(|t| t.to_string())
+}
+
 pub fn lock_for_fork() {
     std::mem::forget(TABLE.lock());
 }

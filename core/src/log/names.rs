@@ -198,5 +198,17 @@ named_enum!(
         CupoolMark => "cupool_mark",
         CupoolPhaseBegin => "cupool_phase_begin",
         CupoolPhaseEnd => "cupool_phase_end",
+        NvtxRangePushA => "nvtxRangePushA",
+        NvtxRangePushW => "nvtxRangePushW",
+        NvtxRangePushEx => "nvtxRangePushEx",
+        NvtxRangePop => "nvtxRangePop",
+        NvtxRangeStartA => "nvtxRangeStartA",
+        NvtxRangeStartW => "nvtxRangeStartW",
+        NvtxRangeStartEx => "nvtxRangeStartEx",
+        NvtxRangeEnd => "nvtxRangeEnd",
+        NvtxDomainRangePushEx => "nvtxDomainRangePushEx",
+        NvtxDomainRangePop => "nvtxDomainRangePop",
+        NvtxDomainRangeStartEx => "nvtxDomainRangeStartEx",
+        NvtxDomainRangeEnd => "nvtxDomainRangeEnd",
     }
 );
