@@ -103,6 +103,12 @@ for mode in passthrough pool; do
   rows+=("$(printf '%-22s' "memory-stats-$mode") | $(echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | $got")
 done
 
+# PyTorch's NVTX ranges become phases (cupool run makes the shim the NVTX tool).
+got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/nvtx --mode pool -- python3 $src/torch_nvtx.py 2>&1 | grep '^result:')
+phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/nvtx/cupool.*.json')[0])); print([(e['ev'][6:], e['name'], e['live'] >> 20) for e in l['events'] if e['ev'].startswith('phase_')])" 2>&1)
+want="[('begin', 'epoch 0', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 0', 16), ('begin', 'epoch 1', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 1', 16)]"
+rows+=("torch-nvtx             | $([ "$phases" = "$want" ] && echo PASS || echo FAIL)                                     | phases (edge, name, MiB live)=$phases")
+
 # The pip wheel (carried in .gpu/), installed with pip into a directory of its
 # own beside the machine's PyTorch environment (a fresh venv made from that
 # environment's python would not see PyTorch): its cupool command and Python
