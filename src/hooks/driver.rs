@@ -4,7 +4,7 @@
 
 #![allow(non_snake_case)]
 
-use super::{entry, pitch_for, twins};
+use super::{entry, pitch_for, pitched_bytes, twins};
 use crate::cuda::{
     CUcontext, CUdevice, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemLocationType,
     CUmemoryPool, CUpointer_attribute, CUstream, Status, INVALID_VALUE, NOT_FOUND, SUCCESS,
@@ -46,7 +46,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 ) -> Status {
     let pooled_pitch = pitch_for(width);
     let unpoolable = dptr.is_null() || pitch.is_null() || !matches!(element_size, 4 | 8 | 16);
-    let bytes = if unpoolable { 0 } else { (pooled_pitch * height) as u64 };
+    let bytes = if unpoolable { 0 } else { pitched_bytes(pooled_pitch, &[height]) };
     let write = |p: u64| {
         *dptr = p;
         *pitch = pooled_pitch;
@@ -54,7 +54,11 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     let call = AllocCall::new(Api::CuMemAllocPitch, MemKind::Pitched, bytes);
     intercept::pooled_allocation(call, write, || {
         let r = real!(cuMemAllocPitch_v2(dptr, pitch, width, height, element_size));
-        let bytes = if r == SUCCESS && !pitch.is_null() { *pitch * height } else { width * height };
+        let bytes = if r == SUCCESS && !pitch.is_null() {
+            (*pitch).saturating_mul(height)
+        } else {
+            width.saturating_mul(height)
+        };
         allocated(r, dptr, bytes)
     })
 }

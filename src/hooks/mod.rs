@@ -66,7 +66,13 @@ pub(crate) use twins;
 /// Pitch of pooled pitched allocations: rows start 512-byte aligned, the
 /// texture pitch alignment of every GPU CUDA 13 supports.
 pub fn pitch_for(width: usize) -> usize {
-    width.div_ceil(512).max(1) * 512
+    width.div_ceil(512).max(1).saturating_mul(512)
+}
+
+/// The bytes a pooled pitched allocation of `rows` rows occupies; 0 (the
+/// pool does not serve it, the real call judges it) when that overflows.
+pub fn pitched_bytes(pitch: usize, rows: &[usize]) -> u64 {
+    rows.iter().try_fold(pitch, |n, &r| n.checked_mul(r)).map_or(0, |n| n as u64)
 }
 
 /// Every driver function cupool hands out a wrapper for.

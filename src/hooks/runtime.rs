@@ -5,7 +5,7 @@
 
 #![allow(non_snake_case)]
 
-use super::{entry, pitch_for, twins};
+use super::{entry, pitch_for, pitched_bytes, twins};
 use crate::cuda::{cudaExtent, cudaMemPool_t, cudaPitchedPtr, cudaStream_t, Status};
 use crate::intercept::{self, out_ptr, AllocCall};
 use crate::real;
@@ -68,7 +68,7 @@ pub unsafe extern "C" fn cudaMallocManaged(dev_ptr: *mut Ptr, size: usize, flags
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocPitch(dev_ptr: *mut Ptr, pitch: *mut usize, width: usize, height: usize) -> Status {
     let pooled_pitch = pitch_for(width);
-    let bytes = if dev_ptr.is_null() || pitch.is_null() { 0 } else { (pooled_pitch * height) as u64 };
+    let bytes = if dev_ptr.is_null() || pitch.is_null() { 0 } else { pitched_bytes(pooled_pitch, &[height]) };
     let write = |p: u64| {
         *dev_ptr = p as Ptr;
         *pitch = pooled_pitch;
@@ -76,7 +76,8 @@ pub unsafe extern "C" fn cudaMallocPitch(dev_ptr: *mut Ptr, pitch: *mut usize, w
     let call = AllocCall::new(Api::CudaMallocPitch, MemKind::Pitched, bytes);
     intercept::pooled_allocation(call, write, || {
         let r = real!(cudaMallocPitch(dev_ptr, pitch, width, height));
-        let bytes = if r == 0 && !pitch.is_null() { *pitch * height } else { width * height };
+        let bytes =
+            if r == 0 && !pitch.is_null() { (*pitch).saturating_mul(height) } else { width.saturating_mul(height) };
         allocated(r, dev_ptr, bytes)
     })
 }
@@ -84,7 +85,7 @@ pub unsafe extern "C" fn cudaMallocPitch(dev_ptr: *mut Ptr, pitch: *mut usize, w
 #[no_mangle]
 pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cudaExtent) -> Status {
     let pooled_pitch = pitch_for(extent.width);
-    let bytes = if pitched.is_null() { 0 } else { (pooled_pitch * extent.height * extent.depth) as u64 };
+    let bytes = if pitched.is_null() { 0 } else { pitched_bytes(pooled_pitch, &[extent.height, extent.depth]) };
     let write = |p: u64| {
         *pitched = cudaPitchedPtr { ptr: p as Ptr, pitch: pooled_pitch, xsize: extent.width, ysize: extent.height };
     };
@@ -93,9 +94,9 @@ pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cuda
         let r = real!(cudaMalloc3D(pitched, extent));
         if r == 0 && !pitched.is_null() {
             let p = &*pitched;
-            (r, p.ptr as u64, (p.pitch * extent.height * extent.depth) as u64)
+            (r, p.ptr as u64, pitched_bytes(p.pitch, &[extent.height, extent.depth]))
         } else {
-            (r, 0, (extent.width * extent.height * extent.depth) as u64)
+            (r, 0, pitched_bytes(extent.width, &[extent.height, extent.depth]))
         }
     })
 }

@@ -19,7 +19,7 @@
 //! may read it through its handle until its own close; CUDA keeps freed
 //! exported memory alive the same way).
 
-use crate::cuda::{Status, SUCCESS};
+use crate::cuda::{Status, INVALID_VALUE, SUCCESS};
 use crate::pool;
 pub use crate::pool::ipc::Handle;
 use crate::runtime::{diag, guard::Guard};
@@ -37,14 +37,19 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
     let Some(_guard) = Guard::enter() else {
         return real(ptr);
     };
-    let Some(Some((segment, offset))) = diag::shielded(|| pool::export(ptr)) else {
-        return real(ptr);
+    let block = match diag::shielded(|| pool::export_of(ptr)) {
+        Some(Some(block)) => block,
+        // Freed memory inside a live segment: the driver would hand out the
+        // segment's handle; CUDA refuses freed memory.
+        Some(None) if diag::shielded(|| pool::owns(ptr)) == Some(true) => return INVALID_VALUE,
+        _ => return real(ptr),
     };
-    let r = real(segment);
-    if r != SUCCESS || offset == 0 || handle.is_null() {
+    let r = real(block.segment);
+    if r != SUCCESS || handle.is_null() {
         return r;
     }
-    if pool::ipc::seal(&mut *handle, offset) {
+    if block.offset == 0 || pool::ipc::seal(&mut *handle, block.offset) {
+        diag::shielded(|| pool::exported(&block));
         return SUCCESS;
     }
     // A driver whose handles use the bytes cupool marks: this block cannot
@@ -68,14 +73,36 @@ pub fn open(handle: &Handle, out: &mut u64, real: impl FnOnce(&Handle) -> (Statu
     if r != SUCCESS {
         return r;
     }
+    // A handle cupool did not seal that happens to pass the check must not
+    // point past what was mapped.
+    if !mapping_holds(base, offset) {
+        close_mapping(base);
+        return INVALID_VALUE;
+    }
     *out = base + offset;
-    pool::ipc::opened(*out, base);
+    diag::shielded(|| pool::ipc::opened(*out, base));
     SUCCESS
 }
 
 /// `cuIpcCloseMemHandle` and `cudaIpcCloseMemHandle`: a block opened from a
 /// sealed handle closes its segment's mapping.
 pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
-    let base = diag::shielded(|| pool::ipc::closing(ptr)).flatten();
-    real(base.unwrap_or(ptr))
+    let base = diag::shielded(|| pool::ipc::opened_at(ptr)).flatten();
+    let r = real(base.unwrap_or(ptr));
+    if r == SUCCESS && base.is_some() {
+        diag::shielded(|| pool::ipc::closed(ptr));
+    }
+    r
+}
+
+/// Is `offset` inside the mapping at `base`? (When the driver cannot say,
+/// the mapping is taken as the handle describes it.)
+fn mapping_holds(base: u64, offset: u64) -> bool {
+    let (mut start, mut size) = (0u64, 0usize);
+    let r = unsafe { crate::real!(cuMemGetAddressRange_v2(&mut start, &mut size, base)) };
+    r != SUCCESS || offset < size as u64
+}
+
+fn close_mapping(base: u64) {
+    unsafe { crate::real!(cuIpcCloseMemHandle(base)) };
 }

@@ -3,7 +3,7 @@
 //! out-of-memory error, and `cudaMemGetInfo` shows a device of that size.
 
 use crate::observe::counters;
-use crate::pool::{self, ContextPool};
+use crate::pool::ContextPool;
 use crate::runtime::options;
 
 /// The cap in bytes; `None` when there is none.
@@ -13,10 +13,9 @@ pub fn cap() -> Option<u64> {
 }
 
 /// Bytes this process holds on `device`: the pools' reserved segments plus
-/// live allocations made outside the pools.
+/// live allocations made outside the pools (lock-free: the counters keep it).
 fn held(device: i32) -> u64 {
-    let (reserved, pooled_live) = pool::held_on(device);
-    reserved + counters::device_bytes(device).saturating_sub(pooled_live)
+    counters::reserved_bytes(device)
 }
 
 /// Would `bytes` more on `device` go past the cap?

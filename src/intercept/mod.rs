@@ -95,7 +95,6 @@ fn passthrough(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
 
 #[inline]
 /// The device, when `request` more bytes on it would pass the cap.
-#[cold]
 fn refused_by_cap(call: AllocCall, cap: u64) -> Option<i32> {
     let device = call.device.unwrap_or_else(|| current_device(call));
     limit::exceeded(cap, device, call.request).then_some(device)
@@ -221,7 +220,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
         }
         // Not a live allocation but inside a pool segment (a double free):
         // CUDA must not see it, or it would free the whole segment.
-        None if known.is_none() && pool::owns(key) => INVALID_VALUE,
+        None if known.is_none() && space == Space::Pointer && pool::owns(key) => INVALID_VALUE,
         None => real(),
     };
     diag::shielded(|| match (known, result) {
@@ -327,6 +326,10 @@ pub enum PooledPointer {
 }
 
 pub fn pooled_pointer(ptr: u64) -> PooledPointer {
+    if crate::runtime::guard::inside() {
+        // cupool's own calls (and the runtime's under a hook) get the driver's answers.
+        return PooledPointer::NotPooled;
+    }
     let found = diag::shielded(|| match pool::block_range(ptr) {
         Some((base, size)) => {
             let id = observe::live::get(Space::Pointer, base).and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);

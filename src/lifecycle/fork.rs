@@ -6,9 +6,11 @@
 use crate::runtime::{guard, SESSION};
 use crate::{observe, pool, sink};
 
+/// Observers before the sink: a phase edge is written to the sink with the
+/// phase lock held, so that is the order every thread takes them in.
 pub extern "C" fn prepare() {
-    sink::lock_for_fork();
     observe::lock_for_fork();
+    sink::lock_for_fork();
     pool::lock_for_fork();
     pool::ipc::lock_for_fork();
 }
@@ -27,6 +29,6 @@ pub extern "C" fn child() {
 unsafe fn unlock(in_child: bool) {
     pool::ipc::unlock_after_fork(in_child);
     pool::unlock_after_fork(in_child);
-    observe::unlock_after_fork(in_child);
     sink::unlock_after_fork(in_child);
+    observe::unlock_after_fork(in_child);
 }

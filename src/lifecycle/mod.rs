@@ -10,16 +10,13 @@ mod signals;
 pub use end::ExitInfo;
 
 use crate::runtime::{clock, diag, options, SESSION};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 
 /// The pid the session belongs to: a `vfork` child shares our memory but must not touch it.
 static PID: AtomicU32 = AtomicU32::new(0);
 
 const UNKNOWN_STATUS: i64 = i64::MIN;
 static EXIT_STATUS: AtomicI64 = AtomicI64::new(UNKNOWN_STATUS);
-
-/// Set once the phases open at start have been written (see `recording`).
-static OPEN_PHASES_WRITTEN: AtomicBool = AtomicBool::new(false);
 
 /// True once started and until finished: events are recorded only then.
 /// The first call starts the session.
@@ -31,8 +28,9 @@ pub fn recording() -> bool {
 #[cold]
 fn start_recording() -> bool {
     let on = SESSION.ensure_on(start);
-    if on && !OPEN_PHASES_WRITTEN.swap(true, Ordering::AcqRel) {
-        // Only once the session is on can events be recorded.
+    if on {
+        // Only once the session is on can events be recorded; the first
+        // caller here writes the phases already open.
         diag::shielded(crate::observe::phases::recording_started);
     }
     on
@@ -42,7 +40,6 @@ fn start_recording() -> bool {
 fn start() -> bool {
     let opts = options::get();
     clock::start();
-    OPEN_PHASES_WRITTEN.store(false, Ordering::Release); // a forked child starts a session of its own
     PID.store(std::process::id(), Ordering::Relaxed);
     static ONCE_PER_IMAGE: std::sync::Once = std::sync::Once::new();
     ONCE_PER_IMAGE.call_once(|| {

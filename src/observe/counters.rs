@@ -104,9 +104,9 @@ pub fn of(kind: MemKind, device: i32) -> &'static Counters {
     &DEVICES[usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES).unwrap_or(MAX_DEVICES)]
 }
 
-/// Device-memory bytes live on `device` (pooled or not), for the memory cap.
-pub fn device_bytes(device: i32) -> u64 {
-    of(MemKind::Device, device).current_bytes.load(Ordering::Relaxed)
+/// Bytes held from CUDA on `device`: pool segments plus direct allocations.
+pub fn reserved_bytes(device: i32) -> u64 {
+    of(MemKind::Device, device).reserved_bytes.load(Ordering::Relaxed)
 }
 
 pub fn host() -> &'static Counters {

@@ -122,7 +122,7 @@ pub fn lock_for_fork() {
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
-    phases::unlock_after_fork();
+    phases::unlock_after_fork(in_child);
     incidents::unlock_after_fork(in_child);
     live::unlock_all();
     if in_child {

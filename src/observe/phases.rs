@@ -22,9 +22,13 @@ struct Phases {
     /// (name id, the call that began it), innermost last.
     stack: Vec<(u32, Api)>,
     mark: Option<u32>,
+    /// Whether the phases open when recording started have been written:
+    /// edges are written only from then on, so none is written twice and
+    /// no end comes without its begin.
+    written: bool,
 }
 
-static PHASES: Mutex<Phases> = Mutex::new(Phases { stack: Vec::new(), mark: None });
+static PHASES: Mutex<Phases> = Mutex::new(Phases { stack: Vec::new(), mark: None, written: false });
 
 /// Deeper nesting than this is a program that never ends its phases: the
 /// excess is not tracked (its ends still pop what is there).
@@ -35,7 +39,9 @@ pub fn begin(api: Api, name: &str) {
     let mut p = PHASES.lock();
     if p.stack.len() < MAX_DEPTH {
         p.stack.push((id, api));
-        write(EventKind::PhaseBegin, api, id);
+        if p.written {
+            write(EventKind::PhaseBegin, api, id);
+        }
     }
 }
 
@@ -44,7 +50,9 @@ pub fn end(api: Api) -> bool {
     let mut p = PHASES.lock();
     match p.stack.pop() {
         Some((id, _)) => {
-            write(EventKind::PhaseEnd, api, id);
+            if p.written {
+                write(EventKind::PhaseEnd, api, id);
+            }
             true
         }
         None => false,
@@ -54,10 +62,13 @@ pub fn end(api: Api) -> bool {
 pub fn mark(api: Api, name: &str) {
     let id = sink::intern(name);
     let mut p = PHASES.lock();
-    if let Some(previous) = p.mark.replace(id) {
-        write(EventKind::PhaseEnd, api, previous);
+    let previous = p.mark.replace(id);
+    if p.written {
+        if let Some(previous) = previous {
+            write(EventKind::PhaseEnd, api, previous);
+        }
+        write(EventKind::PhaseBegin, api, id);
     }
-    write(EventKind::PhaseBegin, api, id);
 }
 
 thread_local! {
@@ -113,9 +124,13 @@ pub fn end_range(api: Api, id: u64) {
     }
 }
 
-/// Recording has just started: the phases already open begin now.
+/// Recording has just started: the phases already open begin now (once).
 pub fn recording_started() {
-    let p = PHASES.lock();
+    let mut p = PHASES.lock();
+    if p.written || !SESSION.is_on() {
+        return;
+    }
+    p.written = true;
     if let Some(id) = p.mark {
         write(EventKind::PhaseBegin, Api::CupoolMark, id);
     }
@@ -147,7 +162,11 @@ pub fn lock_for_fork() {
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child. The
 /// child is inside the same phases as its parent.
-pub unsafe fn unlock_after_fork() {
+pub unsafe fn unlock_after_fork(in_child: bool) {
     STARTED.force_unlock();
     PHASES.force_unlock();
+    if in_child {
+        // The child starts a session of its own: its open phases are written then.
+        PHASES.lock().written = false;
+    }
 }

@@ -58,18 +58,21 @@ pub fn opened(block: u64, base: u64) {
     OPENED.lock().get_or_insert_with(HashMap::new).entry(block).or_insert((base, 0)).1 += 1;
 }
 
-/// `ptr` is being closed: the segment mapping to close when it is a block
-/// opened from a sealed handle.
-pub fn closing(ptr: u64) -> Option<u64> {
+/// The segment mapping behind `ptr` when it is a block opened from a sealed handle.
+pub fn opened_at(ptr: u64) -> Option<u64> {
+    OPENED.lock().as_ref()?.get(&ptr).map(|&(base, _)| base)
+}
+
+/// One open of the block at `ptr` was closed.
+pub fn closed(ptr: u64) {
     let mut opened = OPENED.lock();
-    let table = opened.as_mut()?;
-    let (base, count) = table.get_mut(&ptr)?;
-    let base = *base;
-    *count -= 1;
-    if *count == 0 {
-        table.remove(&ptr);
+    let Some(table) = opened.as_mut() else { return };
+    if let Some((_, count)) = table.get_mut(&ptr) {
+        *count -= 1;
+        if *count == 0 {
+            table.remove(&ptr);
+        }
     }
-    Some(base)
 }
 
 pub fn lock_for_fork() {

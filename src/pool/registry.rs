@@ -86,16 +86,28 @@ pub fn free(pool: usize, block: BlockId) {
 static EXPORTED: Mutex<BTreeSet<(usize, u32)>> = Mutex::new(BTreeSet::new());
 static ANY_EXPORTED: AtomicBool = AtomicBool::new(false);
 
-/// A pooled block is being exported through IPC: it is kept out of reuse
-/// for the rest of the run. Returns the segment it lies in and its offset
-/// there, or `None` when `ptr` is in no allocated pooled block.
-pub fn export(ptr: u64) -> Option<(u64, u64)> {
+/// A pooled block about to be exported through IPC.
+pub struct Export {
+    pub segment: u64,
+    /// The block's offset in its segment.
+    pub offset: u64,
+    pool: usize,
+    block: u32,
+}
+
+/// The allocated pooled block containing `ptr`, or `None`.
+pub fn export_of(ptr: u64) -> Option<Export> {
     all().into_iter().find_map(|p| {
         let b = p.pool.lock().lookup(ptr)?;
-        ANY_EXPORTED.store(true, Ordering::Release);
-        EXPORTED.lock().insert((p as *const ContextPool as usize, b.id.to_raw()));
-        Some((b.segment_addr, b.addr - b.segment_addr))
+        let pool = p as *const ContextPool as usize;
+        Some(Export { segment: b.segment_addr, offset: b.addr - b.segment_addr, pool, block: b.id.to_raw() })
     })
+}
+
+/// The block's handle went out: keep it out of reuse for the rest of the run.
+pub fn exported(e: &Export) {
+    ANY_EXPORTED.store(true, Ordering::Release);
+    EXPORTED.lock().insert((e.pool, e.block));
 }
 
 /// A stream was created in `ctx`. It must also wait behind the last GPU-side
@@ -155,19 +167,9 @@ pub fn block_range(ptr: u64) -> Option<(u64, u64)> {
     all().into_iter().find_map(|p| p.pool.lock().lookup(ptr).map(|b| (b.addr, b.requested)))
 }
 
-/// What the pools of `device` hold: (reserved bytes, bytes live in blocks).
-pub fn held_on(device: i32) -> (u64, u64) {
-    let (mut reserved, mut live) = (0, 0);
-    for p in all().into_iter().filter(|p| p.device == device) {
-        let pool = p.pool.lock();
-        reserved += pool.stats().reserved_bytes.current;
-        live += pool.stats().requested_bytes.current;
-    }
-    (reserved, live)
-}
-
 pub fn lock_for_fork() {
     std::mem::forget(POOLS.lock());
+    std::mem::forget(RETIRED.lock());
     std::mem::forget(EXPORTED.lock());
     streams::lock_for_fork();
 }
@@ -177,6 +179,7 @@ pub fn lock_for_fork() {
 pub unsafe fn unlock_after_fork(in_child: bool) {
     streams::unlock_after_fork(in_child);
     EXPORTED.force_unlock();
+    RETIRED.force_unlock();
     POOLS.force_unlock();
     if in_child {
         EXPORTED.lock().clear();

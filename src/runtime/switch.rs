@@ -43,7 +43,16 @@ impl Switch {
             }
             return self.is_on();
         }
+        // A `start` that unwinds must not leave the others spinning on STARTING.
+        struct Done<'a>(&'a AtomicU8);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.compare_exchange(STARTING, DONE, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        let unwinding = Done(&self.0);
         let on = start();
+        std::mem::forget(unwinding);
         self.0.store(if on { ON } else { DONE }, Ordering::Release);
         on
     }
