@@ -136,13 +136,13 @@ extern "C" fn domain_create(_name: *const c_void) -> usize {
 }
 
 /// Fills `module`'s slots at the given callback ids.
-unsafe fn fill(get: GetModuleFunctionTable, module: c_int, handlers: &[(usize, *const c_void)]) {
+unsafe fn fill(get: GetModuleFunctionTable, module: c_int, handlers: impl Iterator<Item = (usize, *const c_void)>) {
     let mut table: *mut Slot = std::ptr::null_mut();
     let mut size: c_uint = 0;
     if get(module, &mut table, &mut size) == 0 || table.is_null() {
         return;
     }
-    for &(cbid, handler) in handlers {
+    for (cbid, handler) in handlers {
         if cbid < size as usize {
             let slot = *table.add(cbid);
             if !slot.is_null() {
@@ -165,28 +165,27 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: Option<GetEx
         return 0;
     }
     let Some(get) = (*callbacks).get_module_function_table else { return 0 };
-    // NVTX's callback ids (nvtxDetail/nvtxTypes.h).
-    let core: [(usize, *const c_void); 8] = [
-        (4, range_start_ex as *const c_void),
-        (5, range_start_a as *const c_void),
-        (6, range_start_w as *const c_void),
-        (7, range_end as *const c_void),
-        (8, range_push_ex as *const c_void),
-        (9, range_push_a as *const c_void),
-        (10, range_push_w as *const c_void),
-        (11, range_pop as *const c_void),
+    // (module, NVTX's callback id in it (nvtxDetail/nvtxTypes.h), handler)
+    let handlers: [(c_int, usize, *const c_void); 16] = [
+        (MODULE_CORE, 4, range_start_ex as *const c_void),
+        (MODULE_CORE, 5, range_start_a as *const c_void),
+        (MODULE_CORE, 6, range_start_w as *const c_void),
+        (MODULE_CORE, 7, range_end as *const c_void),
+        (MODULE_CORE, 8, range_push_ex as *const c_void),
+        (MODULE_CORE, 9, range_push_a as *const c_void),
+        (MODULE_CORE, 10, range_push_w as *const c_void),
+        (MODULE_CORE, 11, range_pop as *const c_void),
+        (MODULE_CORE2, 2, domain_range_start_ex as *const c_void),
+        (MODULE_CORE2, 3, domain_range_end as *const c_void),
+        (MODULE_CORE2, 4, domain_range_push_ex as *const c_void),
+        (MODULE_CORE2, 5, domain_range_pop as *const c_void),
+        (MODULE_CORE2, 10, domain_register_string_a as *const c_void),
+        (MODULE_CORE2, 11, domain_register_string_w as *const c_void),
+        (MODULE_CORE2, 12, domain_create as *const c_void),
+        (MODULE_CORE2, 13, domain_create as *const c_void),
     ];
-    let core2: [(usize, *const c_void); 8] = [
-        (2, domain_range_start_ex as *const c_void),
-        (3, domain_range_end as *const c_void),
-        (4, domain_range_push_ex as *const c_void),
-        (5, domain_range_pop as *const c_void),
-        (10, domain_register_string_a as *const c_void),
-        (11, domain_register_string_w as *const c_void),
-        (12, domain_create as *const c_void),
-        (13, domain_create as *const c_void),
-    ];
-    fill(get, MODULE_CORE, &core);
-    fill(get, MODULE_CORE2, &core2);
+    for module in [MODULE_CORE, MODULE_CORE2] {
+        fill(get, module, handlers.iter().filter(|h| h.0 == module).map(|h| (h.1, h.2)));
+    }
     1
 }
