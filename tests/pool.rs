@@ -1087,3 +1087,13 @@ fn nvtx_ranges_are_phases() {
         .unwrap();
     assert_eq!(stdout_value(&stdout_of(&out), "attached"), Some(1), "{}\n{}", stdout_of(&out), stderr_of(&out));
 }
+
+/// An export keeps a block out of reuse only once its handle went out, and
+/// freed pooled memory cannot be exported (CUDA refuses freed memory).
+#[test]
+fn ipc_export_keeps_exactly_the_exported_blocks_out_of_reuse() {
+    let prog = compile_rt("ipc_export_rules", "ipc_export_rules.c");
+    let r = run_prog(&prog, &[], POOL);
+    let got = ["freed_export", "b_reused", "a_export", "a_kept"].map(|k| value(&r, k));
+    assert_eq!(got, [1, 1, 0, 1], "freed_export b_reused a_export a_kept");
+}
