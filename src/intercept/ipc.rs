@@ -37,18 +37,19 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
     let Some(_guard) = Guard::enter() else {
         return real(ptr);
     };
-    let block = match diag::shielded(|| pool::export_of(ptr)) {
-        Some(Some(block)) => block,
+    let block = match diag::shielded(|| pool::find(ptr)) {
+        Some(pool::Found::Block(block)) => block,
         // Freed memory inside a live segment: the driver would hand out the
         // segment's handle; CUDA refuses freed memory.
-        Some(None) if diag::shielded(|| pool::owns(ptr)) == Some(true) => return INVALID_VALUE,
+        Some(pool::Found::Freed) => return INVALID_VALUE,
         _ => return real(ptr),
     };
+    let offset = block.addr - block.segment;
     let r = real(block.segment);
     if r != SUCCESS || handle.is_null() {
         return r;
     }
-    if block.offset == 0 || pool::ipc::seal(&mut *handle, block.offset) {
+    if offset == 0 || pool::ipc::seal(&mut *handle, offset) {
         diag::shielded(|| pool::exported(&block));
         return SUCCESS;
     }

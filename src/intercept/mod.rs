@@ -93,7 +93,6 @@ fn passthrough(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
     result
 }
 
-#[inline]
 /// The device, when `request` more bytes on it would pass the cap.
 fn refused_by_cap(call: AllocCall, cap: u64) -> Option<i32> {
     let device = call.device.unwrap_or_else(|| current_device(call));
@@ -330,13 +329,13 @@ pub fn pooled_pointer(ptr: u64) -> PooledPointer {
         // cupool's own calls (and the runtime's under a hook) get the driver's answers.
         return PooledPointer::NotPooled;
     }
-    let found = diag::shielded(|| match pool::block_range(ptr) {
-        Some((base, size)) => {
-            let id = observe::live::get(Space::Pointer, base).and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);
-            PooledPointer::Block(base, size, id)
+    let found = diag::shielded(|| match pool::find(ptr) {
+        pool::Found::Block(b) => {
+            let id = observe::live::get(Space::Pointer, b.addr).and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);
+            PooledPointer::Block(b.addr, b.size, id)
         }
-        None if pool::owns(ptr) => PooledPointer::Freed,
-        None => PooledPointer::NotPooled,
+        pool::Found::Freed => PooledPointer::Freed,
+        pool::Found::Outside => PooledPointer::NotPooled,
     });
     found.unwrap_or(PooledPointer::NotPooled)
 }

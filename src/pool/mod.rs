@@ -9,7 +9,7 @@ mod registry;
 mod streams;
 
 pub use registry::{
-    allocate, block_range, drop_context, export_of, exported, free, lock_for_fork, owns, pool_of, reset_peaks,
-    stream_created, unlock_after_fork, ContextPool,
+    allocate, drop_context, exported, find, free, lock_for_fork, owns, pool_of, reset_peaks, stream_created,
+    unlock_after_fork, ContextPool, Found,
 };
 pub use streams::{note_work, remove as stream_destroyed};

@@ -86,28 +86,50 @@ pub fn free(pool: usize, block: BlockId) {
 static EXPORTED: Mutex<BTreeSet<(usize, u32)>> = Mutex::new(BTreeSet::new());
 static ANY_EXPORTED: AtomicBool = AtomicBool::new(false);
 
-/// A pooled block about to be exported through IPC.
-pub struct Export {
+/// An allocated pooled block, as `find` sees it.
+pub struct PooledBlock {
+    pub addr: u64,
+    /// The size the program asked for.
+    pub size: u64,
     pub segment: u64,
-    /// The block's offset in its segment.
-    pub offset: u64,
     pool: usize,
     block: u32,
 }
 
-/// The allocated pooled block containing `ptr`, or `None`.
-pub fn export_of(ptr: u64) -> Option<Export> {
-    all().into_iter().find_map(|p| {
-        let b = p.pool.lock().lookup(ptr)?;
-        let pool = p as *const ContextPool as usize;
-        Some(Export { segment: b.segment_addr, offset: b.addr - b.segment_addr, pool, block: b.id.to_raw() })
-    })
+/// What an address is to the pools.
+pub enum Found {
+    Block(PooledBlock),
+    /// Inside a pool segment, in a free or pending block.
+    Freed,
+    Outside,
 }
 
-/// The block's handle went out: keep it out of reuse for the rest of the run.
-pub fn exported(e: &Export) {
+/// What `ptr` is to the pools, in one pass (the pools locked in turn, under
+/// the pool list's lock: the order `drop_context` takes them in).
+pub fn find(ptr: u64) -> Found {
+    for &p in POOLS.lock().iter() {
+        let pool = p.pool.lock();
+        if let Some(b) = pool.lookup(ptr) {
+            let pool_addr = p as *const ContextPool as usize;
+            return Found::Block(PooledBlock {
+                addr: b.addr,
+                size: b.requested,
+                segment: b.segment_addr,
+                pool: pool_addr,
+                block: b.id.to_raw(),
+            });
+        }
+        if pool.owns(ptr) {
+            return Found::Freed;
+        }
+    }
+    Found::Outside
+}
+
+/// The block's IPC handle went out: keep it out of reuse for the rest of the run.
+pub fn exported(b: &PooledBlock) {
     ANY_EXPORTED.store(true, Ordering::Release);
-    EXPORTED.lock().insert((e.pool, e.block));
+    EXPORTED.lock().insert((b.pool, b.block));
 }
 
 /// A stream was created in `ctx`. It must also wait behind the last GPU-side
@@ -159,12 +181,7 @@ pub fn retired() -> Vec<&'static ContextPool> {
 
 /// Is `ptr` inside memory a live pool holds?
 pub fn owns(ptr: u64) -> bool {
-    all().into_iter().any(|p| p.pool.lock().owns(ptr))
-}
-
-/// The pooled block containing `ptr`, as (start, size), if any.
-pub fn block_range(ptr: u64) -> Option<(u64, u64)> {
-    all().into_iter().find_map(|p| p.pool.lock().lookup(ptr).map(|b| (b.addr, b.requested)))
+    !matches!(find(ptr), Found::Outside)
 }
 
 pub fn lock_for_fork() {
