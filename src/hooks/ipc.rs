@@ -32,29 +32,28 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
     handle: CUipcMemHandle,
     flags: c_uint,
 ) -> Status {
-    open_driver(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle_v2(p, h, flags)))
+    open_into(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle_v2(p, h, flags)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> Status {
-    open_driver(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle(p, h, flags)))
+    open_into(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle(p, h, flags)))
 }
 
-unsafe fn open_driver(
-    pdptr: *mut CUdeviceptr,
-    handle: CUipcMemHandle,
-    real: impl FnOnce(*mut CUdeviceptr, CUipcMemHandle) -> Status,
-) -> Status {
-    if pdptr.is_null() {
-        return real(pdptr, handle);
+/// An open through the driver or the runtime: `out` is where the caller
+/// wants the address (a `CUdeviceptr` or a `void *`, both 64 bits), `real`
+/// the real open writing there.
+unsafe fn open_into<H: Copy>(out: *mut u64, handle: H, real: impl FnOnce(*mut u64, H) -> Status) -> Status {
+    if out.is_null() {
+        return real(out, handle);
     }
-    let mut out = 0;
-    let r = ipc::open(bytes(&handle), &mut out, |h| {
-        let mut base: CUdeviceptr = 0;
+    let mut block = 0;
+    let r = ipc::open(bytes(&handle), &mut block, |h| {
+        let mut base = 0u64;
         (real(&mut base, from_bytes(h)), base)
     });
     if r == 0 {
-        *pdptr = out;
+        *out = block;
     }
     r
 }
@@ -75,18 +74,7 @@ pub unsafe extern "C" fn cudaIpcOpenMemHandle(
     handle: cudaIpcMemHandle_t,
     flags: c_uint,
 ) -> Status {
-    if dev_ptr.is_null() {
-        return real!(cudaIpcOpenMemHandle(dev_ptr, handle, flags));
-    }
-    let mut out = 0;
-    let r = ipc::open(bytes(&handle), &mut out, |h| {
-        let mut base: *mut c_void = std::ptr::null_mut();
-        (real!(cudaIpcOpenMemHandle(&mut base, from_bytes(h), flags)), base as u64)
-    });
-    if r == 0 {
-        *dev_ptr = out as *mut c_void;
-    }
-    r
+    open_into(dev_ptr.cast::<u64>(), handle, |p, h| real!(cudaIpcOpenMemHandle(p.cast(), h, flags)))
 }
 
 #[no_mangle]

@@ -32,13 +32,15 @@ pub fn set_finish_on_signal(finish: FinishOnSignal) {
 /// sequence number and thread are stamped here.
 #[inline]
 pub fn record(e: Event) {
-    record_stamped(e, None);
+    record_at(e, None);
 }
 
 /// Records `e` at the place `at` reserved (now when `None`).
 #[inline]
 pub fn record_at(e: Event, at: Option<Stamp>) {
-    record_stamped(e, at);
+    if recorded(e.kind) && OPENED.ensure_on(open) {
+        buffers::push(e, at);
+    }
 }
 
 /// A place in the timeline, taken now for an event of `kind` recorded
@@ -54,13 +56,6 @@ fn recorded(kind: EventKind) -> bool {
     let opts = options::get();
     let traced_only = matches!(kind, EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap);
     SESSION.is_on() && opts.log && (opts.trace || !traced_only)
-}
-
-#[inline]
-fn record_stamped(e: Event, at: Option<Stamp>) {
-    if recorded(e.kind) && OPENED.ensure_on(open) {
-        buffers::push(e, at);
-    }
 }
 
 #[cold]
