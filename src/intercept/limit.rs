@@ -3,7 +3,6 @@
 //! out-of-memory error, and `cudaMemGetInfo` shows a device of that size.
 
 use crate::observe::counters;
-use crate::pool::ContextPool;
 use crate::runtime::options;
 
 /// The cap in bytes; `None` when there is none.
@@ -23,11 +22,10 @@ pub fn exceeded(cap: u64, device: i32, bytes: u64) -> bool {
     device >= 0 && held(device).saturating_add(bytes) > cap
 }
 
-/// What `pool` may reserve in all: the cap less what the process holds on
-/// its device outside this pool.
-pub fn pool_cap(cap: u64, p: &ContextPool) -> u64 {
-    let own = p.pool.lock().stats().reserved_bytes.current;
-    cap.saturating_sub(held(p.device).saturating_sub(own))
+/// What a pool of `device` that reserves `own` bytes may reserve in all: the
+/// cap less what the process holds on the device outside that pool.
+pub fn pool_cap(cap: u64, device: i32, own: u64) -> u64 {
+    cap.saturating_sub(held(device).saturating_sub(own))
 }
 
 /// With a cap, the device looks that large: total is the cap, and free is

@@ -164,7 +164,7 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     }
     // The device is asked only when this thread meets a new context.
     let pool = pool::pool_of(ctx, || context::current().1);
-    let cap = limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool));
+    let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
     let (result, reserved_delta) = pool::allocate(pool, bytes, cap);
     observe::reserved_changed(pool.device, reserved_delta);
     match result {

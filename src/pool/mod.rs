@@ -10,6 +10,6 @@ mod streams;
 
 pub use registry::{
     allocate, drop_context, exported, find, free, lock_for_fork, owns, pool_of, reset_peaks, stream_created,
-    unlock_after_fork, ContextPool, Found,
+    unlock_after_fork, Found,
 };
 pub use streams::{note_work, remove as stream_destroyed};

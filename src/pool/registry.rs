@@ -56,15 +56,17 @@ pub fn pool_of(ctx: u64, device: impl FnOnce() -> i32) -> &'static ContextPool {
     pool
 }
 
-/// A block of `size` bytes from `pool`, which may reserve at most `cap` bytes
-/// in all; with it, how much the pool's reserved bytes changed on the way.
+/// A block of `size` bytes from `pool`, which may reserve at most
+/// `cap(what it reserves now)` bytes in all; with it, how much the pool's
+/// reserved bytes changed on the way.
 #[inline]
-pub fn allocate(pool: &ContextPool, size: u64, cap: u64) -> (Result<Block, OutOfMemory>, i64) {
+pub fn allocate(pool: &ContextPool, size: u64, cap: impl FnOnce(u64) -> u64) -> (Result<Block, OutOfMemory>, i64) {
     let mut pool = pool.pool.lock();
+    let before = pool.stats().reserved_bytes.current;
+    let cap = cap(before);
     if pool.config().limit != cap {
         pool.set_limit(cap);
     }
-    let before = pool.stats().reserved_bytes.current;
     let result = pool.allocate(size);
     (result, pool.stats().reserved_bytes.current as i64 - before as i64)
 }
