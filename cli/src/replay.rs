@@ -167,10 +167,7 @@ fn bundled() -> Vec<Trace> {
     let Some(dir) = std::env::var_os("CUPOOL_TRACES").filter(|d| !d.is_empty()) else {
         return crate::shim::embedded::TRACES.iter().map(|(name, bytes)| Trace::Embedded(name, bytes)).collect();
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect())
-        .unwrap_or_default();
-    files.sort();
+    let files = crate::summary::files_in(Path::new(&dir), |_| true).unwrap_or_default();
     files.into_iter().map(Trace::File).collect()
 }
 
@@ -180,19 +177,14 @@ fn traces_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]); // reading it says what is wrong with it
     }
-    let entries = std::fs::read_dir(path).map_err(|e| format!("{}: cannot list the directory: {e}", path.display()))?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let name = name.strip_suffix(".gz").unwrap_or(name);
-            p.is_file() && (name.ends_with(".json") || name.ends_with(".csv"))
-        })
-        .collect();
+    let files = crate::summary::files_in(path, |name| {
+        let name = name.strip_suffix(".gz").unwrap_or(name);
+        name.ends_with(".json") || name.ends_with(".csv")
+    })
+    .map_err(|e| format!("{}: cannot list the directory: {e}", path.display()))?;
     if files.is_empty() {
         return Err(format!("{}: no traces in this directory (*.json, *.csv, also gzipped)", path.display()));
     }
-    files.sort();
     Ok(files)
 }
 

@@ -13,19 +13,22 @@ pub fn logs_of_run(dir: &Path, run_id: &str) -> Vec<Log> {
     logs
 }
 
-fn log_files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
+/// The files in `dir` whose names `keep` accepts, sorted.
+pub fn files_in(dir: &Path, keep: impl Fn(&str) -> bool) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("cupool.") && (name.ends_with(".json") || name.ends_with(".json.gz"))
-        })
+        .filter(|p| p.is_file() && keep(p.file_name().and_then(|n| n.to_str()).unwrap_or("")))
         .collect();
     files.sort();
-    files
+    Ok(files)
+}
+
+fn is_log_name(name: &str) -> bool {
+    name.starts_with("cupool.") && (name.ends_with(".json") || name.ends_with(".json.gz"))
+}
+
+fn log_files(dir: &Path) -> Vec<PathBuf> {
+    files_in(dir, is_log_name).unwrap_or_default()
 }
 
 pub fn human_bytes(n: u64) -> String {
@@ -180,10 +183,8 @@ fn logs_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]); // reading it says what is wrong with it
     }
-    if let Err(e) = std::fs::read_dir(path) {
-        return Err(format!("{}: cannot list the directory: {e}", path.display()));
-    }
-    let files = log_files(path);
+    let files =
+        files_in(path, is_log_name).map_err(|e| format!("{}: cannot list the directory: {e}", path.display()))?;
     if files.is_empty() {
         return Err(format!("{}: no cupool logs in this directory (cupool.<pid>.json or .json.gz)", path.display()));
     }
