@@ -27,3 +27,10 @@ pub fn capture(out: &mut [u64]) -> usize {
 pub fn loaded_modules() -> Vec<ModuleInfo> {
     Vec::new()
 }
+
+/// Call before `fork`: holds what a forked child must not inherit locked.
+pub fn lock_for_fork() {}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork() {}

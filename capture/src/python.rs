@@ -35,3 +35,18 @@ pub fn describe(frame: &PyFrame) -> Option<FrameInfo> {
     let _ = frame;
     None
 }
+
+/// Whether Python frames can be read in this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// No Python interpreter is loaded.
+    NoPython,
+    /// Python of this version ("3.12"), read.
+    Supported(String),
+    /// Python of this version, which this build cannot read.
+    Unsupported(String),
+}
+
+pub fn status() -> Status {
+    Status::NoPython
+}

@@ -60,6 +60,10 @@ pub struct Options {
     pub fence_us: u64,
     /// Take NVTX ranges as phases (cupool attaches as the NVTX tool).
     pub nvtx: bool,
+    /// Native frames kept per allocation site; 0 = no native stacks.
+    pub stack_depth: u32,
+    /// Python frames kept per allocation site; 0 = no Python frames.
+    pub python_depth: u32,
 }
 
 impl Default for Options {
@@ -75,6 +79,8 @@ impl Default for Options {
             verbosity: 1,
             fence_us: 500,
             nvtx: true,
+            stack_depth: 32,
+            python_depth: 16,
         }
     }
 }
@@ -99,6 +105,8 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable (10..100000)",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
+    ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),
+    ("python_depth", "16", "Python frames recorded per allocation site (0..64); 0 = no Python frames"),
 ];
 
 /// Why one option or one entry of `CUPOOL_OPTIONS` was not taken.
@@ -279,6 +287,8 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "verbosity" => opts.verbosity.to_string(),
         "fence_us" => opts.fence_us.to_string(),
         "nvtx" => u8::from(opts.nvtx).to_string(),
+        "stack_depth" => opts.stack_depth.to_string(),
+        "python_depth" => opts.python_depth.to_string(),
         _ => return None,
     })
 }
@@ -309,6 +319,8 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
         "fence_us" => opts.fence_us = in_range(10, 100_000, "a number of microseconds, 10..100000")?,
         "limit" => opts.limit = parse_bytes(value).ok_or_else(|| bad("bytes such as 16g, 512m or 4096; 0 = none"))?,
         "verbosity" => opts.verbosity = in_range(0, 2, "0, 1 or 2")? as u8,
+        "stack_depth" => opts.stack_depth = in_range(0, 128, "a number of frames, 0..128")? as u32,
+        "python_depth" => opts.python_depth = in_range(0, 64, "a number of frames, 0..64")? as u32,
         _ => return Err(OptionError::Unknown { key: key.to_string() }),
     }
     Ok(())
@@ -484,10 +496,12 @@ mod tests {
             verbosity in 0u8..=2,
             fence_us in 10u64..=100_000,
             nvtx in any::<bool>(),
+            stack_depth in 0u32..=128,
+            python_depth in 0u32..=64,
         ) {
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
-                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, nvtx,
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, nvtx, stack_depth, python_depth,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

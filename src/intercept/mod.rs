@@ -126,6 +126,7 @@ fn allocation_record(call: AllocCall, ctx: u64, device: i32, size: u64, pooled: 
         tid: crate::runtime::guard::tid(),
         stream: call.stream,
         pooled,
+        stack: observe::sites::capture(),
     }
 }
 

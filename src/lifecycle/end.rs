@@ -43,6 +43,7 @@ pub fn write(how: ExitInfo) {
         pools: pool::records::all(),
         ooms,
         complete,
+        notes: crate::observe::sites::notes(),
     };
     sink::close_with(|out| log::write_end(out, &end));
 }
@@ -77,6 +78,7 @@ fn leak(key: u64, a: &Allocation, at: &str, now_ns: u64) -> Leak {
         tid: a.tid,
         at: at.to_string(),
         stream: (a.stream != 0).then_some(a.stream),
+        stack: (a.stack != 0).then_some(a.stack),
     }
 }
 

@@ -16,6 +16,8 @@ pub struct Allocation {
     pub stream: u64,
     /// The pool block serving it; `None` when CUDA allocated it directly.
     pub pooled: Option<Pooled>,
+    /// Its allocation site (`sites::capture`); 0 = none.
+    pub stack: u32,
 }
 
 /// A block of one of cupool's pools.

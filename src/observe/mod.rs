@@ -9,6 +9,7 @@ pub mod counters;
 pub mod incidents;
 pub mod live;
 pub mod phases;
+pub mod sites;
 mod timeline;
 
 pub use allocation::{Allocation, Pooled, Space};
@@ -114,6 +115,7 @@ pub fn out_of_memory(api: Api, device: i32, bytes: u64, snapshot: impl FnOnce() 
 }
 
 pub fn lock_for_fork() {
+    sites::lock_for_fork();
     live::lock_all();
     incidents::lock_for_fork();
     phases::lock_for_fork();
@@ -125,6 +127,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
     phases::unlock_after_fork(in_child);
     incidents::unlock_after_fork(in_child);
     live::unlock_all();
+    sites::unlock_after_fork(in_child);
     if in_child {
         // A forked child owns none of its parent's allocations.
         live::clear();

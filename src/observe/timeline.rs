@@ -16,6 +16,7 @@ pub fn allocated(ptr: u64, a: &Allocation) {
     e.ptr = ptr;
     e.size = a.size;
     e.aux = a.stream;
+    e.stack = a.stack;
     sink::record(e);
 }
 

@@ -1,6 +1,6 @@
 //! The log file: its name, its header, and writing drained events into it.
 
-use super::{buffers, strings};
+use super::{buffers, definitions, strings};
 use crate::runtime::{diag, options, process};
 use cupool_core::log::{self, Event, EventKind, EventLine};
 use parking_lot::Mutex;
@@ -13,6 +13,7 @@ pub struct LogFile {
     fd: i32,
     text: String,
     batch: Vec<Event>,
+    definitions: Vec<log::Definition>,
 }
 
 impl LogFile {
@@ -51,13 +52,20 @@ impl LogFile {
         write_all(fd, text.as_bytes());
         text.clear();
         diag::note(&format!("writing {path}"));
-        Some(LogFile { fd, text, batch: Vec::with_capacity(1024) })
+        Some(LogFile { fd, text, batch: Vec::with_capacity(1024), definitions: Vec::new() })
     }
 
     /// Writes every queued event.
     pub fn drain(&mut self, patience: Duration) {
         buffers::drain(&mut self.batch, patience);
+        // Taken after the events: what they refer to was defined before they
+        // were queued, so it is in this batch of definitions or an earlier one.
+        definitions::drain(&mut self.definitions, patience);
+        for d in self.definitions.drain(..) {
+            log::write_definition(&mut self.text, &d);
+        }
         if self.batch.is_empty() {
+            self.flush();
             return;
         }
         for e in &self.batch {

@@ -4,11 +4,13 @@
 //! closed with the end record the lifecycle hands over.
 
 mod buffers;
+mod definitions;
 mod file;
 mod strings;
 mod writer;
 
 pub use buffers::{dropped, Stamp};
+pub use definitions::define;
 pub use strings::{intern, text_of};
 pub use writer::FinishOnSignal;
 
@@ -97,6 +99,7 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32) -> bool {
 pub fn lock_for_fork() {
     std::mem::forget(LOG.lock());
     buffers::lock_for_fork();
+    definitions::lock_for_fork();
     strings::lock_for_fork();
 }
 
@@ -104,6 +107,7 @@ pub fn lock_for_fork() {
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
     strings::unlock_after_fork();
+    definitions::unlock_after_fork(in_child);
     buffers::unlock_after_fork(in_child);
     LOG.force_unlock();
     if in_child {

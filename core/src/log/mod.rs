@@ -16,6 +16,7 @@
 mod names;
 mod read;
 mod schema;
+mod sites;
 #[cfg(test)]
 mod tests;
 mod write;
@@ -23,10 +24,12 @@ mod write;
 pub use names::{Api, EventKind, MemKind, Named, NamedEnum};
 pub use read::{maybe_gunzip, read_log, read_log_from, summarize, Log, ReadError, ReadErrorKind, Summary};
 pub use schema::{
-    parse_hex, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary, OomRecord,
-    PoolRecord, ProcessInfo, Stat, READABLE_VERSIONS, SCHEMA, VERSION,
+    parse_hex, Definition, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary,
+    ModuleRecord, OomRecord, PoolRecord, ProcessInfo, PyFrameRecord, StackRecord, Stat, StringRecord,
+    READABLE_VERSIONS, SCHEMA, VERSION,
 };
-pub use write::{write_end, write_event, write_header, write_named_event, EventLine};
+pub use sites::Sites;
+pub use write::{write_definition, write_end, write_event, write_header, write_named_event, EventLine};
 
 /// One fixed-size record of something the shim saw. `Copy` and heap-free so
 /// that recording it on the hot path never allocates.
@@ -49,6 +52,8 @@ pub struct Event {
     pub tid: u32,
     /// CUDA result code of failed calls.
     pub result: i32,
+    /// Allocation site of an `alloc` (a stack definition's id); 0 = none.
+    pub stack: u32,
 }
 
 impl Event {
@@ -65,6 +70,7 @@ impl Event {
             aux: 0,
             tid: 0,
             result: 0,
+            stack: 0,
         }
     }
 }

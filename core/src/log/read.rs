@@ -1,6 +1,8 @@
 //! Reading logs back: complete or cut short, plain or gzipped.
 
-use super::schema::{DeviceCounters, End, EventRecord, ExitRecord, Header, Leak, READABLE_VERSIONS, SCHEMA};
+use super::schema::{
+    Definition, DeviceCounters, End, EventRecord, ExitRecord, Header, Leak, READABLE_VERSIONS, SCHEMA,
+};
 use super::{Api, EventKind, MemKind, Named};
 use serde::Serialize;
 use serde_json::Value;
@@ -20,6 +22,10 @@ pub struct Log {
     #[serde(flatten)]
     pub header: Header,
     pub events: Vec<EventRecord>,
+    /// The definition lines (modules, strings, stacks), in the order written.
+    /// A log written as one document keeps them here, not among the events.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub definitions: Vec<Definition>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end: Option<End>,
 }
@@ -179,6 +185,7 @@ fn parse_lines(text: &str) -> Result<Log, ParseError> {
     check_header(&header, Some(1))?;
     let header = header_from(header, Some(1))?;
     let mut events = Vec::new();
+    let mut definitions = Vec::new();
     let mut end = None;
     while let Some((n, line)) = lines.next() {
         let is_last = lines.peek().is_none();
@@ -200,13 +207,21 @@ fn parse_lines(text: &str) -> Result<Log, ParseError> {
             break;
         }
         let body = line.strip_prefix(',').unwrap_or(line);
+        if body.starts_with("{\"def\"") {
+            match serde_json::from_str::<Definition>(body) {
+                Ok(d) => definitions.push(d),
+                Err(e) if cut(&e) => break,
+                Err(e) => return Err(invalid(Some(n), format!("definition: {e}"))),
+            }
+            continue;
+        }
         match serde_json::from_str::<EventRecord>(body) {
             Ok(e) => events.push(e),
             Err(e) if cut(&e) => break,
             Err(e) => return Err(invalid(Some(n), format!("event: {e}"))),
         }
     }
-    Ok(Log { path: PathBuf::new(), header, events, end })
+    Ok(Log { path: PathBuf::new(), header, events, definitions, end })
 }
 
 /// Any other layout of one complete JSON document (pretty-printed, say).
@@ -223,15 +238,24 @@ fn parse_document(text: &str) -> Result<Log, ParseError> {
         _ => return Err(invalid(None, "no \"events\" array".into())),
     };
     let end = whole.get_mut("end").map(Value::take).filter(|v| !v.is_null());
+    let mut definitions = match whole.as_object_mut().and_then(|o| o.remove("definitions")) {
+        Some(d) => serde_json::from_value::<Vec<Definition>>(d).map_err(|e| invalid(None, format!("definitions: {e}")))?,
+        None => Vec::new(),
+    };
     let header = header_from(whole, None)?;
-    let events = events
-        .into_iter()
-        .enumerate()
-        .map(|(i, e)| serde_json::from_value(e).map_err(|err| invalid(None, format!("event #{i}: {err}"))))
-        .collect::<Result<Vec<EventRecord>, _>>()?;
+    let mut records = Vec::with_capacity(events.len());
+    for (i, e) in events.into_iter().enumerate() {
+        if e.get("def").is_some() {
+            definitions
+                .push(serde_json::from_value(e).map_err(|err| invalid(None, format!("definition #{i}: {err}")))?);
+        } else {
+            records.push(serde_json::from_value(e).map_err(|err| invalid(None, format!("event #{i}: {err}")))?);
+        }
+    }
+    let events: Vec<EventRecord> = records;
     let end =
         end.map(serde_json::from_value::<End>).transpose().map_err(|e| invalid(None, format!("end record: {e}")))?;
-    Ok(Log { path: PathBuf::new(), header, events, end })
+    Ok(Log { path: PathBuf::new(), header, events, definitions, end })
 }
 
 /// One process at a glance: from the end record when there is one, else
@@ -332,6 +356,7 @@ pub fn summarize(log: &Log) -> Summary {
                 tid: e.tid.unwrap_or(0),
                 at: "not finished".into(),
                 stream: e.stream,
+                stack: e.stack,
             };
             (e.seq, leak)
         })

@@ -15,9 +15,10 @@ use serde::{Deserialize, Serialize};
 /// The `schema` of every cupool log.
 pub const SCHEMA: &str = "cupool-log";
 /// The version this build writes. 2: `end.pools[].fences` became an object.
-pub const VERSION: u32 = 2;
+/// 3: allocation sites (`stack` of alloc events and leaks, definition lines).
+pub const VERSION: u32 = 3;
 /// The versions this build reads.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3];
 
 /// `process`: the process that wrote the log. A field missing from a log reads as 0 / empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +74,9 @@ pub struct EventRecord {
     pub live: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved: Option<u64>,
+    /// The allocation site (a `stack` definition) of an `alloc`; absent when none was captured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<u32>,
     /// Always written; `None` only in hand-made logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tid: Option<u32>,
@@ -98,6 +102,7 @@ impl EventRecord {
             name: None,
             live: None,
             reserved: None,
+            stack: None,
             tid: None,
         }
     }
@@ -134,6 +139,9 @@ impl From<&Event> for EventRecord {
                     r.handle = aux;
                 } else {
                     r.stream = aux;
+                }
+                if e.kind == EventKind::Alloc && e.stack != 0 {
+                    r.stack = Some(e.stack);
                 }
             }
             EventKind::AllocFailed | EventKind::Oom => {
@@ -227,7 +235,64 @@ pub struct Leak {
     pub at: String,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
     pub stream: Option<u64>,
+    /// Its allocation site (a `stack` definition), when one was captured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<u32>,
 }
+
+/// A line of the `events` array that defines what events refer to (version 3):
+/// written once, before the first event that uses it, so a log cut short
+/// still resolves what it holds. Tagged by `def`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "def", rename_all = "lowercase")]
+pub enum Definition {
+    Module(ModuleRecord),
+    String(StringRecord),
+    Stack(StackRecord),
+}
+
+/// `{"def":"module"}`: a loaded executable or shared object, to symbolise
+/// native frames from its file when a report is made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleRecord {
+    pub id: u32,
+    pub path: String,
+    /// Load bias: an address in the process = the file's virtual address + `base`.
+    #[serde(with = "hex")]
+    pub base: u64,
+    /// The process's addresses `[start, end)` the module occupies.
+    #[serde(with = "hex")]
+    pub start: u64,
+    #[serde(with = "hex")]
+    pub end: u64,
+    /// GNU build id in hex; empty when the file has none.
+    #[serde(default)]
+    pub build_id: String,
+}
+
+/// `{"def":"string"}`: a text that other records name by `id`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StringRecord {
+    pub id: u32,
+    pub text: String,
+}
+
+/// `{"def":"stack"}`: one allocation site, innermost frame first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackRecord {
+    pub id: u32,
+    /// Return addresses (cupool's, the CUDA runtime's and the driver's own
+    /// frames at the top already removed).
+    #[serde(default, with = "hex_vec")]
+    pub native: Vec<u64>,
+    /// Python frames of the allocating thread, innermost first.
+    #[serde(default)]
+    pub python: Vec<PyFrameRecord>,
+}
+
+/// A Python frame, `[file, function, line]`: string ids, and the line (0 when unknown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PyFrameRecord(pub u32, pub u32, pub u32);
 
 /// A `{current, peak}` figure of a pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -337,6 +402,43 @@ pub struct End {
     pub pools: Vec<PoolRecord>,
     pub ooms: Vec<OomRecord>,
     pub complete: bool,
+    /// What cupool could not do in this process, one sentence each (e.g. a
+    /// Python version whose frames it cannot read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// `0x…` strings for `u64` fields. Reading also accepts a plain number.
+pub(crate) mod hex {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        super::hex_opt::serialize(&Some(*v), s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        super::hex_opt::deserialize(d)?.ok_or_else(|| serde::de::Error::custom("expected a 0x… hex string, got null"))
+    }
+}
+
+/// `["0x…", ...]` for `Vec<u64>` fields.
+pub(crate) mod hex_vec {
+    use serde::ser::SerializeSeq;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u64], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(v.len()))?;
+        for n in v {
+            seq.serialize_element(&format_args!("{n:#x}").to_string())?;
+        }
+        seq.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+        #[derive(Deserialize)]
+        struct Hex(#[serde(with = "super::hex")] u64);
+        Ok(Vec::<Hex>::deserialize(d)?.into_iter().map(|h| h.0).collect())
+    }
 }
 
 /// `0x…` strings for `Option<u64>` fields. Reading also accepts a plain number.

@@ -18,6 +18,7 @@ fn event(kind: EventKind, aux: u64) -> Event {
     e.aux = aux;
     e.tid = u32::MAX;
     e.result = -2;
+    e.stack = aux as u32;
     e
 }
 
@@ -92,6 +93,7 @@ fn full_end() -> End {
         tid: 77,
         at: "exit".into(),
         stream: Some(0x55),
+        stack: Some(3),
     };
     let vmm =
         Leak { ptr: None, handle: Some(0x9), kind: MemKind::Vmm.into(), api: Api::CuMemCreate.into(), ..leak.clone() };
@@ -143,7 +145,28 @@ fn full_end() -> End {
             largest_live: vec![8, 7],
         }],
         complete: false,
+        notes: vec!["Python 3.9 is not one cupool can read frames of".into()],
     }
+}
+
+/// One definition of each kind.
+fn definitions() -> Vec<Definition> {
+    vec![
+        Definition::Module(ModuleRecord {
+            id: 1,
+            path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+            base: 0x7f00_0000_0000,
+            start: 0x7f00_0002_8000,
+            end: 0x7f00_001f_0000,
+            build_id: "a1b2c3".into(),
+        }),
+        Definition::String(StringRecord { id: 4, text: "train.py".into() }),
+        Definition::Stack(StackRecord {
+            id: 3,
+            native: vec![0x7f00_0003_0001, 0x5555_0000_1234],
+            python: vec![PyFrameRecord(4, 4, 42)],
+        }),
+    ]
 }
 
 /// A whole log as the writer writes it, with one event of each kind.
@@ -152,6 +175,9 @@ fn full_log_text(end: &End) -> String {
     let options = crate::options::parse("mode=pool:run_id=r1:fence_us=250").0;
     write_header(&mut s, &process(), &options);
     write_event(&mut s, &event(EventKind::Start, 0), EventLine::First);
+    for d in definitions() {
+        write_definition(&mut s, &d);
+    }
     for (i, &kind) in EventKind::ALL.iter().enumerate() {
         let mut e = event(kind, 0x10 + i as u64);
         e.seq = 100 + i as u64;
@@ -171,10 +197,24 @@ fn a_written_log_reads_back_into_the_same_records() {
     assert_eq!(log.header.process, process());
     assert_eq!(log.header.options.fence_us, 250);
     assert_eq!(log.events.len(), EventKind::ALL.len() + 1);
+    assert_eq!(log.definitions, definitions());
     assert_eq!(log.end.as_ref(), Some(&end));
-    // The typed log serializes back to the very document that was written.
-    let written: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(serde_json::to_value(&log).unwrap(), written);
+    // The typed log serializes back to the document that was written, with
+    // the definitions in an array of their own; that document reads back the same.
+    let mut written: Value = serde_json::from_str(&text).unwrap();
+    let events = written["events"].as_array_mut().unwrap();
+    let defs: Vec<Value> = events.iter().filter(|e| e.get("def").is_some()).cloned().collect();
+    events.retain(|e| e.get("def").is_none());
+    written["definitions"] = Value::Array(defs);
+    let back = serde_json::to_value(&log).unwrap();
+    assert_eq!(back, written);
+    let again = read_log_from(back.to_string().as_bytes(), "again.json").unwrap();
+    let sites = Sites::of(&log);
+    assert_eq!((again.events, again.definitions, again.end), (log.events, log.definitions, log.end));
+    assert_eq!(sites.stack(3).map(|s| s.native.len()), Some(2));
+    assert_eq!(sites.string(4), "train.py");
+    assert_eq!(sites.module_of(0x7f00_0003_0001).map(|m| m.id), Some(1));
+    assert_eq!(sites.module_of(0x5555_0000_1234), None);
     // Every exit form round-trips.
     for exit in [ExitRecord::Exit { status: Some(7) }, ExitRecord::Exit { status: None }] {
         let v = serde_json::to_value(&exit).unwrap();
@@ -206,7 +246,9 @@ fn record_fields() -> BTreeMap<&'static str, BTreeSet<String>> {
         serde_json::to_value(ExitRecord::Exit { status: Some(0) }).unwrap(),
         serde_json::to_value(ExitRecord::Signal { signal: 9, name: "SIGKILL".into() }).unwrap(),
     ];
-    let evs: Vec<Value> = log["events"].as_array().unwrap().clone();
+    let (defs, evs): (Vec<Value>, Vec<Value>) =
+        log["events"].as_array().unwrap().iter().cloned().partition(|e| e.get("def").is_some());
+    let def = |kind: &str| keys(defs.iter().find(|d| d["def"] == kind).unwrap());
     let common: BTreeSet<String> = evs.iter().map(keys).reduce(|a, b| &a & &b).unwrap();
     let mut m = BTreeMap::new();
     m.insert("log", keys(&log));
@@ -222,6 +264,9 @@ fn record_fields() -> BTreeMap<&'static str, BTreeSet<String>> {
     m.insert("end.pools[].segment", keys(&e["pools"][0]["segment"]));
     m.insert("end.pools[].fences", keys(&e["pools"][0]["fences"]));
     m.insert("end.ooms[]", keys(&e["ooms"][0]));
+    m.insert("module", def("module"));
+    m.insert("string", def("string"));
+    m.insert("stack", def("stack"));
     m
 }
 
@@ -319,6 +364,7 @@ fn the_schema_doc_lists_exactly_the_fields_of_the_records() {
     every.name = Some(String::new());
     every.live = Some(0);
     every.reserved = Some(0);
+    assert_eq!(every.stack, Some(1));
     assert_eq!(all_written, keys(&serde_json::to_value(every).unwrap()));
     assert!(DOC.starts_with(&format!("# The cupool log, schema `{SCHEMA}` version {VERSION}\n")), "doc title");
     assert!(problems.is_empty(), "docs/log-schema.md does not match the records:\n  {}", problems.join("\n  "));

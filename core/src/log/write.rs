@@ -1,6 +1,6 @@
 //! Formatting of log lines. Pure functions over `String` so they can be golden-tested.
 
-use super::schema::{End, ProcessInfo, SCHEMA, VERSION};
+use super::schema::{Definition, End, ProcessInfo, SCHEMA, VERSION};
 use super::{Event, EventKind};
 use crate::options::Options;
 use std::fmt::Write as _;
@@ -54,6 +54,9 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
                 let field = if matches!(e.kind, EventKind::Map | EventKind::Unmap) { "handle" } else { "stream" };
                 let _ = write!(out, ",\"{field}\":\"{:#x}\"", e.aux);
             }
+            if e.kind == EventKind::Alloc && e.stack != 0 {
+                let _ = write!(out, ",\"stack\":{}", e.stack);
+            }
         }
         EventKind::AllocFailed | EventKind::Oom => {
             let _ = write!(
@@ -78,6 +81,14 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
         }
     }
     let _ = writeln!(out, ",\"tid\":{}}}", e.tid);
+}
+
+/// Appends one definition line (a line of the `events` array; never the first).
+pub fn write_definition(out: &mut String, d: &Definition) {
+    out.push(',');
+    // Plain records of strings and numbers: serializing them cannot fail.
+    out.push_str(&serde_json::to_string(d).unwrap_or_else(|_| "{}".into()));
+    out.push('\n');
 }
 
 /// Closes the events array and writes the end record and the closing brace:
@@ -130,13 +141,14 @@ mod tests {
             pools: vec![],
             ooms: vec![],
             complete: true,
+            notes: vec![],
         };
         write_end(&mut s, &end);
         let expected = concat!(
-            "{\"schema\":\"cupool-log\",\"version\":2,",
+            "{\"schema\":\"cupool-log\",\"version\":3,",
             "\"process\":{\"pid\":7,\"ppid\":1,\"cmdline\":[\"a\"],\"exe\":\"/a\",\"start_unix_ms\":5},",
             "\"options\":{\"mode\":\"pool\",\"log_dir\":\".\",\"log\":true,\"trace\":true,\"run_id\":\"\",",
-            "\"flush_ms\":100,\"limit\":0,\"verbosity\":1,\"fence_us\":500,\"nvtx\":true},\"events\":[\n",
+            "\"flush_ms\":100,\"limit\":0,\"verbosity\":1,\"fence_us\":500,\"nvtx\":true,\"stack_depth\":32,\"python_depth\":16},\"events\":[\n",
             "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":0}\n",
             ",{\"seq\":1,\"t_ns\":99,\"ev\":\"alloc\",\"api\":\"cudaMallocAsync\",\"kind\":\"async\",\"ptr\":\"0x7f0000000200\",\"size\":1000003,\"device\":0,\"stream\":\"0x55\",\"tid\":42}\n",
             ",{\"seq\":2,\"t_ns\":0,\"ev\":\"checkpoint\",\"api\":\"cuCtxDestroy_v2\",\"device\":1,\"leaked_bytes\":5000011,\"leaked_count\":1,\"tid\":0}\n",

@@ -1,0 +1,169 @@
+//! Allocation sites: the native and Python frames of the allocating thread,
+//! each distinct stack stored once per process. An allocation carries only
+//! the stack's id; the stack itself, the modules its addresses lie in and the
+//! names of its Python frames go into the log as definitions the first time
+//! they are seen, before any event that refers to them. Nothing is
+//! symbolised here: reports do that from the module files.
+
+use crate::runtime::{diag, options};
+use crate::sink;
+use cupool_capture::{native, python};
+use cupool_core::log::{Definition, ModuleRecord, PyFrameRecord, StackRecord, StringRecord};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Upper bounds of the options `stack_depth` and `python_depth`.
+const MAX_NATIVE: usize = 128;
+const MAX_PYTHON: usize = 64;
+/// A stack's key: its native addresses, a separator, then three words per
+/// Python frame.
+const MAX_KEY: usize = MAX_NATIVE + 1 + 3 * MAX_PYTHON;
+/// Distinct stacks kept; later new stacks get no site (a program that
+/// allocates from ever-new stacks must not grow cupool's memory without bound).
+const MAX_STACKS: usize = 1 << 20;
+
+/// Mixes words as they come: keys are return addresses, already well spread.
+#[derive(Default)]
+struct WordHasher(u64);
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, w: usize) {
+        self.write_u64(w as u64);
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    ids: HashMap<Box<[u64]>, u32, BuildHasherDefault<WordHasher>>,
+    /// Modules already defined in the log, as (start, end).
+    modules: Vec<(u64, u64)>,
+    /// String ids already defined in the log.
+    strings: HashSet<u32>,
+    python_note: Option<String>,
+}
+
+static TABLE: Mutex<Option<Table>> = Mutex::new(None);
+
+/// The site of the allocation being made on this thread: a stack id, 0 when
+/// sites are off or nothing could be captured.
+#[inline]
+pub fn capture() -> u32 {
+    let opts = options::get();
+    let (native_depth, python_depth) = (opts.stack_depth as usize, opts.python_depth as usize);
+    if !opts.log || (native_depth == 0 && python_depth == 0) {
+        return 0;
+    }
+    diag::shielded(|| capture_at(native_depth.min(MAX_NATIVE), python_depth.min(MAX_PYTHON))).unwrap_or(0)
+}
+
+fn capture_at(native_depth: usize, python_depth: usize) -> u32 {
+    let mut key = [0u64; MAX_KEY];
+    let n = native::capture(&mut key[..native_depth]);
+    let mut frames = [python::PyFrame::default(); MAX_PYTHON];
+    let p = python::capture(&mut frames[..python_depth]);
+    if n == 0 && p == 0 {
+        return 0;
+    }
+    let mut len = n;
+    key[len] = u64::MAX; // keeps a native frame from passing for a Python one
+    len += 1;
+    for f in &frames[..p] {
+        key[len..len + 3].copy_from_slice(&[f.code, f.tag, u64::from(f.lasti)]);
+        len += 3;
+    }
+    let key = &key[..len];
+    let mut guard = TABLE.lock();
+    let table = guard.get_or_insert_with(Table::default);
+    if let Some(&id) = table.ids.get(key) {
+        return id;
+    }
+    if table.ids.len() >= MAX_STACKS {
+        return 0;
+    }
+    let id = table.ids.len() as u32 + 1;
+    table.ids.insert(key.into(), id);
+    define_stack(table, id, &key[..n], &frames[..p]);
+    id
+}
+
+/// Writes the definitions a new stack needs: modules its addresses lie in
+/// that the log does not have yet, the names of its Python frames, then the stack.
+#[cold]
+fn define_stack(table: &mut Table, id: u32, native: &[u64], frames: &[python::PyFrame]) {
+    if native.iter().any(|&a| !table.modules.iter().any(|&(s, e)| (s..e).contains(&a))) {
+        define_new_modules(table);
+    }
+    let python = frames
+        .iter()
+        .map(|f| match python::describe(f) {
+            Some(info) => PyFrameRecord(define_string(table, &info.file), define_string(table, &info.function), info.line),
+            None => PyFrameRecord(define_string(table, "?"), define_string(table, "?"), 0),
+        })
+        .collect();
+    if frames.is_empty() && table.python_note.is_none() {
+        if let python::Status::Unsupported(version) = python::status() {
+            let note = format!("Python {version} is not one cupool can read frames of: allocations have no Python frames");
+            diag::note(&note);
+            table.python_note = Some(note);
+        }
+    }
+    sink::define(Definition::Stack(StackRecord { id, native: native.to_vec(), python }));
+}
+
+fn define_new_modules(table: &mut Table) {
+    for m in native::loaded_modules() {
+        if table.modules.contains(&(m.start, m.end)) {
+            continue;
+        }
+        table.modules.push((m.start, m.end));
+        let build_id = m.build_id.iter().map(|b| format!("{b:02x}")).collect();
+        sink::define(Definition::Module(ModuleRecord {
+            id: table.modules.len() as u32,
+            path: m.path,
+            base: m.base,
+            start: m.start,
+            end: m.end,
+            build_id,
+        }));
+    }
+}
+
+fn define_string(table: &mut Table, text: &str) -> u32 {
+    let id = sink::intern(text);
+    if table.strings.insert(id) {
+        sink::define(Definition::String(StringRecord { id, text: text.to_string() }));
+    }
+    id
+}
+
+/// What the end record should say about sites that could not be captured.
+pub fn notes() -> Vec<String> {
+    TABLE.try_lock().and_then(|t| t.as_ref().and_then(|t| t.python_note.clone())).into_iter().collect()
+}
+
+pub fn lock_for_fork() {
+    std::mem::forget(TABLE.lock());
+    native::lock_for_fork();
+}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork(in_child: bool) {
+    native::unlock_after_fork();
+    TABLE.force_unlock();
+    if in_child {
+        // The child writes a log of its own: every definition again.
+        *TABLE.lock() = None;
+    }
+}
