@@ -9,6 +9,8 @@
 //! at all: it is not the code that ran, and names from it would mislead.
 
 mod elf;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::path::Path;
