@@ -77,14 +77,14 @@ pub(super) struct RawFrame {
 pub(super) struct Lookup {
     /// Innermost first; empty when nothing names the address.
     pub frames: Vec<RawFrame>,
-    /// Why the DWARF could not be read, when it could not.
-    pub dwarf_error: Option<String>,
+    /// What went wrong with the debug info, as a line for the report.
+    pub debug_problem: Option<String>,
 }
 
 pub(super) struct Image {
     dwarf: Option<addr2line::Context<Reader>>,
-    /// Set when the file has DWARF that could not be loaded, to be reported.
-    dwarf_error: Option<String>,
+    /// What went wrong loading the debug info, as a line for the report.
+    debug_problem: Option<String>,
     symbols: Symbols,
 }
 
@@ -103,8 +103,8 @@ impl Image {
         }
 
         let mut symbols = Symbols::read(&file, &map, false);
-        let (dwarf, dwarf_error) = if has_dwarf(&file) {
-            split(load_dwarf(&file, &map, path))
+        let (dwarf, debug_problem) = if has_dwarf(&file) {
+            load_dwarf(&file, &map, path)
         } else if let Some((debug_path, debug_map)) = find_debug_file(path, &file, &build_id) {
             match object::File::parse(&**debug_map) {
                 Ok(debug) => {
@@ -113,9 +113,11 @@ impl Image {
                     if symbols.is_empty() {
                         symbols = Symbols::read(&debug, &debug_map, false);
                     }
-                    split(load_dwarf(&debug, &debug_map, &debug_path))
+                    load_dwarf(&debug, &debug_map, &debug_path)
                 }
-                Err(e) => (None, Some(format!("{}: not a readable ELF file ({e})", debug_path.display()))),
+                Err(e) => {
+                    (None, Some(unreadable(format_args!("{}: not a readable ELF file: {e}", debug_path.display()))))
+                }
             }
         } else {
             (None, None)
@@ -123,19 +125,19 @@ impl Image {
         if symbols.is_empty() {
             symbols = Symbols::read(&file, &map, true);
         }
-        Ok(Image { dwarf, dwarf_error, symbols })
+        Ok(Image { dwarf, debug_problem, symbols })
     }
 
     /// The frames at `svma`, a file-relative address.
     pub fn lookup(&self, svma: u64) -> Lookup {
-        let mut dwarf_error = self.dwarf_error.clone();
+        let mut debug_problem = self.debug_problem.clone();
         let mut frames = Vec::new();
         if let Some(dwarf) = &self.dwarf {
             match dwarf_frames(dwarf, svma) {
                 Ok(found) => frames = found,
                 // Half a chain of inlined calls would be worse than none:
                 // fall back to the symbol table whole.
-                Err(e) => dwarf_error = Some(e.to_string()),
+                Err(e) => debug_problem = Some(unreadable(e)),
             }
         }
         // Code the DWARF covers without naming its function (assembly,
@@ -149,14 +151,7 @@ impl Image {
                 }
             }
         }
-        Lookup { frames, dwarf_error }
-    }
-}
-
-fn split<T>(result: Result<T, String>) -> (Option<T>, Option<String>) {
-    match result {
-        Ok(value) => (Some(value), None),
-        Err(e) => (None, Some(e)),
+        Lookup { frames, debug_problem }
     }
 }
 
@@ -178,18 +173,41 @@ fn has_dwarf(file: &object::File) -> bool {
     file.section_by_name(".debug_info").is_some_and(|s| s.size() > 0)
 }
 
-fn load_dwarf(file: &object::File, map: &Arc<Mmap>, path: &Path) -> Result<addr2line::Context<Reader>, String> {
+/// The DWARF of `file` (at `path`), or why there is none; possibly both,
+/// when it loads but without the supplementary file it refers to.
+fn load_dwarf(
+    file: &object::File,
+    map: &Arc<Mmap>,
+    path: &Path,
+) -> (Option<addr2line::Context<Reader>>, Option<String>) {
     let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
-    let mut dwarf = gimli::Dwarf::load(|id| section(file, map, id.name(), endian))?;
+    let mut dwarf = match gimli::Dwarf::load(|id| section(file, map, id.name(), endian)) {
+        Ok(dwarf) => dwarf,
+        Err(e) => return (None, Some(unreadable(e))),
+    };
+    let mut warning = None;
     // dwz moves what several debug files share into one supplementary file.
+    // Without it, line tables still read; the names it holds read as none.
     if let Ok(Some((sup_path, sup_id))) = file.gnu_debugaltlink() {
-        let sup = find_supplementary(path, sup_path, sup_id).ok_or_else(|| {
-            format!("its DWARF refers to a supplementary file that was not found ({})", show(sup_path))
-        })?;
-        let sup_file = object::File::parse(&**sup).map_err(|e| format!("supplementary DWARF file unreadable ({e})"))?;
-        dwarf.load_sup(|id| section(&sup_file, &sup, id.name(), endian))?;
+        let loaded = find_supplementary(path, sup_path, sup_id)
+            .ok_or_else(|| format!("supplementary DWARF file {} not found", show(sup_path)))
+            .and_then(|sup| {
+                let sup_file = object::File::parse(&**sup)
+                    .map_err(|e| format!("supplementary DWARF file {} unreadable ({e})", show(sup_path)))?;
+                dwarf.load_sup(|id| section(&sup_file, &sup, id.name(), endian))
+            });
+        if let Err(e) = loaded {
+            warning = Some(format!("{e}; lines still read, names only where the symbol table has them"));
+        }
     }
-    addr2line::Context::from_dwarf(dwarf).map_err(|e| e.to_string())
+    match addr2line::Context::from_dwarf(dwarf) {
+        Ok(context) => (Some(context), warning),
+        Err(e) => (None, Some(unreadable(e))),
+    }
+}
+
+fn unreadable(e: impl std::fmt::Display) -> String {
+    format!("debug info unreadable ({e}); names come from the symbol table")
 }
 
 fn section(file: &object::File, map: &Arc<Mmap>, name: &str, endian: gimli::RunTimeEndian) -> Result<Reader, String> {

@@ -114,8 +114,8 @@ impl Symbolizer {
             return vec![bare(None)];
         };
         let lookup = image.lookup(svma);
-        if let Some(error) = lookup.dwarf_error {
-            self.note_problem(index, format!("debug info unreadable ({error}); names come from the symbol table"));
+        if let Some(problem) = lookup.debug_problem {
+            self.note_problem(index, problem);
         }
         if lookup.frames.is_empty() {
             return vec![bare(None)];

@@ -512,3 +512,52 @@ fn symbolize_format_frame() {
     let unknown = Frame { function: None, file: None, line: None, module: "?".into(), offset: 0x7f00_dead_beef };
     assert_eq!(format_frame(12, &unknown), "#12 ?? (?+0x7f00deadbeef)");
 }
+
+/// dwz moves what several programs' DWARF shares into one supplementary
+/// file, named by .gnu_debugaltlink relative to the file that names it, as
+/// Debian's and Fedora's debug packages ship it. Skipped where dwz is not
+/// installed.
+#[test]
+fn symbolize_dwz_supplementary_file() {
+    if Command::new("dwz").arg("--version").output().is_err() {
+        eprintln!("dwz not installed: supplementary DWARF files not tested");
+        return;
+    }
+    let dir = Scratch::new("dwz");
+    dir.write("shared.h", "struct shared_thing { int a; long b; char name[16]; struct shared_thing *next; };\n");
+    let progs: Vec<PathBuf> = (1..=2)
+        .map(|n| {
+            let source = format!(
+                "#include <stdio.h>\n#include \"shared.h\"\nstruct shared_thing g;\n\
+                 int planted_site(struct shared_thing *t) {{ return t->a + {n}; }}\n\
+                 int main(void) {{ printf(\"%d\", planted_site(&g)); return 0; }}\n"
+            );
+            compile(&dir, &format!("p{n}.c"), &source, &format!("p{n}"), &["-g", "-O0"])
+        })
+        .collect();
+    let (addr, size) = symbol(&progs[0], "planted_site");
+    let (p1, p2) = (progs[0].to_str().unwrap(), progs[1].to_str().unwrap());
+    let out = Command::new("dwz").current_dir(&dir.0).args(["-m", "common.debug", p1, p2]).output().unwrap();
+    assert!(out.status.success(), "dwz: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.path("common.debug").exists());
+    // Only the DWARF, whose names dwz moved to common.debug, may name it now.
+    run("objcopy", &["--strip-symbol=planted_site", p1]);
+
+    let svma = addr + size / 2;
+    let mut s = Symbolizer::new(vec![module(&progs[0])]);
+    let f = s.frames(ret(BASE, svma)).remove(0);
+    assert_eq!(function(&f), "planted_site", "{f:?}");
+    assert!(f.file.as_deref().is_some_and(|file| file.ends_with("/p1.c")) && f.line == Some(4), "{f:?}");
+    assert!(s.problems().is_empty(), "{:?}", s.problems());
+
+    // Without it the line table still reads, but nothing names the function.
+    std::fs::remove_file(dir.path("common.debug")).unwrap();
+    let mut s = Symbolizer::new(vec![module(&progs[0])]);
+    let frames = s.frames(ret(BASE, svma));
+    assert_eq!(frames, vec![Frame { function: None, line: Some(4), module: "p1".into(), offset: svma, ..f }]);
+    let problems = s.problems();
+    assert!(
+        problems.len() == 1 && problems[0].contains("supplementary DWARF file common.debug not found"),
+        "{problems:?}"
+    );
+}
