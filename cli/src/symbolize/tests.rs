@@ -442,6 +442,38 @@ fn symbolize_corrupt_files_do_not_panic() {
     }
 }
 
+/// DWARF that cannot be read gives way to the symbol table, with a problem line.
+#[test]
+fn symbolize_unreadable_dwarf_falls_back_to_symbols() {
+    let dir = Scratch::new("baddwarf");
+    let prog = compile(&dir, "planted.c", PLANTED, "planted", &["-g", "-O0"]);
+    let (addr, size) = symbol(&prog, "planted_site");
+    let mut bytes = std::fs::read(&prog).unwrap();
+    let (offset, len) = {
+        let file = object::File::parse(&*bytes).unwrap();
+        file.section_by_name(".debug_info").unwrap().file_range().unwrap()
+    };
+    // The first unit header's version (after its 4-byte length) as 0xffff.
+    assert!(len > 6);
+    bytes[offset as usize + 4..offset as usize + 6].copy_from_slice(&[0xff, 0xff]);
+    std::fs::write(&prog, &bytes).unwrap();
+
+    let mut s = Symbolizer::new(vec![module(&prog)]);
+    let svma = addr + size / 2;
+    assert_eq!(
+        s.frames(ret(BASE, svma)),
+        vec![Frame {
+            function: Some("planted_site".into()),
+            file: None,
+            line: None,
+            module: "planted".into(),
+            offset: svma
+        }]
+    );
+    let problems = s.problems();
+    assert!(problems.len() == 1 && problems[0].contains("debug info unreadable"), "{problems:?}");
+}
+
 /// `objcopy --only-keep-debug` + `strip` + `--add-gnu-debuglink`, the way
 /// distributions ship debug info: found beside the file and in .debug/.
 #[test]
