@@ -512,6 +512,99 @@ fn symbolize_separate_debug_file_by_debuglink() {
     );
 }
 
+/// A program that reports its own return addresses and its modules as the
+/// dynamic linker has them (load bias `dlpi_addr`, PT_LOAD ranges), the way
+/// the shim's capture does, with ASLR's real bias.
+const SELF_REPORTING: &str = r#"#define _GNU_SOURCE
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+volatile int sink;
+void *captured;
+__attribute__((noinline)) void capture(void) { captured = __builtin_return_address(0); }
+__attribute__((noinline)) void planted_site(void)
+{
+    capture();
+    sink = 2;
+}
+static int module(struct dl_phdr_info *info, size_t size, void *data)
+{
+    unsigned long lo = ~0ul, hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD)
+            continue;
+        unsigned long start = info->dlpi_addr + ph->p_vaddr, end = start + ph->p_memsz;
+        lo = start < lo ? start : lo;
+        hi = end > hi ? end : hi;
+    }
+    char exe[4096];
+    const char *name = info->dlpi_name;
+    if (!name[0]) {
+        name = realpath("/proc/self/exe", exe);
+    }
+    printf("module %lx %lx %lx %s\n", (unsigned long)info->dlpi_addr, lo, hi, name);
+    return 0;
+}
+int main(void)
+{
+    planted_site();
+    printf("ret %lx\n", (unsigned long)captured);
+    printf("printf %lx\n", (unsigned long)&printf);
+    dl_iterate_phdr(module, NULL);
+    return 0;
+}
+"#;
+
+#[test]
+fn symbolize_real_process_with_its_own_load_bias() {
+    let dir = Scratch::new("process");
+    let prog = compile(&dir, "selfrep.c", SELF_REPORTING, "selfrep", &["-g", "-O0", "-fPIE", "-pie"]);
+    let out = Command::new(&prog).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut ret_addr = None;
+    let mut printf = None;
+    let mut modules = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.splitn(5, ' ').collect();
+        let hex = |i: usize| u64::from_str_radix(words[i], 16).unwrap();
+        match words[0] {
+            "ret" => ret_addr = Some(hex(1)),
+            "printf" => printf = Some(hex(1)),
+            "module" if words.len() == 5 => {
+                let path = words[4].to_string();
+                let build_id = if Path::new(&path).exists() { build_id(Path::new(&path)) } else { vec![] };
+                modules.push(Module { base: hex(1), start: hex(2), end: hex(3), path, build_id });
+            }
+            _ => {}
+        }
+    }
+    let ret_addr = ret_addr.unwrap();
+    let exe =
+        modules.iter().find(|m| m.path == prog.to_str().unwrap()).expect("the executable among the modules").clone();
+    assert!(exe.base != 0, "a PIE is loaded at a bias: {exe:?}");
+    let mut s = Symbolizer::new(modules);
+    let frames = s.frames(ret_addr);
+    // The call's own line, not the next one where the return address points.
+    assert_eq!(
+        frames,
+        vec![Frame {
+            function: Some("planted_site".into()),
+            file: Some(dir.path("selfrep.c").to_str().unwrap().into()),
+            line: Some(10),
+            module: "selfrep".into(),
+            offset: ret_addr - 1 - exe.base,
+        }]
+    );
+    // In the C library, stripped as distributions ship it: from .dynsym,
+    // or from its debug file where one is installed.
+    let frames = s.frames(printf.unwrap() + 2);
+    assert!(frames[0].module.starts_with("libc.so"), "{frames:?}");
+    assert!(frames.last().unwrap().function.as_deref().is_some_and(|f| f.contains("printf")), "{frames:?}");
+    assert!(s.problems().is_empty(), "{:?}", s.problems());
+}
+
 #[test]
 fn symbolize_caches_by_address() {
     let dir = Scratch::new("cache");
