@@ -108,17 +108,16 @@ impl Symbolizer {
         };
         let svma = pc.wrapping_sub(self.modules[index].base);
         let module = module_name(&self.modules[index].path);
-        let bare =
-            |function: Option<String>| Frame { function, file: None, line: None, module: module.clone(), offset: svma };
+        let bare = Frame { function: None, file: None, line: None, module: module.clone(), offset: svma };
         let Some(image) = self.image(index) else {
-            return vec![bare(None)];
+            return vec![bare];
         };
         let lookup = image.lookup(svma);
         if let Some(problem) = lookup.debug_problem {
             self.note_problem(index, problem);
         }
         if lookup.frames.is_empty() {
-            return vec![bare(None)];
+            return vec![bare];
         }
         lookup
             .frames
