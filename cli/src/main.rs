@@ -3,9 +3,8 @@
 mod replay;
 mod run;
 mod shim;
+mod sites;
 mod summary;
-// Not used by `cupool report` yet: the report will print native stacks through it.
-#[allow(dead_code)]
 mod symbolize;
 
 use clap::{Parser, Subcommand};
@@ -52,6 +51,10 @@ enum Command {
         /// Print the summary as JSON (one object per log) instead of text.
         #[arg(long)]
         json: bool,
+        /// Show the N allocation sites with the largest peak and the N with the most
+        /// allocations, with their frames (0: none). Logs written with trace=0 have no sites.
+        #[arg(long, value_name = "N", default_value_t = 5)]
+        sites: usize,
         /// Log files (cupool.<pid>.json, also gzipped as .json.gz) or directories; a directory
         /// stands for every cupool.*.json and cupool.*.json.gz in it.
         #[arg(required = true, value_name = "PATHS")]
@@ -92,6 +95,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Replay { traces } => replay::run(traces),
-        Command::Report { json, paths } => summary::report(&paths, json),
+        Command::Report { json, sites, paths } => summary::report(&paths, json, sites),
     }
 }

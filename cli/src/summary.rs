@@ -204,7 +204,15 @@ fn hint_for(path: &Path) -> &'static str {
     }
 }
 
-pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
+/// One entry of `cupool report --json`: the process summary and its top allocation sites.
+#[derive(serde::Serialize)]
+struct LogReport {
+    #[serde(flatten)]
+    summary: Summary,
+    sites: crate::sites::SitesReport,
+}
+
+pub fn report(paths: &[PathBuf], as_json: bool, sites: usize) -> ExitCode {
     let mut logs = Vec::new();
     let mut failed = false;
     for p in paths {
@@ -228,10 +236,17 @@ pub fn report(paths: &[PathBuf], as_json: bool) -> ExitCode {
         }
     }
     if as_json {
-        let v: Vec<Summary> = logs.iter().map(summarize).collect();
+        let v: Vec<LogReport> = logs
+            .iter()
+            .map(|l| LogReport { summary: summarize(l), sites: crate::sites::report(l, sites) })
+            .collect();
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else if !logs.is_empty() {
-        print_text(&logs, None, &mut std::io::stdout());
+        let mut out = std::io::stdout();
+        print_text(&logs, None, &mut out);
+        for l in &logs {
+            crate::sites::print_text(l.header.process.pid, &crate::sites::report(l, sites), &mut out);
+        }
     }
     if failed {
         ExitCode::from(EXIT_BAD_INPUT)

@@ -1,0 +1,288 @@
+//! Allocation sites in reports: per-site figures from a log's timeline, and
+//! the frames of a site, symbolised from the module files on disk.
+
+use crate::symbolize::{self, Module, Symbolizer};
+use cupool_core::log::{EventKind, Log, MemKind, Sites};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// What one allocation site did over the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SiteFigures {
+    pub stack: u32,
+    /// Allocations made from it.
+    pub allocs: u64,
+    /// Bytes those allocations occupied, all together.
+    pub total_bytes: u64,
+    /// The most bytes from it live at one time.
+    pub peak_bytes: u64,
+    /// Bytes from it still live at the end of the timeline.
+    pub live_bytes: u64,
+}
+
+/// Per-site figures of `log`, from its `alloc`/`free` events (a log written
+/// with `trace=0` has none).
+pub fn figures(log: &Log) -> Vec<SiteFigures> {
+    let mut events: Vec<_> = log.events.iter().collect();
+    events.sort_by_key(|e| e.seq);
+    let mut by_site: HashMap<u32, SiteFigures> = HashMap::new();
+    // (is VMM, pointer or handle) -> (site, bytes)
+    let mut live: HashMap<(bool, u64), (u32, u64)> = HashMap::new();
+    for e in events {
+        let (Some(ptr), Some(kind)) = (e.ptr, e.kind.as_ref()) else { continue };
+        let key = (*kind == MemKind::Vmm, ptr);
+        match e.ev.known() {
+            Some(EventKind::Alloc) => {
+                let Some(stack) = e.stack else { continue };
+                let size = e.size.unwrap_or(0);
+                let f = by_site.entry(stack).or_insert_with(|| SiteFigures { stack, ..Default::default() });
+                f.allocs += 1;
+                f.total_bytes += size;
+                f.live_bytes += size;
+                f.peak_bytes = f.peak_bytes.max(f.live_bytes);
+                live.insert(key, (stack, size));
+            }
+            Some(EventKind::Free) => {
+                if let Some((stack, size)) = live.remove(&key) {
+                    if let Some(f) = by_site.get_mut(&stack) {
+                        f.live_bytes = f.live_bytes.saturating_sub(size);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    by_site.into_values().collect()
+}
+
+/// One frame of a site as a report shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ShownFrame {
+    /// `python` or `native`.
+    pub lang: &'static str,
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// File name of a native frame's module, and the address in it that was looked up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+}
+
+impl ShownFrame {
+    /// A native frame as `symbolize::format_frame` writes it; a Python frame
+    /// as `#i function file:line [python]`.
+    pub fn text(&self, i: usize) -> String {
+        if let (Some(module), Some(offset)) = (&self.module, self.offset) {
+            let f = symbolize::Frame {
+                function: self.function.clone(),
+                file: self.file.clone(),
+                line: self.line,
+                module: module.clone(),
+                offset,
+            };
+            return symbolize::format_frame(i, &f);
+        }
+        let mut s = format!("#{i} {}", self.function.as_deref().unwrap_or("??"));
+        if let Some(file) = &self.file {
+            s.push(' ');
+            s.push_str(file);
+            if let Some(line) = self.line {
+                s.push_str(&format!(":{line}"));
+            }
+        }
+        s.push_str(" [python]");
+        s
+    }
+}
+
+/// Resolves the stacks of one log into frames.
+pub struct Resolver {
+    sites: Sites,
+    symbolizer: Symbolizer,
+}
+
+impl Resolver {
+    pub fn new(log: &Log) -> Resolver {
+        let sites = Sites::of(log);
+        let modules = sites
+            .modules
+            .iter()
+            .map(|m| Module { path: m.path.clone(), base: m.base, start: m.start, end: m.end, build_id: hex(&m.build_id) })
+            .collect();
+        Resolver { sites, symbolizer: Symbolizer::new(modules) }
+    }
+
+    /// The frames of stack `id`, innermost first: the Python frames (what the
+    /// user's code was doing), then the native ones, without CUDA's own
+    /// frames at the top (a statically linked CUDA runtime lives in the program).
+    pub fn frames(&mut self, id: u32) -> Vec<ShownFrame> {
+        let Some(stack) = self.sites.stack(id).cloned() else { return Vec::new() };
+        let mut out: Vec<ShownFrame> = stack
+            .python
+            .iter()
+            .map(|p| ShownFrame {
+                lang: "python",
+                function: Some(self.sites.string(p.1).to_string()),
+                file: Some(self.sites.string(p.0).to_string()),
+                line: (p.2 > 0).then_some(p.2),
+                module: None,
+                offset: None,
+            })
+            .collect();
+        let mut native = Vec::new();
+        for &addr in &stack.native {
+            for f in self.symbolizer.frames(addr) {
+                native.push(ShownFrame {
+                    lang: "native",
+                    module: Some(f.module),
+                    offset: Some(f.offset),
+                    function: f.function,
+                    file: f.file,
+                    line: f.line,
+                });
+            }
+        }
+        let cuda_top = native.iter().take_while(|f| f.function.as_deref().is_some_and(is_cuda_internal)).count();
+        if cuda_top < native.len() {
+            native.drain(..cuda_top);
+        }
+        out.extend(native);
+        out
+    }
+
+    /// Lines about module files that could not be used as the log says.
+    pub fn problems(&self) -> Vec<String> {
+        self.symbolizer.problems()
+    }
+}
+
+/// A function of the CUDA runtime or driver API, or of the runtime's
+/// internals: what a statically linked runtime puts above the program's own frames.
+pub fn is_cuda_internal(function: &str) -> bool {
+    let api = |prefix: &str| {
+        function.strip_prefix(prefix).and_then(|rest| rest.chars().next()).is_some_and(|c| c.is_ascii_uppercase())
+    };
+    function.starts_with("cudart::")
+        || function.starts_with("__cudart")
+        || function.starts_with("libcudart_static")
+        || api("cuda")
+        || api("cu")
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2).filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()).collect()
+}
+
+/// The `n` sites of `log` with the largest peak, and the `n` with the most allocations.
+pub fn top(log: &Log, n: usize) -> (Vec<SiteFigures>, Vec<SiteFigures>) {
+    let all = figures(log);
+    let mut by_peak = all.clone();
+    by_peak.sort_by_key(|f| (std::cmp::Reverse(f.peak_bytes), f.stack));
+    by_peak.truncate(n);
+    let mut by_count = all;
+    by_count.sort_by_key(|f| (std::cmp::Reverse(f.allocs), f.stack));
+    by_count.truncate(n);
+    (by_peak, by_count)
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_functions_are_told_from_the_programs() {
+        for f in ["cudaMalloc", "cuMemAlloc_v2", "cudart::globalState::initializeDriver()", "__cudart1234"] {
+            assert!(is_cuda_internal(f), "{f}");
+        }
+        for f in ["main", "cudaish_helper", "cub::DeviceScan", "curl_easy", "allocate_buffers"] {
+            assert!(!is_cuda_internal(f), "{f}");
+        }
+    }
+
+    #[test]
+    fn hex_build_ids_read_back() {
+        assert_eq!(hex("a1b2ff"), vec![0xa1, 0xb2, 0xff]);
+        assert_eq!(hex(""), Vec::<u8>::new());
+    }
+}
+
+/// A site with its frames, as `cupool report` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShownSite {
+    #[serde(flatten)]
+    pub figures: SiteFigures,
+    pub frames: Vec<ShownFrame>,
+}
+
+/// The top sites of one log.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SitesReport {
+    pub by_peak: Vec<ShownSite>,
+    pub by_count: Vec<ShownSite>,
+    /// Module files that could not be used to name frames.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+/// The `n` top sites of `log` by peak bytes and by count, with their frames.
+pub fn report(log: &Log, n: usize) -> SitesReport {
+    let (by_peak, by_count) = top(log, n);
+    if by_peak.is_empty() {
+        return SitesReport::default();
+    }
+    let mut resolver = Resolver::new(log);
+    let mut show = |f: SiteFigures| ShownSite { frames: resolver.frames(f.stack), figures: f };
+    let by_peak = by_peak.into_iter().map(&mut show).collect();
+    let by_count = by_count.into_iter().map(&mut show).collect();
+    SitesReport { by_peak, by_count, problems: resolver.problems() }
+}
+
+/// Frames shown per site in the text report.
+const TEXT_FRAMES: usize = 12;
+
+/// The text form: the sites by peak, then those by count that were not shown already.
+pub fn print_text(pid: u32, r: &SitesReport, out: &mut dyn std::io::Write) {
+    if r.by_peak.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "cupool: top allocation sites of pid {pid}, by peak bytes live:");
+    let mut shown = std::collections::HashSet::new();
+    for s in &r.by_peak {
+        shown.insert(s.figures.stack);
+        print_site(s, out);
+    }
+    let more: Vec<&ShownSite> = r.by_count.iter().filter(|s| !shown.contains(&s.figures.stack)).collect();
+    if !more.is_empty() {
+        let _ = writeln!(out, "cupool: and by number of allocations:");
+        for s in more {
+            print_site(s, out);
+        }
+    }
+    for p in &r.problems {
+        let _ = writeln!(out, "cupool: note: {p}");
+    }
+}
+
+fn print_site(s: &ShownSite, out: &mut dyn std::io::Write) {
+    let f = &s.figures;
+    let _ = writeln!(
+        out,
+        "  peak {} in {} allocation(s) ({} in all, {} still live)",
+        crate::summary::human_bytes(f.peak_bytes),
+        f.allocs,
+        crate::summary::human_bytes(f.total_bytes),
+        crate::summary::human_bytes(f.live_bytes)
+    );
+    for (i, frame) in s.frames.iter().take(TEXT_FRAMES).enumerate() {
+        let _ = writeln!(out, "    {}", frame.text(i));
+    }
+    if s.frames.len() > TEXT_FRAMES {
+        let _ = writeln!(out, "    ... {} more frame(s)", s.frames.len() - TEXT_FRAMES);
+    }
+    if s.frames.is_empty() {
+        let _ = writeln!(out, "    (no frames: the log does not define this site)");
+    }
+}
