@@ -130,7 +130,8 @@ pub fn capture(out: &mut [PyFrame]) -> usize {
 
 /// Names and line of a frame `capture` returned, read on the same thread
 /// before the hook returns (while the frame is still alive). `None` if the
-/// frame's code object is no longer the one captured.
+/// frame's code object is no longer the one captured. A `PyFrame` that did
+/// not come from `capture` may make it read unmapped memory.
 pub fn describe(frame: &PyFrame) -> Option<FrameInfo> {
     let rt = runtime()?;
     // SAFETY: as for `capture`; the caller keeps the frame alive.
@@ -140,12 +141,14 @@ pub fn describe(frame: &PyFrame) -> Option<FrameInfo> {
 /// The frame [`capture`] would give for code object `code` stopped at byte
 /// offset `lasti`, or `None` if `code` is not a code object. For tests that
 /// check [`describe`] against every instruction of code objects Python holds
-/// (`id(code)` is its address); the caller keeps `code` alive.
+/// (`id(code)` is its address).
+///
+/// # Safety
+/// `code` is 0 or the address of a live Python object.
 #[doc(hidden)]
-pub fn frame_of_code(code: u64, lasti: u32) -> Option<PyFrame> {
+pub unsafe fn frame_of_code(code: u64, lasti: u32) -> Option<PyFrame> {
     let rt = runtime()?;
-    // SAFETY: only reads `code` after checking it is a code object.
-    catch_unwind(AssertUnwindSafe(|| unsafe { rt.frame_of_code(code, lasti) })).ok().flatten()
+    catch_unwind(AssertUnwindSafe(|| rt.frame_of_code(code, lasti))).ok().flatten()
 }
 
 /// Whether Python frames are captured in this process, and if not, why.
