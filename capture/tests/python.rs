@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::SystemTime;
 
 use cupool_capture::python::{capture, describe, frame_of_code, status, PyFrame, Status};
 
@@ -23,19 +24,52 @@ fn without_python_nothing_is_captured_and_status_says_so() {
     assert_eq!(unsafe { frame_of_code(0, 0) }, None);
 }
 
-/// Builds the pyprobe example in this test's profile and returns its path.
-fn pyprobe() -> PathBuf {
-    let cargo = option_env!("CARGO").unwrap_or("cargo");
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args(["build", "-p", "cupool-capture", "--example", "pyprobe"]);
-    if !cfg!(debug_assertions) {
-        cmd.arg("--release");
+/// The newest modification time of the files the pyprobe example is built
+/// from.
+fn newest_source() -> SystemTime {
+    fn walk(dir: &Path, newest: &mut SystemTime) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, newest);
+            } else if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
+                *newest = (*newest).max(t);
+            }
+        }
     }
-    let status = cmd.status().expect("run cargo");
-    assert!(status.success(), "building the pyprobe example failed");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut newest = SystemTime::UNIX_EPOCH;
+    for part in ["src", "examples", "Cargo.toml"] {
+        let path = root.join(part);
+        if path.is_dir() {
+            walk(&path, &mut newest);
+        } else if let Ok(t) = path.metadata().and_then(|m| m.modified()) {
+            newest = newest.max(t);
+        }
+    }
+    newest
+}
+
+/// The pyprobe example of this test's profile. `cargo test` builds it along
+/// with this test; it is built here only when missing or older than its
+/// sources (a run of this test alone), since a nested cargo under
+/// `cargo test --workspace` may resolve features differently and rebuild
+/// dependencies.
+fn pyprobe() -> PathBuf {
     // This binary is <target>/<profile>/deps/python-<hash>.
     let exe = std::env::current_exe().unwrap();
     let lib = exe.parent().and_then(Path::parent).unwrap().join("examples/libpyprobe.so");
+    let fresh = lib.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= newest_source());
+    if !fresh {
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).args(["build", "-p", "cupool-capture", "--example", "pyprobe"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo");
+        assert!(status.success(), "building the pyprobe example failed");
+    }
     assert!(lib.exists(), "{} missing", lib.display());
     lib
 }
