@@ -165,7 +165,10 @@ fn runtime(major: u8, minor: u8) -> Result<Runtime, &'static str> {
         Frames::Interpreter(_) => 0,
     };
     let home = object_of(code_type);
-    let all = [unicode_type, bytes_type, this_thread_state, is_initialized, is_finalizing, frame_type];
+    // The version came from these, and 3.13's offsets from _PyRuntime.
+    let versions = [sym(c"Py_Version"), sym(c"Py_GetVersion"), if minor == 13 { sym(c"_PyRuntime") } else { 0 }];
+    let mut all = vec![unicode_type, bytes_type, this_thread_state, is_initialized, is_finalizing, frame_type];
+    all.extend(versions);
     if home == 0 || all.iter().any(|&a| a != 0 && object_of(a) != home) {
         return Err("its symbols come from more than one library");
     }
