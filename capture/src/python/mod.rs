@@ -93,7 +93,9 @@ fn probe_now() -> Option<&'static Found> {
         return FOUND.get();
     }
     if FOUND.get().is_none() {
-        if let Some(found) = probe::probe() {
+        // Caught here, not by the callers' catch_unwind, so that PROBING is
+        // cleared whatever happens.
+        if let Ok(Some(found)) = catch_unwind(probe::probe) {
             let _ = FOUND.set(found);
         }
     }
@@ -156,7 +158,7 @@ pub unsafe fn frame_of_code(code: u64, lasti: u32) -> Option<PyFrame> {
 pub fn status() -> Status {
     let found = match FOUND.get() {
         Some(found) => Some(found),
-        None => catch_unwind(probe_now).ok().flatten(),
+        None => probe_now(),
     };
     match found {
         None => Status::NoPython,
