@@ -12,6 +12,7 @@ use cupool_core::log::{Definition, ModuleRecord, PyFrameRecord, StackRecord, Str
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Upper bounds of the options `stack_depth` and `python_depth`.
 const MAX_NATIVE: usize = 128;
@@ -50,10 +51,13 @@ struct Table {
     modules: Vec<(u64, u64)>,
     /// String ids already defined in the log.
     strings: HashSet<u32>,
-    python_note: Option<String>,
 }
 
 static TABLE: Mutex<Option<Table>> = Mutex::new(None);
+/// Why allocations have no Python frames although Python runs, once known.
+static PYTHON_NOTE: Mutex<Option<String>> = Mutex::new(None);
+/// Captures without Python frames since Python's status was last asked.
+static WITHOUT_PYTHON: AtomicU32 = AtomicU32::new(0);
 
 /// The site of the allocation being made on this thread: a stack id, 0 when
 /// sites are off or nothing could be captured.
@@ -72,6 +76,9 @@ fn capture_at(native_depth: usize, python_depth: usize) -> u32 {
     let n = native::capture(&mut key[..native_depth]);
     let mut frames = [python::PyFrame::default(); MAX_PYTHON];
     let p = python::capture(&mut frames[..python_depth]);
+    if p == 0 && python_depth > 0 {
+        note_python_status();
+    }
     if n == 0 && p == 0 {
         return 0;
     }
@@ -111,13 +118,6 @@ fn define_stack(table: &mut Table, id: u32, native: &[u64], frames: &[python::Py
             None => PyFrameRecord(define_string(table, "?"), define_string(table, "?"), 0),
         })
         .collect();
-    if frames.is_empty() && table.python_note.is_none() {
-        if let python::Status::Unsupported(version) = python::status() {
-            let note = format!("Python {version} is not one cupool can read frames of: allocations have no Python frames");
-            diag::note(&note);
-            table.python_note = Some(note);
-        }
-    }
     sink::define(Definition::Stack(StackRecord { id, native: native.to_vec(), python }));
 }
 
@@ -147,9 +147,24 @@ fn define_string(table: &mut Table, text: &str) -> u32 {
     id
 }
 
+/// Finds out, now and then, whether Python runs but cannot be read. Asking
+/// may take the dynamic linker's lock (`dlsym`), so it is never done under a
+/// lock of cupool's: a thread inside `dlopen` may be allocating.
+#[cold]
+fn note_python_status() {
+    if WITHOUT_PYTHON.fetch_add(1, Ordering::Relaxed) % 4096 != 0 || PYTHON_NOTE.lock().is_some() {
+        return;
+    }
+    if let status @ python::Status::Unsupported { .. } = python::status() {
+        let note = status.to_string();
+        diag::note(&note);
+        *PYTHON_NOTE.lock() = Some(note);
+    }
+}
+
 /// What the end record should say about sites that could not be captured.
 pub fn notes() -> Vec<String> {
-    TABLE.try_lock().and_then(|t| t.as_ref().and_then(|t| t.python_note.clone())).into_iter().collect()
+    PYTHON_NOTE.try_lock().and_then(|n| n.clone()).into_iter().collect()
 }
 
 pub fn lock_for_fork() {
