@@ -1,0 +1,440 @@
+//! The walk itself, the module table it reads, and how that table is kept
+//! up to date.
+//!
+//! Unwind data is used in place, never copied: every module registered is
+//! either one that is never unmapped (the executable, the vDSO, the dynamic
+//! linker) or one pinned by a `dlopen(RTLD_NOLOAD)` reference taken before
+//! its tables are read. Copying would cost the sum of every library's
+//! `.eh_frame` in private memory (tens of MB in a PyTorch process, where the
+//! pages read in place are shared, clean and mostly never touched); the price
+//! of pinning is that a library the program `dlclose`s stays mapped.
+//! Because registered modules never go away, the table only grows, and an
+//! unwind rule cached for an address stays right for the life of the process.
+//!
+//! Locking: captures share the table through an `RwLock` they only ever
+//! `try_read` (failure → 0 frames, never a wait). The registry behind it is
+//! changed by one rescanning thread at a time (`try_lock`), and a new table
+//! is swapped in with a bounded `try_write`, so no capture waits on anything.
+
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockWriteGuard, TryLockError};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder};
+
+use super::modules::{self, Key, Parsed, Permanent, Region};
+
+/// Registers read at the capture point, inside the function whose frame is
+/// live while the walk runs.
+pub(crate) struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// Frames unwound at most, kept and trimmed together: a bound on the time a
+/// capture can take whatever the stack looks like.
+pub(crate) const MAX_STEPS: usize = 256;
+
+/// At most one rescan per this interval when addresses fall outside every
+/// known module (JIT code, or garbage met through a frame-pointer guess,
+/// would otherwise take the loader's lock on every capture).
+const RESCAN_INTERVAL_NS: u64 = 100_000_000;
+
+/// How long publishing a new table (or preparing a fork) tries for the write
+/// lock before giving up; captures back off while it tries, so this is only
+/// reached when a lock's holder cannot run (a fork child's inherited state).
+const WRITE_PATIENCE_NS: u64 = 20_000_000;
+
+type Data = &'static [u8];
+type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
+
+#[derive(Clone, Copy)]
+struct Span {
+    start: u64,
+    end: u64,
+    /// Frames here are dropped while they lead the stack.
+    trim: bool,
+}
+
+struct Table {
+    unwinder: UnwinderX86_64<Data, MustNotAllocateDuringUnwind>,
+    /// Sorted by start; ranges never overlap.
+    spans: Vec<Span>,
+}
+
+impl Table {
+    fn span(&self, addr: u64) -> Option<&Span> {
+        let i = self.spans.partition_point(|s| s.start <= addr).checked_sub(1)?;
+        let span = &self.spans[i];
+        (addr < span.end).then_some(span)
+    }
+}
+
+static TABLE: RwLock<Option<Table>> = RwLock::new(None);
+/// Set while a writer wants `TABLE`: captures stand aside rather than keep
+/// the read count from ever reaching zero.
+static WRITER_WAITING: AtomicBool = AtomicBool::new(false);
+
+struct Registered {
+    key: Key,
+    span: Span,
+    module: Module<Data>,
+}
+
+struct Registry {
+    modules: Vec<Registered>,
+    /// Objects that could not be pinned: not retried at every rescan.
+    rejected: Vec<Key>,
+    /// The loader's load count at the last complete scan.
+    adds: u64,
+    /// `modules` has entries `TABLE` does not have yet.
+    unpublished: bool,
+}
+
+impl Registry {
+    fn knows(&self, key: &Key) -> bool {
+        self.modules.iter().any(|m| &m.key == key) || self.rejected.contains(key)
+    }
+}
+
+static REGISTRY: Mutex<Registry> =
+    Mutex::new(Registry { modules: Vec::new(), rejected: Vec::new(), adds: 0, unpublished: false });
+static LAST_RESCAN_NS: AtomicU64 = AtomicU64::new(0);
+
+struct ThreadState {
+    cache: Cache,
+    stack_bottom: u64,
+    stack_top: u64,
+}
+
+enum Slot {
+    Unset,
+    /// This thread's stack bounds are unknown: nothing can be read safely.
+    NoStack,
+    Ready(ThreadState),
+}
+
+thread_local! {
+    static THREAD: RefCell<Slot> = const { RefCell::new(Slot::Unset) };
+}
+
+fn stack_bounds() -> Option<(u64, u64)> {
+    // SAFETY: plain libc calls on a zeroed attr that is destroyed once filled.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr = std::ptr::null_mut();
+        let mut size = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        let bottom = addr as u64;
+        (rc == 0 && size > 0).then(|| (bottom, bottom.saturating_add(size as u64)))
+    }
+}
+
+/// Fills `out` from the registers of a frame that stays live until this returns.
+pub(crate) fn capture_from(regs: &Regs, out: &mut [u64]) -> usize {
+    if out.is_empty() {
+        return 0;
+    }
+    catch_unwind(AssertUnwindSafe(|| capture_on_this_thread(regs, out))).unwrap_or(0)
+}
+
+fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
+    // `try_with`: during the thread's teardown the state is gone; give up.
+    THREAD
+        .try_with(|slot| {
+            // Borrowed already: a signal handler interrupted a capture on this thread.
+            let Ok(mut slot) = slot.try_borrow_mut() else { return 0 };
+            if let Slot::Unset = *slot {
+                *slot = match stack_bounds() {
+                    Some((bottom, top)) => {
+                        Slot::Ready(ThreadState { cache: Cache::new_in(), stack_bottom: bottom, stack_top: top })
+                    }
+                    None => Slot::NoStack,
+                };
+            }
+            let Slot::Ready(state) = &mut *slot else { return 0 };
+            let (n, stop) = walk(state, regs, out);
+            let retry = match stop {
+                Stop::End | Stop::Busy => false,
+                Stop::NoTable => rescan(),
+                Stop::UnknownAddress => rescan_due() && rescan(),
+            };
+            if retry {
+                // The frame the registers come from is still live (it called us).
+                walk(state, regs, out).0
+            } else {
+                n
+            }
+        })
+        .unwrap_or(0)
+}
+
+enum Stop {
+    End,
+    /// The table is being replaced; what was found is all there is.
+    Busy,
+    NoTable,
+    /// A return address outside every registered module: either a module
+    /// loaded since the last scan, or code no module holds.
+    UnknownAddress,
+}
+
+fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) {
+    if WRITER_WAITING.load(Relaxed) {
+        return (0, Stop::Busy);
+    }
+    let guard = match TABLE.try_read() {
+        Ok(guard) => guard,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return (0, Stop::Busy),
+    };
+    let Some(table) = guard.as_ref() else { return (0, Stop::NoTable) };
+    let (low, top) = (regs.sp, state.stack_top);
+    // Not on this thread's own stack (an alternate signal stack, a fiber):
+    // its bounds are unknown, so nothing is read.
+    if !(state.stack_bottom..top).contains(&low) {
+        return (0, Stop::End);
+    }
+    let mut read_stack = |addr: u64| -> Result<u64, ()> {
+        if addr < low || addr % 8 != 0 || addr > top - 8 {
+            return Err(());
+        }
+        // SAFETY: an aligned word of this thread's own stack between the
+        // capture point's sp and the top: mapped, and every frame in it
+        // belongs to a caller suspended until the walk returns.
+        Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
+    };
+    if table.span(regs.ip).is_none() {
+        return (0, Stop::UnknownAddress);
+    }
+    let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+    // The first frame is the capture function itself: unwound, never kept.
+    let mut frame = FrameAddress::from_instruction_pointer(regs.ip);
+    let (mut n, mut leading) = (0, true);
+    for _ in 0..MAX_STEPS {
+        if n == out.len() {
+            break;
+        }
+        let sp = uregs.sp();
+        let Ok(Some(ra)) = table.unwinder.unwind_frame(frame, &mut uregs, &mut state.cache, &mut read_stack) else {
+            break;
+        };
+        // Every real frame pops at least its return address.
+        if uregs.sp() <= sp {
+            break;
+        }
+        let Some(span) = table.span(ra - 1) else { return (n, Stop::UnknownAddress) };
+        if !(leading && span.trim) {
+            leading = false;
+            out[n] = ra;
+            n += 1;
+        }
+        match FrameAddress::from_return_address(ra) {
+            Some(next) => frame = next,
+            None => break,
+        }
+    }
+    (n, Stop::End)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec; CLOCK_MONOTONIC_COARSE is served by the vDSO.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+fn rescan_due() -> bool {
+    let now = monotonic_ns();
+    let last = LAST_RESCAN_NS.load(Relaxed);
+    now.saturating_sub(last) >= RESCAN_INTERVAL_NS
+        && LAST_RESCAN_NS.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+}
+
+/// Makes sure a table exists (the first capture would otherwise build it).
+pub(crate) fn init() {
+    let empty = match TABLE.try_read() {
+        Ok(guard) => guard.is_none(),
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().is_none(),
+        Err(TryLockError::WouldBlock) => false,
+    };
+    if empty {
+        rescan();
+    }
+}
+
+/// Registers the objects loaded since the last scan and publishes a table
+/// with them. Returns whether a new table was published. Gives up at once
+/// when another thread is rescanning.
+fn rescan() -> bool {
+    let mut reg = match REGISTRY.try_lock() {
+        Ok(guard) => guard,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return false,
+    };
+    let permanent = Permanent::get();
+
+    // Pass 1: the objects not seen before.
+    let (mut fresh, mut adds, mut unchanged) = (Vec::new(), 0, false);
+    modules::iterate(&mut |info, count| {
+        if count != 0 && count == reg.adds {
+            unchanged = true;
+            return false;
+        }
+        adds = count;
+        let key = modules::key_of(info);
+        if !reg.knows(&key) {
+            if let Some(parsed) = modules::parse(info) {
+                fresh.push(parsed);
+            }
+        }
+        true
+    });
+    if unchanged && !reg.unpublished {
+        return false;
+    }
+
+    // Pin what can go away; only then are its tables read for keeps (pass 2),
+    // so the data registered belongs to the object the reference holds.
+    let mut keep: Vec<Parsed> = Vec::new();
+    let mut pinned: Vec<Key> = Vec::new();
+    for parsed in fresh {
+        if permanent.contains(&parsed.key, parsed.info.start, parsed.info.end) {
+            keep.push(parsed);
+        } else if modules::pin(&parsed.key) {
+            pinned.push(parsed.key);
+        } else {
+            reg.rejected.push(parsed.key);
+        }
+    }
+    if !pinned.is_empty() {
+        modules::iterate(&mut |info, _| {
+            let key = modules::key_of(info);
+            if pinned.contains(&key) {
+                keep.extend(modules::parse(info));
+            }
+            true
+        });
+    }
+
+    let own = super::capture as *const () as u64;
+    for parsed in keep {
+        let is_exe = permanent.is_exe(&parsed.key);
+        let file = parsed.info.path.rsplit('/').next().unwrap_or_default();
+        let trim = file.starts_with("libcudart")
+            || file.starts_with("libcuda.so")
+            // When this crate is linked into the executable itself (tests,
+            // benchmarks), trimming its module would trim the program.
+            || (!is_exe && (parsed.info.start..parsed.info.end).contains(&own));
+        let span = Span { start: parsed.info.start, end: parsed.info.end, trim };
+        reg.modules.push(Registered { module: framehop_module(&parsed), span, key: parsed.key });
+        reg.unpublished = true;
+    }
+    reg.adds = adds;
+    reg.unpublished && publish(&mut reg)
+}
+
+fn framehop_module(parsed: &Parsed) -> Module<Data> {
+    let base = parsed.info.base;
+    let svma = |r: Region| r.addr.wrapping_sub(base)..r.addr.wrapping_sub(base).wrapping_add(r.len as u64);
+    let mut sections = ExplicitModuleSectionInfo::<Data>::default();
+    if let Some(eh_frame) = parsed.eh_frame {
+        sections.eh_frame_svma = Some(svma(eh_frame));
+        sections.eh_frame = Some(modules::bytes(eh_frame));
+        if let (Some(hdr), true) = (parsed.eh_frame_hdr, parsed.hdr_has_table) {
+            sections.eh_frame_hdr_svma = Some(svma(hdr));
+            sections.eh_frame_hdr = Some(modules::bytes(hdr));
+        }
+    }
+    Module::new(String::new(), parsed.info.start..parsed.info.end, base, sections)
+}
+
+fn publish(reg: &mut Registry) -> bool {
+    let mut unwinder = UnwinderX86_64::new();
+    let mut spans = Vec::with_capacity(reg.modules.len());
+    for m in &reg.modules {
+        unwinder.add_module(m.module.clone());
+        spans.push(m.span);
+    }
+    spans.sort_by_key(|s| s.start);
+    let Some(mut guard) = write_table() else { return false };
+    let old = guard.replace(Table { unwinder, spans });
+    drop(guard);
+    drop(old);
+    reg.unpublished = false;
+    true
+}
+
+/// The table's write lock, waited for at most `WRITE_PATIENCE_NS`.
+fn write_table() -> Option<RwLockWriteGuard<'static, Option<Table>>> {
+    WRITER_WAITING.store(true, Relaxed);
+    let deadline = monotonic_ns() + WRITE_PATIENCE_NS;
+    let guard = loop {
+        match TABLE.try_write() {
+            Ok(guard) => break Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => break Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
+            Err(TryLockError::WouldBlock) => break None,
+        }
+    };
+    WRITER_WAITING.store(false, Relaxed);
+    guard
+}
+
+struct ForkGuards {
+    _registry: Option<MutexGuard<'static, Registry>>,
+    _table: Option<RwLockWriteGuard<'static, Option<Table>>>,
+}
+
+thread_local! {
+    static FORK_GUARDS: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
+}
+
+pub(crate) fn lock_for_fork() {
+    let deadline = monotonic_ns() + WRITE_PATIENCE_NS;
+    // Bounded: a rescanner may be waiting for the loader's lock, which this
+    // thread can hold (a fork from a library constructor).
+    let registry = loop {
+        match REGISTRY.try_lock() {
+            Ok(guard) => break Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => break Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
+            Err(TryLockError::WouldBlock) => break None,
+        }
+    };
+    let table = write_table();
+    let _ = FORK_GUARDS.try_with(|g| {
+        if let Ok(mut g) = g.try_borrow_mut() {
+            *g = Some(ForkGuards { _registry: registry, _table: table });
+        }
+    });
+}
+
+pub(crate) fn unlock_after_fork() {
+    let guards = FORK_GUARDS.try_with(|g| g.try_borrow_mut().ok().and_then(|mut g| g.take()));
+    drop(guards);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn span_lookup_is_half_open_and_misses_gaps() {
+        let spans =
+            vec![Span { start: 0x1000, end: 0x2000, trim: false }, Span { start: 0x3000, end: 0x4000, trim: true }];
+        let table = Table { unwinder: UnwinderX86_64::new(), spans };
+        assert!(table.span(0xfff).is_none());
+        assert!(!table.span(0x1000).unwrap().trim);
+        assert!(table.span(0x2000).is_none());
+        assert!(table.span(0x3fff).unwrap().trim);
+        assert!(table.span(0x4000).is_none());
+    }
+}
