@@ -203,7 +203,7 @@ fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) 
         return (0, Stop::End);
     }
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
-        if addr < low || addr % 8 != 0 || addr > top - 8 {
+        if addr < low || !addr.is_multiple_of(8) || addr > top - 8 {
             return Err(());
         }
         // SAFETY: an aligned word of this thread's own stack between the
