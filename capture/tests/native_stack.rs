@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 
 use common::{positions, ExeSymbols};
-use cupool_capture::native::{capture, loaded_modules, MAX_FRAMES};
+use cupool_capture::native::{capture, init, loaded_modules, MAX_FRAMES};
 
 #[inline(never)]
 fn marker_gamma(len: usize) -> Vec<u64> {
@@ -38,8 +38,12 @@ fn marker_root(len: usize) -> Vec<u64> {
     black_box(frames)
 }
 
+// Tests start on several threads at once: `init` has each wait for the
+// module table (a capture would return 0 frames while another thread builds it).
+
 #[test]
 fn the_callers_are_found_in_order_in_the_test_executable() {
+    init();
     let frames = marker_root(32);
     let syms = ExeSymbols::load();
     let names = syms.names(&frames);
@@ -74,6 +78,7 @@ fn recurse(depth: usize, len: usize) -> Vec<u64> {
 
 #[test]
 fn a_deep_stack_is_cut_at_the_buffer_length() {
+    init();
     let syms = ExeSymbols::load();
     for len in [64, 32] {
         let frames = recurse(1500, len);
@@ -88,6 +93,7 @@ fn a_deep_stack_is_cut_at_the_buffer_length() {
 
 #[test]
 fn a_small_thread_stack_is_walked_to_its_start() {
+    init();
     let frames = std::thread::Builder::new().stack_size(64 * 1024).spawn(|| marker_alpha(64)).unwrap().join().unwrap();
     let names = ExeSymbols::load().names(&frames);
     assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha"]), [0, 1, 2]);
@@ -97,6 +103,7 @@ fn a_small_thread_stack_is_walked_to_its_start() {
 
 #[test]
 fn eight_threads_capture_at_once() {
+    init();
     let barrier = Arc::new(Barrier::new(8));
     let threads: Vec<_> = (0..8)
         .map(|_| {

@@ -22,7 +22,7 @@ pub(crate) struct Region {
 /// What identifies one loaded object: no two live objects share a load
 /// bias, and the program-header address tells a reload at the same place
 /// apart from the object seen before.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Key {
     pub name: CString,
     pub base: u64,

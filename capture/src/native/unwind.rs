@@ -12,14 +12,20 @@
 //! unwind rule cached for an address stays right for the life of the process.
 //!
 //! Locking: captures share the table through an `RwLock` they only ever
-//! `try_read` (failure → 0 frames, never a wait). The registry behind it is
-//! changed by one rescanning thread at a time (`try_lock`), and a new table
-//! is swapped in with a bounded `try_write`, so no capture waits on anything.
+//! `try_read` (spinning briefly while a new table is swapped in, then giving
+//! up with 0 frames). The registry behind it is
+//! changed by one rescanning thread at a time (`try_lock`: a capture that
+//! finds a rescan under way does not wait for it), and a new table is
+//! swapped in with a `try_write` retried for a bounded time. No lock is ever
+//! waited for without a bound, so neither a lock the program holds (the
+//! loader's, during a rescan) nor one inherited by a fork child can hang a
+//! capture.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockWriteGuard, TryLockError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder};
@@ -43,10 +49,15 @@ pub(crate) const MAX_STEPS: usize = 256;
 /// would otherwise take the loader's lock on every capture).
 const RESCAN_INTERVAL_NS: u64 = 100_000_000;
 
-/// How long publishing a new table (or preparing a fork) tries for the write
-/// lock before giving up; captures back off while it tries, so this is only
-/// reached when a lock's holder cannot run (a fork child's inherited state).
-const WRITE_PATIENCE_NS: u64 = 20_000_000;
+/// How long publishing a new table tries for the write lock before giving up
+/// (the next rescan publishes it). Captures stand aside while it tries, so
+/// the readers in the way finish within a walk; running out of patience
+/// means one cannot run (a read lock inherited by a fork child).
+const PUBLISH_PATIENCE_NS: u64 = 5_000_000;
+
+/// How long [`init`] and [`lock_for_fork`] wait for a rescan under way, and
+/// a fork for the table's write lock.
+const SETUP_PATIENCE_NS: u64 = 200_000_000;
 
 type Data = &'static [u8];
 type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
@@ -74,34 +85,41 @@ impl Table {
 }
 
 static TABLE: RwLock<Option<Table>> = RwLock::new(None);
-/// Set while a writer wants `TABLE`: captures stand aside rather than keep
-/// the read count from ever reaching zero.
-static WRITER_WAITING: AtomicBool = AtomicBool::new(false);
+/// Writers waiting for `TABLE`: captures stand aside rather than keep the
+/// read count from ever reaching zero.
+static WRITERS_WAITING: AtomicUsize = AtomicUsize::new(0);
 
 struct Registered {
-    key: Key,
     span: Span,
     module: Module<Data>,
 }
 
 struct Registry {
     modules: Vec<Registered>,
-    /// Objects that could not be pinned: not retried at every rescan.
-    rejected: Vec<Key>,
+    /// Every object seen: registered, or not pinnable (not retried at every
+    /// rescan).
+    seen: BTreeSet<Key>,
     /// The loader's load count at the last complete scan.
     adds: u64,
     /// `modules` has entries `TABLE` does not have yet.
     unpublished: bool,
 }
 
-impl Registry {
-    fn knows(&self, key: &Key) -> bool {
-        self.modules.iter().any(|m| &m.key == key) || self.rejected.contains(key)
+static REGISTRY: Mutex<Registry> =
+    Mutex::new(Registry { modules: Vec::new(), seen: BTreeSet::new(), adds: 0, unpublished: false });
+
+/// The registry, waited for at most `patience_ns` (0: tried once).
+fn lock_registry(patience_ns: u64) -> Option<MutexGuard<'static, Registry>> {
+    let deadline = monotonic_ns().saturating_add(patience_ns);
+    loop {
+        match REGISTRY.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
+            Err(TryLockError::WouldBlock) => return None,
+        }
     }
 }
-
-static REGISTRY: Mutex<Registry> =
-    Mutex::new(Registry { modules: Vec::new(), rejected: Vec::new(), adds: 0, unpublished: false });
 static LAST_RESCAN_NS: AtomicU64 = AtomicU64::new(0);
 
 struct ThreadState {
@@ -163,8 +181,9 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
             let (n, stop) = walk(state, regs, out);
             let retry = match stop {
                 Stop::End | Stop::Busy => false,
-                Stop::NoTable => rescan(),
-                Stop::UnknownAddress => rescan_due() && rescan(),
+                // Rate-limited both: a rescan that cannot publish (see
+                // `PUBLISH_PATIENCE_NS`) must not be retried by every capture.
+                Stop::NoTable | Stop::UnknownAddress => rescan_due() && rescan(0),
             };
             if retry {
                 // The frame the registers come from is still live (it called us).
@@ -178,7 +197,7 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
 
 enum Stop {
     End,
-    /// The table is being replaced; what was found is all there is.
+    /// The table is being replaced; nothing was read.
     Busy,
     NoTable,
     /// A return address outside every registered module: either a module
@@ -186,15 +205,28 @@ enum Stop {
     UnknownAddress,
 }
 
-fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) {
-    if WRITER_WAITING.load(Relaxed) {
-        return (0, Stop::Busy);
+/// How many times a capture looks again for the table while a new one is
+/// swapped in (tens of microseconds of spinning, no system call): the swap
+/// only waits for the walks already under way, then holds the lock for a
+/// pointer's write.
+const SWAP_SPINS: usize = 1000;
+
+fn read_table() -> Option<RwLockReadGuard<'static, Option<Table>>> {
+    for _ in 0..SWAP_SPINS {
+        if WRITERS_WAITING.load(Relaxed) == 0 {
+            match TABLE.try_read() {
+                Ok(guard) => return Some(guard),
+                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        std::hint::spin_loop();
     }
-    let guard = match TABLE.try_read() {
-        Ok(guard) => guard,
-        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(TryLockError::WouldBlock) => return (0, Stop::Busy),
-    };
+    None
+}
+
+fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) {
+    let Some(guard) = read_table() else { return (0, Stop::Busy) };
     let Some(table) = guard.as_ref() else { return (0, Stop::NoTable) };
     let (low, top) = (regs.sp, state.stack_top);
     // Not on this thread's own stack (an alternate signal stack, a fiber):
@@ -203,7 +235,7 @@ fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) 
         return (0, Stop::End);
     }
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
-        if addr < low || !addr.is_multiple_of(8) || addr > top - 8 {
+        if addr < low || !addr.is_multiple_of(8) || addr > top.saturating_sub(8) {
             return Err(());
         }
         // SAFETY: an aligned word of this thread's own stack between the
@@ -230,7 +262,10 @@ fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) 
         if uregs.sp() <= sp {
             break;
         }
-        let Some(span) = table.span(ra - 1) else { return (n, Stop::UnknownAddress) };
+        // framehop passes a zero return address through on one path.
+        let Some(span) = ra.checked_sub(1).and_then(|pc| table.span(pc)) else {
+            return (n, Stop::UnknownAddress);
+        };
         if !(leading && span.trim) {
             leading = false;
             out[n] = ra;
@@ -258,39 +293,29 @@ fn rescan_due() -> bool {
         && LAST_RESCAN_NS.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
 }
 
-/// Makes sure a table exists (the first capture would otherwise build it).
+/// Makes sure a table exists, waiting (a bounded time) for a scan another
+/// thread has under way rather than returning before it is done.
 pub(crate) fn init() {
-    let empty = match TABLE.try_read() {
-        Ok(guard) => guard.is_none(),
-        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().is_none(),
-        Err(TryLockError::WouldBlock) => false,
-    };
-    if empty {
-        rescan();
-    }
+    rescan(SETUP_PATIENCE_NS);
 }
 
 /// Registers the objects loaded since the last scan and publishes a table
-/// with them. Returns whether a new table was published. Gives up at once
-/// when another thread is rescanning.
-fn rescan() -> bool {
-    let mut reg = match REGISTRY.try_lock() {
-        Ok(guard) => guard,
-        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(TryLockError::WouldBlock) => return false,
-    };
+/// with them. Returns whether a new table was published. Waits at most
+/// `patience_ns` for another thread's rescan.
+fn rescan(patience_ns: u64) -> bool {
+    let Some(mut reg) = lock_registry(patience_ns) else { return false };
     let permanent = Permanent::get();
 
     // Pass 1: the objects not seen before.
     let (mut fresh, mut adds, mut unchanged) = (Vec::new(), 0, false);
     modules::iterate(&mut |info, count| {
+        adds = count;
         if count != 0 && count == reg.adds {
             unchanged = true;
             return false;
         }
-        adds = count;
         let key = modules::key_of(info);
-        if !reg.knows(&key) {
+        if !reg.seen.contains(&key) {
             if let Some(parsed) = modules::parse(info) {
                 fresh.push(parsed);
             }
@@ -304,14 +329,13 @@ fn rescan() -> bool {
     // Pin what can go away; only then are its tables read for keeps (pass 2),
     // so the data registered belongs to the object the reference holds.
     let mut keep: Vec<Parsed> = Vec::new();
-    let mut pinned: Vec<Key> = Vec::new();
+    let mut pinned = BTreeSet::new();
     for parsed in fresh {
+        reg.seen.insert(parsed.key.clone());
         if permanent.contains(&parsed.key, parsed.info.start, parsed.info.end) {
             keep.push(parsed);
         } else if modules::pin(&parsed.key) {
-            pinned.push(parsed.key);
-        } else {
-            reg.rejected.push(parsed.key);
+            pinned.insert(parsed.key);
         }
     }
     if !pinned.is_empty() {
@@ -334,7 +358,7 @@ fn rescan() -> bool {
             // benchmarks), trimming its module would trim the program.
             || (!is_exe && (parsed.info.start..parsed.info.end).contains(&own));
         let span = Span { start: parsed.info.start, end: parsed.info.end, trim };
-        reg.modules.push(Registered { module: framehop_module(&parsed), span, key: parsed.key });
+        reg.modules.push(Registered { module: framehop_module(&parsed), span });
         reg.unpublished = true;
     }
     reg.adds = adds;
@@ -364,7 +388,7 @@ fn publish(reg: &mut Registry) -> bool {
         spans.push(m.span);
     }
     spans.sort_by_key(|s| s.start);
-    let Some(mut guard) = write_table() else { return false };
+    let Some(mut guard) = write_table(PUBLISH_PATIENCE_NS) else { return false };
     let old = guard.replace(Table { unwinder, spans });
     drop(guard);
     drop(old);
@@ -372,10 +396,10 @@ fn publish(reg: &mut Registry) -> bool {
     true
 }
 
-/// The table's write lock, waited for at most `WRITE_PATIENCE_NS`.
-fn write_table() -> Option<RwLockWriteGuard<'static, Option<Table>>> {
-    WRITER_WAITING.store(true, Relaxed);
-    let deadline = monotonic_ns() + WRITE_PATIENCE_NS;
+/// The table's write lock, waited for at most `patience_ns`.
+fn write_table(patience_ns: u64) -> Option<RwLockWriteGuard<'static, Option<Table>>> {
+    WRITERS_WAITING.fetch_add(1, Relaxed);
+    let deadline = monotonic_ns().saturating_add(patience_ns);
     let guard = loop {
         match TABLE.try_write() {
             Ok(guard) => break Some(guard),
@@ -384,7 +408,7 @@ fn write_table() -> Option<RwLockWriteGuard<'static, Option<Table>>> {
             Err(TryLockError::WouldBlock) => break None,
         }
     };
-    WRITER_WAITING.store(false, Relaxed);
+    WRITERS_WAITING.fetch_sub(1, Relaxed);
     guard
 }
 
@@ -398,18 +422,10 @@ thread_local! {
 }
 
 pub(crate) fn lock_for_fork() {
-    let deadline = monotonic_ns() + WRITE_PATIENCE_NS;
     // Bounded: a rescanner may be waiting for the loader's lock, which this
     // thread can hold (a fork from a library constructor).
-    let registry = loop {
-        match REGISTRY.try_lock() {
-            Ok(guard) => break Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => break Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
-            Err(TryLockError::WouldBlock) => break None,
-        }
-    };
-    let table = write_table();
+    let registry = lock_registry(SETUP_PATIENCE_NS);
+    let table = write_table(SETUP_PATIENCE_NS);
     let _ = FORK_GUARDS.try_with(|g| {
         if let Ok(mut g) = g.try_borrow_mut() {
             *g = Some(ForkGuards { _registry: registry, _table: table });
