@@ -269,3 +269,57 @@ fn cuda_runtime_frames_are_trimmed_only_while_they_lead() {
     );
     assert!(module(frames[2]).ends_with("/libcudart.so.99"));
 }
+
+#[inline(never)]
+fn marker_steady() -> Vec<u64> {
+    let frames = marker_inner(black_box(16));
+    black_box(frames)
+}
+
+#[test]
+fn captures_stay_right_while_libraries_load_and_tables_are_swapped() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+
+    init();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut reference, mut total, mut empty) = (Vec::new(), 0u64, 0u64);
+                while !stop.load(Relaxed) {
+                    let frames = marker_steady();
+                    total += 1;
+                    if frames.is_empty() {
+                        // Allowed only while a table swap outlasts the spin.
+                        empty += 1;
+                    } else if reference.is_empty() {
+                        reference = frames;
+                    } else {
+                        assert_eq!(frames[..2], reference[..2]);
+                        assert_eq!(frames.len(), reference.len());
+                    }
+                }
+                (total, empty)
+            })
+        })
+        .collect();
+
+    let syms = ExeSymbols::load();
+    for i in 0..6 {
+        let path =
+            build_so(&format!("swap{i}"), &format!("libswap{i}.so"), LATE_C, &["-O2", "-fno-optimize-sibling-calls"]);
+        let call = unsafe { std::mem::transmute::<usize, CallThrough>(open_symbol(&path, "late_call")) };
+        eventually(|| {
+            syms.names(&marker_through_late(call)).iter().any(|n| n.contains("marker_through_late")).then_some(())
+        })
+        .unwrap_or_else(|| panic!("libswap{i}.so is unwound through"));
+    }
+    stop.store(true, Relaxed);
+    for t in threads {
+        let (total, empty) = t.join().unwrap();
+        assert!(total > 0 && empty < total, "{empty} of {total} captures empty");
+        eprintln!("{empty} of {total} captures empty");
+    }
+}

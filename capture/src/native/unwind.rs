@@ -400,13 +400,19 @@ fn publish(reg: &mut Registry) -> bool {
 fn write_table(patience_ns: u64) -> Option<RwLockWriteGuard<'static, Option<Table>>> {
     WRITERS_WAITING.fetch_add(1, Relaxed);
     let deadline = monotonic_ns().saturating_add(patience_ns);
+    let mut tries = 0usize;
     let guard = loop {
         match TABLE.try_write() {
             Ok(guard) => break Some(guard),
             Err(TryLockError::Poisoned(poisoned)) => break Some(poisoned.into_inner()),
+            // Spin first: the walks in the way end within microseconds, and
+            // captures return nothing for as long as this waits, so giving
+            // the CPU away at once would make that last a time slice.
+            Err(TryLockError::WouldBlock) if tries < SWAP_SPINS => std::hint::spin_loop(),
             Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
             Err(TryLockError::WouldBlock) => break None,
         }
+        tries += 1;
     };
     WRITERS_WAITING.fetch_sub(1, Relaxed);
     guard
