@@ -13,6 +13,8 @@
 
 mod modules;
 #[cfg(target_arch = "x86_64")]
+mod table;
+#[cfg(target_arch = "x86_64")]
 mod unwind;
 
 /// One loaded module (executable or shared object), for the log: reports map
@@ -117,7 +119,7 @@ pub unsafe extern "C" fn capture_raw(out: *mut u64, len: usize) -> usize {
 /// pay for it. Optional: the first capture does it otherwise.
 pub fn init() {
     #[cfg(target_arch = "x86_64")]
-    let _ = std::panic::catch_unwind(unwind::init);
+    let _ = std::panic::catch_unwind(table::init);
 }
 
 /// The modules loaded now.
@@ -134,7 +136,7 @@ pub fn loaded_modules() -> Vec<ModuleInfo> {
 /// them, and forks unlocked rather than wait longer.
 pub fn lock_for_fork() {
     #[cfg(target_arch = "x86_64")]
-    let _ = std::panic::catch_unwind(unwind::lock_for_fork);
+    let _ = std::panic::catch_unwind(table::lock_for_fork);
 }
 
 /// Releases what [`lock_for_fork`] took.
@@ -144,5 +146,5 @@ pub fn lock_for_fork() {
 /// the thread that called [`lock_for_fork`], once per `lock_for_fork`.
 pub unsafe fn unlock_after_fork() {
     #[cfg(target_arch = "x86_64")]
-    let _ = std::panic::catch_unwind(unwind::unlock_after_fork);
+    let _ = std::panic::catch_unwind(table::unlock_after_fork);
 }
