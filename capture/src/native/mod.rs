@@ -6,8 +6,15 @@
 //! loaded module (frame pointers only where a module has none). Stack
 //! memory is read only between the capture point and the top of the
 //! calling thread's stack. After a thread's first capture, a capture
-//! allocates nothing and makes no system call, unless a return address lies
-//! outside every module known (see `unwind` for the rescan that follows).
+//! allocates nothing, makes no system call and waits on no lock, unless a
+//! return address lies outside every module known: then it may rescan the
+//! loaded modules (at most ten times a second process-wide, see `table`).
+//!
+//! A capture returns 0 frames rather than wait: on a thread whose stack
+//! bounds are unknown or off its stack (an alternate signal stack), when
+//! re-entered on the same thread (a signal handler), during thread teardown,
+//! while another thread builds the first module table (hence [`init`]), or
+//! in the rare moment a new table is swapped in.
 //!
 //! x86_64 only: elsewhere [`capture`] returns 0.
 
@@ -115,8 +122,10 @@ pub unsafe extern "C" fn capture_raw(out: *mut u64, len: usize) -> usize {
     }
 }
 
-/// Registers the modules loaded now, so that the first capture does not
-/// pay for it. Optional: the first capture does it otherwise.
+/// Registers the modules loaded now, so that the first captures neither pay
+/// for it nor, on other threads meanwhile, come back empty. Waits (a bounded
+/// time) for a registration another thread has under way. Optional: the
+/// first capture registers them otherwise. Not from a signal handler.
 pub fn init() {
     #[cfg(target_arch = "x86_64")]
     let _ = std::panic::catch_unwind(table::init);
