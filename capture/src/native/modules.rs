@@ -100,7 +100,9 @@ pub(crate) fn parse(info: &dl_phdr_info) -> Option<Parsed> {
         .iter()
         .filter(|p| p.p_type == PT_LOAD && p.p_memsz > 0)
         .filter_map(|p| {
-            let start = base.checked_add(p.p_vaddr)?;
+            // Wrapping: a prelinked object loaded below its link address has
+            // a "negative" bias.
+            let start = base.wrapping_add(p.p_vaddr);
             Some((start, start.checked_add(p.p_memsz)?, p.p_flags & PF_R != 0))
         })
         .collect();
@@ -115,7 +117,7 @@ pub(crate) fn parse(info: &dl_phdr_info) -> Option<Parsed> {
     let mut build_id = Vec::new();
     let mut eh_frame_hdr = None;
     for p in headers {
-        let Some(addr) = base.checked_add(p.p_vaddr) else { continue };
+        let addr = base.wrapping_add(p.p_vaddr);
         match p.p_type {
             PT_NOTE if build_id.is_empty() => {
                 if let Some(r) = region(addr, p.p_memsz) {
