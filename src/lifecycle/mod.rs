@@ -52,6 +52,11 @@ fn start() -> bool {
     });
     if opts.log {
         signals::install();
+        if opts.stack_depth > 0 {
+            // The module table, built once here rather than by the first
+            // allocation's capture (which would get no frames while it is built).
+            crate::observe::sites::start();
+        }
     }
     true
 }

@@ -59,6 +59,11 @@ static PYTHON_NOTE: Mutex<Option<String>> = Mutex::new(None);
 /// Captures without Python frames since Python's status was last asked.
 static WITHOUT_PYTHON: AtomicU32 = AtomicU32::new(0);
 
+/// Registers the loaded modules with the unwinder.
+pub fn start() {
+    diag::shielded(native::init);
+}
+
 /// The site of the allocation being made on this thread: a stack id, 0 when
 /// sites are off or nothing could be captured.
 #[inline]

@@ -1,0 +1,164 @@
+//! The walk: from the registers of the capture point, frame by frame
+//! through the module table, reading only the calling thread's own stack.
+
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
+use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
+
+use super::table::{read_table, rescan, rescan_due};
+
+/// Registers read at the capture point, inside the function whose frame is
+/// live while the walk runs.
+pub(crate) struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// Frames unwound at most, kept and trimmed together: a bound on the time a
+/// capture can take whatever the stack looks like.
+pub(crate) const MAX_STEPS: usize = 256;
+
+type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
+
+struct ThreadState {
+    cache: Cache,
+    stack_bottom: u64,
+    stack_top: u64,
+}
+
+enum Slot {
+    Unset,
+    /// This thread's stack bounds are unknown: nothing can be read safely.
+    NoStack,
+    Ready(ThreadState),
+}
+
+thread_local! {
+    static THREAD: RefCell<Slot> = const { RefCell::new(Slot::Unset) };
+}
+
+/// `[bottom, top)` of the calling thread's stack. glibc answers for the main
+/// thread too (from /proc/self/maps and the stack rlimit: the first call
+/// reads a file, hence once per thread).
+fn stack_bounds() -> Option<(u64, u64)> {
+    // SAFETY: plain libc calls on a zeroed attr that is destroyed once filled.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr = std::ptr::null_mut();
+        let mut size = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        let bottom = addr as u64;
+        (rc == 0 && size > 0).then(|| (bottom, bottom.saturating_add(size as u64)))
+    }
+}
+
+/// Fills `out` from the registers of a frame that stays live until this returns.
+pub(crate) fn capture_from(regs: &Regs, out: &mut [u64]) -> usize {
+    if out.is_empty() {
+        return 0;
+    }
+    catch_unwind(AssertUnwindSafe(|| capture_on_this_thread(regs, out))).unwrap_or(0)
+}
+
+fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
+    // `try_with`: during the thread's teardown the state is gone; give up.
+    THREAD
+        .try_with(|slot| {
+            // Borrowed already: a signal handler interrupted a capture on this thread.
+            let Ok(mut slot) = slot.try_borrow_mut() else { return 0 };
+            if let Slot::Unset = *slot {
+                *slot = match stack_bounds() {
+                    Some((bottom, top)) => {
+                        Slot::Ready(ThreadState { cache: Cache::new_in(), stack_bottom: bottom, stack_top: top })
+                    }
+                    None => Slot::NoStack,
+                };
+            }
+            let Slot::Ready(state) = &mut *slot else { return 0 };
+            let (n, stop) = walk(state, regs, out);
+            let retry = match stop {
+                Stop::End | Stop::Busy => false,
+                // Rate-limited both: a rescan that cannot publish (see
+                // `PUBLISH_PATIENCE_NS`) must not be retried by every capture.
+                Stop::NoTable | Stop::UnknownAddress => rescan_due() && rescan(0),
+            };
+            if retry {
+                // The frame the registers come from is still live (it called us).
+                walk(state, regs, out).0
+            } else {
+                n
+            }
+        })
+        .unwrap_or(0)
+}
+
+enum Stop {
+    End,
+    /// The table is being replaced; nothing was read.
+    Busy,
+    NoTable,
+    /// A return address outside every registered module: either a module
+    /// loaded since the last scan, or code no module holds.
+    UnknownAddress,
+}
+
+fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) {
+    let Some(guard) = read_table() else { return (0, Stop::Busy) };
+    let Some(table) = guard.as_ref() else { return (0, Stop::NoTable) };
+    let (low, top) = (regs.sp, state.stack_top);
+    // Not on this thread's own stack (an alternate signal stack, a fiber):
+    // its bounds are unknown, so nothing is read.
+    if !(state.stack_bottom..top).contains(&low) {
+        return (0, Stop::End);
+    }
+    let mut read_stack = |addr: u64| -> Result<u64, ()> {
+        if addr < low || !addr.is_multiple_of(8) || addr > top.saturating_sub(8) {
+            return Err(());
+        }
+        // SAFETY: an aligned word of this thread's own stack between the
+        // capture point's sp and the top: mapped, and every frame in it
+        // belongs to a caller suspended until the walk returns.
+        Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
+    };
+    if table.span(regs.ip).is_none() {
+        return (0, Stop::UnknownAddress);
+    }
+    let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+    // The first frame is the capture function itself: unwound, never kept.
+    let mut frame = FrameAddress::from_instruction_pointer(regs.ip);
+    let (mut n, mut leading) = (0, true);
+    for _ in 0..MAX_STEPS {
+        if n == out.len() {
+            break;
+        }
+        let sp = uregs.sp();
+        let Ok(Some(ra)) = table.unwinder.unwind_frame(frame, &mut uregs, &mut state.cache, &mut read_stack) else {
+            break;
+        };
+        // Every real frame pops at least its return address.
+        if uregs.sp() <= sp {
+            break;
+        }
+        // framehop passes a zero return address through on one path.
+        let Some(span) = ra.checked_sub(1).and_then(|pc| table.span(pc)) else {
+            return (n, Stop::UnknownAddress);
+        };
+        if !(leading && span.trim) {
+            leading = false;
+            out[n] = ra;
+            n += 1;
+        }
+        match FrameAddress::from_return_address(ra) {
+            Some(next) => frame = next,
+            None => break,
+        }
+    }
+    (n, Stop::End)
+}

@@ -1,0 +1,155 @@
+//! Native captures from Rust code: the callers are found, in order, in the
+//! test executable; deep stacks are cut at the buffer; many threads at once.
+
+mod common;
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+
+use common::{positions, ExeSymbols};
+use cupool_capture::native::{capture, init, loaded_modules, MAX_FRAMES};
+
+#[inline(never)]
+fn marker_gamma(len: usize) -> Vec<u64> {
+    let mut out = vec![0u64; len];
+    let n = capture(black_box(&mut out));
+    out.truncate(n);
+    out
+}
+
+#[inline(never)]
+fn marker_beta(len: usize) -> Vec<u64> {
+    let frames = marker_gamma(black_box(len));
+    black_box(frames)
+}
+
+#[inline(never)]
+fn marker_alpha(len: usize) -> Vec<u64> {
+    let frames = marker_beta(black_box(len));
+    black_box(frames)
+}
+
+/// A named caller: the harness may inline the test function itself into its
+/// own code.
+#[inline(never)]
+fn marker_root(len: usize) -> Vec<u64> {
+    let frames = marker_alpha(black_box(len));
+    black_box(frames)
+}
+
+// Tests start on several threads at once: `init` has each wait for the
+// module table (a capture would return 0 frames while another thread builds it).
+
+#[test]
+fn the_callers_are_found_in_order_in_the_test_executable() {
+    init();
+    let frames = marker_root(32);
+    let syms = ExeSymbols::load();
+    let names = syms.names(&frames);
+    // The first frame is the caller of `capture`: nothing of the capture itself.
+    assert!(names[0].contains("marker_gamma"), "{names:#?}");
+    assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha", "marker_root"]), [0, 1, 2, 3]);
+
+    let exe = std::fs::canonicalize("/proc/self/exe").unwrap();
+    let modules = loaded_modules();
+    let module_of = |ra: u64| modules.iter().find(|m| (m.start..m.end).contains(&ra)).map(|m| Path::new(&m.path));
+    for &ra in &frames[..4] {
+        assert_eq!(module_of(ra), Some(exe.as_path()), "{ra:#x}");
+    }
+    // Below the test function: the harness, std, then libc's thread start.
+    assert!(frames.len() > 6, "{names:#?}");
+    assert!(
+        frames.iter().any(|&ra| module_of(ra).is_some_and(|p| p.to_string_lossy().contains("libc.so"))),
+        "{names:#?}"
+    );
+}
+
+#[test]
+fn an_empty_buffer_gets_nothing() {
+    assert_eq!(marker_alpha(0), Vec::<u64>::new());
+}
+
+#[inline(never)]
+fn recurse(depth: usize, len: usize) -> Vec<u64> {
+    let frames = if depth == 0 { marker_gamma(len) } else { recurse(black_box(depth - 1), len) };
+    black_box(frames)
+}
+
+#[test]
+fn a_deep_stack_is_cut_at_the_buffer_length() {
+    init();
+    let syms = ExeSymbols::load();
+    for len in [64, 32] {
+        let frames = recurse(1500, len);
+        assert_eq!(frames.len(), len);
+        let names = syms.names(&frames);
+        assert!(names[0].contains("marker_gamma"), "{names:#?}");
+        assert!(names[1..].iter().all(|n| n.contains("recurse")), "{names:#?}");
+    }
+    // A buffer longer than the step bound gets exactly the bound.
+    assert_eq!(recurse(1500, MAX_FRAMES + 100).len(), MAX_FRAMES);
+}
+
+#[test]
+fn a_small_thread_stack_is_walked_to_its_start() {
+    init();
+    let frames = std::thread::Builder::new().stack_size(64 * 1024).spawn(|| marker_alpha(64)).unwrap().join().unwrap();
+    let names = ExeSymbols::load().names(&frames);
+    assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha"]), [0, 1, 2]);
+    // The walk reaches the thread's start routine (clone3 / start_thread in libc).
+    assert!(frames.len() > 4 && frames.len() < 64, "{names:#?}");
+}
+
+#[test]
+fn eight_threads_capture_at_once() {
+    init();
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut first = Vec::new();
+                for i in 0..2000 {
+                    let frames = marker_alpha(32);
+                    if i == 0 {
+                        first = frames;
+                    } else {
+                        // The markers' return addresses, and a stack as deep
+                        // (the loop's own call site may differ once unrolled).
+                        assert_eq!(frames[..3], first[..3]);
+                        assert_eq!(frames.len(), first.len());
+                    }
+                }
+                first
+            })
+        })
+        .collect();
+    let syms = ExeSymbols::load();
+    for t in threads {
+        let names = syms.names(&t.join().unwrap());
+        assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha"]), [0, 1, 2]);
+    }
+}
+
+#[test]
+fn loaded_modules_names_the_executable_and_libc_with_build_ids() {
+    let modules = loaded_modules();
+    let exe = std::fs::canonicalize("/proc/self/exe").unwrap();
+    let exe_module = modules.iter().find(|m| Path::new(&m.path) == exe).expect("the executable by its path");
+    let marker = marker_alpha as *const () as u64;
+    assert!((exe_module.start..exe_module.end).contains(&marker));
+    assert!(exe_module.base <= exe_module.start);
+
+    let libc = modules.iter().find(|m| m.path.contains("/libc.so")).expect("libc");
+    assert!(!libc.build_id.is_empty());
+    let printf = libc::printf as *const () as u64;
+    assert!((libc.start..libc.end).contains(&printf));
+
+    assert!(modules.iter().all(|m| m.start < m.end && !m.path.is_empty()), "{modules:#?}");
+    // No two modules overlap.
+    let mut ranges: Vec<_> = modules.iter().map(|m| (m.start, m.end)).collect();
+    ranges.sort();
+    assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "{ranges:x?}");
+}
