@@ -5,7 +5,10 @@
 #     PYTORCH_NO_CUDA_MEMORY_CACHING=1 raw, and the same under cupool's pool
 #  3. stream safety: a freed block still written by a slow kernel on another stream
 #  4. allocation traces for `cupool replay` (recorded in passthrough mode), written to $OUT
+#  5. the cost of allocation sites: the transformer with PyTorch's cache off under
+#     cupool's pool, stacks (native + Python) on vs off, beside the caching allocator
 # Run from the repository root with the built shim and CLI in .gpu/.
+# SECTIONS="pair torch safety stress traces sites" (the default: all) picks sections.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 bin=$(pwd)/.gpu
@@ -17,7 +20,10 @@ nvcc -O2 -arch=native -cudart shared -o $work/bench_pair $src/bench_pair.cu
 nvcc -O2 -arch=native -cudart shared -o $work/stream_safety $src/stream_safety.cu
 nvcc -O2 -arch=native -cudart shared -o $work/stress $src/stress.cu
 pool="$bin/cupool run -q --log-dir $work/logs --mode pool"
+sections=" ${SECTIONS:-pair torch safety stress traces sites} "
+want() { [[ $sections == *" $1 "* ]]; }
 
+if want pair; then
 echo "== pair latency (us, median of 7 batches)"
 $work/bench_pair > $work/pair_plain.csv
 $pool --no-trace -- $work/bench_pair > $work/pair_pool.csv
@@ -26,8 +32,10 @@ $bin/cupool run -q --log-dir $work/logs --no-trace -- $work/bench_pair > $work/p
 paste -d, $work/pair_plain.csv $work/pair_pool.csv $work/pair_pool_trace.csv $work/pair_passthrough.csv | \
   awk -F, 'NR==1{print "size_bytes  plain_us  pool_us  pool_traced_us  passthrough_us  plain/pool"; next} {printf "%10s  %8s  %7s  %14s  %14s  %9.0fx\n", $1, $2, $4, $6, $8, $2/$4}'
 
-echo "== PyTorch transformer (shared/bench workload)"
+fi
 T=$src/torch_transformer.py
+if want torch; then
+echo "== PyTorch transformer (shared/bench workload)"
 MODE=caching python3 $T
 MODE=expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $T
 MODE=nocache-raw PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 $T
@@ -36,14 +44,20 @@ python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$
 MODE=nocache-cupool-pool-traced PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool -- python3 $T
 MODE=caching-cupool-pool $pool --no-trace -- python3 $T
 python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); print('pool stats:', json.dumps(l['end']['pools']))" 
+fi
 
+if want safety; then
 echo "== stream safety"
 $work/stream_safety | sed 's/^/plain: /'
 $pool -- $work/stream_safety | sed 's/^/cupool pool: /'
+fi
+if want stress; then
 echo "== multi-thread multi-stream stress (10^6 allocations+frees)"
 /usr/bin/time -f "plain: %e s" $work/stress 1000000
 /usr/bin/time -f "cupool pool: %e s" $pool --no-trace -- $work/stress 1000000
+fi
 
+if want traces; then
 echo "== traces"
 mkdir -p $work/traces
 rec() { local name=$1; shift; rm -rf $work/t; PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/t -- "$@" >/dev/null && gzip -9 -c $work/t/cupool.*.json > $out/$name.json.gz; ls -la $out/$name.json.gz; }
@@ -52,3 +66,15 @@ rec resnet18 python3 $src/trace_cnn.py
 rec gpt2 python3 $src/trace_gpt2.py
 rm -rf $work/t; cp $src/cupy_count.py $work/; $bin/cupool run -q --log-dir $work/t -- python3 $work/cupy_count.py >/dev/null && gzip -9 -c $work/t/cupool.*.json > $out/cupy.json.gz
 $bin/cupool replay $out/*.json.gz
+fi
+
+if want sites; then
+echo "== allocation sites: cost (transformer, PyTorch's cache off, cupool pool; 3 alternating rounds)"
+for round in 1 2 3; do
+  MODE=caching python3 $T
+  MODE=nocache-pool-nostacks PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool -o stack_depth=0 -o python_depth=0 -- python3 $T
+  MODE=nocache-pool-stacks PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool -- python3 $T
+  MODE=nocache-pool-stacks-notrace PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool --no-trace -- python3 $T
+done
+python3 -c "import json,glob; l=max((l for l in (json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')) if any('def' in e for e in l['events'])), key=lambda l: l['process']['start_unix_ms']); d=[e for e in l['events'] if 'def' in e]; print('definitions in the last traced log:', {k: sum(1 for e in d if e['def']==k) for k in ('module','string','stack')}, 'allocs:', sum(1 for e in l['events'] if e.get('ev')=='alloc'))"
+fi

@@ -109,7 +109,13 @@ impl Resolver {
         let modules = sites
             .modules
             .iter()
-            .map(|m| Module { path: m.path.clone(), base: m.base, start: m.start, end: m.end, build_id: hex(&m.build_id) })
+            .map(|m| Module {
+                path: m.path.clone(),
+                base: m.base,
+                start: m.start,
+                end: m.end,
+                build_id: hex(&m.build_id),
+            })
             .collect();
         Resolver { sites, symbolizer: Symbolizer::new(modules) }
     }
@@ -144,6 +150,9 @@ impl Resolver {
                 });
             }
         }
+        // cupool's own frames: trimmed at the top when captured; below the
+        // program's `main` there is its exit-status wrapper.
+        native.retain(|f| !f.module.as_deref().is_some_and(|m| m.starts_with("libcupool")));
         let cuda_top = native.iter().take_while(|f| f.function.as_deref().is_some_and(is_cuda_internal)).count();
         if cuda_top < native.len() {
             native.drain(..cuda_top);
@@ -186,7 +195,6 @@ pub fn top(log: &Log, n: usize) -> (Vec<SiteFigures>, Vec<SiteFigures>) {
     by_count.truncate(n);
     (by_peak, by_count)
 }
-
 
 #[cfg(test)]
 mod tests {
