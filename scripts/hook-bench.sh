@@ -10,8 +10,11 @@ fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
 cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -Wl,-rpath,"$PWD/$fake"
 export LD_LIBRARY_PATH=$fake
 n=${1:-300000}
-printf '%-28s %s\n' "fake runtime, no shim" "$(target/hook_pair $n)"
-for o in mode=passthrough:trace=0 mode=passthrough:trace=1 mode=pool:trace=0 mode=pool:trace=1; do
-  printf '%-28s %s\n' "$o" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n)"
+printf '%-62s %s\n' "fake runtime, no shim" "$(target/hook_pair $n)"
+# Allocation sites (stack_depth, python_depth) are on by default; the first four rows turn them off.
+nostacks=stack_depth=0:python_depth=0
+for o in mode=passthrough:trace=0:$nostacks mode=passthrough:trace=1:$nostacks mode=pool:trace=0:$nostacks \
+         mode=pool:trace=1:$nostacks mode=pool:trace=0 mode=pool:trace=1; do
+  printf '%-62s %s\n' "$o" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n)"
 done
 rm -rf target/hook-bench-logs

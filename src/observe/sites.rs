@@ -119,7 +119,9 @@ fn define_stack(table: &mut Table, id: u32, native: &[u64], frames: &[python::Py
     let python = frames
         .iter()
         .map(|f| match python::describe(f) {
-            Some(info) => PyFrameRecord(define_string(table, &info.file), define_string(table, &info.function), info.line),
+            Some(info) => {
+                PyFrameRecord(define_string(table, &info.file), define_string(table, &info.function), info.line)
+            }
             None => PyFrameRecord(define_string(table, "?"), define_string(table, "?"), 0),
         })
         .collect();
