@@ -7,7 +7,7 @@ import json
 import sys
 
 name, report, source = sys.argv[1:4]
-line = next(i + 1 for i, l in enumerate(open(source)) if "PLANTED" in l)
+line = next(i + 1 for i, l in enumerate(open(source)) if l.rstrip().endswith("PLANTED"))
 base = source.rsplit("/", 1)[-1]
 try:
     logs = json.load(open(report))
