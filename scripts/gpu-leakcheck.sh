@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `cupool check` on a real GPU: clean programs give exit 0 and no finding;
+# planted leaks are caught at the right site (growth without marks, cache on
+# and off; under torchrun with the rank; one leaking pytest test; an nvcc
+# program whose exit leaks must equal compute-sanitizer's); and the overhead
+# of `cupool check` on the transformer workload beside compute-sanitizer's.
+# Same setup as scripts/gpu-check.sh (.gpu/ holds the shim and the CLI;
+# .gpu/pywheels pytest and pytest-xdist for a machine without them).
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+root=$(pwd); bin=$root/.gpu; src=$root/scripts/gpu; work=$(mktemp -d /tmp/cupool-leakcheck.XXXX)
+rows=()
+python3 -m pytest --version >/dev/null 2>&1 || {
+  python3 -m pip install -q --no-index --target $work/py $bin/pywheels/*.whl && export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
+}
+nvcc -g -O2 -arch=native -cudart shared -o $work/leaks_shared $src/leaks.cu -lcuda
+nvcc -g -O2 -arch=native -o $work/leaks_static $src/leaks.cu -lcuda
+nvcc -O2 -arch=native -cudart shared -o $work/cublas_clean $src/cublas_clean.cu -lcublas
+
+# check NAME EXPECT -- CMD...   (EXPECT as scripts/gpu/check_verdict.py takes it)
+check() {
+  local name=$1 expect=$2; shift 3
+  timeout 300 $bin/cupool check --log-dir $work/$name --json $work/$name.json -- "$@" > $work/$name.out 2> $work/$name.err
+  local rc=$?
+  rows+=("$(python3 $src/check_verdict.py $name $rc $work/$name.json $expect)")
+}
+check torch-clean-cache clean -- python3 $src/train_loop.py
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-clean-nocache clean -- python3 $src/train_loop.py
+check cupy-clean clean -- python3 $src/cupy_clean.py
+check jax-clean clean -- python3 $src/jax_step.py
+check cublas-clean clean -- $work/cublas_clean
+check ddp-clean clean -- torchrun --standalone --nproc_per_node 2 $src/ddp_loop.py
+LEAK=1 check torch-leak-cache growth:train_loop.py:$(grep -n '# LEAK' $src/train_loop.py | cut -d: -f1) -- python3 $src/train_loop.py
+LEAK=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-leak-nocache growth:train_loop.py:$(grep -n '# LEAK' $src/train_loop.py | cut -d: -f1) -- python3 $src/train_loop.py
+LEAK=1 check ddp-leak growth:ddp_loop.py:$(grep -n '# LEAK' $src/ddp_loop.py | cut -d: -f1):0,1 -- torchrun --standalone --nproc_per_node 2 $src/ddp_loop.py
+check pytest-one-leak test:test_leaks_a_buffer -- python3 -m pytest -q -p no:cacheprovider $src/pytest_suite
+check pytest-xdist-one-leak test:test_leaks_a_buffer -- python3 -m pytest -q -p no:cacheprovider -n 2 $src/pytest_suite
+for v in shared static; do
+  compute-sanitizer --leak-check full $work/leaks_$v > $work/sanitizer-$v.txt 2>&1
+  check leaks-$v sanitizer:$work/sanitizer-$v.txt -- $work/leaks_$v
+done
+# What a user sees for one of them.
+sed -n 1,40p $work/torch-leak-nocache.err
+
+echo "== overhead: transformer workload (10 timed iterations), plain / cupool check / compute-sanitizer"
+T=$work/t.py; sed 's/N = 60/N = 10/' $src/torch_transformer.py > $T
+for round in 1 2; do
+  MODE=plain python3 $T
+  MODE=cupool-check $bin/cupool check --log-dir $work/over-$round -- python3 $T 2>/dev/null
+  MODE=plain-nocache PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 $T
+  MODE=cupool-check-nocache-pool PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool check --mode pool --log-dir $work/overp-$round -- python3 $T 2>/dev/null
+done
+MODE=compute-sanitizer compute-sanitizer --leak-check full python3 $T 2>&1 | grep mode=
+tar czf ${OUT:-$work}/gpu-leakcheck.tgz -C $work . 2>/dev/null
+echo
+printf '%s\n' "${rows[@]}"

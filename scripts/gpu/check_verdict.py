@@ -1,0 +1,51 @@
+"""One row of scripts/gpu-leakcheck.sh from `cupool check --json` output.
+
+usage: check_verdict.py NAME RC FINDINGS.json EXPECT
+EXPECT: clean | growth:FILE:LINE[:ranks] | test:NAME | sanitizer:OUTPUT
+"""
+import json
+import re
+import sys
+
+name, rc, path, expect = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+
+def row(ok, text):
+    print(f"{name:<26} | {'PASS' if ok else 'FAIL'} | rc={rc} {text}")
+
+
+try:
+    doc = json.load(open(path))
+except Exception as e:
+    row(False, f"no findings file: {e}")
+    sys.exit()
+failing = [f for f in doc["findings"] if "suppressed_by" not in f]
+held = sum(f["bytes"] for f in doc["findings"] if "suppressed_by" in f)
+desc = "; ".join(
+    f"{f['kind']} {f['bytes']}B x{f['count']}"
+    + (f" test={f['test']}" if "test" in f else "")
+    + (f" {f['growth']['bytes_per_phase']}B/phase x{f['growth']['phases']} ({f['growth']['phases_from']})" if "growth" in f else "")
+    + (" at " + ",".join(f"{(fr.get('file') or '?').rsplit('/', 1)[-1]}:{fr.get('line')}" for fr in f["frames"][:3]) if f["frames"] else "")
+    + " ranks=" + ",".join(str(p.get("rank")) for p in f["processes"])
+    for f in failing[:4]
+)
+if expect == "clean":
+    row(rc == 0 and not failing, f"failing={len(failing)} suppressed_bytes={held} {desc}")
+elif expect.startswith("growth:"):
+    _, file, line, *ranks = expect.split(":")
+    hits = [
+        f for f in failing
+        if f["kind"] == "growth" and any((fr.get("file") or "").endswith(file) and fr.get("line") == int(line) for fr in f["frames"])
+    ]
+    ranked = not ranks or all(set(map(str, (p.get("rank") for p in f["processes"]))) >= set(ranks[0].split(",")) for f in hits)
+    row(rc == 23 and bool(hits) and ranked, f"growth at {file}:{line}: {len(hits)} finding(s); all: {desc}")
+elif expect.startswith("test:"):
+    want = expect[5:]
+    tests = [f for f in failing if f["kind"] == "test"]
+    ok = rc == 23 and len(tests) == 1 and want in tests[0]["test"]
+    row(ok, f"test findings: {[f['test'] for f in tests]}; all: {desc}")
+elif expect.startswith("sanitizer:"):
+    text = open(expect[10:]).read()
+    sanitizer = sorted(int(n) for n in re.findall(r"Leaked (\d+) bytes", text))
+    ours = sorted(f["bytes"] // max(f["count"], 1) for f in failing if f["kind"] == "exit" for _ in range(f["count"]))
+    row(rc == 23 and sanitizer == ours and sanitizer, f"compute-sanitizer {sanitizer} cupool {ours}")
