@@ -239,7 +239,9 @@ fn parse_document(text: &str) -> Result<Log, ParseError> {
     };
     let end = whole.get_mut("end").map(Value::take).filter(|v| !v.is_null());
     let mut definitions = match whole.as_object_mut().and_then(|o| o.remove("definitions")) {
-        Some(d) => serde_json::from_value::<Vec<Definition>>(d).map_err(|e| invalid(None, format!("definitions: {e}")))?,
+        Some(d) => {
+            serde_json::from_value::<Vec<Definition>>(d).map_err(|e| invalid(None, format!("definitions: {e}")))?
+        }
         None => Vec::new(),
     };
     let header = header_from(whole, None)?;
