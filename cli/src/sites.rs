@@ -109,7 +109,13 @@ impl Resolver {
         let modules = sites
             .modules
             .iter()
-            .map(|m| Module { path: m.path.clone(), base: m.base, start: m.start, end: m.end, build_id: hex(&m.build_id) })
+            .map(|m| Module {
+                path: m.path.clone(),
+                base: m.base,
+                start: m.start,
+                end: m.end,
+                build_id: hex(&m.build_id),
+            })
             .collect();
         Resolver { sites, symbolizer: Symbolizer::new(modules) }
     }
@@ -186,7 +192,6 @@ pub fn top(log: &Log, n: usize) -> (Vec<SiteFigures>, Vec<SiteFigures>) {
     by_count.truncate(n);
     (by_peak, by_count)
 }
-
 
 #[cfg(test)]
 mod tests {

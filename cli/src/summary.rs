@@ -236,10 +236,8 @@ pub fn report(paths: &[PathBuf], as_json: bool, sites: usize) -> ExitCode {
         }
     }
     if as_json {
-        let v: Vec<LogReport> = logs
-            .iter()
-            .map(|l| LogReport { summary: summarize(l), sites: crate::sites::report(l, sites) })
-            .collect();
+        let v: Vec<LogReport> =
+            logs.iter().map(|l| LogReport { summary: summarize(l), sites: crate::sites::report(l, sites) }).collect();
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else if !logs.is_empty() {
         let mut out = std::io::stdout();
