@@ -5,10 +5,11 @@ use crate::sites::ShownFrame;
 use serde::Serialize;
 
 /// The three kinds of leak, each with its own rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LeakKind {
     /// Still allocated when its context was destroyed or the process ended.
+    #[default]
     Exit,
     /// A site whose live bytes keep growing across the repeated phases of the run.
     Growth,
@@ -25,10 +26,19 @@ impl LeakKind {
             LeakKind::Test => "cupool/test-leak",
         }
     }
+
+    /// The word `fail_on` names it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeakKind::Exit => "exit",
+            LeakKind::Growth => "growth",
+            LeakKind::Test => "test",
+        }
+    }
 }
 
 /// The process a finding comes from.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProcessRef {
     pub pid: u32,
     /// `RANK` of a torchrun / MPI rank, when the process had one.
@@ -39,19 +49,28 @@ pub struct ProcessRef {
 }
 
 /// How a growth leak grew.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Growth {
-    /// Bytes the site gained per phase (median over the phases).
+    /// Bytes the site gained per phase: its gain from the end of the warm-up
+    /// to the last phase, over the phases in between.
     pub bytes_per_phase: u64,
-    /// How many phases it grew over.
+    /// How many phases the run had (the growth was measured over them).
     pub phases: u64,
     /// Where the phases came from: `nvtx`, `mark`, `phase` or `repetition` (found without marks).
     pub phases_from: String,
+    /// The phase's name, digits shown as `#` (`epoch #`); for `repetition`,
+    /// the allocations that begin each period of the loop
+    /// (`cudaMalloc (device) of 4096 byte(s)`, `cudaMalloc (device) at one site`).
+    pub phase: String,
+    /// 1 when one site grew; more when the process's memory grew but no
+    /// single site explains it (a pool's segments go to whichever allocation
+    /// misses its cache): the frames are those of the site that gained most.
+    pub sites: u64,
 }
 
 /// One finding: leaks of one kind from one site (identical frames), in one
 /// or more processes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub kind: LeakKind,
     /// Bytes leaked (for growth: bytes live from the site at the end of the last phase).
@@ -60,6 +79,9 @@ pub struct Finding {
     pub count: u64,
     /// The allocation site, innermost frame first; empty when none was recorded.
     pub frames: Vec<ShownFrame>,
+    /// What was allocated: the API and kind, `cudaMalloc (device)`; for a
+    /// site without frames, all that tells it apart.
+    pub what: String,
     /// Every process it was found in.
     pub processes: Vec<ProcessRef>,
     /// The test it belongs to (`path::test_name`), for test leaks.
@@ -78,6 +100,10 @@ impl Finding {
     /// `partialFingerprints`): the kind and the frames, without addresses.
     pub fn fingerprint(&self) -> String {
         let mut text = String::from(self.kind.rule_id());
+        if self.frames.is_empty() {
+            text.push('|');
+            text.push_str(&self.what);
+        }
         for f in &self.frames {
             text.push('|');
             text.push_str(f.function.as_deref().unwrap_or("?"));
@@ -99,6 +125,7 @@ impl Finding {
     /// The innermost frame that is the user's code: the first Python frame
     /// outside the standard library and site-packages, else the first native
     /// frame with a source file outside system directories.
+    #[allow(dead_code)] // until the SARIF and GitHub writers, which place findings there, land
     pub fn user_frame(&self) -> Option<&ShownFrame> {
         let user_file = |f: &&ShownFrame| {
             f.file.as_deref().is_some_and(|file| {
@@ -118,6 +145,8 @@ impl Finding {
 pub struct Findings {
     /// Largest first, unsuppressed before suppressed.
     pub findings: Vec<Finding>,
+    /// What fails the job, and whether it does.
+    pub verdict: Verdict,
     /// Each suppression pattern that matched, with how many findings and bytes it matched.
     pub suppressions_used: Vec<SuppressionUse>,
     /// Processes whose logs were read.
@@ -132,12 +161,28 @@ pub struct SuppressionUse {
     /// `default` (shipped with cupool) or the file it came from.
     pub source: String,
     pub findings: u64,
+    /// Allocations and bytes of what it matched (LeakSanitizer's `count` and `bytes`).
+    pub allocations: u64,
     pub bytes: u64,
 }
 
+/// Whether the leaks fail the job (`exitcode`), by the options `fail_on` and `max_leak_bytes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// The kinds that fail the job; findings of other kinds are reported only.
+    pub fail_on: Vec<LeakKind>,
+    pub max_leak_bytes: u64,
+    /// Bytes and allocations of the failing findings, each allocation once
+    /// (a growing site also leaked at exit counts once, as its exit leak).
+    pub leaked_bytes: u64,
+    pub leaked_allocations: u64,
+    /// `leaked_bytes > max_leak_bytes`.
+    pub fails: bool,
+}
+
 impl Findings {
-    /// The findings that count against the job.
+    /// The findings that count against the job: not suppressed, and of a kind `fail_on` names.
     pub fn failing(&self) -> impl Iterator<Item = &Finding> {
-        self.findings.iter().filter(|f| f.suppressed_by.is_none())
+        self.findings.iter().filter(|f| f.suppressed_by.is_none() && self.verdict.fail_on.contains(&f.kind))
     }
 }
