@@ -47,6 +47,9 @@ impl Read {
 /// The logs in `dir` tagged `run_id`. Of the files that cannot be read,
 /// only those written since `since` may be this run's, so only they are named.
 pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
+    // File times come from a coarser clock than `since`: a file written just
+    // after it may look a few milliseconds older.
+    let since = since.checked_sub(std::time::Duration::from_secs(1)).unwrap_or(since);
     let mut read = Read::default();
     for path in files_in(dir, is_log_name).unwrap_or_default() {
         let recent = std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t >= since);
