@@ -44,7 +44,9 @@ fn show(out: &Output) -> String {
 
 /// Whether the logs in `dir` record allocation sites (native stack capture).
 fn has_stacks(dir: &Path) -> bool {
-    read_logs(dir).iter().any(|l| !events(l, "alloc").is_empty() && events(l, "alloc").iter().all(|e| e["stack"].is_u64()))
+    read_logs(dir)
+        .iter()
+        .any(|l| !events(l, "alloc").is_empty() && events(l, "alloc").iter().all(|e| e["stack"].is_u64()))
 }
 
 #[test]
@@ -55,7 +57,7 @@ fn a_clean_loop_passes_and_a_leaky_one_fails_with_and_without_marks() {
         let out = check(&dir, &[], &[prog, "40", "clean", marks]);
         assert_eq!(code(&out), 0, "{}", show(&out));
         let err = stderr_of(&out);
-        assert!(err.contains("cupool check: 1 process(es) checked\n") && err.contains("cupool: no leaks\n"), "{err}");
+        assert!(err.contains("cupool: 1 process(es) checked\n") && err.contains("cupool: no leaks\n"), "{err}");
         assert!(!err.contains("Growing"), "{err}");
 
         let dir = scratch_dir("check-wave");
@@ -116,7 +118,7 @@ fn children_and_ranks_are_checked_in_one_report() {
     let out = check(&dir, &[], &["sh", "-c", &script]);
     assert_eq!(code(&out), 23, "{}", show(&out));
     let err = stderr_of(&out);
-    assert!(err.contains("cupool check: 4 process(es) checked\n"), "{err}");
+    assert!(err.contains("cupool: 4 process(es) checked\n"), "{err}");
     let logs = read_logs(&dir);
     assert_eq!(logs.len(), 4);
     let mut ranks: Vec<u64> = logs.iter().map(|l| l["process"]["rank"].as_u64().expect("rank from RANK")).collect();
@@ -140,51 +142,90 @@ fn children_and_ranks_are_checked_in_one_report() {
     assert!(err.contains("SUMMARY: cupool: 28886 byte(s) leaked in 4 allocation(s).\n"), "{err}");
 }
 
-/// A log written by hand with Python allocation sites: rank 2 of a job
-/// leaks 1000 bytes from `main` and 3000 from `prefetch`.
-fn python_log(pid: u32) -> String {
-    let leak = |ptr: &str, size: u64, stack: u32| {
-        format!(
-            "{{\"ptr\":\"{ptr}\",\"size\":{size},\"device\":0,\"kind\":\"device\",\"api\":\"cudaMalloc\",\
-             \"age_ms\":1,\"tid\":1,\"at\":\"exit\",\"stack\":{stack}}}"
-        )
-    };
+/// A complete log written by hand: `definitions` (JSON lines without the
+/// leading comma), one allocation per leak `(ptr, size, stack)`, all live at exit.
+fn hand_log(pid: u32, rank: u32, definitions: &[String], leaks: &[(u64, u64, u32)]) -> String {
     let counters = |d: i32| {
         format!(
             "{{\"device\":{d},\"allocs\":0,\"frees\":0,\"failures\":0,\"current_bytes\":0,\"peak_bytes\":0,\
              \"current_count\":0,\"peak_count\":0}}"
         )
     };
-    [
+    let mut lines = vec![
         format!(
             "{{\"schema\":\"cupool-log\",\"version\":3,\"process\":{{\"pid\":{pid},\"ppid\":1,\
-             \"cmdline\":[\"python\",\"train.py\"],\"exe\":\"/usr/bin/python3\",\"start_unix_ms\":1,\"rank\":2}},\
+             \"cmdline\":[\"python\",\"train.py\"],\"exe\":\"/usr/bin/python3\",\"start_unix_ms\":1,\"rank\":{rank}}},\
              \"options\":{{}},\"events\":["
         ),
-        "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":1}".into(),
-        ",{\"def\":\"string\",\"id\":1,\"text\":\"/src/train.py\"}".into(),
-        ",{\"def\":\"string\",\"id\":2,\"text\":\"main\"}".into(),
-        ",{\"def\":\"string\",\"id\":3,\"text\":\"/src/loader.py\"}".into(),
-        ",{\"def\":\"string\",\"id\":4,\"text\":\"prefetch\"}".into(),
-        ",{\"def\":\"stack\",\"id\":1,\"native\":[],\"python\":[[1,2,12]]}".into(),
-        ",{\"def\":\"stack\",\"id\":2,\"native\":[],\"python\":[[3,4,40],[1,2,9]]}".into(),
-        ",{\"seq\":1,\"t_ns\":10,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x1000\",\
-         \"size\":1000,\"device\":0,\"stack\":1,\"tid\":1}"
-            .into(),
-        ",{\"seq\":2,\"t_ns\":20,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x2000\",\
-         \"size\":3000,\"device\":0,\"stack\":2,\"tid\":1}"
-            .into(),
-        format!(
-            "],\"end\":{{\"end_unix_ms\":2,\"duration_ms\":1,\"exit\":{{\"how\":\"exit\",\"status\":0}},\
-             \"devices\":[{}],\"host\":{},\"leak_summary\":{{\"bytes\":4000,\"count\":2}},\"leaks\":[{},{}],\
-             \"dropped_events\":0,\"pools\":[],\"ooms\":[],\"complete\":true}}}}",
-            counters(0),
-            counters(-1),
-            leak("0x2000", 3000, 2),
-            leak("0x1000", 1000, 1)
-        ),
-    ]
-    .join("\n")
+        "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":1}".to_string(),
+    ];
+    lines.extend(definitions.iter().map(|d| format!(",{d}")));
+    for (i, (ptr, size, stack)) in leaks.iter().enumerate() {
+        lines.push(format!(
+            ",{{\"seq\":{},\"t_ns\":{},\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\
+             \"ptr\":\"{ptr:#x}\",\"size\":{size},\"device\":0,\"stack\":{stack},\"tid\":1}}",
+            i + 1,
+            10 * (i + 1)
+        ));
+    }
+    let listed: Vec<String> = leaks
+        .iter()
+        .map(|(ptr, size, stack)| {
+            format!(
+                "{{\"ptr\":\"{ptr:#x}\",\"size\":{size},\"device\":0,\"kind\":\"device\",\"api\":\"cudaMalloc\",\
+                 \"age_ms\":1,\"tid\":1,\"at\":\"exit\",\"stack\":{stack}}}"
+            )
+        })
+        .collect();
+    let bytes: u64 = leaks.iter().map(|l| l.1).sum();
+    lines.push(format!(
+        "],\"end\":{{\"end_unix_ms\":2,\"duration_ms\":1,\"exit\":{{\"how\":\"exit\",\"status\":0}},\
+         \"devices\":[{}],\"host\":{},\"leak_summary\":{{\"bytes\":{bytes},\"count\":{}}},\"leaks\":[{}],\
+         \"dropped_events\":0,\"pools\":[],\"ooms\":[],\"complete\":true}}}}",
+        counters(0),
+        counters(-1),
+        leaks.len(),
+        listed.join(",")
+    ));
+    lines.join("\n")
+}
+
+/// Rank 2 of a job, with Python allocation sites: it leaks 3000 bytes
+/// from `prefetch` (called by `main`) and 1000 from `main`.
+fn python_log(pid: u32) -> String {
+    let defs = [
+        "{\"def\":\"string\",\"id\":1,\"text\":\"/src/train.py\"}",
+        "{\"def\":\"string\",\"id\":2,\"text\":\"main\"}",
+        "{\"def\":\"string\",\"id\":3,\"text\":\"/src/loader.py\"}",
+        "{\"def\":\"string\",\"id\":4,\"text\":\"prefetch\"}",
+        "{\"def\":\"stack\",\"id\":1,\"native\":[],\"python\":[[1,2,12]]}",
+        "{\"def\":\"stack\",\"id\":2,\"native\":[],\"python\":[[3,4,40],[1,2,9]]}",
+    ];
+    let defs: Vec<String> = defs.iter().map(|d| d.to_string()).collect();
+    hand_log(pid, 2, &defs, &[(0x1000, 1000, 1), (0x2000, 3000, 2)])
+}
+
+/// The address of function `name` in the ELF file `file` (as `nm` reads it).
+fn symbol(file: &Path, name: &str) -> u64 {
+    let out = std::process::Command::new("nm").arg(file).output().expect("run nm");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            let (addr, _, sym) = (words.next()?, words.next()?, words.next()?);
+            (sym == name).then(|| u64::from_str_radix(addr, 16).ok()).flatten()
+        })
+        .unwrap_or_else(|| panic!("no {name} in {}", file.display()))
+}
+
+/// A module definition line: `file` loaded at `base`.
+fn module(id: u32, file: &Path, base: u64) -> String {
+    format!(
+        "{{\"def\":\"module\",\"id\":{id},\"path\":\"{}\",\"base\":\"{base:#x}\",\"start\":\"{base:#x}\",\
+         \"end\":\"{:#x}\",\"build_id\":\"\"}}",
+        file.display(),
+        base + 0x10_0000
+    )
 }
 
 #[test]
@@ -199,7 +240,7 @@ fn merge_reads_logs_gathered_elsewhere() {
     let out = run_cupool(&["merge", path_str(&a), path_str(&b)], &a);
     assert_eq!(code(&out), 23, "{}", show(&out));
     let err = stderr_of(&out);
-    assert!(err.contains("cupool check: 3 process(es) checked\n"), "{err}");
+    assert!(err.contains("cupool: 3 process(es) checked\n"), "{err}");
     let want = "Direct leak of 3000 byte(s) in 1 allocation(s) allocated from:\n    \
                 #0 prefetch /src/loader.py:40 [python]\n    #1 main /src/train.py:9 [python]\n  \
                 in pid 4242 (rank 2): python train.py\n";
@@ -230,7 +271,7 @@ fn merge_reads_logs_gathered_elsewhere() {
     let foreign = format!("cupool: note: {}: not a cupool log", b.join("cupool.1.json").display());
     assert!(err.contains(&foreign) && err.contains("; not checked\n"), "{err}");
     assert!(err.contains("cupool: note: pid 4343: the log has no end record"), "{err}");
-    assert!(err.contains("cupool check: 2 process(es) checked\n"), "{err}");
+    assert!(err.contains("cupool: 2 process(es) checked\n"), "{err}");
 }
 
 #[test]
@@ -310,7 +351,7 @@ fn a_log_that_cannot_be_read_is_a_note_unless_nothing_else_can() {
     assert_eq!(code(&out), 23, "{}", show(&out));
     let err = stderr_of(&out);
     assert!(err.contains(&format!("cupool: note: {}: not a cupool log", junk.display())), "{err}");
-    assert!(err.contains("cupool check: 2 process(es) checked"), "{err}");
+    assert!(err.contains("cupool: 2 process(es) checked"), "{err}");
 
     let dir = scratch_dir("check-unreadable-only");
     let junk = dir.join("cupool.1.json");
@@ -331,14 +372,26 @@ fn a_program_without_cuda_has_nothing_to_check() {
     let dir = scratch_dir("check-nocuda");
     let out = check(&dir, &[], &[path_str(&fakes().prog("prog_nocuda")), "0"]);
     assert_eq!(code(&out), 0, "{}", show(&out));
-    assert!(stderr_of(&out).contains("no CUDA memory activity recorded, so there is nothing to check"), "{}", show(&out));
+    assert!(
+        stderr_of(&out).contains("no CUDA memory activity recorded, so there is nothing to check"),
+        "{}",
+        show(&out)
+    );
 }
 
 #[test]
 fn python_processes_load_the_pytest_plugin() {
     let dir = scratch_dir("check-plugin");
     let mut cmd = cupool_command(
-        &["check", "--log-dir", path_str(&dir), "--", "sh", "-c", "echo \"plugins=$PYTEST_PLUGINS\"; echo \"path=$PYTHONPATH\""],
+        &[
+            "check",
+            "--log-dir",
+            path_str(&dir),
+            "--",
+            "sh",
+            "-c",
+            "echo \"plugins=$PYTEST_PLUGINS\"; echo \"path=$PYTHONPATH\"",
+        ],
         &dir,
     );
     let out = cmd.env("PYTHONPATH", "/keep/me").env("PYTEST_PLUGINS", "xdist.plugin").output().unwrap();
@@ -373,7 +426,8 @@ fn with_allocation_sites_leaks_show_their_frames_and_known_caches_pass() {
         return;
     }
     let err = stderr_of(&out);
-    let head = "Direct leak of 49152 byte(s) in 12 allocation(s) allocated from:\n    #0 leak_one_buffer (check_loop+0x";
+    let head =
+        "Direct leak of 49152 byte(s) in 12 allocation(s) allocated from:\n    #0 leak_one_buffer (check_loop+0x";
     assert!(err.contains(head), "{err}");
     assert!(err.contains("Growing leak of 4096 byte(s) per phase") && err.contains("#0 leak_one_buffer"), "{err}");
 
@@ -389,6 +443,59 @@ fn with_allocation_sites_leaks_show_their_frames_and_known_caches_pass() {
     let out = check(&dir, &[], &[path_str(&prog)]);
     assert_eq!(code(&out), 0, "{}", show(&out));
     let err = stderr_of(&out);
-    assert!(err.contains("cupool: held at exit by known caches: 2097152 byte(s) (2.0 MiB) in 1 allocation(s)"), "{err}");
+    assert!(
+        err.contains("cupool: held at exit by known caches: 2097152 byte(s) (2.0 MiB) in 1 allocation(s)"),
+        "{err}"
+    );
     assert!(err.contains("libtorch_cuda.so (default)"), "{err}");
+}
+
+/// Native frames as the shim will record them, written by hand: the sites
+/// are named from the module files on disk, grouped, matched by function
+/// and by module, and a library named like PyTorch's is a known cache.
+#[test]
+fn merge_names_native_frames_from_the_module_files() {
+    let prog = check_loop();
+    let mut args = vec!["-shared".to_string(), "-fPIC".to_string()];
+    args.extend(link_fake_cudart());
+    let lib = compile_c_file("libtorch_cuda.so", &fake_source_dir().join("check_cache_lib.c"), &args);
+    let (prog_base, lib_base) = (0x5555_0000_0000u64, 0x7f00_0000_0000u64);
+    let at = |base: u64, file: &Path, f: &str| format!("\"{:#x}\"", base + symbol(file, f) + 5);
+    let defs = vec![
+        module(1, prog, prog_base),
+        module(2, &lib, lib_base),
+        format!(
+            "{{\"def\":\"stack\",\"id\":1,\"native\":[{},{}],\"python\":[]}}",
+            at(prog_base, prog, "leak_one_buffer"),
+            at(prog_base, prog, "main")
+        ),
+        format!(
+            "{{\"def\":\"stack\",\"id\":2,\"native\":[{},{}],\"python\":[]}}",
+            at(lib_base, &lib, "cache_reserve"),
+            at(prog_base, prog, "main")
+        ),
+    ];
+    let dir = scratch_dir("merge-native");
+    let leaks = [(0x1000, 4096, 1), (0x3000, 2 << 20, 2)];
+    std::fs::write(dir.join("cupool.7.json"), hand_log(7, 0, &defs, &leaks)).unwrap();
+    std::fs::write(dir.join("cupool.8.json"), hand_log(8, 1, &defs, &leaks)).unwrap();
+
+    let out = run_cupool(&["merge", path_str(&dir)], &dir);
+    assert_eq!(code(&out), 23, "{}", show(&out));
+    let err = stderr_of(&out);
+    let head = "Direct leak of 8192 byte(s) in 2 allocation(s) allocated from:\n    #0 leak_one_buffer (check_loop+0x";
+    assert!(err.contains(head), "{err}");
+    assert!(err.contains("    #1 main (check_loop+0x"), "{err}");
+    assert!(err.contains("  in pid 7 (rank 0): python train.py\n  in pid 8 (rank 1): python train.py\n"), "{err}");
+    let caches =
+        "cupool: held at exit by known caches: 4194304 byte(s) (4.0 MiB) in 2 allocation(s) (libtorch_cuda.so); \
+                  not leaks\n";
+    assert!(err.contains(caches), "{err}");
+    assert!(!err.contains("cache_reserve"), "a known cache is not listed: {err}");
+
+    let supp = dir.join("mine.supp");
+    std::fs::write(&supp, "leak:^leak_one_buffer$\n").unwrap();
+    let out = run_cupool(&["merge", "--suppressions", path_str(&supp), path_str(&dir)], &dir);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert!(stderr_of(&out).contains(&format!("      2       8192 ^leak_one_buffer$ ({})\n", supp.display())));
 }

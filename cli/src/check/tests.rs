@@ -55,7 +55,7 @@ fn opts(spec: &str) -> Options {
 fn the_report_groups_identical_sites_of_all_processes_largest_first() {
     let f = examine(&job(), vec![], &defaults(), &Options::default(), vec![]);
     let want = "\
-cupool check: 2 process(es) checked
+cupool: 2 process(es) checked
 
 ERROR: cupool: detected CUDA memory leaks
 

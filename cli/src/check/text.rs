@@ -15,7 +15,7 @@ const PROCESSES: usize = 4;
 
 pub fn write(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
     let shown: Vec<&Finding> = f.findings.iter().filter(|x| x.suppressed_by.is_none()).collect();
-    writeln!(out, "cupool check: {} process(es) checked", f.processes.len())?;
+    writeln!(out, "cupool: {} process(es) checked", f.processes.len())?;
     if f.failing().next().is_some() {
         writeln!(out)?;
         writeln!(out, "ERROR: cupool: detected CUDA memory leaks")?;
