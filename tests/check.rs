@@ -499,3 +499,18 @@ fn merge_names_native_frames_from_the_module_files() {
     assert_eq!(code(&out), 0, "{}", show(&out));
     assert!(stderr_of(&out).contains(&format!("      2       8192 ^leak_one_buffer$ ({})\n", supp.display())));
 }
+
+#[test]
+fn help_names_the_check_options_and_statuses() {
+    for (command, program) in [("check", true), ("merge", false)] {
+        let out = run_cupool(&[command, "--help"], &scratch_dir("check-help"));
+        assert_eq!(code(&out), 0, "{}", show(&out));
+        let help = stdout_of(&out);
+        for option in ["exitcode", "max_leak_bytes", "fail_on", "growth_phases", "--suppressions", "--json", "--sarif"]
+        {
+            assert!(help.contains(option), "{command} --help lacks {option}: {help}");
+        }
+        assert!(help.contains("124 when cupool could not check"), "{help}");
+        assert_eq!(help.contains("the program's own when it failed"), program, "{help}");
+    }
+}

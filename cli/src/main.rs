@@ -57,14 +57,14 @@ enum Command {
             the CUDA runtime's own) is summarised in one line and does not fail the job: those \
             rules are cupool's default suppressions, in LeakSanitizer's syntax (leak:PATTERN), which \
             --suppressions extends.",
-        after_help = check::help()
+        after_help = check::help(true)
     )]
     Check(check::CheckArgs),
     /// Check logs gathered elsewhere, as cupool check does after its run
     #[command(long_about = "Check logs gathered elsewhere, as cupool check does after its run.\n\n\
         Reads every log in the directories given (from several machines, ranks or runs) and \
         reports their leaks in one report with one exit status, by the rules of cupool check \
-        (there is no program status).", after_help = check::help())]
+        (there is no program status).", after_help = check::help(false))]
     Merge(check::MergeArgs),
     /// Summarise existing logs: peaks, failures and leaks per process
     #[command(long_about = "Summarise existing logs: peaks, failures and leaks per process.\n\n\

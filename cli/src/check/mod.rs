@@ -83,20 +83,32 @@ pub struct MergeArgs {
 /// The options that are the check's, not the shim's.
 const CHECK_OPTIONS: [&str; 4] = ["exitcode", "max_leak_bytes", "fail_on", "growth_phases"];
 
-pub fn help() -> String {
+/// The end of `check --help` (`merge --help` when not `run`).
+pub fn help(run: bool) -> String {
     let mut s = String::from("Options of the check (-o key=value, or in CUPOOL_OPTIONS):\n");
     for (key, default, what) in options::OPTION_HELP.iter().filter(|o| CHECK_OPTIONS.contains(&o.0)) {
         let what = what.trim_start_matches("cupool check/merge: ");
         s.push_str(&format!("  {key:<15} default {default:<17} {what}\n"));
     }
+    if run {
+        s.push_str("The shim's own options (-o mode=pool, ...) are those of cupool run --help.\n");
+        s.push_str("\nExit status: the program's own when it failed (128 + N when signal N killed it); else ");
+    } else {
+        s.push_str("\nExit status: ");
+    }
     s.push_str(&format!(
-        "\nExit status: the program's own when it failed (128 + N when signal N killed it); else \
-         `exitcode` (23) when leaks of the kinds fail_on names, not suppressed, add up to more than \
+        "`exitcode` (23) when leaks of the kinds fail_on names, not suppressed, add up to more than \
          max_leak_bytes; else 0. {} when cupool could not check (a suppressions file or report path \
-         that cannot be used, no readable log, a report that could not be written); 2 for a bad \
-         flag or option, 123 when the log directory cannot be written, 125, 126 and 127 as in \
-         cupool run; nothing is run when a check before the run fails.\n",
-        exit::COULD_NOT_CHECK
+         that cannot be used, no readable log, a report that could not be written{}); 2 for a bad \
+         flag or option{}.\n",
+        exit::COULD_NOT_CHECK,
+        if run { "" } else { ", a path that does not exist or holds no logs" },
+        if run {
+            ", 123 when the log directory cannot be written, 125, 126 and 127 as in cupool run; \
+             nothing is run when a check before the run fails"
+        } else {
+            ""
+        }
     ));
     s
 }

@@ -110,11 +110,8 @@ fn write_finding(f: &Finding, fail_on: &[LeakKind], out: &mut dyn Write) -> io::
 
 fn write_frames(f: &Finding, out: &mut dyn Write) -> io::Result<()> {
     if f.frames.is_empty() {
-        let each = if f.count > 0 && f.kind != LeakKind::Growth {
-            format!(", {} byte(s) each", f.bytes / f.count)
-        } else {
-            String::new()
-        };
+        // Sites without frames are told apart by size, so one finding's allocations are all alike.
+        let each = if f.count > 0 { format!(", {} byte(s) each", f.bytes / f.count) } else { String::new() };
         return writeln!(out, "    (no stack recorded: {}{each})", f.what);
     }
     for (i, frame) in f.frames.iter().take(FRAMES).enumerate() {
