@@ -52,15 +52,18 @@ pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
     let since = since.checked_sub(std::time::Duration::from_secs(1)).unwrap_or(since);
     let mut read = Read::default();
     for path in files_in(dir, is_log_name).unwrap_or_default() {
-        let recent = std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t >= since);
+        // The shim writes its log while the process runs: an older file is
+        // another run's, and is not even read (a log directory keeps them all).
+        if !std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t >= since) {
+            continue;
+        }
         match read_log(&path) {
             Ok(log) if log.header.options.run_id == run_id => read.logs.push(log),
             Ok(_) => {}
-            Err(e) if recent => {
+            Err(e) => {
                 read.notes.push(format!("{e}; not checked"));
                 read.unreadable += 1;
             }
-            Err(_) => {}
         }
     }
     read.sort();

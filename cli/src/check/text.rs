@@ -111,7 +111,7 @@ fn write_finding(f: &Finding, fail_on: &[LeakKind], out: &mut dyn Write) -> io::
 fn write_frames(f: &Finding, out: &mut dyn Write) -> io::Result<()> {
     if f.frames.is_empty() {
         // Sites without frames are told apart by size, so one finding's allocations are all alike.
-        let each = if f.count > 0 { format!(", {} byte(s) each", f.bytes / f.count) } else { String::new() };
+        let each = f.bytes.checked_div(f.count).map(|b| format!(", {b} byte(s) each")).unwrap_or_default();
         return writeln!(out, "    (no stack recorded: {}{each})", f.what);
     }
     for (i, frame) in f.frames.iter().take(FRAMES).enumerate() {
