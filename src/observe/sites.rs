@@ -107,16 +107,13 @@ fn define_stack(table: &mut Table, id: u32, native: &[u64], frames: &[python::Py
     let python = frames
         .iter()
         .map(|f| match python::describe(f) {
-            Some(info) => {
-                PyFrameRecord(define_string(table, &info.file), define_string(table, &info.function), info.line)
-            }
+            Some(info) => PyFrameRecord(define_string(table, &info.file), define_string(table, &info.function), info.line),
             None => PyFrameRecord(define_string(table, "?"), define_string(table, "?"), 0),
         })
         .collect();
     if frames.is_empty() && table.python_note.is_none() {
         if let python::Status::Unsupported(version) = python::status() {
-            let note =
-                format!("Python {version} is not one cupool can read frames of: allocations have no Python frames");
+            let note = format!("Python {version} is not one cupool can read frames of: allocations have no Python frames");
             diag::note(&note);
             table.python_note = Some(note);
         }
