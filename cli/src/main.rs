@@ -1,5 +1,7 @@
 //! `cupool`: runs programs under the preload library and reads its logs.
 
+mod cache;
+mod check;
 mod replay;
 mod run;
 mod shim;
@@ -41,6 +43,29 @@ enum Command {
         after_help = run::options_help()
     )]
     Run(run::RunArgs),
+    /// Run a program and check it for CUDA memory leaks, LeakSanitizer style
+    #[command(
+        long_about = "Run a program and check it for CUDA memory leaks, LeakSanitizer style.\n\n\
+            Runs the program as cupool run does (every process it starts is logged), then reads \
+            the logs of the run and reports, on stderr, every leak grouped by allocation site, \
+            largest first, with the processes it was found in. Three kinds: exit leaks (still \
+            allocated when their context died or the process ended), growth leaks (sites whose \
+            live bytes keep growing across the repeated phases of the run: NVTX ranges, \
+            cupool_mark phases, or the loop's own periods when there are no marks), and test leaks \
+            (left live by one test, under pytest). Memory that known libraries keep until exit on \
+            purpose (PyTorch's cache, cuBLAS/cuDNN workspaces, NCCL buffers, CuPy and JAX pools, \
+            the CUDA runtime's own) is summarised in one line and does not fail the job: those \
+            rules are cupool's default suppressions, in LeakSanitizer's syntax (leak:PATTERN), which \
+            --suppressions extends.",
+        after_help = check::help(true)
+    )]
+    Check(check::CheckArgs),
+    /// Check logs gathered elsewhere, as cupool check does after its run
+    #[command(long_about = "Check logs gathered elsewhere, as cupool check does after its run.\n\n\
+        Reads every log in the directories given (from several machines, ranks or runs) and \
+        reports their leaks in one report with one exit status, by the rules of cupool check \
+        (there is no program status).", after_help = check::help(false))]
+    Merge(check::MergeArgs),
     /// Summarise existing logs: peaks, failures and leaks per process
     #[command(long_about = "Summarise existing logs: peaks, failures and leaks per process.\n\n\
         Reads logs written by libcupool.so, complete or cut short (a process killed by SIGKILL \
@@ -94,6 +119,8 @@ fn main() -> ExitCode {
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Check(args) => check::check(args),
+        Command::Merge(args) => check::merge(args),
         Command::Replay { traces } => replay::run(traces),
         Command::Report { json, sites, paths } => summary::report(&paths, json, sites),
     }

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicI32, Ordering};
 
+/// How a program is launched: what `cupool run` and `cupool check` share.
 #[derive(Args)]
-pub struct RunArgs {
+pub struct LaunchArgs {
     /// Directory for the logs (one cupool.<pid>.json per process); created if missing, and it
     /// must be writable. Default: ./cupool-logs.
     #[arg(long, value_name = "DIR")]
@@ -26,15 +27,21 @@ pub struct RunArgs {
     /// Any other option as key=value, the value taken as it is (see below); may be repeated.
     #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
-    /// Print no summary at the end.
-    #[arg(short, long)]
-    quiet: bool,
     /// Say which libcupool.so is preloaded and where it was found.
     #[arg(short, long)]
     verbose: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    launch: LaunchArgs,
+    /// Print no summary at the end.
+    #[arg(short, long)]
+    quiet: bool,
 }
 
 /// `cupool run`'s own exit statuses; otherwise it exits with the program's.
@@ -88,7 +95,7 @@ fn absolute(p: &Path) -> PathBuf {
 
 /// The options the program gets: the inherited `CUPOOL_OPTIONS`, then `-o`, then the flags;
 /// or every problem found, one line each.
-fn options_of(args: &RunArgs, inherited: Option<&str>, run_id: &str) -> Result<Options, Vec<String>> {
+fn options_of(args: &LaunchArgs, inherited: Option<&str>, run_id: &str) -> Result<Options, Vec<String>> {
     let mut opts = Options::default();
     let mut errors = Vec::new();
     if let Some(spec) = inherited {
@@ -164,18 +171,35 @@ fn prepare_log_dir(dir: &Path) -> Result<bool, String> {
     }
 }
 
-pub fn run(args: RunArgs) -> ExitCode {
+/// A program run to its end under the shim.
+pub struct Launched {
+    /// Its exit status, 128 + N when signal N killed it.
+    pub code: i32,
+    pub log_dir: PathBuf,
+    /// What the program got; `opts.run_id` tags every log of this run.
+    pub opts: Options,
+    /// Just before the program started: a log file older than this is not this run's.
+    pub started: std::time::SystemTime,
+}
+
+/// The options the program gets (see `options_of`), with a fresh `run_id`;
+/// or a line on stderr for each problem, prefixed by `who` (`cupool run`),
+/// and [`exit::USAGE`].
+pub fn options(args: &LaunchArgs, who: &str) -> Result<Options, ExitCode> {
     let run_id = format!("{:x}-{:x}", std::process::id(), cupool_core_time_ns());
     let inherited = std::env::var("CUPOOL_OPTIONS").ok();
-    let opts = match options_of(&args, inherited.as_deref(), &run_id) {
-        Ok(o) => o,
-        Err(errors) => {
-            for e in errors {
-                eprintln!("cupool run: {e}");
-            }
-            return ExitCode::from(exit::USAGE);
+    options_of(args, inherited.as_deref(), &run_id).map_err(|errors| {
+        for e in errors {
+            eprintln!("{who}: {e}");
         }
-    };
+        ExitCode::from(exit::USAGE)
+    })
+}
+
+/// Runs the program with the shim preloaded, `opts` in `CUPOOL_OPTIONS` and
+/// `env` added to its environment, and waits for it. Nothing is started when
+/// the shim or the log directory is missing; the error is the exit status to return.
+pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, String)]) -> Result<Launched, ExitCode> {
     let shim = match crate::shim::locate() {
         Ok(s) => {
             if args.verbose {
@@ -185,7 +209,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("cupool: {e}");
-            return ExitCode::from(exit::CUPOOL);
+            return Err(ExitCode::from(exit::CUPOOL));
         }
     };
     let log_dir = PathBuf::from(&opts.log_dir);
@@ -193,8 +217,8 @@ pub fn run(args: RunArgs) -> ExitCode {
         match prepare_log_dir(&log_dir) {
             Ok(created) => created,
             Err(e) => {
-                eprintln!("cupool run: {e}; nothing was run");
-                return ExitCode::from(exit::LOG_DIR);
+                eprintln!("{who}: {e}; nothing was run");
+                return Err(ExitCode::from(exit::LOG_DIR));
             }
         }
     } else {
@@ -209,6 +233,7 @@ pub fn run(args: RunArgs) -> ExitCode {
 
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("CUPOOL_OPTIONS", options::format(&opts));
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // The shim is also the program's NVTX tool (its ranges become phases),
     // unless another tool already is.
     if opts.nvtx && std::env::var_os("NVTX_INJECTION64_PATH").is_none_or(|p| p.is_empty()) {
@@ -240,6 +265,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         libc::sigaddset(&mut forwarded, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &forwarded, std::ptr::null_mut());
     }
+    let started = std::time::SystemTime::now();
     let spawned = cmd.spawn();
     if let Ok(c) = &spawned {
         CHILD.store(c.id() as i32, Ordering::Relaxed);
@@ -252,11 +278,11 @@ pub fn run(args: RunArgs) -> ExitCode {
             if created {
                 let _ = std::fs::remove_dir(&log_dir);
             }
-            return ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
+            return Err(ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
                 exit::CANNOT_RUN
-            });
+            }));
         }
     };
     let status = loop {
@@ -265,7 +291,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 eprintln!("cupool: waiting for the child failed: {e}");
-                return ExitCode::from(exit::CUPOOL);
+                return Err(ExitCode::from(exit::CUPOOL));
             }
         }
     };
@@ -273,15 +299,24 @@ pub fn run(args: RunArgs) -> ExitCode {
     if created {
         let _ = std::fs::remove_dir(&log_dir); // only if nothing was logged: leave no empty directory
     }
+    Ok(Launched { code, log_dir, opts, started })
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let launched = options(&args.launch, "cupool run").and_then(|opts| launch(&args.launch, opts, "cupool run", &[]));
+    let l = match launched {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
     if !args.quiet {
-        if opts.log {
-            let logs = summary::logs_of_run(&log_dir, &run_id);
-            summary::print_text(&logs, Some(&log_dir), &mut std::io::stderr());
+        if l.opts.log {
+            let logs = summary::logs_of_run(&l.log_dir, &l.opts.run_id);
+            summary::print_text(&logs, Some(&l.log_dir), &mut std::io::stderr());
         } else {
             eprintln!("cupool: log=0, so no logs were written and there is nothing to summarise");
         }
     }
-    ExitCode::from(code as u8)
+    ExitCode::from(l.code as u8)
 }
 
 fn cupool_core_time_ns() -> u128 {

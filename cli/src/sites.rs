@@ -161,6 +161,20 @@ impl Resolver {
         out
     }
 
+    /// The paths of the modules the native frames of stack `id` lie in,
+    /// innermost first, each once.
+    pub fn module_paths(&self, id: u32) -> Vec<String> {
+        let mut paths: Vec<String> = Vec::new();
+        for &addr in self.sites.stack(id).map(|s| s.native.as_slice()).unwrap_or(&[]) {
+            if let Some(m) = self.sites.module_of(addr.saturating_sub(1)) {
+                if !paths.contains(&m.path) {
+                    paths.push(m.path.clone());
+                }
+            }
+        }
+        paths
+    }
+
     /// Lines about module files that could not be used as the log says.
     pub fn problems(&self) -> Vec<String> {
         self.symbolizer.problems()

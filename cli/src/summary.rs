@@ -23,7 +23,7 @@ pub fn files_in(dir: &Path, keep: impl Fn(&str) -> bool) -> std::io::Result<Vec<
     Ok(files)
 }
 
-fn is_log_name(name: &str) -> bool {
+pub fn is_log_name(name: &str) -> bool {
     name.starts_with("cupool.") && (name.ends_with(".json") || name.ends_with(".json.gz"))
 }
 

@@ -64,6 +64,21 @@ pub struct Options {
     pub stack_depth: u32,
     /// Python frames kept per allocation site; 0 = no Python frames.
     pub python_depth: u32,
+    // The options of `cupool check` and `cupool merge`. The shim reads and
+    // ignores them; they are not its options, so the log does not record them.
+    /// The exit status when leaks fail the job.
+    #[serde(skip)]
+    pub exitcode: u8,
+    /// Leaked bytes (of the kinds `fail_on` names, unsuppressed) tolerated before the job fails.
+    #[serde(skip)]
+    pub max_leak_bytes: u64,
+    /// The kinds of leak that fail the job, as written by [`set`]: `exit,growth,test`
+    /// in that order, a subset of it, or `none`.
+    #[serde(skip)]
+    pub fail_on: String,
+    /// The fewest repeated phases (or periods of a loop) a growth leak needs.
+    #[serde(skip)]
+    pub growth_phases: u32,
 }
 
 impl Default for Options {
@@ -81,6 +96,10 @@ impl Default for Options {
             nvtx: true,
             stack_depth: 32,
             python_depth: 16,
+            exitcode: 23,
+            max_leak_bytes: 0,
+            fail_on: "exit,growth,test".into(),
+            growth_phases: 4,
         }
     }
 }
@@ -107,7 +126,32 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),
     ("python_depth", "16", "Python frames recorded per allocation site (0..64); 0 = no Python frames"),
+    ("exitcode", "23", "cupool check/merge: exit status when leaks fail the job (0..255)"),
+    ("max_leak_bytes", "0", "cupool check/merge: leaked bytes tolerated before the job fails, e.g. 1m"),
+    (
+        "fail_on",
+        "exit,growth,test",
+        "cupool check/merge: the kinds of leak that fail the job, comma-separated, or none",
+    ),
+    ("growth_phases", "4", "cupool check/merge: fewest repeated phases a growth leak needs (3..1000)"),
 ];
+
+/// The kinds of leak `fail_on` can name, in the order it writes them.
+pub const LEAK_KINDS: [&str; 3] = ["exit", "growth", "test"];
+
+/// `fail_on`'s value in its one written form: the kinds in [`LEAK_KINDS`]
+/// order, or `none`; `None` when a word is not a kind.
+pub fn parse_fail_on(value: &str) -> Option<String> {
+    let words: Vec<&str> = value.split(',').map(str::trim).filter(|w| !w.is_empty()).collect();
+    if words == ["none"] {
+        return Some("none".into());
+    }
+    if words.is_empty() || words.iter().any(|w| !LEAK_KINDS.contains(w)) {
+        return None;
+    }
+    let kinds: Vec<&str> = LEAK_KINDS.iter().copied().filter(|k| words.contains(k)).collect();
+    Some(kinds.join(","))
+}
 
 /// Why one option or one entry of `CUPOOL_OPTIONS` was not taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -289,6 +333,10 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "nvtx" => u8::from(opts.nvtx).to_string(),
         "stack_depth" => opts.stack_depth.to_string(),
         "python_depth" => opts.python_depth.to_string(),
+        "exitcode" => opts.exitcode.to_string(),
+        "max_leak_bytes" => opts.max_leak_bytes.to_string(),
+        "fail_on" => opts.fail_on.clone(),
+        "growth_phases" => opts.growth_phases.to_string(),
         _ => return None,
     })
 }
@@ -321,6 +369,14 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
         "verbosity" => opts.verbosity = in_range(0, 2, "0, 1 or 2")? as u8,
         "stack_depth" => opts.stack_depth = in_range(0, 128, "a number of frames, 0..128")? as u32,
         "python_depth" => opts.python_depth = in_range(0, 64, "a number of frames, 0..64")? as u32,
+        "exitcode" => opts.exitcode = in_range(0, 255, "an exit status, 0..255")? as u8,
+        "max_leak_bytes" => {
+            opts.max_leak_bytes = parse_bytes(value).ok_or_else(|| bad("bytes such as 0, 4096 or 1m"))?
+        }
+        "fail_on" => {
+            opts.fail_on = parse_fail_on(value).ok_or_else(|| bad("exit, growth, test separated by commas, or none"))?
+        }
+        "growth_phases" => opts.growth_phases = in_range(3, 1000, "a number of phases, 3..1000")? as u32,
         _ => return Err(OptionError::Unknown { key: key.to_string() }),
     }
     Ok(())
@@ -462,6 +518,23 @@ mod tests {
         assert_eq!(errs[0], OptionError::Syntax { entry: "noequals".into(), why: "expected key=value" });
     }
 
+    #[test]
+    fn fail_on_takes_kinds_in_any_order_and_writes_them_in_one() {
+        assert_eq!(parse_fail_on("test, exit").as_deref(), Some("exit,test"));
+        assert_eq!(parse_fail_on("growth").as_deref(), Some("growth"));
+        assert_eq!(parse_fail_on("none").as_deref(), Some("none"));
+        assert_eq!(parse_fail_on("exit,exit,growth,test").as_deref(), Some("exit,growth,test"));
+        for bad in ["", ",", "leaks", "exit,none", "exit;growth"] {
+            assert_eq!(parse_fail_on(bad), None, "{bad:?}");
+        }
+        let mut o = Options::default();
+        let e = set(&mut o, "fail_on", "exit,oom").unwrap_err().to_string();
+        assert!(e.contains("'exit,oom'") && e.contains("exit, growth, test"), "{e}");
+        assert_eq!(set(&mut o, "max_leak_bytes", "1m"), Ok(()));
+        assert_eq!(o.max_leak_bytes, 1 << 20);
+        assert!(set(&mut o, "exitcode", "256").is_err() && set(&mut o, "growth_phases", "2").is_err());
+    }
+
     /// OPTION_HELP, the parser and `value_of` know the same options with the same defaults.
     #[test]
     fn option_help_matches_the_parser() {
@@ -498,10 +571,14 @@ mod tests {
             nvtx in any::<bool>(),
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
+            check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
         ) {
+            let (exitcode, max_leak_bytes, kinds, growth_phases) = check;
+            let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
                 log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, nvtx, stack_depth, python_depth,
+                exitcode, max_leak_bytes, fail_on, growth_phases,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

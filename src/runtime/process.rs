@@ -2,6 +2,11 @@
 
 use cupool_core::log::ProcessInfo;
 
+/// Where launchers put a process's rank, most specific first: torchrun and
+/// most launchers, Open MPI, MPICH/Intel MPI (PMI), PMIx; then torchrun's
+/// per-node rank, which is the rank on a single node.
+const RANK_VARIABLES: [&str; 5] = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "LOCAL_RANK"];
+
 pub fn info() -> ProcessInfo {
     let cmdline: Vec<String> = std::fs::read("/proc/self/cmdline")
         .map(|b| {
@@ -15,5 +20,6 @@ pub fn info() -> ProcessInfo {
         cmdline,
         exe,
         start_unix_ms: super::clock::start_unix_ms(),
+        rank: RANK_VARIABLES.iter().find_map(|v| std::env::var(v).ok()?.trim().parse().ok()),
     }
 }

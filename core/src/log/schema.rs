@@ -29,6 +29,10 @@ pub struct ProcessInfo {
     pub cmdline: Vec<String>,
     pub exe: String,
     pub start_unix_ms: u64,
+    /// The rank of a distributed job (torchrun, MPI), from the environment
+    /// when the log was started; absent when the process had none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 /// Everything on the header line except the `events` array.

@@ -61,6 +61,7 @@ fn process() -> ProcessInfo {
         cmdline: vec!["python3".into(), "train.py".into()],
         exe: "/usr/bin/python3.12".into(),
         start_unix_ms: 1_795_320_821_241,
+        rank: Some(3),
     }
 }
 

@@ -109,7 +109,8 @@ mod tests {
     #[test]
     fn golden_lines() {
         let mut s = String::new();
-        let process = ProcessInfo { pid: 7, ppid: 1, cmdline: vec!["a".into()], exe: "/a".into(), start_unix_ms: 5 };
+        let process =
+            ProcessInfo { pid: 7, ppid: 1, cmdline: vec!["a".into()], exe: "/a".into(), start_unix_ms: 5, rank: None };
         let options = crate::options::parse("mode=pool").0;
         write_header(&mut s, &process, &options);
         write_event(&mut s, &Event::new(EventKind::Start, Api::None), EventLine::First);

@@ -1,0 +1,188 @@
+//! What `cupool check` found: the one model every output (the text report,
+//! `--json`, `--sarif`, GitHub annotations) is written from.
+
+use crate::sites::ShownFrame;
+use serde::Serialize;
+
+/// The three kinds of leak, each with its own rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeakKind {
+    /// Still allocated when its context was destroyed or the process ended.
+    #[default]
+    Exit,
+    /// A site whose live bytes keep growing across the repeated phases of the run.
+    Growth,
+    /// Allocated during one test and still live after it.
+    Test,
+}
+
+impl LeakKind {
+    /// Stable rule id (SARIF `ruleId`, JSON `rule`).
+    pub fn rule_id(self) -> &'static str {
+        match self {
+            LeakKind::Exit => "cupool/exit-leak",
+            LeakKind::Growth => "cupool/growth-leak",
+            LeakKind::Test => "cupool/test-leak",
+        }
+    }
+
+    /// The word `fail_on` names it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeakKind::Exit => "exit",
+            LeakKind::Growth => "growth",
+            LeakKind::Test => "test",
+        }
+    }
+}
+
+/// The process a finding comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProcessRef {
+    pub pid: u32,
+    /// `RANK` of a torchrun / MPI rank, when the process had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// The command line, joined by spaces.
+    pub cmdline: String,
+}
+
+/// How a growth leak grew.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Growth {
+    /// Bytes the site gained per phase: its gain from the end of the warm-up
+    /// to the last phase, over the phases in between.
+    pub bytes_per_phase: u64,
+    /// How many phases the run had (the growth was measured over them).
+    pub phases: u64,
+    /// Where the phases came from: `nvtx`, `mark`, `phase` or `repetition` (found without marks).
+    pub phases_from: String,
+    /// The phase's name, digits shown as `#` (`epoch #`); for `repetition`,
+    /// the allocations that begin each period of the loop
+    /// (`cudaMalloc (device) of 4096 byte(s)`, `cudaMalloc (device) at one site`).
+    pub phase: String,
+    /// 1 when one site grew; more when the process's memory grew but no
+    /// single site explains it (a pool's segments go to whichever allocation
+    /// misses its cache): the frames are those of the site that gained most.
+    pub sites: u64,
+}
+
+/// One finding: leaks of one kind from one site (identical frames), in one
+/// or more processes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub kind: LeakKind,
+    /// Bytes leaked (for growth: bytes live from the site at the end of the last phase).
+    pub bytes: u64,
+    /// Allocations leaked.
+    pub count: u64,
+    /// The allocation site, innermost frame first; empty when none was recorded.
+    pub frames: Vec<ShownFrame>,
+    /// What was allocated: the API and kind, `cudaMalloc (device)`; for a
+    /// site without frames, all that tells it apart.
+    pub what: String,
+    /// Every process it was found in.
+    pub processes: Vec<ProcessRef>,
+    /// The test it belongs to (`path::test_name`), for test leaks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Growth>,
+    /// The suppression pattern that matched it, if one did: a suppressed
+    /// finding is reported in a line, not as a failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suppressed_by: Option<String>,
+}
+
+impl Finding {
+    /// A key that stays the same for the same site across runs (SARIF
+    /// `partialFingerprints`): the kind and the frames, without addresses.
+    pub fn fingerprint(&self) -> String {
+        let mut text = String::from(self.kind.rule_id());
+        if self.frames.is_empty() {
+            text.push('|');
+            text.push_str(&self.what);
+        }
+        for f in &self.frames {
+            text.push('|');
+            text.push_str(f.function.as_deref().unwrap_or("?"));
+            text.push('@');
+            text.push_str(f.file.as_deref().unwrap_or(""));
+        }
+        if let Some(t) = &self.test {
+            text.push('|');
+            text.push_str(t);
+        }
+        // FNV-1a: stable across builds and platforms, unlike std's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in text.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+
+    /// The innermost frame that is the user's code: the first Python frame
+    /// outside the standard library and site-packages, else the first native
+    /// frame with a source file outside system directories.
+    #[allow(dead_code)] // until the SARIF and GitHub writers, which place findings there, land
+    pub fn user_frame(&self) -> Option<&ShownFrame> {
+        let user_file = |f: &&ShownFrame| {
+            f.file.as_deref().is_some_and(|file| {
+                !file.contains("site-packages/")
+                    && !file.contains("dist-packages/")
+                    && !file.starts_with("/usr/")
+                    && !file.starts_with('<')
+                    && !file.contains("/lib/python3")
+            })
+        };
+        self.frames.iter().filter(|f| f.lang == "python").find(user_file).or_else(|| self.frames.iter().find(user_file))
+    }
+}
+
+/// Everything one check found, and what it needs to decide the exit status.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Findings {
+    /// Largest first, unsuppressed before suppressed.
+    pub findings: Vec<Finding>,
+    /// What fails the job, and whether it does.
+    pub verdict: Verdict,
+    /// Each suppression pattern that matched, with how many findings and bytes it matched.
+    pub suppressions_used: Vec<SuppressionUse>,
+    /// Processes whose logs were read.
+    pub processes: Vec<ProcessRef>,
+    /// Lines about what could not be checked (a log cut short, a Python version without frames, ...).
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SuppressionUse {
+    pub pattern: String,
+    /// `default` (shipped with cupool) or the file it came from.
+    pub source: String,
+    pub findings: u64,
+    /// Allocations and bytes of what it matched (LeakSanitizer's `count` and `bytes`).
+    pub allocations: u64,
+    pub bytes: u64,
+}
+
+/// Whether the leaks fail the job (`exitcode`), by the options `fail_on` and `max_leak_bytes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// The kinds that fail the job; findings of other kinds are reported only.
+    pub fail_on: Vec<LeakKind>,
+    pub max_leak_bytes: u64,
+    /// Bytes and allocations of the failing findings, each allocation once
+    /// (a growing site also leaked at exit counts once, as its exit leak).
+    pub leaked_bytes: u64,
+    pub leaked_allocations: u64,
+    /// `leaked_bytes > max_leak_bytes`.
+    pub fails: bool,
+}
+
+impl Findings {
+    /// The findings that count against the job: not suppressed, and of a kind `fail_on` names.
+    pub fn failing(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|f| f.suppressed_by.is_none() && self.verdict.fail_on.contains(&f.kind))
+    }
+}

@@ -1,0 +1,255 @@
+use super::*;
+use crate::check::testlog::LogBuilder;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+#[test]
+fn a_steady_rise_grows_a_plateau_does_not() {
+    let leak: Vec<u64> = (0..20).map(|i| 100 + 10 * i).collect();
+    assert_eq!(grows(&leak), Some(Fit { gain: 10 * 17, per_sample: 10 }), "from the third sample on");
+    // Warm-up growth, then flat.
+    let plateau: Vec<u64> = (0..20).map(|i| 100 * (i.min(5) + 1)).collect();
+    assert_eq!(grows(&plateau), None);
+    // A cache that fills ever more slowly.
+    let saturating: Vec<u64> = (0..20).map(|i| 1000 - 1000 / (i + 1)).collect();
+    assert_eq!(grows(&saturating), None);
+    // Up and down with the data.
+    let fluctuating: Vec<u64> = (0..20).map(|i| 100 + (i * 37 % 11) * 10).collect();
+    assert_eq!(grows(&fluctuating), None);
+    // Up and down, drifting up: it falls back too often to be a leak.
+    let drifting: Vec<u64> = (0..20).map(|i| 100 + i * 5 + (i % 2) * 40).collect();
+    assert_eq!(grows(&drifting), None);
+}
+
+#[test]
+fn a_leak_in_every_other_phase_grows() {
+    let every_other: Vec<u64> = (0..20).map(|i| 100 + 10 * (i / 2)).collect();
+    assert!(grows(&every_other).is_some());
+    // One late jump is a cache meeting a larger input, not a leak.
+    let one_jump: Vec<u64> = (0..20).map(|i| if i < 15 { 100 } else { 200 }).collect();
+    assert_eq!(grows(&one_jump), None);
+}
+
+#[test]
+fn three_phases_after_the_warm_up_are_the_least_that_can_grow() {
+    assert!(grows(&[0, 10, 20, 30]).is_some());
+    assert_eq!(grows(&[0, 10, 20]), None);
+    assert_eq!(grows(&[]), None);
+    assert_eq!(grows(&[5, 5, 5, 5, 5]), None);
+}
+
+#[test]
+fn phase_names_ignore_their_numbers() {
+    assert_eq!(phase_name("epoch 12"), "epoch #");
+    assert_eq!(phase_name("step 3/100"), "step #/#");
+    assert_eq!(phase_name("forward"), "forward");
+    assert_eq!(phase_name("7"), "#");
+}
+
+#[test]
+fn thinning_keeps_the_last_and_at_most_max() {
+    let items: Vec<usize> = (0..1000).collect();
+    let t = every_nth(&items, 256);
+    assert!(t.items.len() <= 256 && t.items.last() == Some(&999), "{}", t.items.len());
+    assert_eq!(t.stride, 4);
+    let t = every_nth(&items[..10], 256);
+    assert_eq!((t.items.len(), t.stride), (10, 1));
+}
+
+/// A training loop: weights made once, optimizer state in the second step
+/// (warm-up), an activation and a gradient made and freed every step, and,
+/// with `leak`, 1000 bytes kept every step at site 3.
+fn training(steps: usize, marks: bool, leak: bool) -> Log {
+    let mut b = LogBuilder::new(10, "python train.py");
+    b.alloc(MIB, Some(1));
+    for step in 0..steps {
+        if marks {
+            b.mark(&format!("step {step}"));
+        }
+        let act = b.alloc(4 * KIB * (1 + step as u64 % 3), Some(2));
+        let grad = b.alloc(8 * KIB, Some(4));
+        if step == 1 {
+            b.alloc(MIB / 2, Some(5));
+        }
+        if leak {
+            b.alloc(1000, Some(3));
+        }
+        b.free(act);
+        b.free(grad);
+    }
+    b.exit(0)
+}
+
+fn check(log: &Log) -> Vec<Grown> {
+    analyse(log, 4, &|_| false).unwrap()
+}
+
+#[test]
+fn a_marked_loop_that_keeps_a_buffer_per_step_is_found() {
+    let found = check(&training(20, true, true));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let g = &found[0];
+    assert_eq!(g.key, SiteKey::Stack(3));
+    assert_eq!((g.growth.phases_from.as_str(), g.growth.phase.as_str()), ("mark", "step #"));
+    assert_eq!(g.growth.bytes_per_phase, 1000);
+    assert_eq!(g.growth.phases, 19, "the last mark's phase never ends");
+    assert_eq!(g.growth.sites, 1);
+    assert_eq!((g.bytes, g.count), (19_000, 19), "live at the end of the last phase");
+}
+
+#[test]
+fn a_clean_marked_loop_is_not() {
+    assert_eq!(check(&training(20, true, false)), vec![]);
+}
+
+#[test]
+fn without_marks_the_loop_is_found_from_its_allocations() {
+    let found = check(&training(30, false, true));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let g = &found[0];
+    assert_eq!(g.key, SiteKey::Stack(3));
+    assert_eq!(g.growth.phases_from, "repetition");
+    assert_eq!(g.growth.bytes_per_phase, 1000);
+    assert_eq!(g.growth.phases, 29, "periods between the clock's 30 allocations");
+    assert_eq!(g.growth.phase, "cudaMalloc (device) at one site", "site 2 allocates first in each step");
+    assert_eq!(check(&training(30, false, false)), vec![]);
+}
+
+#[test]
+fn without_stacks_sites_are_told_apart_by_api_and_size() {
+    let mut b = LogBuilder::new(11, "prog");
+    for _ in 0..12 {
+        let a = b.alloc(64 * KIB, None);
+        b.alloc_as("cudaMallocManaged", "managed", 4096, None);
+        b.free(a);
+    }
+    let found = check(&b.exit(0));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].key, SiteKey::Bare { api: "cudaMallocManaged".into(), kind: "managed".into(), size: 4096 });
+    assert_eq!((found[0].api.as_str(), found[0].kind.as_str()), ("cudaMallocManaged", "managed"));
+}
+
+/// Memory that follows the data: batches of pseudo-random sizes, each kept
+/// for a few steps (a prefetch queue), never more than 4 at a time.
+fn fluctuating(marks: bool) -> Log {
+    let mut b = LogBuilder::new(12, "python serve.py");
+    let mut queue = std::collections::VecDeque::new();
+    let mut seed = 12345u64;
+    for step in 0..40 {
+        if marks {
+            b.mark(&format!("batch {step}"));
+        }
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let size = (1 + (seed >> 33) % 64) * 64 * KIB;
+        let tmp = b.alloc(32 * KIB, Some(2));
+        queue.push_back(b.alloc(size, Some(6)));
+        let keep = 1 + (seed >> 40) as usize % 4;
+        while queue.len() > keep {
+            b.free(queue.pop_front().unwrap());
+        }
+        b.free(tmp);
+    }
+    b.exit(0)
+}
+
+#[test]
+fn memory_that_goes_up_and_down_is_not_growth() {
+    assert_eq!(check(&fluctuating(true)), vec![]);
+    assert_eq!(check(&fluctuating(false)), vec![]);
+}
+
+/// A pool that hands a new 2 MiB segment to whichever allocation misses its
+/// cache (the program keeps a tensor per step inside it), sometimes giving
+/// an old segment back: no single site grows steadily, the process does.
+fn pooled(leak: bool) -> Log {
+    let mut b = LogBuilder::new(13, "python train.py");
+    let mut segments = Vec::new();
+    let mut seed = 99u64;
+    for step in 0..40 {
+        b.mark(&format!("step {step}"));
+        for _ in 0..2 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let site = 10 + (seed >> 33) as u32 % 8;
+            segments.push(b.alloc(2 * MIB, Some(site)));
+        }
+        let give_back = if leak { 1 } else { 2 };
+        for _ in 0..give_back {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let i = (seed >> 33) as usize % segments.len();
+            b.free(segments.swap_remove(i));
+        }
+    }
+    b.exit(0)
+}
+
+#[test]
+fn growth_spread_over_a_pools_sites_is_one_finding() {
+    let found = check(&pooled(true));
+    let spread: Vec<&Grown> = found.iter().filter(|g| g.growth.sites > 1).collect();
+    assert_eq!(spread.len(), 1, "{found:#?}");
+    let g = spread[0];
+    assert!(matches!(g.key, SiteKey::Stack(10..=17)), "{:?}", g.key);
+    assert!((MIB..=3 * MIB).contains(&g.growth.bytes_per_phase), "{}", g.growth.bytes_per_phase);
+    assert_eq!(check(&pooled(false)), vec![]);
+}
+
+#[test]
+fn repeated_nvtx_ranges_are_phases() {
+    let mut b = LogBuilder::new(14, "python train.py");
+    for step in 0..10 {
+        b.nvtx("train_step", |b| {
+            let t = b.alloc(KIB, Some(2));
+            if step % 2 == 0 {
+                b.alloc(512, Some(3));
+            }
+            b.free(t);
+        });
+    }
+    let found = check(&b.exit(0));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!((found[0].growth.phases_from.as_str(), found[0].growth.phase.as_str()), ("nvtx", "train_step"));
+    assert_eq!(found[0].growth.phases, 10);
+}
+
+#[test]
+fn phases_of_the_pytest_plugin_are_not_repetitions() {
+    let mut b = LogBuilder::new(15, "python -m pytest");
+    for t in 0..10 {
+        b.nvtx(&format!("test:tests/test_x.py::test_{t}"), |b| {
+            b.alloc(512, Some(3));
+        });
+    }
+    let log = b.exit(0);
+    assert_eq!(analyse(&log, 4, &|n| n.starts_with("test:")).unwrap(), vec![], "nor is the run of tests a loop");
+    assert_eq!(analyse(&log, 4, &|_| false).unwrap().len(), 1);
+}
+
+#[test]
+fn growth_needs_every_allocation_and_free() {
+    let log = LogBuilder::new(16, "prog").options(|o| o.trace = false).exit(0);
+    assert!(analyse(&log, 4, &|_| false).unwrap_err().contains("trace=0"));
+    let mut log = training(20, true, false);
+    log.end.as_mut().unwrap().dropped_events = 3;
+    assert!(analyse(&log, 4, &|_| false).unwrap_err().contains("lost 3 event(s)"));
+}
+
+#[test]
+fn a_busy_process_without_repetition_says_growth_was_not_checked() {
+    let mut b = LogBuilder::new(17, "prog");
+    for i in 0..20u64 {
+        b.alloc(1000 + i, None); // every size once: nothing repeats
+    }
+    let e = analyse(&b.exit(0), 4, &|_| false).unwrap_err();
+    assert!(e.contains("no repeated phases"), "{e}");
+    let mut quiet = LogBuilder::new(18, "prog");
+    quiet.alloc(1000, None);
+    assert_eq!(analyse(&quiet.exit(0), 4, &|_| false).unwrap(), vec![]);
+}
+
+#[test]
+fn growth_phases_sets_how_many_phases_are_needed() {
+    let log = training(6, true, true);
+    assert_eq!(analyse(&log, 4, &|_| false).unwrap().len(), 1);
+    assert_eq!(analyse(&log, 6, &|_| false).unwrap(), vec![], "5 phases ended, fewer than 6");
+}

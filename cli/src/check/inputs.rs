@@ -1,0 +1,96 @@
+//! The logs a check reads: those of one run (`cupool check`), or every log
+//! in the directories given (`cupool merge`). A file that cannot be read is
+//! a note naming it and why, not the end of the check.
+
+use crate::summary::{files_in, is_log_name};
+use cupool_core::log::{read_log, Log};
+use std::path::Path;
+use std::time::SystemTime;
+
+/// What was read, and a line for each file that could not be.
+#[derive(Default)]
+pub struct Read {
+    pub logs: Vec<Log>,
+    pub notes: Vec<String>,
+    /// Files that looked like logs of the check but could not be read.
+    pub unreadable: usize,
+}
+
+impl Read {
+    fn take(&mut self, path: &Path, keep: impl Fn(&Log) -> bool) {
+        match read_log(path) {
+            Ok(log) if keep(&log) => self.logs.push(log),
+            Ok(_) => {}
+            Err(e) => {
+                self.notes.push(format!("{e}; not checked"));
+                self.unreadable += 1;
+            }
+        }
+    }
+
+    pub fn extend(&mut self, other: Read) {
+        self.logs.extend(other.logs);
+        self.notes.extend(other.notes);
+        self.unreadable += other.unreadable;
+        self.sort();
+    }
+
+    /// Ranks first in rank order, then the other processes as they started.
+    fn sort(&mut self) {
+        self.logs.sort_by_key(|l| {
+            let p = &l.header.process;
+            (p.rank.is_none(), p.rank, p.start_unix_ms, p.pid)
+        });
+    }
+}
+
+/// The logs in `dir` tagged `run_id`. Of the files that cannot be read,
+/// only those written since `since` may be this run's, so only they are named.
+pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
+    // File times come from a coarser clock than `since`: a file written just
+    // after it may look a few milliseconds older.
+    let since = since.checked_sub(std::time::Duration::from_secs(1)).unwrap_or(since);
+    let mut read = Read::default();
+    for path in files_in(dir, is_log_name).unwrap_or_default() {
+        // The shim writes its log while the process runs: an older file is
+        // another run's, and is not even read (a log directory keeps them all).
+        if !std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t >= since) {
+            continue;
+        }
+        match read_log(&path) {
+            Ok(log) if log.header.options.run_id == run_id => read.logs.push(log),
+            Ok(_) => {}
+            Err(e) => {
+                read.notes.push(format!("{e}; not checked"));
+                read.unreadable += 1;
+            }
+        }
+    }
+    read.sort();
+    read
+}
+
+/// Every log at `path`: a log file, or the logs in a directory. `Err` when
+/// there is nothing to read there at all.
+pub fn logs_at(path: &Path) -> Result<Read, String> {
+    let mut read = Read::default();
+    if path.is_dir() {
+        let files =
+            files_in(path, is_log_name).map_err(|e| format!("{}: cannot list the directory: {e}", path.display()))?;
+        if files.is_empty() {
+            return Err(format!(
+                "{}: no cupool logs in this directory (cupool.<pid>.json or .json.gz)",
+                path.display()
+            ));
+        }
+        for f in files {
+            read.take(&f, |_| true);
+        }
+    } else if path.exists() {
+        read.take(path, |_| true);
+    } else {
+        return Err(format!("{}: no such file or directory", path.display()));
+    }
+    read.sort();
+    Ok(read)
+}

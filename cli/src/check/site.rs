@@ -1,0 +1,71 @@
+//! Allocation sites as `cupool check` groups, shows and matches them.
+
+use crate::sites::{Resolver, ShownFrame};
+use cupool_core::log::Log;
+use std::collections::HashMap;
+
+/// One allocation site of one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Site {
+    /// Identical sites of all processes share it: the text of the frames;
+    /// for a site without frames, what was allocated and its size.
+    pub key: String,
+    pub frames: Vec<ShownFrame>,
+    /// `cudaMalloc (device)`.
+    pub what: String,
+    /// Full paths of the modules of its native frames: suppressions match
+    /// them as well as the file names the frames show.
+    pub modules: Vec<String>,
+}
+
+impl Site {
+    /// What a suppression pattern is matched against.
+    pub fn match_texts(&self) -> Vec<&str> {
+        let mut texts = frame_texts(&self.frames);
+        texts.extend(self.modules.iter().map(String::as_str));
+        texts
+    }
+}
+
+/// Every frame's function, module and file.
+pub fn frame_texts(frames: &[ShownFrame]) -> Vec<&str> {
+    frames.iter().flat_map(|f| [f.function.as_deref(), f.module.as_deref(), f.file.as_deref()]).flatten().collect()
+}
+
+/// Names the sites of one log, resolving each stack once.
+pub struct Namer<'a> {
+    log: &'a Log,
+    resolver: Option<Resolver>,
+    stacks: HashMap<u32, (Vec<ShownFrame>, Vec<String>)>,
+}
+
+impl<'a> Namer<'a> {
+    pub fn new(log: &'a Log) -> Namer<'a> {
+        Namer { log, resolver: None, stacks: HashMap::new() }
+    }
+
+    /// The site of an allocation made through `api` (memory of `kind`,
+    /// `size` bytes) from stack `stack`, if one was recorded.
+    pub fn site(&mut self, stack: Option<u32>, api: &str, kind: &str, size: u64) -> Site {
+        let what = format!("{api} ({kind})");
+        let (frames, modules) = match stack {
+            Some(id) => {
+                let log = self.log;
+                let resolver = self.resolver.get_or_insert_with(|| Resolver::new(log));
+                self.stacks.entry(id).or_insert_with(|| (resolver.frames(id), resolver.module_paths(id))).clone()
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let key = if frames.is_empty() {
+            format!("{what} {size}")
+        } else {
+            frames.iter().enumerate().map(|(i, f)| f.text(i)).collect::<Vec<_>>().join("\n")
+        };
+        Site { key, frames, what, modules }
+    }
+
+    /// Module files that could not be used to name frames.
+    pub fn problems(&self) -> Vec<String> {
+        self.resolver.as_ref().map(Resolver::problems).unwrap_or_default()
+    }
+}
