@@ -1,0 +1,2 @@
+pub mod finding;
+pub mod per_test;
