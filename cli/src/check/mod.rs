@@ -1,2 +1,3 @@
 pub mod finding;
+pub mod json;
 pub mod per_test;
