@@ -1,3 +1,4 @@
 pub mod finding;
 pub mod json;
 pub mod per_test;
+pub mod sarif;
