@@ -1,4 +1,5 @@
 pub mod finding;
+pub mod github;
 pub mod json;
 pub mod per_test;
 pub mod sarif;
