@@ -264,7 +264,14 @@ fn the_leaking_tests_are_named_with_their_bytes_and_the_others_are_clean() {
     assert_eq!(files.len(), 1, "{:?}", fs::read_dir(&logs).unwrap().collect::<Vec<_>>());
     let f = &files[0];
     assert_eq!((&f["worker"], &f["run_id"]), (&Value::Null, &"r1".into()));
-    assert_expected(&by_test(&files));
+    let tests = by_test(&files);
+    assert_expected(&tests);
+
+    // docs/log-schema.md lists exactly the fields written.
+    assert_eq!(keys(f), documented_fields("cupool-tests"));
+    let leak = &tests["test_suite.py::test_leak"];
+    assert_eq!(keys(leak), documented_fields("cupool-tests.tests[]"));
+    assert_eq!(keys(&leak["devices"]["0"]), documented_fields("cupool-tests.tests[].devices{}"));
 
     // The log of the same process brackets each test, and the wider-scoped
     // fixtures' setup and teardown inside them.
@@ -290,6 +297,29 @@ fn the_leaking_tests_are_named_with_their_bytes_and_the_others_are_clean() {
         }
     }
     assert!(found, "the leaked allocation is inside test_leak's phase");
+}
+
+/// The fields docs/log-schema.md lists under the heading `## `{path}`...`.
+fn documented_fields(path: &str) -> Vec<String> {
+    let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/log-schema.md")).unwrap();
+    let heading = format!("## `{path}`");
+    let body = doc.split("\n").skip_while(|l| !l.starts_with(&heading) || l[heading.len()..].starts_with('.'));
+    let mut fields: Vec<String> = body
+        .skip(1)
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| l.split('|').nth(1).unwrap().trim().trim_matches('`').to_string())
+        .collect();
+    assert!(!fields.is_empty(), "no table under {heading}");
+    fields.sort();
+    fields
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
 }
 
 #[test]
