@@ -3,9 +3,9 @@
 //!
 //! One run; the three rules always listed, with ids from
 //! `LeakKind::rule_id`; one result per finding. Unsuppressed findings are
-//! `error`s; suppressed ones stay in the file as `note`s carrying a SARIF
-//! suppression, which code scanning shows as dismissed rather than as an
-//! alert. Every result has a location (see [`source`]), relative to the
+//! `error`s; suppressed ones stay on record as `note`s carrying a SARIF
+//! suppression (viewers that honour suppressions hide them), so a suppressed
+//! leak never becomes an error alert. Every result has a location (see [`source`]), relative to the
 //! workspace (`$GITHUB_WORKSPACE`, else the current directory) under
 //! `uriBaseId` `%SRCROOT%` when it lies inside, else an absolute `file:` URI.
 
