@@ -376,3 +376,48 @@ fn outside_cupool_the_plugin_does_nothing() {
     let strict = pytest(&dir, None, false, &["-p", "cupool", "--strict-markers"]);
     assert_one_failure(&strict);
 }
+
+/// The wheel's `pytest11` entry point (pyproject.toml), as an installed
+/// distribution's metadata on `PYTHONPATH`: pytest loads the plugin with no
+/// `-p` and no `PYTEST_PLUGINS`, loads it once more through `PYTEST_PLUGINS`
+/// without clashing, and `-p no:cupool` turns it off.
+#[test]
+fn the_wheels_entry_point_loads_it_and_no_cupool_turns_it_off() {
+    let pyproject = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("pyproject.toml")).unwrap();
+    let section = pyproject.split("[project.entry-points.pytest11]").nth(1).expect("a pytest11 entry point");
+    let entry = section.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).unwrap();
+    assert_eq!(entry, r#"cupool = "cupool""#, "the entry point names the package, as the plugin's docs say");
+
+    let dir = suite("pytest-plugin-entry-point");
+    let dist = dir.join("site").join("cupool-0.dist-info");
+    fs::create_dir_all(&dist).unwrap();
+    fs::write(dist.join("METADATA"), "Metadata-Version: 2.1\nName: cupool\nVersion: 0\n").unwrap();
+    fs::write(dist.join("entry_points.txt"), "[pytest11]\ncupool = cupool\n").unwrap();
+    let pythonpath =
+        std::env::join_paths([Path::new(env!("CARGO_MANIFEST_DIR")).join("python"), dir.join("site")]).unwrap();
+    let run = |logs: &Path, plugins_env: bool, args: &[&str]| {
+        let mut cmd = preloaded_command(&python(), &[], &dir.join("stats"), "");
+        cmd.current_dir(&dir)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", "."])
+            .args(args)
+            .env("CUPOOL_OPTIONS", cupool_options(logs, ""))
+            .env("PYTHONPATH", &pythonpath)
+            .env("FAKE_CUDART", fakes().libcudart())
+            .env_remove("PYTEST_ADDOPTS")
+            .env_remove("PYTEST_PLUGINS");
+        if plugins_env {
+            cmd.env("PYTEST_PLUGINS", "cupool.pytest_plugin");
+        }
+        let out = cmd.output().unwrap();
+        assert_one_failure(&out);
+    };
+    let auto = dir.join("auto");
+    run(&auto, false, &[]);
+    assert_expected(&by_test(&results(&auto)));
+    let both = dir.join("both");
+    run(&both, true, &[]);
+    assert_expected(&by_test(&results(&both)));
+    let off = dir.join("off");
+    run(&off, false, &["-p", "no:cupool"]);
+    assert!(results(&off).is_empty(), "-p no:cupool: no results file");
+}
