@@ -219,6 +219,9 @@ struct LiveAtEnd {
     count: u64,
 }
 
+/// An allocation in the timeline: (is VMM, pointer or handle).
+type Key = (bool, u64);
+
 /// For each `test:<nodeid>` phase of `log`: the allocations made inside it
 /// (not inside a nested `fixture:` phase) and still live when it ended.
 fn live_at_end(log: &Log) -> HashMap<String, LiveAtEnd> {
@@ -227,9 +230,11 @@ fn live_at_end(log: &Log) -> HashMap<String, LiveAtEnd> {
     let mut phases: Vec<String> = Vec::new();
     // A phase edge is one line per device; this thread's edge so far: (is begin, name, devices).
     let mut edges: HashMap<u32, (bool, String, Vec<i32>)> = HashMap::new();
-    // (is VMM, pointer or handle) -> (test, size, site)
-    let mut live: HashMap<(bool, u64), (usize, u64, Option<u32>)> = HashMap::new();
-    let mut tests: Vec<String> = Vec::new();
+    // Per test phase seen (by index): its allocations still live, (is VMM,
+    // pointer or handle) -> (size, site); and which test each live one is of.
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut per_test: Vec<HashMap<Key, (u64, Option<u32>)>> = Vec::new();
+    let mut owners: HashMap<Key, usize> = HashMap::new();
     let mut out = HashMap::new();
     for e in events {
         let tid = e.tid.unwrap_or(0);
@@ -240,18 +245,20 @@ fn live_at_end(log: &Log) -> HashMap<String, LiveAtEnd> {
             match (kind, e.ptr, e.kind.as_ref()) {
                 (Some(EventKind::Alloc), Some(ptr), Some(mem)) => {
                     if let Some(test) = owner(&phases) {
-                        let i = match tests.iter().position(|t| t == test) {
-                            Some(i) => i,
-                            None => {
-                                tests.push(test.to_string());
-                                tests.len() - 1
-                            }
-                        };
-                        live.insert((*mem == MemKind::Vmm, ptr), (i, e.size.unwrap_or(0), e.stack));
+                        let i = *index.entry(test.to_string()).or_insert_with(|| {
+                            per_test.push(HashMap::new());
+                            per_test.len() - 1
+                        });
+                        let key = (*mem == MemKind::Vmm, ptr);
+                        per_test[i].insert(key, (e.size.unwrap_or(0), e.stack));
+                        owners.insert(key, i);
                     }
                 }
                 (Some(EventKind::Free), Some(ptr), Some(mem)) => {
-                    live.remove(&(*mem == MemKind::Vmm, ptr));
+                    let key = (*mem == MemKind::Vmm, ptr);
+                    if let Some(i) = owners.remove(&key) {
+                        per_test[i].remove(&key);
+                    }
                 }
                 _ => {}
             }
@@ -280,22 +287,19 @@ fn live_at_end(log: &Log) -> HashMap<String, LiveAtEnd> {
         if !name.starts_with(TEST_PHASE) {
             continue;
         }
-        let Some(i) = tests.iter().position(|t| *t == name) else { continue };
-        let mut left = LiveAtEnd { stack: None, size: 0, count: 0 };
-        let mut largest: Option<(u64, u64)> = None; // (size, key for a stable choice)
-        for (&(_, ptr), &(t, size, stack)) in &live {
-            if t != i {
-                continue;
-            }
-            left.count += 1;
-            if largest.is_none_or(|(s, p)| size > s || (size == s && ptr < p)) {
-                largest = Some((size, ptr));
-                left.size = size;
-                left.stack = stack;
-            }
+        let left = match index.get(&name) {
+            Some(&i) => std::mem::take(&mut per_test[i]),
+            None => HashMap::new(),
+        };
+        let mut end = LiveAtEnd { stack: None, size: 0, count: left.len() as u64 };
+        // The largest; among equals the lowest address, so the choice does not depend on hashing.
+        if let Some((_, &(size, stack))) =
+            left.iter().max_by_key(|(&(_, ptr), &(size, _))| (size, std::cmp::Reverse(ptr)))
+        {
+            end.size = size;
+            end.stack = stack;
         }
-        live.retain(|_, (t, _, _)| *t != i);
-        out.insert(name, left);
+        out.insert(name, end);
     }
     out
 }
