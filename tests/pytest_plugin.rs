@@ -421,3 +421,35 @@ fn the_wheels_entry_point_loads_it_and_no_cupool_turns_it_off() {
     run(&off, false, &["-p", "no:cupool"]);
     assert!(results(&off).is_empty(), "-p no:cupool: no results file");
 }
+
+/// A process that dies mid-run leaves the tests before it readable: the
+/// header line and a line per finished test, no closing line.
+#[test]
+fn a_crash_keeps_the_tests_before_it() {
+    let dir = suite("pytest-plugin-crash");
+    fs::write(
+        dir.join("test_crash.py"),
+        "import os\nfrom conftest import Buf, KEEP, MIB\n\n\
+         def test_a_leaks():\n    KEEP.append(Buf(MIB))\n\n\
+         def test_b_dies():\n    os._exit(3)\n\n\
+         def test_c_never_runs():\n    pass\n",
+    )
+    .unwrap();
+    let logs = dir.join("logs");
+    let out = pytest(&dir, Some(&cupool_options(&logs, "")), false, &["-p", "cupool", "test_crash.py"]);
+    assert_eq!(out.status.code(), Some(3), "{}{}", stdout_of(&out), stderr_of(&out));
+    let name = fs::read_dir(&logs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("cupool-tests."))
+        .expect("a results file");
+    let text = fs::read_to_string(&name).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].ends_with("\"tests\":["), "{text}");
+    // Closed by the reader, as `cupool check` does with a file cut short.
+    let doc: Value = serde_json::from_str(&format!("{}\n{}]}}", lines[0], lines[1])).unwrap();
+    assert_eq!(doc["tests"][0]["nodeid"], "test_crash.py::test_a_leaks");
+    assert_eq!(doc["tests"][0]["leaked_bytes"], MIB);
+    assert!(doc.get("complete").is_none());
+}
