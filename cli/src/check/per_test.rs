@@ -20,6 +20,13 @@ const TEST_PHASE: &str = "test:";
 /// inside a test: what happens there is not the test's.
 const FIXTURE_PHASE: &str = "fixture:";
 
+/// Phases the plugin names around each test (`test:<nodeid>`) and around a
+/// wider fixture's setup or teardown (`fixture:<scope>:<name>`). Growth
+/// analysis leaves them out: one test is not a repetition of the one before.
+pub fn is_plugin_phase(name: &str) -> bool {
+    name.starts_with(TEST_PHASE) || name.starts_with(FIXTURE_PHASE)
+}
+
 /// One results file, as read.
 #[derive(Clone, Debug, Deserialize)]
 pub struct TestsFile {
