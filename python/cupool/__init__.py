@@ -35,6 +35,8 @@ __all__ = [
     "track_peak",
     "PeakReport",
     "phase",
+    "phase_begin",
+    "phase_end",
     "mark",
 ]
 
@@ -203,6 +205,24 @@ def _encode(name):
     return name.encode("utf-8", "replace") if isinstance(name, str) else bytes(name)
 
 
+def phase_begin(name):
+    """Begins a phase named ``name`` in the log (``cupool_phase_begin``); phases nest.
+
+    Each needs its :func:`phase_end`; :func:`phase` pairs them for a ``with``
+    block. A no-op with an older shim, or not under cupool.
+    """
+    api = _get()
+    if api is not None and api.phase_begin is not None:
+        api.phase_begin(_encode(name))
+
+
+def phase_end():
+    """Ends the innermost phase begun by :func:`phase_begin` (``cupool_phase_end``)."""
+    api = _get()
+    if api is not None and api.phase_end is not None:
+        api.phase_end()
+
+
 @contextlib.contextmanager
 def phase(name):
     """``with cupool.phase("epoch 3"):`` marks a phase of the program in the log.
@@ -283,3 +303,13 @@ def track_peak(func=None, *, device=0, report=None):
         return wrapper
 
     return decorate(func) if func is not None else decorate
+
+
+def pytest_configure(config):
+    """``pytest -p cupool`` names this package: the plugin is :mod:`cupool.pytest_plugin`.
+
+    Imported only here, so that ``import cupool`` does not import pytest.
+    """
+    from . import pytest_plugin
+
+    pytest_plugin.pytest_configure(config)

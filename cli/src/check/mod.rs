@@ -214,8 +214,11 @@ pub fn check(args: CheckArgs) -> ExitCode {
         Ok(l) => l,
         Err(code) => return code,
     };
-    let read = inputs::run_logs(&launched.log_dir, &launched.opts.run_id, launched.started);
-    let tests = per_test::findings(&read.logs, &launched.log_dir);
+    let mut read = inputs::run_logs(&launched.log_dir, &launched.opts.run_id, launched.started);
+    let tests = per_test::findings(&read.logs, &launched.log_dir).unwrap_or_else(|e| {
+        read.notes.push(e);
+        Vec::new()
+    });
     let checked = !read.logs.is_empty() || read.unreadable == 0;
     let findings = examine::examine(&read.logs, tests, &reporting.suppressions, &launched.opts, read.notes);
     if read.logs.is_empty() && read.unreadable == 0 {
@@ -287,7 +290,10 @@ pub fn merge(args: MergeArgs) -> ExitCode {
             Ok(here) => {
                 if path.is_dir() {
                     // Per-test files are matched to the logs beside them.
-                    tests.extend(per_test::findings(&here.logs, path));
+                    match per_test::findings(&here.logs, path) {
+                        Ok(found) => tests.extend(found),
+                        Err(e) => read.notes.push(e),
+                    }
                 }
                 read.extend(here);
             }

@@ -1,0 +1,455 @@
+//! The pytest plugin (`python/cupool/pytest_plugin.py`) on the CPU: a small
+//! pytest suite whose tests allocate through the fake CUDA runtime (loaded
+//! with ctypes; `ctypes.CDLL(None).cudaMalloc` is the preloaded shim's hook),
+//! run under the shim by `LD_PRELOAD` + `CUPOOL_OPTIONS`, the way `cupool
+//! check` runs it (`PYTEST_PLUGINS=cupool.pytest_plugin`, the package on
+//! `PYTHONPATH`). `cupool check` itself is not in this branch yet: once it is,
+//! one case here should go through it as well.
+//!
+//! pytest and pytest-xdist come from a virtualenv this test makes in
+//! `target/pytest-tools/` (`python3 -m venv`, then `pip install` from PyPI;
+//! kept for later runs), never from the system. `CUPOOL_TEST_PYTHON=<python>`
+//! names an interpreter that has both instead. Without either the test fails
+//! with the reason.
+//! `cargo test --release --test pytest_plugin`
+mod support;
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use support::*;
+
+const MIB: u64 = 1 << 20;
+const REQUIREMENTS: &[&str] = &["pytest>=7,<10", "pytest-xdist>=3,<4"];
+
+fn run_ok(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A Python with pytest and pytest-xdist (see the module's documentation).
+fn python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(p) = std::env::var_os("CUPOOL_TEST_PYTHON").filter(|p| !p.is_empty()) {
+                return PathBuf::from(p);
+            }
+            let dir = target_dir().join("pytest-tools");
+            let python = dir.join("bin").join("python");
+            let ready = dir.join(".installed");
+            let want = REQUIREMENTS.join("\n");
+            if python.exists() && fs::read_to_string(&ready).is_ok_and(|have| have == want) {
+                return python;
+            }
+            let _ = fs::remove_dir_all(&dir);
+            let system = std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
+            run_ok(
+                Command::new(system).args(["-m", "venv"]).arg(&dir),
+                "python3 -m venv (on Debian: apt-get install python3-venv)",
+            );
+            run_ok(
+                Command::new(&python)
+                    .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                    .args(REQUIREMENTS),
+                "pip install pytest pytest-xdist (needs PyPI once; or set CUPOOL_TEST_PYTHON)",
+            );
+            fs::write(&ready, want).unwrap();
+            python
+        })
+        .clone()
+}
+
+/// Allocations through the fake runtime, and fixtures of every scope.
+const CONFTEST: &str = r#"
+import ctypes, os
+import pytest
+
+ctypes.CDLL(os.environ["FAKE_CUDART"], mode=os.RTLD_GLOBAL)
+_process = ctypes.CDLL(None)  # the first definition: the shim's hooks
+_malloc = _process.cudaMalloc
+_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+_free = _process.cudaFree
+_free.argtypes = [ctypes.c_void_p]
+MIB = 1 << 20
+KEEP = []
+
+
+class Buf:
+    """Device memory, freed when the object goes."""
+
+    def __init__(self, n):
+        self.p = ctypes.c_void_p()
+        assert _malloc(ctypes.byref(self.p), n) == 0
+
+    def __del__(self):
+        _free(self.p)
+
+
+@pytest.fixture(scope="session")
+def model():
+    yield Buf(8 * MIB)
+
+
+@pytest.fixture(scope="module")
+def table():
+    return Buf(MIB)
+
+
+@pytest.fixture
+def scratch():
+    yield Buf(64 * 1024)
+"#;
+
+const TESTS: &str = r#"
+import pytest
+from conftest import Buf, KEEP, MIB
+
+
+def test_first_uses_the_session_fixture(model, scratch):
+    Buf(4096)
+
+
+def test_leak(model):
+    KEEP.append(Buf(3 * MIB))
+
+
+@pytest.mark.cupool_no_leak_check
+def test_opted_out():
+    KEEP.append(Buf(5 * MIB))
+
+
+def test_module_fixture(table):
+    pass
+
+
+def test_garbage_cycle():
+    a, b = Buf(MIB), Buf(1)
+    a.other, b.other = b, a
+
+
+def test_fails_holding_memory():
+    held = Buf(MIB)
+    assert held is None
+
+
+def test_no_cuda():
+    assert 1 + 1 == 2
+
+
+def test_zz_last_leaks_and_tears_down(model, table):
+    KEEP.append(Buf(2 * MIB))
+"#;
+
+/// (nodeid suffix, leaked bytes, leaked count, outcome) of every checked test.
+const EXPECTED: &[(&str, u64, u64, &str)] = &[
+    ("test_first_uses_the_session_fixture", 0, 0, "passed"),
+    ("test_leak", 3 * MIB, 1, "passed"),
+    ("test_module_fixture", 0, 0, "passed"),
+    ("test_garbage_cycle", 0, 0, "passed"),
+    ("test_fails_holding_memory", 0, 0, "failed"),
+    ("test_no_cuda", 0, 0, "passed"),
+    // Its fixtures' teardown frees 9 MiB inside it: left out, not netted against its leak.
+    ("test_zz_last_leaks_and_tears_down", 2 * MIB, 1, "passed"),
+];
+
+/// A suite in a fresh directory.
+fn suite(name: &str) -> PathBuf {
+    let dir = scratch_dir(name);
+    fs::write(dir.join("conftest.py"), CONFTEST).unwrap();
+    fs::write(dir.join("test_suite.py"), TESTS).unwrap();
+    dir
+}
+
+/// pytest in `dir`, under the shim when `log_options` is given.
+fn pytest(dir: &Path, log_options: Option<&str>, plugins_env: bool, args: &[&str]) -> Output {
+    let python = python();
+    let mut cmd = match log_options {
+        Some(opts) => {
+            let mut c = preloaded_command(&python, &[], &dir.join("stats"), "");
+            c.env("CUPOOL_OPTIONS", opts);
+            c
+        }
+        None => plain_command(&python, &[], &dir.join("stats")),
+    };
+    cmd.current_dir(dir)
+        // The suite's own directory, not the repository's pyproject.toml above it.
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", "."])
+        .args(args)
+        .env("PYTHONPATH", Path::new(env!("CARGO_MANIFEST_DIR")).join("python"))
+        .env("FAKE_CUDART", fakes().libcudart())
+        .env_remove("PYTEST_ADDOPTS")
+        .env_remove("PYTEST_PLUGINS");
+    if plugins_env {
+        cmd.env("PYTEST_PLUGINS", "cupool.pytest_plugin");
+    }
+    cmd.output().expect("run pytest")
+}
+
+/// The suite fails exactly one test, on purpose.
+fn assert_one_failure(out: &Output) {
+    let text = stdout_of(out);
+    assert_eq!(out.status.code(), Some(1), "{text}\n{}", stderr_of(out));
+    assert!(text.contains("1 failed, 7 passed"), "{text}\n{}", stderr_of(out));
+}
+
+/// Every `cupool-tests.*.json` in `dir`.
+fn results(dir: &Path) -> Vec<Value> {
+    let mut names: Vec<PathBuf> =
+        fs::read_dir(dir).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+    names.retain(|p| p.file_name().unwrap().to_string_lossy().starts_with("cupool-tests."));
+    names.sort();
+    names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
+}
+
+/// nodeid -> record, over `files`; each test once.
+fn by_test(files: &[Value]) -> BTreeMap<String, Value> {
+    let mut m = BTreeMap::new();
+    for f in files {
+        assert_eq!((&f["schema"], &f["version"], &f["complete"]), (&"cupool-tests".into(), &1.into(), &true.into()));
+        for t in f["tests"].as_array().unwrap() {
+            let id = t["nodeid"].as_str().unwrap().to_string();
+            assert!(m.insert(id.clone(), t.clone()).is_none(), "{id} recorded twice");
+        }
+    }
+    m
+}
+
+fn assert_expected(tests: &BTreeMap<String, Value>) {
+    let ids: Vec<&str> = tests.keys().map(|k| k.strip_prefix("test_suite.py::").unwrap()).collect();
+    let mut want: Vec<&str> = EXPECTED.iter().map(|e| e.0).collect();
+    want.sort();
+    assert_eq!(ids, want, "every test but the opted-out one");
+    for &(name, bytes, count, outcome) in EXPECTED {
+        let t = &tests[&format!("test_suite.py::{name}")];
+        assert_eq!(t["leaked_bytes"], bytes, "{name}: {t}");
+        assert_eq!(t["leaked_count"], count, "{name}: {t}");
+        assert_eq!(t["outcome"], outcome, "{name}: {t}");
+        assert_eq!(t["measured_by"], "cupool", "{name}: {t}");
+        let devices = t["devices"].as_object().unwrap();
+        if bytes == 0 {
+            assert!(devices.is_empty(), "{name}: {t}");
+        } else {
+            assert_eq!(t["devices"]["0"]["leaked_bytes"], bytes, "{name}: {t}");
+            assert_eq!(devices.len(), 1, "{name}: {t}");
+        }
+    }
+}
+
+/// The `name`s of the `ev` phase events of `log`, in order, one per edge.
+fn phase_names(log: &Value, ev: &str) -> Vec<String> {
+    let mut names: Vec<String> = events(log, ev).iter().map(|e| e["name"].as_str().unwrap().to_string()).collect();
+    names.dedup();
+    names
+}
+
+#[test]
+fn the_leaking_tests_are_named_with_their_bytes_and_the_others_are_clean() {
+    let dir = suite("pytest-plugin");
+    let logs = dir.join("logs");
+    let out = pytest(&dir, Some(&cupool_options(&logs, "run_id=r1")), true, &[]);
+    assert_one_failure(&out);
+
+    let files = results(&logs);
+    assert_eq!(files.len(), 1, "{:?}", fs::read_dir(&logs).unwrap().collect::<Vec<_>>());
+    let f = &files[0];
+    assert_eq!((&f["worker"], &f["run_id"]), (&Value::Null, &"r1".into()));
+    let tests = by_test(&files);
+    assert_expected(&tests);
+
+    // docs/log-schema.md lists exactly the fields written.
+    assert_eq!(keys(f), documented_fields("cupool-tests"));
+    let leak = &tests["test_suite.py::test_leak"];
+    assert_eq!(keys(leak), documented_fields("cupool-tests.tests[]"));
+    assert_eq!(keys(&leak["devices"]["0"]), documented_fields("cupool-tests.tests[].devices{}"));
+
+    // The log of the same process brackets each test, and the wider-scoped
+    // fixtures' setup and teardown inside them.
+    let logs = read_logs(&logs);
+    assert_eq!(logs.len(), 1);
+    assert_eq!(logs[0]["process"]["pid"], f["pid"]);
+    let begun = phase_names(&logs[0], "phase_begin");
+    assert!(begun.contains(&"test:test_suite.py::test_leak".to_string()), "{begun:?}");
+    assert!(begun.contains(&"test:test_suite.py::test_opted_out".to_string()), "{begun:?}");
+    let session: Vec<&String> = begun.iter().filter(|n| *n == "fixture:session:model").collect();
+    assert_eq!(session.len(), 2, "its setup and its teardown: {begun:?}");
+    // test_leak's 3 MiB allocation lies inside its phase.
+    let mut inside = false;
+    let mut found = false;
+    let mut all: Vec<&Value> = logs[0]["events"].as_array().unwrap().iter().collect();
+    all.sort_by_key(|e| e["seq"].as_u64());
+    for e in all {
+        match (e["ev"].as_str(), e["name"].as_str()) {
+            (Some("phase_begin"), Some("test:test_suite.py::test_leak")) => inside = true,
+            (Some("phase_end"), Some("test:test_suite.py::test_leak")) => inside = false,
+            (Some("alloc"), _) if e["size"] == 3 * MIB => found = inside,
+            _ => {}
+        }
+    }
+    assert!(found, "the leaked allocation is inside test_leak's phase");
+}
+
+/// The fields docs/log-schema.md lists under the heading `## `{path}`...`.
+fn documented_fields(path: &str) -> Vec<String> {
+    let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/log-schema.md")).unwrap();
+    let heading = format!("## `{path}`");
+    let body = doc.split("\n").skip_while(|l| !l.starts_with(&heading) || l[heading.len()..].starts_with('.'));
+    let mut fields: Vec<String> = body
+        .skip(1)
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| l.split('|').nth(1).unwrap().trim().trim_matches('`').to_string())
+        .collect();
+    assert!(!fields.is_empty(), "no table under {heading}");
+    fields.sort();
+    fields
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
+#[test]
+fn under_xdist_each_worker_writes_its_own_file() {
+    let dir = suite("pytest-plugin-xdist");
+    let logs = dir.join("logs");
+    // `-p cupool` names the package; the plugin is the same.
+    let out = pytest(&dir, Some(&cupool_options(&logs, "")), false, &["-p", "cupool", "-n", "2"]);
+    assert_one_failure(&out);
+    let files = results(&logs);
+    assert_eq!(files.len(), 2, "one per worker, none for the controller");
+    let workers: Vec<&str> = files.iter().map(|f| f["worker"].as_str().unwrap()).collect();
+    assert!(workers.iter().all(|w| *w == "gw0" || *w == "gw1") && workers[0] != workers[1], "{workers:?}");
+    let pids: Vec<u64> = read_logs(&logs).iter().map(|l| l["process"]["pid"].as_u64().unwrap()).collect();
+    for f in &files {
+        assert!(pids.contains(&f["pid"].as_u64().unwrap()), "a log for pid {} among {pids:?}", f["pid"]);
+    }
+    assert_expected(&by_test(&files));
+}
+
+#[test]
+fn named_twice_it_checks_once_and_reads_quoted_options_as_the_shim_does() {
+    let dir = suite("pytest-plugin-twice");
+    // A `:` in the directory needs quotes in CUPOOL_OPTIONS.
+    let logs = dir.join("logs:quoted");
+    let opts = format!("verbosity=1 : log_dir='{}'", logs.display());
+    let out = pytest(&dir, Some(&opts), true, &["-p", "cupool"]);
+    assert_one_failure(&out);
+    let files = results(&logs);
+    assert_eq!(files.len(), 1);
+    assert_expected(&by_test(&files));
+}
+
+#[test]
+fn outside_cupool_the_plugin_does_nothing() {
+    let dir = suite("pytest-plugin-outside");
+    let logs = dir.join("logs");
+    // No preload: cupool.available() is false. Warnings are errors, so the
+    // module's "not under cupool" warning would fail the run.
+    let python = python();
+    let out = plain_command(&python, &[], &dir.join("stats"))
+        .current_dir(&dir)
+        .args(["-W", "error", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ".", "-p", "cupool"])
+        .env("PYTHONPATH", Path::new(env!("CARGO_MANIFEST_DIR")).join("python"))
+        .env("FAKE_CUDART", fakes().libcudart())
+        .env("CUPOOL_OPTIONS", cupool_options(&logs, ""))
+        .env("PYTEST_PLUGINS", "cupool.pytest_plugin")
+        .env_remove("PYTEST_ADDOPTS")
+        .output()
+        .unwrap();
+    assert_one_failure(&out);
+    assert!(!logs.exists(), "nothing written: {:?}", fs::read_dir(&logs).map(|d| d.count()));
+    // The marker is registered all the same: --strict-markers accepts it.
+    let strict = pytest(&dir, None, false, &["-p", "cupool", "--strict-markers"]);
+    assert_one_failure(&strict);
+}
+
+/// The wheel's `pytest11` entry point (pyproject.toml), as an installed
+/// distribution's metadata on `PYTHONPATH`: pytest loads the plugin with no
+/// `-p` and no `PYTEST_PLUGINS`, loads it once more through `PYTEST_PLUGINS`
+/// without clashing, and `-p no:cupool` turns it off.
+#[test]
+fn the_wheels_entry_point_loads_it_and_no_cupool_turns_it_off() {
+    let pyproject = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("pyproject.toml")).unwrap();
+    let section = pyproject.split("[project.entry-points.pytest11]").nth(1).expect("a pytest11 entry point");
+    let entry = section.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).unwrap();
+    assert_eq!(entry, r#"cupool = "cupool""#, "the entry point names the package, as the plugin's docs say");
+
+    let dir = suite("pytest-plugin-entry-point");
+    let dist = dir.join("site").join("cupool-0.dist-info");
+    fs::create_dir_all(&dist).unwrap();
+    fs::write(dist.join("METADATA"), "Metadata-Version: 2.1\nName: cupool\nVersion: 0\n").unwrap();
+    fs::write(dist.join("entry_points.txt"), "[pytest11]\ncupool = cupool\n").unwrap();
+    let pythonpath =
+        std::env::join_paths([Path::new(env!("CARGO_MANIFEST_DIR")).join("python"), dir.join("site")]).unwrap();
+    let run = |logs: &Path, plugins_env: bool, args: &[&str]| {
+        let mut cmd = preloaded_command(&python(), &[], &dir.join("stats"), "");
+        cmd.current_dir(&dir)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", "."])
+            .args(args)
+            .env("CUPOOL_OPTIONS", cupool_options(logs, ""))
+            .env("PYTHONPATH", &pythonpath)
+            .env("FAKE_CUDART", fakes().libcudart())
+            .env_remove("PYTEST_ADDOPTS")
+            .env_remove("PYTEST_PLUGINS");
+        if plugins_env {
+            cmd.env("PYTEST_PLUGINS", "cupool.pytest_plugin");
+        }
+        let out = cmd.output().unwrap();
+        assert_one_failure(&out);
+    };
+    let auto = dir.join("auto");
+    run(&auto, false, &[]);
+    assert_expected(&by_test(&results(&auto)));
+    let both = dir.join("both");
+    run(&both, true, &[]);
+    assert_expected(&by_test(&results(&both)));
+    let off = dir.join("off");
+    run(&off, false, &["-p", "no:cupool"]);
+    assert!(results(&off).is_empty(), "-p no:cupool: no results file");
+}
+
+/// A process that dies mid-run leaves the tests before it readable: the
+/// header line and a line per finished test, no closing line.
+#[test]
+fn a_crash_keeps_the_tests_before_it() {
+    let dir = suite("pytest-plugin-crash");
+    fs::write(
+        dir.join("test_crash.py"),
+        "import os\nfrom conftest import Buf, KEEP, MIB\n\n\
+         def test_a_leaks():\n    KEEP.append(Buf(MIB))\n\n\
+         def test_b_dies():\n    os._exit(3)\n\n\
+         def test_c_never_runs():\n    pass\n",
+    )
+    .unwrap();
+    let logs = dir.join("logs");
+    let out = pytest(&dir, Some(&cupool_options(&logs, "")), false, &["-p", "cupool", "test_crash.py"]);
+    assert_eq!(out.status.code(), Some(3), "{}{}", stdout_of(&out), stderr_of(&out));
+    let name = fs::read_dir(&logs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("cupool-tests."))
+        .expect("a results file");
+    let text = fs::read_to_string(&name).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].ends_with("\"tests\":["), "{text}");
+    // Closed by the reader, as `cupool check` does with a file cut short.
+    let doc: Value = serde_json::from_str(&format!("{}\n{}]}}", lines[0], lines[1])).unwrap();
+    assert_eq!(doc["tests"][0]["nodeid"], "test_crash.py::test_a_leaks");
+    assert_eq!(doc["tests"][0]["leaked_bytes"], MIB);
+    assert!(doc.get("complete").is_none());
+}
