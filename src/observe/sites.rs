@@ -159,7 +159,7 @@ fn define_string(table: &mut Table, text: &str) -> u32 {
 /// lock of cupool's: a thread inside `dlopen` may be allocating.
 #[cold]
 fn note_python_status() {
-    if WITHOUT_PYTHON.fetch_add(1, Ordering::Relaxed) % 4096 != 0 || PYTHON_NOTE.lock().is_some() {
+    if !WITHOUT_PYTHON.fetch_add(1, Ordering::Relaxed).is_multiple_of(4096) || PYTHON_NOTE.lock().is_some() {
         return;
     }
     if let status @ python::Status::Unsupported { .. } = python::status() {
