@@ -30,9 +30,9 @@ check cupy-clean clean -- python3 $src/cupy_clean.py
 check jax-clean clean -- python3 $src/jax_step.py
 check cublas-clean clean -- $work/cublas_clean
 check ddp-clean clean -- torchrun --standalone --nproc_per_node 2 $src/ddp_loop.py
-LEAK=1 check torch-leak-cache growth:train_loop.py:$(grep -n '# LEAK' $src/train_loop.py | cut -d: -f1) -- python3 $src/train_loop.py
-LEAK=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-leak-nocache growth:train_loop.py:$(grep -n '# LEAK' $src/train_loop.py | cut -d: -f1) -- python3 $src/train_loop.py
-LEAK=1 check ddp-leak growth:ddp_loop.py:$(grep -n '# LEAK' $src/ddp_loop.py | cut -d: -f1):0,1 -- torchrun --standalone --nproc_per_node 2 $src/ddp_loop.py
+LEAK=1 check torch-leak-cache growth:train_loop.py:$(grep -n '# ALLOCATED' $src/train_loop.py | cut -d: -f1) -- python3 $src/train_loop.py
+LEAK=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-leak-nocache growth:train_loop.py:$(grep -n '# ALLOCATED' $src/train_loop.py | cut -d: -f1) -- python3 $src/train_loop.py
+LEAK=1 check ddp-leak growth:ddp_loop.py:$(grep -n '# ALLOCATED' $src/ddp_loop.py | cut -d: -f1):0,1 -- torchrun --standalone --nproc_per_node 2 $src/ddp_loop.py
 check pytest-one-leak test:test_leaks_a_buffer -- python3 -m pytest -q -p no:cacheprovider $src/pytest_suite
 check pytest-xdist-one-leak test:test_leaks_a_buffer -- python3 -m pytest -q -p no:cacheprovider -n 2 $src/pytest_suite
 for v in shared static; do

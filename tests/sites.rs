@@ -49,7 +49,7 @@ fn definitions(log: &Value) -> Vec<Value> {
     log.get("definitions").and_then(Value::as_array).cloned().unwrap_or_default()
 }
 
-fn site_of_size<'a>(sites: &'a [Value], size: u64) -> &'a Value {
+fn site_of_size(sites: &[Value], size: u64) -> &Value {
     sites
         .iter()
         .find(|s| s["peak_bytes"] == size)

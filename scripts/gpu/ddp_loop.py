@@ -14,7 +14,7 @@ model = DDP(torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), to
 opt = torch.optim.SGD(model.parameters(), 1e-3)
 kept = []
 for step in range(30):
-    out = model(torch.randn(512, 1024, device="cuda"))
+    out = model(torch.randn(512, 1024, device="cuda"))  # ALLOCATED
     out.float().pow(2).mean().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

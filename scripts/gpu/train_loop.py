@@ -1,6 +1,7 @@
 # GPU check of `cupool check` (scripts/gpu-leakcheck.sh): a small training
 # loop, no marks. LEAK=1 keeps every step's output alive (the line marked
-# LEAK), the classic per-iteration leak; without it the loop is clean.
+# LEAK), the classic per-iteration leak: the memory kept is the output
+# allocated on the line marked ALLOCATED. Without LEAK the loop is clean.
 import os
 import torch
 
@@ -11,7 +12,7 @@ opt = torch.optim.AdamW(model.parameters(), 1e-3)
 kept = []
 for step in range(40):
     x = torch.randn(512, 1024, device="cuda")
-    out = model(x)
+    out = model(x)  # ALLOCATED
     loss = out.float().pow(2).mean()
     loss.backward()
     opt.step()
