@@ -42,6 +42,7 @@ done
 # What a user sees for one of them.
 sed -n 1,40p $work/torch-leak-nocache.err
 
+if [ -z "${SKIP_OVERHEAD:-}" ]; then
 echo "== overhead: transformer workload (10 timed iterations), plain / cupool check / compute-sanitizer"
 T=$work/t.py; sed 's/N = 60/N = 10/' $src/torch_transformer.py > $T
 for round in 1 2; do
@@ -51,6 +52,7 @@ for round in 1 2; do
   MODE=cupool-check-nocache-pool PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool check --mode pool --log-dir $work/overp-$round -- python3 $T 2>/dev/null
 done
 MODE=compute-sanitizer compute-sanitizer --leak-check full python3 $T 2>&1 | grep mode=
+fi
 tar czf ${OUT:-$work}/gpu-leakcheck.tgz -C $work . 2>/dev/null
 echo
 printf '%s\n' "${rows[@]}"

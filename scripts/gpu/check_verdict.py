@@ -46,6 +46,6 @@ elif expect.startswith("test:"):
     row(ok, f"test findings: {[f['test'] for f in tests]}; all: {desc}")
 elif expect.startswith("sanitizer:"):
     text = open(expect[10:]).read()
-    sanitizer = sorted(int(n) for n in re.findall(r"Leaked (\d+) bytes", text))
+    sanitizer = sorted(int(n.replace(",", "")) for n in re.findall(r"Leaked ([\d,]+) bytes", text))
     ours = sorted(f["bytes"] // max(f["count"], 1) for f in failing if f["kind"] == "exit" for _ in range(f["count"]))
     row(rc == 23 and sanitizer == ours and sanitizer, f"compute-sanitizer {sanitizer} cupool {ours}")

@@ -13,7 +13,7 @@ leak = os.environ.get("LEAK") == "1"
 model = DDP(torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)).cuda())
 opt = torch.optim.SGD(model.parameters(), 1e-3)
 kept = []
-for step in range(30):
+for step in range(200):
     out = model(torch.randn(512, 1024, device="cuda"))  # ALLOCATED
     out.float().pow(2).mean().backward()
     opt.step()

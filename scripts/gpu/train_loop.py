@@ -10,7 +10,7 @@ leak = os.environ.get("LEAK") == "1"
 model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 8192)).cuda()
 opt = torch.optim.AdamW(model.parameters(), 1e-3)
 kept = []
-for step in range(40):
+for step in range(200):
     x = torch.randn(512, 1024, device="cuda")
     out = model(x)  # ALLOCATED
     loss = out.float().pow(2).mean()

@@ -243,8 +243,11 @@ fn test_leaks_are_grouped_named_and_suppressed_by_their_frames() {
         ),
         "{text}"
     );
-    assert_eq!(f.findings[1].suppressed_by.as_deref(), Some("/cupy/cuda/"));
-    assert_eq!(f.verdict.leaked_bytes, 1024);
+    // A test's leak allocated by CuPy's pool is the test's, not the cache's:
+    // the default suppressions hold for exit leaks only.
+    let cupy = f.findings.iter().find(|x| x.test.as_deref() == Some("tests/test_b.py::test_cupy")).unwrap();
+    assert_eq!(cupy.suppressed_by, None);
+    assert_eq!(f.verdict.leaked_bytes, 1024 + 4096);
 }
 
 #[test]
