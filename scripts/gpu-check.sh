@@ -105,7 +105,7 @@ done
 
 # PyTorch's NVTX ranges become phases (cupool run makes the shim the NVTX tool).
 got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/nvtx --mode pool -- python3 $src/torch_nvtx.py 2>&1 | grep '^result:')
-phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/nvtx/cupool.*.json')[0])); print([(e['ev'][6:], e['name'], e['live'] >> 20) for e in l['events'] if e['ev'].startswith('phase_')])" 2>&1)
+phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/nvtx/cupool.*.json')[0])); print([(e['ev'][6:], e['name'], e['live'] >> 20) for e in l['events'] if e.get('ev', '').startswith('phase_')])" 2>&1)
 want="[('begin', 'epoch 0', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 0', 16), ('begin', 'epoch 1', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 1', 16)]"
 rows+=("torch-nvtx             | $([ "$phases" = "$want" ] && echo PASS || echo FAIL)                                     | phases (edge, name, MiB live)=$phases")
 
@@ -117,7 +117,7 @@ if ls $bin/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target $work/wheel $bin/*.whl 2>/dev/null
   for mode in passthrough pool; do
     got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$work/wheel $work/wheel/bin/cupool run -q --log-dir $work/module-$mode --mode $mode -- python3 $src/torch_module.py 2>&1 | grep '^result:')
-    phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/module-$mode/cupool.*.json')[0])); print(sorted({(e['ev'], e['name']) for e in l['events'] if e['ev'].startswith('phase_')}))" 2>&1)
+    phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/module-$mode/cupool.*.json')[0])); print(sorted({(e['ev'], e['name']) for e in l['events'] if e.get('ev', '').startswith('phase_')}))" 2>&1)
     want="[('phase_begin', 'epoch 0'), ('phase_begin', 'epoch 1'), ('phase_begin', 'warm-up'), ('phase_end', 'epoch 0'), ('phase_end', 'warm-up')]"
     verdict=$([ "$phases" = "$want" ] && echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)
     rows+=("$(printf '%-22s' "wheel-module-$mode") | $verdict                                     | $got phases=$phases")
