@@ -18,24 +18,12 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 use support::*;
 
 const MIB: u64 = 1 << 20;
 const REQUIREMENTS: &[&str] = &["pytest>=7,<10", "pytest-xdist>=3,<4"];
-
-fn run_ok(cmd: &mut Command, what: &str) -> Output {
-    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// A Python with pytest and pytest-xdist (see the module's documentation).
 fn python() -> PathBuf {

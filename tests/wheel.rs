@@ -13,23 +13,11 @@ mod support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use support::*;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn run(cmd: &mut Command, what: &str) -> Output {
-    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 fn python3() -> String {
@@ -39,7 +27,7 @@ fn python3() -> String {
 /// A virtualenv at `dir`, made with `python3 -m venv`.
 fn venv(dir: &Path) -> PathBuf {
     let _ = fs::remove_dir_all(dir);
-    run(
+    run_ok(
         Command::new(python3()).args(["-m", "venv"]).arg(dir),
         "python3 -m venv (on Debian: apt-get install python3-venv)",
     );
@@ -61,7 +49,7 @@ fn maturin() -> PathBuf {
         return bin;
     }
     let vbin = venv(&tools);
-    run(
+    run_ok(
         Command::new(vbin.join("pip")).args(["install", "--quiet", "--disable-pip-version-check", "maturin>=1.5,<2"]),
         "pip install maturin (needs PyPI; or put maturin on PATH, or set CUPOOL_MATURIN)",
     );
@@ -78,7 +66,7 @@ fn build_wheel(out_dir: &Path) -> PathBuf {
         Some(name) => name.to_string(),
         None => "release".to_string(),
     };
-    run(
+    run_ok(
         Command::new(maturin())
             .current_dir(root())
             .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
@@ -189,7 +177,7 @@ fn the_wheel_installs_a_working_cupool_and_python_module() {
 
     // A fresh virtualenv; the wheel needs nothing from PyPI.
     let bin = venv(&dir.join("venv"));
-    run(
+    run_ok(
         Command::new(bin.join("pip"))
             .args(["install", "--quiet", "--no-index", "--disable-pip-version-check"])
             .arg(&wheel),
@@ -198,13 +186,13 @@ fn the_wheel_installs_a_working_cupool_and_python_module() {
     let cupool = bin.join("cupool");
     assert!(cupool.is_file(), "the wheel installs {}", cupool.display());
 
-    let out = run(venv_command(&cupool, &dir).arg("--version"), "cupool --version");
+    let out = run_ok(venv_command(&cupool, &dir).arg("--version"), "cupool --version");
     assert!(stdout_of(&out).contains(env!("CARGO_PKG_VERSION")), "{}", stdout_of(&out));
-    let out = run(venv_command(&bin.join("python"), &dir).args(["-m", "cupool", "--version"]), "python -m cupool");
+    let out = run_ok(venv_command(&bin.join("python"), &dir).args(["-m", "cupool", "--version"]), "python -m cupool");
     assert!(stdout_of(&out).contains(env!("CARGO_PKG_VERSION")), "{}", stdout_of(&out));
 
     // The bundled traces travel in the binary.
-    let out = run(venv_command(&cupool, &dir).arg("replay"), "cupool replay");
+    let out = run_ok(venv_command(&cupool, &dir).arg("replay"), "cupool replay");
     let stdout = stdout_of(&out);
     for trace in ["cupy.json.gz", "gpt2.json.gz", "resnet18.json.gz", "torch-transformer.json.gz"] {
         assert!(stdout.lines().any(|l| l.starts_with(trace)), "{trace} missing:\n{stdout}");
@@ -213,7 +201,7 @@ fn the_wheel_installs_a_working_cupool_and_python_module() {
     // So does the shim: a fake CUDA program under it writes its log.
     let logs = dir.join("logs");
     let prog = fakes().prog("prog_runtime");
-    let out = run(
+    let out = run_ok(
         venv_command(&cupool, &dir).args(["run", "-v", "-q", "--log-dir"]).arg(&logs).arg("--").arg(&prog),
         "cupool run prog_runtime",
     );
@@ -227,7 +215,7 @@ fn the_wheel_installs_a_working_cupool_and_python_module() {
     let script = dir.join("under.py");
     fs::write(&script, UNDER_CUPOOL).unwrap();
     let pylogs = dir.join("pylogs");
-    let out = run(
+    let out = run_ok(
         venv_command(&cupool, &dir)
             .args(["run", "-q", "--log-dir"])
             .arg(&pylogs)
@@ -253,7 +241,7 @@ fn the_wheel_installs_a_working_cupool_and_python_module() {
     // The Python module outside cupool: no-ops, zeros, one warning.
     let script = dir.join("outside.py");
     fs::write(&script, OUTSIDE).unwrap();
-    let out = run(venv_command(&bin.join("python"), &dir).arg(&script), "python outside cupool");
+    let out = run_ok(venv_command(&bin.join("python"), &dir).arg(&script), "python outside cupool");
     let stdout = stdout_of(&out);
     let v = |k: &str| stdout_value(&stdout, k).unwrap_or_else(|| panic!("no {k}= in:\n{stdout}"));
     assert_eq!((v("available"), v("f"), v("total"), v("stats_keys")), (0, 7, 0, 9), "{stdout}");

@@ -8,6 +8,7 @@ mod shim;
 mod sites;
 mod summary;
 mod symbolize;
+mod units;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

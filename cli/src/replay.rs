@@ -229,8 +229,8 @@ pub fn run(paths: Vec<PathBuf>) -> ExitCode {
                     "{:<40} {:>9} {:>12} {:>14} {:>8.3} {:>9} {:>8.1}",
                     name,
                     o.ops,
-                    crate::summary::human_bytes(o.peak_live),
-                    crate::summary::human_bytes(o.peak_reserved),
+                    crate::units::human_bytes(o.peak_live),
+                    crate::units::human_bytes(o.peak_reserved),
                     ratio,
                     o.segments,
                     o.ns_per_op

@@ -293,10 +293,10 @@ fn print_site(s: &ShownSite, out: &mut dyn std::io::Write) {
     let _ = writeln!(
         out,
         "  peak {} in {} allocation(s) ({} in all, {} still live)",
-        crate::summary::human_bytes(f.peak_bytes),
+        crate::units::human_bytes(f.peak_bytes),
         f.allocs,
-        crate::summary::human_bytes(f.total_bytes),
-        crate::summary::human_bytes(f.live_bytes)
+        crate::units::human_bytes(f.total_bytes),
+        crate::units::human_bytes(f.live_bytes)
     );
     for (i, frame) in s.frames.iter().take(TEXT_FRAMES).enumerate() {
         let _ = writeln!(out, "    {}", frame.text(i));

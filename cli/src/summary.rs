@@ -1,5 +1,6 @@
 //! One-screen summaries of cupool logs.
 
+use crate::units::human_bytes;
 use cupool_core::log::{read_log, summarize, ExitRecord, Log, ReadErrorKind, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,21 +30,6 @@ pub fn is_log_name(name: &str) -> bool {
 
 fn log_files(dir: &Path) -> Vec<PathBuf> {
     files_in(dir, is_log_name).unwrap_or_default()
-}
-
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 fn exit_text(s: &Summary) -> String {

@@ -877,3 +877,16 @@ pub fn send_signal(pid: u32, sig: i32) {
     let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
     assert_eq!(r, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
 }
+
+/// Runs `cmd` (stdin closed) and panics, with its output, unless it succeeds.
+pub fn run_ok(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

@@ -69,6 +69,27 @@ macro_rules! registers_here {
     }};
 }
 
+/// Walks the stack from the frame of the function this expands in (see
+/// `registers_here`) into `$out`; 0 where there is no unwinder.
+macro_rules! capture_from_this_frame {
+    ($out:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            let regs = registers_here!();
+            let n = unwind::capture_from(&regs, $out);
+            // Keeps this frame (which the walk read) from being replaced by a
+            // tail call while the walk runs.
+            std::hint::black_box(&regs);
+            n
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = $out;
+            0
+        }
+    }};
+}
+
 /// Fills `out` with the calling thread's return addresses, innermost first,
 /// without the frames of cupool, the CUDA runtime and the driver at the top.
 /// Returns how many it wrote (0 when nothing could be unwound).
@@ -80,20 +101,7 @@ macro_rules! registers_here {
 /// they lead the stack.
 #[inline(never)]
 pub fn capture(out: &mut [u64]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let regs = registers_here!();
-        let n = unwind::capture_from(&regs, out);
-        // Keeps this frame (which the walk read) from being replaced by a
-        // tail call while the walk runs.
-        std::hint::black_box(&regs);
-        n
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = out;
-        0
-    }
+    capture_from_this_frame!(out)
 }
 
 /// [`capture`] for callers across a C ABI (a hook written in C, a helper
@@ -108,18 +116,7 @@ pub unsafe extern "C" fn capture_raw(out: *mut u64, len: usize) -> usize {
     }
     // SAFETY: the caller guarantees `len` writable words at `out`.
     let out = unsafe { std::slice::from_raw_parts_mut(out, len) };
-    #[cfg(target_arch = "x86_64")]
-    {
-        let regs = registers_here!();
-        let n = unwind::capture_from(&regs, out);
-        std::hint::black_box(&regs);
-        n
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = out;
-        0
-    }
+    capture_from_this_frame!(out)
 }
 
 /// Registers the modules loaded now, so that the first captures neither pay

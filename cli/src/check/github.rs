@@ -4,7 +4,7 @@
 
 use super::finding::{Finding, Findings, LeakKind};
 use super::sarif::{message, processes, source, workspace_root};
-use crate::summary::human_bytes;
+use crate::units::human_bytes;
 use std::io::Write;
 use std::path::Path;
 

@@ -10,7 +10,7 @@
 //! `uriBaseId` `%SRCROOT%` when it lies inside, else an absolute `file:` URI.
 
 use super::finding::{Finding, Findings, LeakKind};
-use crate::summary::human_bytes;
+use crate::units::human_bytes;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 

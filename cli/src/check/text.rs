@@ -5,7 +5,8 @@
 
 use super::finding::{Finding, Findings, LeakKind, ProcessRef};
 use super::suppress::DEFAULT_SOURCE;
-use crate::summary::{human_bytes, short_cmdline};
+use crate::summary::short_cmdline;
+use crate::units::human_bytes;
 use std::io::{self, Write};
 
 /// Frames shown per finding.
