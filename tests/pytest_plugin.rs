@@ -3,8 +3,7 @@
 //! with ctypes; `ctypes.CDLL(None).cudaMalloc` is the preloaded shim's hook),
 //! run under the shim by `LD_PRELOAD` + `CUPOOL_OPTIONS`, the way `cupool
 //! check` runs it (`PYTEST_PLUGINS=cupool.pytest_plugin`, the package on
-//! `PYTHONPATH`). `cupool check` itself is not in this branch yet: once it is,
-//! one case here should go through it as well.
+//! `PYTHONPATH`); one case goes through `cupool check` itself.
 //!
 //! pytest and pytest-xdist come from a virtualenv this test makes in
 //! `target/pytest-tools/` (`python3 -m venv`, then `pip install` from PyPI;
@@ -440,4 +439,55 @@ fn a_crash_keeps_the_tests_before_it() {
     assert_eq!(doc["tests"][0]["nodeid"], "test_crash.py::test_a_leaks");
     assert_eq!(doc["tests"][0]["leaked_bytes"], MIB);
     assert!(doc.get("complete").is_none());
+}
+
+/// The same suite through `cupool check` itself: the plugin is loaded by the
+/// environment the check sets up, and every leaking test becomes one test
+/// finding with its bytes; the program's own failure (one test fails on
+/// purpose) is the status of the check.
+#[test]
+fn cupool_check_names_each_leaking_test() {
+    let dir = suite("pytest-plugin-check");
+    let findings = dir.join("findings.json");
+    let python = python();
+    let out = cupool_command(
+        &[
+            "check",
+            "--log-dir",
+            dir.join("logs").to_str().unwrap(),
+            "--json",
+            findings.to_str().unwrap(),
+            "--",
+            python.to_str().unwrap(),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            ".",
+        ],
+        &dir.join("stats"),
+    )
+    .current_dir(&dir)
+    .env("FAKE_CUDART", fakes().libcudart())
+    .env_remove("PYTEST_ADDOPTS")
+    .env_remove("PYTEST_PLUGINS")
+    .output()
+    .expect("run cupool check");
+    assert_eq!(out.status.code(), Some(1), "the suite's own failure wins:\n{}\n{}", stdout_of(&out), stderr_of(&out));
+    let doc: Value = serde_json::from_str(&fs::read_to_string(&findings).unwrap()).unwrap();
+    let mut got: Vec<(String, u64)> = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "test" && f.get("suppressed_by").is_none())
+        .map(|f| (f["test"].as_str().unwrap().to_string(), f["bytes"].as_u64().unwrap()))
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, u64)> =
+        EXPECTED.iter().filter(|e| e.1 > 0).map(|e| (format!("test_suite.py::{}", e.0), e.1)).collect();
+    want.sort();
+    assert_eq!(got, want, "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("Test leak of"), "{}", stderr_of(&out));
 }
