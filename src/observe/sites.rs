@@ -11,8 +11,8 @@ use cupool_capture::{native, python};
 use cupool_core::log::{Definition, ModuleRecord, PyFrameRecord, StackRecord, StringRecord};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
+use std::cell::RefCell;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Upper bounds of the options `stack_depth` and `python_depth`.
 const MAX_NATIVE: usize = 128;
@@ -56,8 +56,26 @@ struct Table {
 static TABLE: Mutex<Option<Table>> = Mutex::new(None);
 /// Why allocations have no Python frames although Python runs, once known.
 static PYTHON_NOTE: Mutex<Option<String>> = Mutex::new(None);
-/// Captures without Python frames since Python's status was last asked.
-static WITHOUT_PYTHON: AtomicU32 = AtomicU32::new(0);
+
+/// A thread's buffers for one capture, kept between allocations so that a
+/// capture neither zeroes kilobytes of stack nor shares a counter between threads.
+struct Scratch {
+    key: [u64; MAX_KEY],
+    frames: [python::PyFrame; MAX_PYTHON],
+    /// Captures without Python frames since this thread last asked Python's status.
+    without_python: u32,
+}
+
+thread_local! {
+    // `const` and free of destructors: usable even while the thread exits.
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            key: [0; MAX_KEY],
+            frames: [python::PyFrame { code: 0, tag: 0, lasti: 0 }; MAX_PYTHON],
+            without_python: 0,
+        })
+    };
+}
 
 /// Registers the loaded modules with the unwinder.
 pub fn start() {
@@ -77,12 +95,17 @@ pub fn capture() -> u32 {
 }
 
 fn capture_at(native_depth: usize, python_depth: usize) -> u32 {
-    let mut key = [0u64; MAX_KEY];
+    // A hook run by a signal handler inside a capture finds the buffers taken: no site.
+    SCRATCH.try_with(|s| s.try_borrow_mut().map_or(0, |mut s| capture_into(&mut s, native_depth, python_depth)))
+        .unwrap_or(0)
+}
+
+fn capture_into(s: &mut Scratch, native_depth: usize, python_depth: usize) -> u32 {
+    let Scratch { key, frames, without_python } = s;
     let n = native::capture(&mut key[..native_depth]);
-    let mut frames = [python::PyFrame::default(); MAX_PYTHON];
     let p = python::capture(&mut frames[..python_depth]);
     if p == 0 && python_depth > 0 {
-        note_python_status();
+        note_python_status(without_python);
     }
     if n == 0 && p == 0 {
         return 0;
@@ -157,9 +180,10 @@ fn define_string(table: &mut Table, text: &str) -> u32 {
 /// Finds out, now and then, whether Python runs but cannot be read. Asking
 /// may take the dynamic linker's lock (`dlsym`), so it is never done under a
 /// lock of cupool's: a thread inside `dlopen` may be allocating.
-#[cold]
-fn note_python_status() {
-    if !WITHOUT_PYTHON.fetch_add(1, Ordering::Relaxed).is_multiple_of(4096) || PYTHON_NOTE.lock().is_some() {
+fn note_python_status(without_python: &mut u32) {
+    let asked_now = without_python.is_multiple_of(4096);
+    *without_python = without_python.wrapping_add(1);
+    if !asked_now || PYTHON_NOTE.lock().is_some() {
         return;
     }
     if let status @ python::Status::Unsupported { .. } = python::status() {
