@@ -165,7 +165,7 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
 pub const EXIT_BAD_INPUT: u8 = 2;
 
 /// Log files named by `path`: the file itself, or the cupool logs in a directory.
-fn logs_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn logs_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]); // reading it says what is wrong with it
     }

@@ -10,8 +10,8 @@ use crate::sink;
 use cupool_capture::{native, python};
 use cupool_core::log::{Definition, ModuleRecord, PyFrameRecord, StackRecord, StringRecord};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
 use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Upper bounds of the options `stack_depth` and `python_depth`.
@@ -96,7 +96,8 @@ pub fn capture() -> u32 {
 
 fn capture_at(native_depth: usize, python_depth: usize) -> u32 {
     // A hook run by a signal handler inside a capture finds the buffers taken: no site.
-    SCRATCH.try_with(|s| s.try_borrow_mut().map_or(0, |mut s| capture_into(&mut s, native_depth, python_depth)))
+    SCRATCH
+        .try_with(|s| s.try_borrow_mut().map_or(0, |mut s| capture_into(&mut s, native_depth, python_depth)))
         .unwrap_or(0)
 }
 

@@ -17,7 +17,7 @@ pub fn examine(logs: &[Log], tests: Vec<Finding>, supp: &Suppressions, opts: &Op
     let mut groups = Groups::default();
     let mut out = Findings { notes, ..Default::default() };
     for log in logs {
-        let process = process_ref(log);
+        let process = ProcessRef::of(log);
         let who = format!("pid {}", process.pid);
         let mut namer = Namer::new(log);
         if log.end.is_none() {
@@ -56,11 +56,6 @@ pub fn examine(logs: &[Log], tests: Vec<Finding>, supp: &Suppressions, opts: &Op
     out.findings = groups.judge(supp, &mut out.suppressions_used);
     out.verdict = verdict(&out.findings, &groups.keys, opts);
     out
-}
-
-fn process_ref(log: &Log) -> ProcessRef {
-    let p = &log.header.process;
-    ProcessRef { pid: p.pid, rank: p.rank, cmdline: p.cmdline.join(" ") }
 }
 
 /// Allocations still live when their context died or the process ended:

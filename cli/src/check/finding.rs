@@ -48,6 +48,14 @@ pub struct ProcessRef {
     pub cmdline: String,
 }
 
+impl ProcessRef {
+    /// The process that wrote `log`.
+    pub fn of(log: &cupool_core::log::Log) -> ProcessRef {
+        let p = &log.header.process;
+        ProcessRef { pid: p.pid, rank: p.rank, cmdline: p.cmdline.join(" ") }
+    }
+}
+
 /// How a growth leak grew.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Growth {

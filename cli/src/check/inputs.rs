@@ -2,7 +2,7 @@
 //! in the directories given (`cupool merge`). A file that cannot be read is
 //! a note naming it and why, not the end of the check.
 
-use crate::summary::{files_in, is_log_name};
+use crate::summary::{files_in, is_log_name, logs_named_by};
 use cupool_core::log::{read_log, Log};
 use std::path::Path;
 use std::time::SystemTime;
@@ -57,14 +57,7 @@ pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
         if !std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t >= since) {
             continue;
         }
-        match read_log(&path) {
-            Ok(log) if log.header.options.run_id == run_id => read.logs.push(log),
-            Ok(_) => {}
-            Err(e) => {
-                read.notes.push(format!("{e}; not checked"));
-                read.unreadable += 1;
-            }
-        }
+        read.take(&path, |log| log.header.options.run_id == run_id);
     }
     read.sort();
     read
@@ -73,23 +66,12 @@ pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
 /// Every log at `path`: a log file, or the logs in a directory. `Err` when
 /// there is nothing to read there at all.
 pub fn logs_at(path: &Path) -> Result<Read, String> {
-    let mut read = Read::default();
-    if path.is_dir() {
-        let files =
-            files_in(path, is_log_name).map_err(|e| format!("{}: cannot list the directory: {e}", path.display()))?;
-        if files.is_empty() {
-            return Err(format!(
-                "{}: no cupool logs in this directory (cupool.<pid>.json or .json.gz)",
-                path.display()
-            ));
-        }
-        for f in files {
-            read.take(&f, |_| true);
-        }
-    } else if path.exists() {
-        read.take(path, |_| true);
-    } else {
+    if !path.exists() {
         return Err(format!("{}: no such file or directory", path.display()));
+    }
+    let mut read = Read::default();
+    for f in logs_named_by(path)? {
+        read.take(&f, |_| true);
     }
     read.sort();
     Ok(read)

@@ -123,7 +123,7 @@ pub fn findings(logs: &[Log], log_dir: &Path) -> Result<Vec<Finding>, String> {
                     count: t.leaked_count.or(count).unwrap_or(0),
                     frames,
                     what: "device memory the test left allocated".into(),
-                    processes: vec![process_ref(log)],
+                    processes: vec![ProcessRef::of(log)],
                     test: Some(t.nodeid.clone()),
                     growth: None,
                     suppressed_by: None,
@@ -153,11 +153,6 @@ fn add(out: &mut Vec<Finding>, f: Finding) {
         }
         None => out.push(f),
     }
-}
-
-fn process_ref(log: &Log) -> ProcessRef {
-    let p = &log.header.process;
-    ProcessRef { pid: p.pid, rank: None, cmdline: p.cmdline.join(" ") }
 }
 
 /// `cupool-tests.<pid>.json` and `cupool-tests.<pid>.<n>.json` in `dir`, sorted.
