@@ -170,6 +170,7 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     observe::reserved_changed(pool.device, reserved_delta);
     match result {
         Ok(block) => {
+            pool::tools::block_handed_out(block.addr, bytes);
             let pooled = Pooled {
                 pool: NonZeroUsize::new(pool as *const _ as usize)?,
                 block: block.id.to_raw(),
@@ -215,6 +216,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     let stamp = sink::stamp_for(EventKind::Free);
     let result = match known.and_then(|a| a.pooled) {
         Some(p) => {
+            pool::tools::block_freed(key); // before the pool may hand it out again
             diag::shielded(|| pool::free(p.pool.get(), BlockId::from_raw(p.block)));
             SUCCESS
         }
@@ -272,6 +274,7 @@ pub fn primary_reset(api: Api, device: impl FnOnce() -> i32, real: impl FnOnce()
 
 /// Context `ctx` died, and with it its pool and everything it held.
 fn context_died(api: Api, device: i32, ctx: u64) {
+    pool::tools::context_died(ctx);
     for (device, reserved) in pool::drop_context(|p| p.ctx == ctx) {
         observe::reserved_changed(device, -(reserved as i64));
     }

@@ -13,6 +13,7 @@ pub extern "C" fn prepare() {
     sink::lock_for_fork();
     pool::lock_for_fork();
     pool::ipc::lock_for_fork();
+    pool::tools::lock_for_fork();
 }
 
 pub extern "C" fn parent() {
@@ -27,6 +28,7 @@ pub extern "C" fn child() {
 
 /// Releases in the reverse order of `prepare`.
 unsafe fn unlock(in_child: bool) {
+    pool::tools::unlock_after_fork(in_child);
     pool::ipc::unlock_after_fork(in_child);
     pool::unlock_after_fork(in_child);
     sink::unlock_after_fork(in_child);

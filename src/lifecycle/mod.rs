@@ -64,6 +64,21 @@ fn start() -> bool {
 /// The program's exit status as it leaves (`main`'s return or `exit`'s argument).
 pub fn note_exit_status(status: i32) {
     EXIT_STATUS.store(status as i64, Ordering::Relaxed);
+    if crate::pool::tools::attached() {
+        release_for_tools();
+    }
+}
+
+/// Before the runtime's exit handlers destroy the context (where a memory
+/// tool checks for leaks), the pool gives back the segments it only caches.
+#[cold]
+fn release_for_tools() {
+    let Some(_guard) = crate::runtime::guard::Guard::enter() else { return };
+    diag::shielded(|| {
+        for (device, bytes) in crate::pool::tools::release_idle() {
+            crate::observe::reserved_changed(device, -(bytes as i64));
+        }
+    });
 }
 
 fn exit_status() -> Option<i32> {

@@ -6,7 +6,7 @@
 //! recorded after the free) to complete; the pool synchronises the context
 //! only when memory is short, and never while a stream is being captured.
 
-use super::streams;
+use super::{streams, tools};
 use crate::cuda::{CUdeviceptr, CUevent, CUstream, CUstreamCaptureStatus, SUCCESS};
 use crate::real;
 use crate::runtime::{clock, options};
@@ -152,10 +152,15 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn allocate_segment(&mut self, size: u64) -> Option<u64> {
         let mut p: CUdeviceptr = 0;
-        (unsafe { real!(cuMemAlloc_v2(&mut p, size as usize)) } == SUCCESS).then_some(p)
+        if unsafe { real!(cuMemAlloc_v2(&mut p, size as usize)) } != SUCCESS {
+            return None;
+        }
+        tools::segment_added(self.ctx, p, size);
+        Some(p)
     }
 
     fn release_segment(&mut self, addr: u64, _size: u64) {
+        tools::segment_released(addr);
         unsafe { real!(cuMemFree_v2(addr)) };
     }
 

@@ -7,6 +7,7 @@ pub mod ipc;
 pub mod records;
 mod registry;
 mod streams;
+pub mod tools;
 
 pub use registry::{
     allocate, drop_context, exported, find, free, lock_for_fork, owns, pool_of, reset_peaks, stream_created,
