@@ -27,13 +27,14 @@ fn program() -> PathBuf {
 }
 
 /// Runs the program preloaded with `options`, `NVTX_INJECTION64_PATH` set to
-/// `tool` (unset for `None`); returns its output, its directory and the calls the fake tool logged.
-fn run(options: &str, tool: Option<&Path>) -> (Output, PathBuf, Vec<Call>) {
+/// `tool` (unset for `None`) and `env` for the fake tool; returns its output,
+/// its directory and the calls the fake tool logged.
+fn run(options: &str, tool: Option<&Path>, env: &[(&str, &str)]) -> (Output, PathBuf, Vec<Call>) {
     let prog = program();
     let dir = scratch_dir("tools");
     let log = dir.join("nvtx.log");
     let mut cmd = preloaded_command(&prog, &[], &dir, options);
-    cmd.env("FAKE_NVTX_LOG", &log).env_remove("NVTX_INJECTION64_PATH");
+    cmd.env("FAKE_NVTX_LOG", &log).env_remove("NVTX_INJECTION64_PATH").envs(env.iter().copied());
     if let Some(tool) = tool {
         cmd.env("NVTX_INJECTION64_PATH", tool);
     }
@@ -61,29 +62,63 @@ fn addr(out: &Output, name: &str) -> u64 {
     stdout_value(&stdout_of(out), name).unwrap_or_else(|| panic!("no {name}= in {}", stdout_of(out)))
 }
 
+/// The memory module as offered to the tool, in order: (segment id, slots, filled).
+fn offers(calls: &[Call]) -> Vec<(u64, u64, u64)> {
+    of(calls, "ext").iter().map(|m| (m["segment"], m["slots"], m["filled"])).collect()
+}
+
 #[test]
 fn pooled_blocks_are_regions_of_segment_heaps() {
     let tool = fake_tool();
-    let (out, dir, calls) = run("mode=pool:verbosity=2", Some(&tool));
+    let (out, dir, calls) = run("mode=pool:verbosity=2", Some(&tool), &[]);
     let stderr = stderr_of(&out);
-    let [a, b, c, d, e] = ["a", "b", "c", "d", "e"].map(|k| addr(&out, k));
-    assert_eq!(e, a, "the freed block is reused");
 
-    // The client protocol: core first (its domain), then the memory extension.
+    // The client protocol: core first, then the memory extension, then cupool's domain.
     let kinds: Vec<&str> = calls.iter().take(3).map(|(k, _)| k.as_str()).collect();
     assert_eq!(kinds, ["core", "ext", "domain"], "{calls:?}");
     assert_eq!((calls[0].1["version"], calls[0].1["core2_size"]), (3, 16));
-    assert_eq!((calls[1].1["module"], calls[1].1["compat"], calls[1].1["slots"]), (1, 0x0102, 17));
+    assert_eq!((calls[1].1["module"], calls[1].1["compat"]), (1, 0x0102));
+    assert_eq!(offers(&calls), [(1, 16, 1)]);
     assert!(stderr.contains("registered with the NVTX tool's memory API"), "{stderr}");
+    assert_blocks_registered(&out, &dir, &calls);
+}
+
+/// Tools fill the slot layouts of the NVTX headers they were built with:
+/// every known one is offered until one is filled, and a tool filling slot
+/// 0 with the first callback id is read that way.
+#[test]
+fn each_slot_layout_a_tool_knows_is_offered() {
+    let tool = fake_tool();
+    let (out, dir, calls) = run("mode=pool", Some(&tool), &[("FAKE_NVTX_SHIFTED", "1")]);
+    assert_eq!(offers(&calls), [(1, 16, 1)]);
+    assert_blocks_registered(&out, &dir, &calls);
+
+    let (out, dir, calls) = run("mode=pool", Some(&tool), &[("FAKE_NVTX_MIN_SLOTS", "63")]);
+    assert_eq!(offers(&calls), [(1, 16, 0), (1, 63, 1)]);
+    assert_blocks_registered(&out, &dir, &calls);
+
+    // A tool that fills none: one note, nothing registered, the pool as always.
+    let (out, dir, calls) = run("mode=pool:verbosity=2", Some(&tool), &[("FAKE_NVTX_MIN_SLOTS", "100")]);
+    assert_eq!(offers(&calls), [(1, 16, 0), (1, 63, 0), (0, 17, 0)]);
+    assert!(of(&calls, "heap").is_empty() && of(&calls, "region").is_empty(), "{calls:?}");
+    let stderr = stderr_of(&out);
+    assert_eq!(stderr.matches("registers no heaps and regions").count(), 1, "{stderr}");
+    assert_eq!(fake_stats(&dir)[0]["frees"], 0);
+}
+
+/// What the fake tool must have seen of `tools_blocks`.
+fn assert_blocks_registered(out: &Output, dir: &Path, calls: &[Call]) {
+    let [a, b, c, d, e] = ["a", "b", "c", "d", "e"].map(|k| addr(out, k));
+    assert_eq!(e, a, "the freed block is reused");
 
     // One heap per segment, with the segment's range: a and c each open one.
-    let heaps = of(&calls, "heap");
+    let heaps = of(calls, "heap");
     let ranges: Vec<(u64, u64)> = heaps.iter().map(|h| (h["addr"], h["size"])).collect();
     assert_eq!(ranges, [(a, 2 * MIB), (c, 20 * MIB)], "{calls:?}");
     for h in &heaps {
         assert_eq!((h["domain"], h["usage"], h["type"], h["desc"], h["struct"]), (0xd0d0, 1, 1, 16, 48), "{h:?}");
     }
-    let stats = fake_stats(&dir);
+    let stats = fake_stats(dir);
     assert_eq!(stats.len(), 1, "{stats:?}");
     assert_eq!(stats[0]["allocs"], 2, "the driver saw exactly the two segments: {stats:?}");
 
@@ -108,15 +143,15 @@ fn pooled_blocks_are_regions_of_segment_heaps() {
     ]
     .map(|(k, x, s)| (k.to_string(), x, s));
     assert_eq!(events, want);
-    for r in of(&calls, "region") {
+    for r in of(calls, "region") {
         assert_eq!(Some(r["heap"]), heap_of(r["addr"]), "{r:?}");
         assert_eq!((r["domain"], r["struct"]), (0xd0d0, 48));
     }
-    assert!(of(&calls, "unregion").iter().all(|u| (u["domain"], u["struct"]) == (0xd0d0, 32)));
+    assert!(of(calls, "unregion").iter().all(|u| (u["domain"], u["struct"]) == (0xd0d0, 32)));
 
     // At the program's end the wholly free segment goes back to CUDA (its
     // heap first); the one holding the leaked d stays, and so does d's region.
-    let unregistered: Vec<u64> = of(&calls, "heap_unregister").iter().map(|h| h["handle"]).collect();
+    let unregistered: Vec<u64> = of(calls, "heap_unregister").iter().map(|h| h["handle"]).collect();
     assert_eq!(unregistered, [heap_of(c).unwrap()], "{calls:?}");
     assert_eq!(stats[0]["frees"], 1, "{stats:?}");
     assert_eq!(stats[0]["live_bytes"], 2 * MIB, "{stats:?}");
@@ -129,7 +164,7 @@ fn without_a_memory_tool_nothing_is_registered() {
     let tool = fake_tool();
     let shim = shim_path();
     for (options, tool) in [("mode=pool", None), ("mode=pool", Some(shim.as_path())), ("", Some(tool.as_path()))] {
-        let (out, dir, calls) = run(options, tool);
+        let (out, dir, calls) = run(options, tool, &[]);
         assert!(calls.is_empty(), "{options} {tool:?}: {calls:?}\n{}", stderr_of(&out));
         let stats = fake_stats(&dir);
         let pooled = options.contains("pool");

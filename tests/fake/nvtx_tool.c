@@ -4,7 +4,8 @@
  * file named by FAKE_NVTX_LOG, one line each (numbers in decimal):
  *
  *   core version=V core2_size=N   InitializeInjectionNvtx2 (export table read)
- *   ext module=M compat=C slots=N InitializeInjectionNvtxExtension
+ *   ext module=M compat=C segment=I slots=N filled=0|1
+ *                                 InitializeInjectionNvtxExtension
  *   domain name=S                 nvtxDomainCreateA (returns DOMAIN)
  *   heap handle=H domain=D addr=A size=S usage=U type=T desc=N struct=N
  *   heap_unregister handle=H domain=D
@@ -13,7 +14,10 @@
  *
  * Heap handles are 1, 2, 3, ...: never the heap's address, so a client that
  * confuses the two is caught. Ids and layouts are NVTX's (nvtxTypes.h,
- * nvtxExtTypes.h, nvToolsExtMem.h). */
+ * nvtxExtTypes.h, nvToolsExtMem.h). Like real tools, it fills only the slot
+ * layouts it knows: slot i holds callback id i (NVTX 3.2), or with
+ * FAKE_NVTX_SHIFTED=1 slot i holds id i+1 (NVTX's dev-mem-api headers); with
+ * FAKE_NVTX_MIN_SLOTS=N it accepts a module of fewer slots but fills nothing. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -161,11 +165,18 @@ EXPORT int InitializeInjectionNvtxExtension(struct module_info *m)
 {
     if (!m || m->module_id != 1 || m->compat_id != 0x0102 || m->segments_count != 1 || m->segments[0].slot_count < 7)
         return 0;
-    logf_("ext module=%u compat=%u slots=%zu", m->module_id, m->compat_id, m->segments[0].slot_count);
+    const char *min = getenv("FAKE_NVTX_MIN_SLOTS");
+    int fill = !min || m->segments[0].slot_count >= (size_t)atoi(min);
+    logf_("ext module=%u compat=%u segment=%zu slots=%zu filled=%d", m->module_id, m->compat_id, m->segments[0].id,
+          m->segments[0].slot_count, fill);
+    if (!fill)
+        return 1;
+    const char *shifted = getenv("FAKE_NVTX_SHIFTED");
+    int shift = shifted && *shifted == '1';
     intptr_t *slot = m->segments[0].slots;
-    slot[1] = (intptr_t)heap_register;
-    slot[2] = (intptr_t)heap_unregister;
-    slot[4] = (intptr_t)regions_register;
-    slot[6] = (intptr_t)regions_unregister;
+    slot[1 - shift] = (intptr_t)heap_register;
+    slot[2 - shift] = (intptr_t)heap_unregister;
+    slot[4 - shift] = (intptr_t)regions_register;
+    slot[6 - shift] = (intptr_t)regions_unregister;
     return 1;
 }

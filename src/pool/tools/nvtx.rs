@@ -98,8 +98,6 @@ type InitCore = unsafe extern "C" fn(unsafe extern "C" fn(u32) -> *const c_void)
 
 const MODULE_ID_MEM: u16 = 1;
 const COMPAT_ID_MEM: u16 = 0x0102;
-/// Callback ids of the memory module, 0 (invalid) to 16.
-const MEM_IDS: usize = 17;
 const HEAP_REGISTER: usize = 1;
 const HEAP_UNREGISTER: usize = 2;
 const HEAP_RESET: usize = 3;
@@ -111,7 +109,18 @@ const MEM_TYPE_VIRTUAL_ADDRESS: u32 = 1;
 const REGION_REF_POINTER: u32 = 1;
 const MESSAGE_ASCII: u32 = 1;
 
-static MEM_SLOTS: [AtomicUsize; MEM_IDS] = [const { AtomicUsize::new(0) }; MEM_IDS];
+/// The memory module's function slots as NVTX versions lay them out, as
+/// (segment id, slots): the `dev-mem-api` headers that compute-sanitizer's
+/// own sample builds with (slot 0 holds callback id 1), NVTX 3.2 and later
+/// (slot i holds id i), and the 2024 `dev` headers (the same, from segment 0).
+/// A tool fills only a layout it knows, so each is offered in turn.
+const LAYOUTS: [(usize, usize); 3] = [(1, 16), (1, 63), (0, 17)];
+
+static MEM_SLOTS: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+
+extern "C" fn get_export_function(_id: u32) -> isize {
+    0 // the memory module exports nothing
+}
 
 /// `nvtxExtModuleSegment_t`.
 #[repr(C)]
@@ -130,7 +139,7 @@ struct ModuleInfo {
     compat_id: u16,
     segments_count: usize,
     segments: *mut ModuleSegment,
-    get_export_function: *const c_void,
+    get_export_function: extern "C" fn(u32) -> isize,
     ext_info: *const c_void,
 }
 
@@ -279,8 +288,30 @@ pub fn attach() -> Result<Option<Mem>, String> {
     if !init_core.is_null() {
         unsafe { std::mem::transmute::<*mut c_void, InitCore>(init_core)(get_export_table) };
     }
-    let mut segment =
-        ModuleSegment { segment_id: 0, slot_count: MEM_IDS, function_slots: MEM_SLOTS.as_ptr().cast_mut().cast() };
+    let init_extension = unsafe { std::mem::transmute::<*mut c_void, InitExtension>(init_extension) };
+    let Some(functions) = LAYOUTS.iter().find_map(|&layout| offer(init_extension, layout)) else {
+        return Err(format!("the NVTX tool {name} registers no heaps and regions"));
+    };
+    let [heap_register, heap_release, regions_register, regions_unregister] = functions;
+    Ok(Some(unsafe {
+        Mem {
+            domain: domain(),
+            heap_register: std::mem::transmute::<usize, HeapRegister>(heap_register),
+            heap_release: std::mem::transmute::<usize, HeapRelease>(heap_release),
+            regions_register: std::mem::transmute::<usize, RegisterRegions>(regions_register),
+            regions_unregister: std::mem::transmute::<usize, UnregisterRegions>(regions_unregister),
+        }
+    }))
+}
+
+/// Offers the memory module in one slot layout; the functions cupool needs
+/// when the tool filled them: heap register, heap unregister (or reset),
+/// regions register and unregister.
+fn offer(init_extension: InitExtension, (segment_id, slot_count): (usize, usize)) -> Option<[usize; 4]> {
+    for slot in &MEM_SLOTS {
+        slot.store(0, Ordering::Relaxed);
+    }
+    let mut segment = ModuleSegment { segment_id, slot_count, function_slots: MEM_SLOTS.as_ptr().cast_mut().cast() };
     let mut info = ModuleInfo {
         nvtx_ver: NVTX_VERSION,
         struct_size: size_of::<ModuleInfo>() as u16,
@@ -288,34 +319,23 @@ pub fn attach() -> Result<Option<Mem>, String> {
         compat_id: COMPAT_ID_MEM,
         segments_count: 1,
         segments: &mut segment,
-        get_export_function: std::ptr::null(),
+        get_export_function,
         ext_info: std::ptr::null(),
     };
-    if unsafe { std::mem::transmute::<*mut c_void, InitExtension>(init_extension)(&mut info) } == 0 {
-        return Err(format!("the NVTX tool {name} declined the memory extension"));
+    if unsafe { init_extension(&mut info) } == 0 {
+        return None;
     }
-    let missing = || format!("the NVTX tool {name} does not register heaps and regions");
-    let mem = unsafe {
-        Mem {
-            domain: domain(),
-            heap_register: std::mem::transmute::<usize, HeapRegister>(mem_slot(HEAP_REGISTER).ok_or_else(missing)?),
-            heap_release: std::mem::transmute::<usize, HeapRelease>(
-                mem_slot(HEAP_UNREGISTER).or(mem_slot(HEAP_RESET)).ok_or_else(missing)?,
-            ),
-            regions_register: std::mem::transmute::<usize, RegisterRegions>(
-                mem_slot(REGIONS_REGISTER).ok_or_else(missing)?,
-            ),
-            regions_unregister: std::mem::transmute::<usize, UnregisterRegions>(
-                mem_slot(REGIONS_UNREGISTER).ok_or_else(missing)?,
-            ),
-        }
-    };
-    Ok(Some(mem))
-}
-
-/// A filled slot; NVTX marks the ones a tool left as 1 (disabled).
-fn mem_slot(id: usize) -> Option<usize> {
-    Some(MEM_SLOTS[id].load(Ordering::Acquire)).filter(|&f| f > 1)
+    // NVTX marks slots a tool left as 1 (disabled). Slot 0 is filled only by
+    // a tool that puts callback id 1 there, whatever layout it was offered.
+    let filled = |i: usize| Some(MEM_SLOTS[i].load(Ordering::Acquire)).filter(|&f| f > 1);
+    let first = usize::from(filled(0).is_none());
+    let slot = |id: usize| filled(id - 1 + first);
+    Some([
+        slot(HEAP_REGISTER)?,
+        slot(HEAP_UNREGISTER).or(slot(HEAP_RESET))?,
+        slot(REGIONS_REGISTER)?,
+        slot(REGIONS_UNREGISTER)?,
+    ])
 }
 
 /// cupool's own domain, so the tool can tell its annotations from the
