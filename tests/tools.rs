@@ -26,14 +26,18 @@ fn program() -> PathBuf {
     compile_fake_program("tools_blocks", "tools_blocks.c", &link_fake_cudart())
 }
 
-/// Runs the program preloaded with `options`, `NVTX_INJECTION64_PATH` set to
+/// Runs `tools_blocks` (see [`run_prog`]).
+fn run(options: &str, tool: Option<&Path>, env: &[(&str, &str)]) -> (Output, PathBuf, Vec<Call>) {
+    run_prog(&program(), options, tool, env)
+}
+
+/// Runs `prog` preloaded with `options`, `NVTX_INJECTION64_PATH` set to
 /// `tool` (unset for `None`) and `env` for the fake tool; returns its output,
 /// its directory and the calls the fake tool logged.
-fn run(options: &str, tool: Option<&Path>, env: &[(&str, &str)]) -> (Output, PathBuf, Vec<Call>) {
-    let prog = program();
+fn run_prog(prog: &Path, options: &str, tool: Option<&Path>, env: &[(&str, &str)]) -> (Output, PathBuf, Vec<Call>) {
     let dir = scratch_dir("tools");
     let log = dir.join("nvtx.log");
-    let mut cmd = preloaded_command(&prog, &[], &dir, options);
+    let mut cmd = preloaded_command(prog, &[], &dir, options);
     cmd.env("FAKE_NVTX_LOG", &log).env_remove("NVTX_INJECTION64_PATH").envs(env.iter().copied());
     if let Some(tool) = tool {
         cmd.env("NVTX_INJECTION64_PATH", tool);
@@ -170,4 +174,22 @@ fn without_a_memory_tool_nothing_is_registered() {
         let pooled = options.contains("pool");
         assert_eq!(stats[0]["frees"], if pooled { 0 } else { 4 }, "{options} {tool:?}: {stats:?}");
     }
+}
+
+/// A context that dies takes its segments with it: their heaps are
+/// unregistered, the leaked block's region with them (never one by one).
+#[test]
+fn heaps_go_with_their_context() {
+    let prog = compile_fake_program("ctxdestroy", "pool_ctx_destroy.c", &link_fake_cuda());
+    let (out, _, calls) = run_prog(&prog, "mode=pool", Some(&fake_tool()), &[]);
+    let leak = stdout_value(&stdout_of(&out), "leak").expect("leak=");
+    // The fake driver hands the dead context's addresses out again: follow the calls in order.
+    let is_leak = |(k, m): &Call| k == "region" && m["addr"] == leak && m["size"] == 3_000_017;
+    let registered = calls.iter().position(is_leak).unwrap_or_else(|| panic!("no region for {leak}: {calls:?}"));
+    let heap = calls[registered].1["heap"];
+    let is_gone = |(k, m): &Call| k == "heap_unregister" && m["handle"] == heap;
+    let gone = calls.iter().position(is_gone).unwrap_or_else(|| panic!("heap {heap} stays: {calls:?}"));
+    assert!(gone > registered);
+    assert!(!calls[registered..gone].iter().any(|(k, m)| k == "unregion" && m["addr"] == leak), "{calls:?}");
+    assert_eq!(calls.iter().filter(|c| is_gone(c)).count(), 1, "{calls:?}");
 }

@@ -113,7 +113,8 @@ const MESSAGE_ASCII: u32 = 1;
 /// (segment id, slots): the `dev-mem-api` headers that compute-sanitizer's
 /// own sample builds with (slot 0 holds callback id 1), NVTX 3.2 and later
 /// (slot i holds id i), and the 2024 `dev` headers (the same, from segment 0).
-/// A tool fills only a layout it knows, so each is offered in turn.
+/// A tool fills only a layout it knows, so each is offered in turn:
+/// compute-sanitizer 2025.3 fills the first and ignores the last.
 const LAYOUTS: [(usize, usize); 3] = [(1, 16), (1, 63), (0, 17)];
 
 static MEM_SLOTS: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
