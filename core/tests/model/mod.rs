@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use cupool_core::pool::testing::SimulatedDevice;
-use cupool_core::pool::{Backend, BlockSnapshot, BlockState, PoolConfig, PoolStats, SegmentSnapshot};
+use cupool_core::pool::{Backend, BlockSnapshot, BlockState, GiveBack, PoolConfig, PoolStats, SegmentSnapshot};
 
 pub const MIB: u64 = 1 << 20;
 pub const ALIGN: u64 = 2 * MIB;
@@ -65,6 +65,9 @@ pub struct Model {
     pub totals: [u64; 4],
     /// num_device_alloc, num_device_free, num_alloc_retries, num_ooms, num_syncs, num_waits.
     pub counters: [u64; 6],
+    /// `GiveBack::Auto` stopped giving segments back.
+    pub keeping: bool,
+    pub last_give_back: Option<u64>,
 }
 
 impl Model {
@@ -77,6 +80,8 @@ impl Model {
             peaks: [0; NSTATS],
             totals: [0; 4],
             counters: [0; 6],
+            keeping: false,
+            last_give_back: None,
         }
     }
 
@@ -190,6 +195,10 @@ impl Model {
         let reserved: u64 = self.segs.values().map(|s| s.size).sum();
         if reserved + size > self.cfg.limit {
             return None;
+        }
+        if let (GiveBack::Auto { regret_ns }, Some(t), false) = (self.cfg.give_back, self.last_give_back, self.keeping)
+        {
+            self.keeping = self.be.now_ns().saturating_sub(t) < regret_ns;
         }
         let addr = self.be.allocate_segment(size)?;
         self.counters[0] += 1;
@@ -349,6 +358,38 @@ impl Model {
                 self.fifo.push_back((addr, tag));
                 self.observe();
             }
+        }
+        let gives_back = match self.cfg.give_back {
+            GiveBack::Never => false,
+            GiveBack::Always => true,
+            GiveBack::Auto { .. } => !self.keeping,
+        };
+        let seg_addr = *self.segs.range(..=addr).next_back().expect("a segment holds the block").0;
+        if gives_back && !self.segs[&seg_addr].blocks.iter().any(|b| b.st == St::Alloc) {
+            self.give_back(seg_addr);
+        }
+    }
+
+    /// A segment with no allocated block goes back, after waiting for the
+    /// device if blocks of it are pending.
+    fn give_back(&mut self, seg_addr: u64) {
+        let whole = |m: &Model| {
+            let s = &m.segs[&seg_addr];
+            s.blocks.len() == 1 && s.blocks[0].st == St::Free
+        };
+        if !whole(self) {
+            if self.fifo.is_empty() || !self.be.synchronize() {
+                return;
+            }
+            self.counters[4] += 1;
+            self.reclaim(true);
+        }
+        if whole(self) {
+            let size = self.segs.remove(&seg_addr).unwrap().size;
+            self.be.release_segment(seg_addr, size);
+            self.counters[1] += 1;
+            self.last_give_back = Some(self.be.now_ns());
+            self.observe();
         }
     }
 
