@@ -14,6 +14,19 @@ pub fn current_only() -> u64 {
     }
 }
 
+/// The unique id of context `ctx`: a handle may come back for a new context
+/// (a primary context reset and created again keeps its handle), an id never
+/// does. 0 when the driver cannot say (before CUDA 12).
+#[inline]
+pub fn id(ctx: u64) -> u64 {
+    let mut id = 0;
+    if unsafe { real!(cuCtxGetId(ctx as CUcontext, &mut id)) } == SUCCESS {
+        id
+    } else {
+        0
+    }
+}
+
 /// The context current on this thread and its device; (0, -1) when none.
 pub fn current() -> (u64, i32) {
     let ctx = current_only();

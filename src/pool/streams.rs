@@ -5,7 +5,7 @@
 
 use crate::runtime::guard;
 use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Set once the process creates a stream, or once work submitted through the
 /// driver API has gone to a second stream (per-thread default streams of two
@@ -67,6 +67,45 @@ pub fn add(ctx: u64, stream: u64) {
 
 pub fn remove(stream: u64) {
     STREAMS.lock().retain(|&(_, s)| s != stream);
+    capture_ended(stream, false); // destroying a capturing stream ends its capture
+}
+
+/// Streams being captured, as `stream_key`s, and how many: every allocation
+/// asks "is any capture under way?" with one load.
+static CAPTURING: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// A capture began on `stream`. The runtime's call and the driver's beneath
+/// it may both report one capture: the list holds each stream once.
+pub fn capture_begun(stream: u64, per_thread_api: bool) {
+    let key = stream_key(stream, per_thread_api);
+    let mut list = CAPTURING.lock();
+    if !list.contains(&key) {
+        list.push(key);
+        CAPTURES.store(list.len(), Ordering::Release);
+    }
+}
+
+/// The capture on `stream` ended (or was never there).
+pub fn capture_ended(stream: u64, per_thread_api: bool) {
+    if !any_capture() {
+        return;
+    }
+    let key = stream_key(stream, per_thread_api);
+    let mut list = CAPTURING.lock();
+    list.retain(|&k| k != key);
+    CAPTURES.store(list.len(), Ordering::Release);
+}
+
+/// Is a stream capture under way anywhere in the process?
+#[inline]
+pub fn any_capture() -> bool {
+    CAPTURES.load(Ordering::Acquire) != 0
+}
+
+/// Is `stream` being captured?
+pub fn is_capturing(stream: u64, per_thread_api: bool) -> bool {
+    any_capture() && CAPTURING.lock().contains(&stream_key(stream, per_thread_api))
 }
 
 /// The stream list, locked: fences record and check captures with it held,
@@ -82,13 +121,18 @@ pub fn of_context(list: &[(u64, u64)], ctx: u64) -> Vec<u64> {
 
 pub fn lock_for_fork() {
     std::mem::forget(STREAMS.lock());
+    std::mem::forget(CAPTURING.lock());
 }
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
+    CAPTURING.force_unlock();
     STREAMS.force_unlock();
     if in_child {
+        // A capture is its thread's, and the child has only the forking thread.
+        CAPTURING.lock().clear();
+        CAPTURES.store(0, Ordering::Release);
         STREAMS.lock().clear();
         MULTI_STREAM.store(false, Ordering::Release);
         ONLY_STREAM.store(NO_STREAM, Ordering::Release);
