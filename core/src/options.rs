@@ -38,7 +38,8 @@ impl Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GiveBack {
-    /// At once, until the program allocates again within a second of one going back.
+    /// At once, but a segment size the program grows again within a second
+    /// of one going back stays cached from then on.
     Auto,
     /// At once, always (as `cudaFree` does).
     Always,
@@ -151,7 +152,7 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     (
         "give_back",
         "auto",
-        "pool mode: auto | always | never: when segments that frees leave empty go back to the device (auto: at once, until the program allocates again within a second of one going back)",
+        "pool mode: auto | always | never: when segments that frees leave empty go back to the device (auto: at once, but a size the program regrows within a second of one going back stays cached)",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),

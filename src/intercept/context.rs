@@ -1,6 +1,6 @@
 //! Which CUDA context (and device) a call is made in, asked of the driver.
 
-use crate::cuda::{CUcontext, CUdevice, SUCCESS};
+use crate::cuda::{CUcontext, CUdevice, MISSING, SUCCESS};
 use crate::real;
 
 /// The context current on this thread; 0 when none.
@@ -16,14 +16,16 @@ pub fn current_only() -> u64 {
 
 /// The unique id of context `ctx`: a handle may come back for a new context
 /// (a primary context reset and created again keeps its handle), an id never
-/// does. 0 when the driver cannot say (before CUDA 12).
+/// does. `Some(0)` when the driver cannot say (before CUDA 12); `None` when
+/// the context is not usable now (a primary context reset and not yet
+/// started again: the real call restarts it).
 #[inline]
-pub fn id(ctx: u64) -> u64 {
+pub fn id(ctx: u64) -> Option<u64> {
     let mut id = 0;
-    if unsafe { real!(cuCtxGetId(ctx as CUcontext, &mut id)) } == SUCCESS {
-        id
-    } else {
-        0
+    match unsafe { real!(cuCtxGetId(ctx as CUcontext, &mut id)) } {
+        SUCCESS => Some(id),
+        MISSING => Some(0),
+        _ => None,
     }
 }
 

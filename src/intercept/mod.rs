@@ -171,7 +171,7 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
         return None;
     }
     // The device is asked only when this thread meets a new context.
-    let id = context::id(ctx);
+    let id = context::id(ctx)?;
     let pool = match pool::pool_of(ctx, id, || context::current().1) {
         Some(pool) => pool,
         None => {

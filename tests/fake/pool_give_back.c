@@ -2,7 +2,8 @@
  * and allocates again in cycles may stay cached; cuMemGetInfo shows free
  * memory as it would be without a cache. The fake's own count of the
  * device memory it holds (fake_device_used) is the ground truth. Prints
- * used_after_bulk_free, used_after_churn, used_after_meminfo (bytes);
+ * used_after_bulk_free, used_after_churn, used_after_other_bulk_free,
+ * used_after_meminfo (bytes);
  * ends with `result: ok`. */
 #include "fake_cuda_api.h"
 #include "check.h"
@@ -28,6 +29,12 @@ int main(void)
         CHECK(cuMemFree_v2(p[0]));
     }
     printf("used_after_churn=%zu\n", fake_device_used(0));
+    /* A bulk free of another size after the churn still goes back. */
+    for (int i = 0; i < 4; i++)
+        CHECK(cuMemAlloc_v2(&p[i], 96 * MIB));
+    for (int i = 0; i < 4; i++)
+        CHECK(cuMemFree_v2(p[i]));
+    printf("used_after_other_bulk_free=%zu\n", fake_device_used(0));
     size_t free_bytes, total;
     CHECK(cuMemGetInfo_v2(&free_bytes, &total));
     printf("used_after_meminfo=%zu\n", fake_device_used(0));

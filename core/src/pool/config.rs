@@ -51,9 +51,9 @@ pub enum GiveBack {
     Never,
     /// At once, as `cudaFree` would: another process can use the memory.
     Always,
-    /// At once, until the pool has to grow again less than `regret_ns` after
-    /// giving a segment back: the program allocates and frees in cycles, and
-    /// from then on completely free segments stay cached.
+    /// At once, but a segment size the pool has to grow again less than
+    /// `regret_ns` after giving one of that size back (the program frees and
+    /// reallocates it in cycles) stays cached from then on.
     Auto { regret_ns: u64 },
 }
 

@@ -17,6 +17,7 @@
 mod api;
 mod block;
 mod config;
+mod cycles;
 mod free_index;
 mod inspect;
 mod size;
@@ -29,6 +30,7 @@ mod tests;
 use std::collections::{BTreeMap, VecDeque};
 
 use block::{BlockRec, BlockSlab, SegRec, SegSlab, State, NIL};
+use cycles::Cycles;
 use free_index::FreeIndex;
 
 pub use api::{Backend, Block, BlockId, BlockInfo, OutOfMemory};
@@ -52,11 +54,8 @@ pub struct Pool<B: Backend> {
     pending: VecDeque<(u32, u64)>,
     /// Highest tag known to be complete.
     completed_upto: Option<u64>,
-    /// `GiveBack::Auto` saw the program allocate again soon after a give-back:
-    /// completely free segments stay cached from then on.
-    keeping: bool,
-    /// When a segment was last given back after frees emptied it.
-    last_give_back_ns: Option<u64>,
+    /// Segment sizes the program cycles through (`GiveBack::Auto`).
+    cycles: Cycles,
     stats: PoolStats,
 }
 
@@ -72,8 +71,7 @@ impl<B: Backend> Pool<B> {
             free: [FreeIndex::new(), FreeIndex::new()],
             pending: VecDeque::new(),
             completed_upto: None,
-            keeping: false,
-            last_give_back_ns: None,
+            cycles: Cycles::default(),
             stats: PoolStats::default(),
         }
     }
@@ -209,25 +207,20 @@ impl<B: Backend> Pool<B> {
                 self.pending.push_back((i, tag));
             }
         }
-        if self.segs[b.seg].allocated == 0 && self.gives_back() {
+        if self.segs[b.seg].allocated == 0 && self.gives_back(self.segs[b.seg].size) {
             self.give_back(b.seg);
         }
     }
 
-    /// Does a segment that frees leave empty go back to the device now?
+    /// Does a segment of `size` bytes that frees leave empty go back to the
+    /// device now?
     #[inline]
-    fn gives_back(&self) -> bool {
+    fn gives_back(&self, size: u64) -> bool {
         match self.config.give_back {
             GiveBack::Never => false,
             GiveBack::Always => true,
-            GiveBack::Auto { .. } => !self.keeping,
+            GiveBack::Auto { .. } => !self.cycles.keeps(size),
         }
-    }
-
-    /// Has `GiveBack::Auto` stopped giving segments back (the program
-    /// allocated again soon after one went)?
-    pub fn keeps_free_segments(&self) -> bool {
-        self.keeping
     }
 
     /// Gives segment `seg`, which holds no allocated block, back to the
@@ -250,7 +243,10 @@ impl<B: Backend> Pool<B> {
         if b.state == State::Free && b.next == NIL {
             self.unindex(head);
             self.remove_segment(head);
-            self.last_give_back_ns = Some(self.backend.now_ns());
+            if matches!(self.config.give_back, GiveBack::Auto { .. }) {
+                let now = self.backend.now_ns();
+                self.cycles.gave_back(b.size, now);
+            }
         }
     }
 
@@ -423,10 +419,11 @@ impl<B: Backend> Pool<B> {
         if self.stats.reserved_bytes.current.saturating_add(size) > self.config.limit {
             return None;
         }
-        if let (GiveBack::Auto { regret_ns }, Some(t), false) =
-            (self.config.give_back, self.last_give_back_ns, self.keeping)
-        {
-            self.keeping = self.backend.now_ns().saturating_sub(t) < regret_ns;
+        if let GiveBack::Auto { regret_ns } = self.config.give_back {
+            if self.cycles.gave_back_lately(size) {
+                let now = self.backend.now_ns();
+                self.cycles.growing(size, now, regret_ns);
+            }
         }
         let addr = self.backend.allocate_segment(size)?;
         debug_assert_eq!(addr % MIN_BLOCK, 0, "segment address not 512-aligned");

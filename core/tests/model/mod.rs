@@ -65,9 +65,9 @@ pub struct Model {
     pub totals: [u64; 4],
     /// num_device_alloc, num_device_free, num_alloc_retries, num_ooms, num_syncs, num_waits.
     pub counters: [u64; 6],
-    /// `GiveBack::Auto` stopped giving segments back.
-    pub keeping: bool,
-    pub last_give_back: Option<u64>,
+    /// `GiveBack::Auto`: give-backs as (size, when), and sizes that cycled.
+    pub given_back: Vec<(u64, u64)>,
+    pub kept_sizes: Vec<u64>,
 }
 
 impl Model {
@@ -80,8 +80,8 @@ impl Model {
             peaks: [0; NSTATS],
             totals: [0; 4],
             counters: [0; 6],
-            keeping: false,
-            last_give_back: None,
+            given_back: Vec::new(),
+            kept_sizes: Vec::new(),
         }
     }
 
@@ -196,9 +196,14 @@ impl Model {
         if reserved + size > self.cfg.limit {
             return None;
         }
-        if let (GiveBack::Auto { regret_ns }, Some(t), false) = (self.cfg.give_back, self.last_give_back, self.keeping)
-        {
-            self.keeping = self.be.now_ns().saturating_sub(t) < regret_ns;
+        if let GiveBack::Auto { regret_ns } = self.cfg.give_back {
+            let now = self.be.now_ns();
+            let recent = &self.given_back[self.given_back.len().saturating_sub(32)..];
+            if recent.iter().any(|&(s, t)| s == size && now.saturating_sub(t) < regret_ns)
+                && !self.kept_sizes.contains(&size)
+            {
+                self.kept_sizes.push(size);
+            }
         }
         let addr = self.be.allocate_segment(size)?;
         self.counters[0] += 1;
@@ -362,9 +367,10 @@ impl Model {
         let gives_back = match self.cfg.give_back {
             GiveBack::Never => false,
             GiveBack::Always => true,
-            GiveBack::Auto { .. } => !self.keeping,
+            GiveBack::Auto { .. } => true,
         };
         let seg_addr = *self.segs.range(..=addr).next_back().expect("a segment holds the block").0;
+        let gives_back = gives_back && !self.kept_sizes.contains(&self.segs[&seg_addr].size);
         if gives_back && !self.segs[&seg_addr].blocks.iter().any(|b| b.st == St::Alloc) {
             self.give_back(seg_addr);
         }
@@ -388,7 +394,9 @@ impl Model {
             let size = self.segs.remove(&seg_addr).unwrap().size;
             self.be.release_segment(seg_addr, size);
             self.counters[1] += 1;
-            self.last_give_back = Some(self.be.now_ns());
+            if matches!(self.cfg.give_back, GiveBack::Auto { .. }) {
+                self.given_back.push((size, self.be.now_ns()));
+            }
             self.observe();
         }
     }
