@@ -12,26 +12,37 @@
 # versions (BENCHMARKS.md, "Real projects' test suites under the pool", says
 # which files and commits):
 #   .gpu/suites/cupy/{pyproject.toml,tests/...}     CuPy's tests/ and pytest settings
-#   .gpu/suites/torch/test/test_{cuda,multiprocessing}.py
+#   .gpu/suites/torch/test/test_{cuda,multiprocessing}.py (and a conftest.py
+#       standing in for names the installed torch.testing lacks)
 # Same setup as scripts/gpu-check.sh otherwise (.gpu/ holds the shim and the
-# CLI; .gpu/pywheels/ a pytest-timeout wheel for a machine without it):
+# CLI; .gpu/pywheels/ the wheels of pytest-timeout and expecttest):
 #   bash scripts/gpu-suites.sh                      (prints a table last)
+# (The device tool sends the checkout the session started in: from another
+# worktree, copy scripts/ and .gpu/ into a folder of that checkout that
+# .git/info/exclude ignores, carry it, and run the script from inside it.)
 # SUITES="cupy-cuda torch-mp" picks suites; SUITE_CAP (seconds, default 300)
 # stops a run with SIGINT, after which pytest still writes its report (only
 # the tests both runs reached are compared then); SUITE_TEST_TIMEOUT (default
-# 120) is pytest-timeout's limit per test; COLLECT_ONLY=1 only collects.
+# 120) is pytest-timeout's limit per test (keep it under SUITE_CAP for
+# test_multiprocessing.py, whose hung tests otherwise hold the run until the
+# cap, and under cupool the SIGINT did not end it: no report); COLLECT_ONLY=1
+# only collects.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
-root=$(pwd); bin=$root/.gpu; suites=$root/.gpu/suites; src=$root/scripts/gpu
+root=$(pwd); bin=$root/.gpu; suites=$root/.gpu/suites; src=$(cd "$(dirname "$0")" && pwd)/gpu
 work=$(mktemp -d /tmp/cupool-suites.XXXX); out=${OUT:-$work}
 cap=${SUITE_CAP:-300}
 rows=()
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -c "import importlib.util as u; print('pytest-timeout' if u.find_spec('pytest_timeout') else '')" | grep -q . || {
-  python3 -m pip install -q --no-index --no-deps --target $work/py $bin/pywheels/pytest_timeout-*.whl \
-    && export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
-}
+# Wheels carried in .gpu/pywheels/ (pytest-timeout; expecttest, which
+# torch.testing._internal needs) are installed where the machine lacks them.
+for whl in $bin/pywheels/*.whl; do
+  [ -e "$whl" ] || continue
+  mod=$(basename $whl | cut -d- -f1)
+  python3 -c "import $mod" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target $work/py $whl
+done
+[ -d $work/py ] && export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
 python3 - <<'EOF'
 import importlib, importlib.metadata as md, platform
 print("python", platform.python_version())
@@ -94,11 +105,23 @@ suite() {
       one_run $name.again $mode $dir "${ids[@]}" > /dev/null
     done
     python3 $src/junit_compare.py outcomes $work/$name.again.{plain,pool,passthrough}.xml | sed "s/^/[$name again] /"
+    # What the pool saw of them: its allocations, frees and CUDA's refusals, in order.
+    python3 - $work/$name.again.pool.logs <<'EOF' | head -n 40 | sed "s/^/[$name again pool log] /"
+import glob, json, sys
+for path in sorted(glob.glob(sys.argv[1] + "/cupool.*.json")):
+    log = json.load(open(path))
+    for e in log["events"]:
+        if e.get("ev") in ("alloc", "free", "alloc_failed", "oom") and e.get("size", 0) >= 1 << 30:
+            print(e["ev"], e["api"], e["kind"], f"{e['size'] / 2**30:.2f} GiB", "result=%s" % e.get("result", ""))
+EOF
   fi
 }
 
 k_torch_cuda="memory or alloc or stream or graph or caching or ipc"
 suite cupy-cuda $suites/cupy tests/cupy_tests/cuda_tests "${xdist[@]}"
+# the memory, stream and NCCL files of cuda_tests alone (a quicker re-run)
+suite cupy-cuda-mem $suites/cupy tests/cupy_tests/cuda_tests/test_memory.py tests/cupy_tests/cuda_tests/test_memory_hook.py \
+  tests/cupy_tests/cuda_tests/test_stream.py tests/cupy_tests/cuda_tests/test_nccl.py "${xdist[@]}"
 suite cupy-cai $suites/cupy tests/cupy_tests/core_tests/test_ndarray_cuda_array_interface.py "${xdist[@]}"
 suite cupy-linalg $suites/cupy tests/cupy_tests/linalg_tests "${xdist[@]}"
 suite cupyx-sparse $suites/cupy tests/cupyx_tests/scipy_tests/sparse_tests "${xdist[@]}"
