@@ -197,3 +197,17 @@ fn a_program_that_cycles_keeps_its_segment_cached() {
     let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
     assert_eq!((stats["allocs"], stats["frees"]), (2, 1), "driver allocations and frees: {stats:?}");
 }
+
+#[test]
+fn the_run_summary_says_what_the_pool_did_differently() {
+    let prog = compile_rt("capture", "pool_capture.c");
+    let dir = scratch_dir("safety-summary");
+    let logs = dir.join("logs");
+    let out = run_cupool(&["run", "--log-dir", logs.to_str().unwrap(), "--", prog.to_str().unwrap()], &dir);
+    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let summary = stderr_of(&out);
+    assert!(
+        summary.contains("    note: 1 stream-ordered allocation(s) were captured into CUDA graphs"),
+        "summary:\n{summary}"
+    );
+}
