@@ -166,19 +166,24 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl Fn
 fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     let bytes = call.request;
     lifecycle::recording();
-    let ctx = ensure_context(call);
-    if ctx == 0 {
-        return None;
-    }
-    // The device is asked only when this thread meets a new context.
-    let id = context::id(ctx)?;
-    let pool = match pool::pool_of(ctx, id, || context::current().1) {
-        Some(pool) => pool,
+    let id = match context::current_id() {
+        Some(id) => id,
         None => {
-            context_reborn(ctx, id);
-            pool::pool_of(ctx, id, || context::current().1)?
+            // No usable context: a runtime call starts one first, as the
+            // real call would (after a reset, too).
+            if !call.api.as_str().starts_with("cuda") {
+                return None;
+            }
+            unsafe { real!(cudaFree(std::ptr::null_mut())) };
+            context::current_id()?
         }
     };
+    // The handle and device are asked only when a new context is met.
+    let (pool, stale) = pool::pool_of(id, context::current);
+    if let Some(ctx) = stale {
+        context_reborn(ctx, id);
+    }
+    let ctx = pool.ctx;
     let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
     let (result, reserved_delta) = pool::allocate(pool, bytes, cap);
     observe::reserved_changed(pool.device, reserved_delta);
