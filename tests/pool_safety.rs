@@ -83,6 +83,9 @@ fn the_pool_is_the_default() {
 fn capture_gets_cudas_own_answers_under_the_pool() {
     let prog = compile_rt("capture", "pool_capture.c");
     let (plain, shim, log) = both_ways(&prog, "");
+    // With empty segments kept, asking for free memory during the capture
+    // must not give them back (a cuMemFree would break the capture).
+    let (_, kept, _) = both_ways(&prog, "give_back=never");
     let want: BTreeMap<String, String> = [
         ("relaxed_malloc", 0),
         ("relaxed_end", 0),
@@ -99,6 +102,7 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
         ("local_own_malloc", 900),
         ("local_end", 901),
         ("graph_malloc", 0),
+        ("graph_meminfo", 0),
         ("graph_end", 0),
         ("malloc_after", 0),
         ("free_after", 0),
@@ -108,6 +112,7 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
     .collect();
     assert_eq!(printed(&plain), want, "the fake runtime, plainly:\n{plain}");
     assert_eq!(printed(&shim), want, "under cupool's pool:\n{shim}");
+    assert_eq!(printed(&kept), want, "under cupool's pool, give_back=never:\n{kept}");
     assert_eq!(log["options"]["mode"], "pool");
     // The graph's own allocation is the graph's: not a leak of the program's.
     assert!(

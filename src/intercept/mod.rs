@@ -340,8 +340,9 @@ pub unsafe fn mem_info(free: *mut usize, total: *mut usize, real: impl FnOnce() 
     };
     // A program that measures free memory sees what it would see without
     // cupool: cached segments that are wholly free go back first (what is
-    // free inside partly used segments still counts as used).
-    if options::get().mode == Mode::Pool {
+    // free inside partly used segments still counts as used). Not during a
+    // stream capture, which a `cuMemFree` could break.
+    if options::get().mode == Mode::Pool && !pool::any_capture() {
         diag::shielded(|| {
             for (device, released) in pool::give_back_free_segments(context::current().1) {
                 observe::reserved_changed(device, -(released as i64));
