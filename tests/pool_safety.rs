@@ -216,3 +216,19 @@ fn the_run_summary_says_what_the_pool_did_differently() {
         "summary:\n{summary}"
     );
 }
+
+#[test]
+fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
+    let prog = compile_drv("drvthreads", "pool_driver_threads.c");
+    let run = |args: &[&str]| {
+        let dir = scratch_dir("safety-drvthreads");
+        let out = run_preloaded(&prog, args, &dir, "");
+        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+        read_logs(&dir).remove(0)
+    };
+    let one = run(&["one"]);
+    assert_eq!(one["end"]["pools"][0]["multi_stream"], false, "one thread: reuse at once");
+    let two = run(&[]);
+    assert_eq!(two["end"]["pools"][0]["multi_stream"], true, "two threads: fences");
+    assert!(notes(&two).iter().any(|n| n.contains("from several threads")), "notes: {:?}", notes(&two));
+}

@@ -166,18 +166,25 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl Fn
 fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     let bytes = call.request;
     lifecycle::recording();
+    let runtime_api = call.api.as_str().starts_with("cuda");
     let id = match context::current_id() {
         Some(id) => id,
         None => {
             // No usable context: a runtime call starts one first, as the
             // real call would (after a reset, too).
-            if !call.api.as_str().starts_with("cuda") {
+            if !runtime_api {
                 return None;
             }
             unsafe { real!(cudaFree(std::ptr::null_mut())) };
             context::current_id()?
         }
     };
+    if !runtime_api && pool::driver_allocation(crate::runtime::guard::tid() as u64) {
+        observe::remark(
+            "pooled allocations through the driver API from several threads (a static runtime's launches are \
+             invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for fences",
+        );
+    }
     // The handle and device are asked only when a new context is met.
     let (pool, stale) = pool::pool_of(id, context::current);
     if let Some(ctx) = stale {
