@@ -16,7 +16,11 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use support::*;
 
-const POOL: &str = "mode=pool";
+/// Pool mode with every segment kept (`give_back=never`): these tests are
+/// about the pool's own mechanics; `tests/pool_safety.rs` covers giving
+/// segments back, which the default options do.
+const POOL: &str = "mode=pool:give_back=never";
+const PASSTHROUGH: &str = "mode=passthrough";
 const MIB: u64 = 1 << 20;
 
 // ---------------------------------------------------------------------------
@@ -478,7 +482,7 @@ fn reuse_without_streams_is_immediate() {
     assert_valid_log(&r.log, "reuse");
 
     // The same program without the pool: one driver allocation per call.
-    let plain = run_prog(&prog, &[], "");
+    let plain = run_prog(&prog, &[], PASSTHROUGH);
     assert_eq!(plain.stats["allocs"], 10_000, "passthrough: {:?}", plain.stats);
 }
 
@@ -564,7 +568,7 @@ fn limit_caps_the_pool_and_shapes_mem_get_info() {
 #[test]
 fn limit_is_one_cap_in_every_mode() {
     let prog = compile_rt("limit_modes", "limit_modes.c");
-    for mode in ["mode=passthrough", POOL] {
+    for mode in [PASSTHROUGH, POOL] {
         let r = run_prog(&prog, &[], &format!("{mode}:limit=64m"));
         let got: Vec<u64> =
             ["total_mib", "a", "b", "driver", "near_cap", "near_cap_works"].iter().map(|k| value(&r, k)).collect();
@@ -621,7 +625,7 @@ fn phases_from_the_c_api_are_in_the_log() {
     args.extend(link_fake_cuda());
     args.push("-ldl".into());
     let prog = compile_fake_program("api_phases", "api_phases.c", &args);
-    for mode in ["mode=passthrough", POOL] {
+    for mode in [PASSTHROUGH, POOL] {
         let r = run_prog(&prog, &[], mode);
         let phases: Vec<(String, String, i64, u64)> = r.log["events"]
             .as_array()
@@ -731,7 +735,7 @@ fn pointer_range_queries_describe_the_pooled_block() {
     assert_valid_log(&r.log, "ptrquery");
 
     // Passthrough: every answer is the fake driver's own (each allocation is its own range).
-    let r = run_prog(&prog, &[], "");
+    let r = run_prog(&prog, &[], PASSTHROUGH);
     let (a, p, m) = (value(&r, "a"), value(&r, "p"), value(&r, "m"));
     assert_eq!(r.stats["allocs"], 4, "a, p, m and q: {:?}", r.stats);
     assert_eq!((value(&r, "range_base"), value(&r, "range_size")), (p, 1000));
@@ -755,7 +759,7 @@ fn invalid_frees(log: &Value) -> Vec<(u64, i64)> {
 #[test]
 fn error_codes_are_cudas_own() {
     let prog = compile_rt("errors", "pool_errors.c");
-    let plain = run_prog(&prog, &[], "");
+    let plain = run_prog(&prog, &[], PASSTHROUGH);
     let pool = run_prog(&prog, &[], POOL);
     let (a, b) = (value(&pool, "a"), value(&pool, "b"));
     assert_eq!(b, a + 1024, "b must lie inside a's segment in pool mode");
@@ -796,7 +800,7 @@ fn error_codes_are_cudas_own() {
 #[test]
 fn double_free_of_the_block_at_a_segment_start_is_refused() {
     let prog = compile_rt("errors", "pool_errors.c");
-    let plain = run_prog(&prog, &["segment_start"], "");
+    let plain = run_prog(&prog, &["segment_start"], PASSTHROUGH);
     assert_eq!(value(&plain, "double_free"), 1, "passthrough: the fake refuses a double free");
     let r = run_prog(&prog, &["segment_start"], POOL);
     let a = value(&r, "a");

@@ -28,11 +28,24 @@ struct Run {
     stats: HashMap<String, u64>,
 }
 
+/// These tests hold what cupool records against what the fake driver saw, so
+/// they observe in passthrough mode unless `extra` names a mode (pool mode,
+/// the default, is `tests/pool.rs`'s and `tests/pool_safety.rs`'s).
+fn observing(extra: &str) -> String {
+    if extra.contains("mode=") {
+        extra.to_string()
+    } else if extra.is_empty() {
+        "mode=passthrough".to_string()
+    } else {
+        format!("mode=passthrough:{extra}")
+    }
+}
+
 /// Runs `prog` preloaded, expects exit status `status`, a `result: ok` line,
 /// exactly one valid log and the fake driver's stats line for its pid.
 fn run_one(prog: &str, args: &[&str], extra: &str, status: i32) -> Run {
     let dir = scratch_dir(&format!("preload-{prog}"));
-    let out = run_preloaded(&fakes().prog(prog), args, &dir, extra);
+    let out = run_preloaded(&fakes().prog(prog), args, &dir, &observing(extra));
     let stdout = stdout_of(&out);
     let stderr = stderr_of(&out);
     assert_eq!(
@@ -524,7 +537,7 @@ fn non_cuda_program_is_untouched() {
 #[test]
 fn fork_child_writes_its_own_log() {
     let dir = scratch_dir("fork");
-    let out = run_preloaded(&fakes().prog("prog_fork"), &[], &dir, "");
+    let out = run_preloaded(&fakes().prog("prog_fork"), &[], &dir, &observing(""));
     let stdout = stdout_of(&out);
     assert!(out.status.success(), "{stdout}\n{}", stderr_of(&out));
     let result = result_line(&stdout).expect("result line");
@@ -683,7 +696,7 @@ fn threads_racing_the_lazy_start_are_all_recorded() {
     let prog = compile_fake_program("start_race", "preload_start_race.c", &link_fake_cudart());
     for round in 0..8 {
         let dir = scratch_dir("start-race");
-        let out = run_preloaded(&prog, &[], &dir, "");
+        let out = run_preloaded(&prog, &[], &dir, &observing(""));
         let stdout = stdout_of(&out);
         assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
         let result = result_line(&stdout).expect("result line");
@@ -716,10 +729,10 @@ fn bad_options_complain_once_each_and_keep_defaults() {
     assert_eq!(complaints.iter().filter(|l| l.contains("turbo")).count(), 1, "{complaints:?}");
     assert_eq!(complaints.iter().filter(|l| l.contains("abc")).count(), 1, "{complaints:?}");
     let opts = &r.log["options"];
-    assert_eq!(opts["mode"], "passthrough", "{opts}");
+    assert_eq!(opts["mode"], "pool", "the default mode: {opts}");
     assert_eq!(opts["flush_ms"], 100, "{opts}");
     assert_eq!(opts["log_dir"], r.dir.to_str().unwrap(), "{opts}");
-    assert_eq!(events(&r.log, "alloc").len() as u64, r.stats["allocs"] + r.stats["host_allocs"]);
+    assert_eq!(r.log["end"]["leak_summary"]["bytes"], 6003607, "the workload's leaks, found in pool mode too");
     assert!(r.out.status.success());
 }
 

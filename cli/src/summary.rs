@@ -85,7 +85,7 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
         None => writeln!(out),
     }
     .ok();
-    for (s, cmd) in &summaries {
+    for ((s, cmd), log) in summaries.iter().zip(logs) {
         let _ = writeln!(out, "  pid {:<8} {:<40} {}", s.pid, cmd, exit_text(s));
         for d in &s.devices {
             if d.device < 0 && d.allocs == 0 && d.frees == 0 {
@@ -117,6 +117,11 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
                 line.push_str(&format!(", {} refused by CUDA", s.host.failures));
             }
             let _ = writeln!(out, "{line}");
+        }
+        // What cupool did differently in this process (a pool fallback, graph
+        // allocations left untracked, Python it could not read).
+        for note in log.end.as_ref().map_or(&[][..], |e| &e.notes[..]) {
+            let _ = writeln!(out, "    note: {note}");
         }
     }
     let total: u64 = summaries.iter().map(|(s, _)| s.leak_bytes).sum();

@@ -34,6 +34,29 @@ impl Mode {
     }
 }
 
+/// When the pool gives completely free segments back to the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GiveBack {
+    /// At once, but a segment size the program grows again within a second
+    /// of one going back stays cached from then on.
+    Auto,
+    /// At once, always (as `cudaFree` does).
+    Always,
+    /// Never (only before growing past the peak and on out-of-memory), as PyTorch's cache.
+    Never,
+}
+
+impl GiveBack {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GiveBack::Auto => "auto",
+            GiveBack::Always => "always",
+            GiveBack::Never => "never",
+        }
+    }
+}
+
 /// The options in force. Also the `options` record of the log header: an
 /// option missing from an older log reads as its default, and a key this
 /// build does not know (an option since removed) is ignored.
@@ -58,6 +81,8 @@ pub struct Options {
     pub verbosity: u8,
     /// Pool mode with streams: microseconds between reuse fences.
     pub fence_us: u64,
+    /// Pool mode: when completely free segments go back to the device.
+    pub give_back: GiveBack,
     /// Take NVTX ranges as phases (cupool attaches as the NVTX tool).
     pub nvtx: bool,
     /// Native frames kept per allocation site; 0 = no native stacks.
@@ -84,7 +109,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            mode: Mode::Passthrough,
+            mode: Mode::Pool,
             log_dir: ".".into(),
             log: true,
             trace: true,
@@ -93,6 +118,7 @@ impl Default for Options {
             limit: 0,
             verbosity: 1,
             fence_us: 500,
+            give_back: GiveBack::Auto,
             nvtx: true,
             stack_depth: 32,
             python_depth: 16,
@@ -106,7 +132,7 @@ impl Default for Options {
 
 /// One line per option, as shown by `cupool run --help` and the README.
 pub const OPTION_HELP: &[(&str, &str, &str)] = &[
-    ("mode", "passthrough", "pool | passthrough: serve device allocations from cupool's pool, or only observe"),
+    ("mode", "pool", "pool | passthrough: serve device allocations from cupool's pool, or only observe"),
     ("log_dir", ".", "directory for cupool.<pid>.json (created if missing)"),
     ("log", "1", "1 | 0: write the JSON log at all"),
     (
@@ -122,6 +148,11 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "fence_us",
         "500",
         "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable (10..100000)",
+    ),
+    (
+        "give_back",
+        "auto",
+        "pool mode: auto | always | never: when segments that frees leave empty go back to the device (auto: at once, but a size the program regrows within a second of one going back stays cached)",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),
@@ -330,6 +361,7 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "limit" => opts.limit.to_string(),
         "verbosity" => opts.verbosity.to_string(),
         "fence_us" => opts.fence_us.to_string(),
+        "give_back" => opts.give_back.as_str().to_string(),
         "nvtx" => u8::from(opts.nvtx).to_string(),
         "stack_depth" => opts.stack_depth.to_string(),
         "python_depth" => opts.python_depth.to_string(),
@@ -355,6 +387,14 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
                 "pool" => Mode::Pool,
                 "passthrough" => Mode::Passthrough,
                 _ => return Err(bad("pool or passthrough")),
+            }
+        }
+        "give_back" => {
+            opts.give_back = match value {
+                "auto" => GiveBack::Auto,
+                "always" => GiveBack::Always,
+                "never" => GiveBack::Never,
+                _ => return Err(bad("auto, always or never")),
             }
         }
         "log_dir" if value.is_empty() => return Err(bad("a directory")),
@@ -458,7 +498,7 @@ mod tests {
         // A version-1 log: no fence_us yet, and strict_streams since removed.
         let old: Options =
             serde_json::from_str(r#"{"mode":"passthrough","flush_ms":50,"strict_streams":true}"#).unwrap();
-        assert_eq!(old, Options { flush_ms: 50, ..Options::default() });
+        assert_eq!(old, Options { mode: Mode::Passthrough, flush_ms: 50, ..Options::default() });
     }
 
     #[test]
@@ -569,6 +609,7 @@ mod tests {
             verbosity in 0u8..=2,
             fence_us in 10u64..=100_000,
             nvtx in any::<bool>(),
+            give_back in proptest::sample::select(vec![GiveBack::Auto, GiveBack::Always, GiveBack::Never]),
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
@@ -577,7 +618,8 @@ mod tests {
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
-                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, nvtx, stack_depth, python_depth,
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, nvtx, stack_depth,
+                python_depth,
                 exitcode, max_leak_bytes, fail_on, growth_phases,
             };
             let spec = format(&o);

@@ -14,7 +14,7 @@
 mod model;
 
 use cupool_core::pool::testing::{Fences, SimulatedDevice};
-use cupool_core::pool::{Block, BlockState, Pool, PoolConfig};
+use cupool_core::pool::{Block, BlockState, GiveBack, Pool, PoolConfig};
 use model::{pool_stats, Model, ALIGN, MIB};
 use proptest::prelude::*;
 
@@ -263,22 +263,29 @@ fn config() -> impl Strategy<Value = (PoolConfig, Option<u64>)> {
         prop::sample::select(vec![u64::MAX, 32 * MIB, 48 * MIB]),
         prop::sample::select(vec![u64::MAX, 64 * MIB, 160 * MIB]),
         prop::sample::select(vec![None, Some(48 * MIB), Some(128 * MIB)]),
-        (any::<bool>(), prop::sample::select(vec![1u64, 4, 16])),
+        (
+            any::<bool>(),
+            prop::sample::select(vec![1u64, 4, 16]),
+            prop::sample::select(vec![GiveBack::Never, GiveBack::Always, GiveBack::Auto { regret_ns: 1 }]),
+        ),
     )
-        .prop_map(|(small_max, small_segment, (ls, lt), split, max_split, limit, cap, (rbg, wait_share))| {
-            let cfg = PoolConfig {
-                small_max,
-                small_segment,
-                large_segment: ls,
-                large_segment_threshold: lt,
-                min_split_remainder_large: split,
-                max_split_size: max_split,
-                limit,
-                release_before_grow: rbg,
-                wait_share,
-            };
-            (cfg, cap)
-        })
+        .prop_map(
+            |(small_max, small_segment, (ls, lt), split, max_split, limit, cap, (rbg, wait_share, give_back))| {
+                let cfg = PoolConfig {
+                    small_max,
+                    small_segment,
+                    large_segment: ls,
+                    large_segment_threshold: lt,
+                    min_split_remainder_large: split,
+                    max_split_size: max_split,
+                    limit,
+                    release_before_grow: rbg,
+                    wait_share,
+                    give_back,
+                };
+                (cfg, cap)
+            },
+        )
 }
 
 fn run(cfg: PoolConfig, cap: Option<u64>, ops: &[Op]) {

@@ -18,7 +18,7 @@ pub use cudarc::driver::sys::{
     CUpointer_attribute, CUstream, CUstreamBatchMemOpParams, CUstreamCaptureStatus, CUDA_MEMCPY2D, CUDA_MEMCPY3D,
     CUDA_MEMCPY3D_PEER,
 };
-pub use cudarc::runtime::sys::{cudaExtent, cudaIpcMemHandle_t, cudaMemPool_t, cudaPitchedPtr, cudaStream_t};
+pub use cudarc::runtime::sys::{cudaExtent, cudaIpcMemHandle_t, cudaMemPool_t, cudaPitchedPtr, cudaStream_t, dim3};
 
 use resolve::{Lib, Lookup};
 use std::ffi::CStr;

@@ -63,6 +63,17 @@ table! {
         cudaIpcCloseMemHandle: fn(Ptr) -> Status;
         cudaGetDriverEntryPoint: fn(*const c_char, *mut Ptr, c_ulonglong, *mut c_int) -> Status;
         cudaGetDriverEntryPointByVersion: fn(*const c_char, *mut Ptr, c_uint, c_ulonglong, *mut c_int) -> Status;
+        // Kernel launches: the one place a shared runtime shows the stream
+        // (a per-thread default one, for `_ptsz`) that kernels run on.
+        cudaLaunchKernel: fn(*const c_void, dim3, dim3, *mut Ptr, usize, cudaStream_t) -> Status;
+        cudaLaunchKernel_ptsz: fn(*const c_void, dim3, dim3, *mut Ptr, usize, cudaStream_t) -> Status;
+        // Stream capture (the graph, its nodes and edges stay opaque).
+        cudaStreamBeginCapture: fn(cudaStream_t, c_int) -> Status;
+        cudaStreamBeginCapture_ptsz: fn(cudaStream_t, c_int) -> Status;
+        cudaStreamBeginCaptureToGraph: fn(cudaStream_t, Ptr, *const Ptr, *const c_void, usize, c_int) -> Status;
+        cudaStreamBeginCaptureToGraph_ptsz: fn(cudaStream_t, Ptr, *const Ptr, *const c_void, usize, c_int) -> Status;
+        cudaStreamEndCapture: fn(cudaStream_t, *mut Ptr) -> Status;
+        cudaStreamEndCapture_ptsz: fn(cudaStream_t, *mut Ptr) -> Status;
     }
     Driver {
         // Memory.
@@ -96,6 +107,7 @@ table! {
         // Contexts.
         cuCtxGetCurrent: fn(*mut CUcontext) -> Status;
         cuCtxGetDevice: fn(*mut CUdevice) -> Status;
+        cuCtxGetId: fn(CUcontext, *mut c_ulonglong) -> Status;
         cuCtxSynchronize: fn() -> Status;
         cuCtxDestroy_v2: fn(CUcontext) -> Status;
         cuDevicePrimaryCtxGetState: fn(CUdevice, *mut c_uint, *mut c_int) -> Status;
@@ -108,6 +120,14 @@ table! {
         cuStreamDestroy_v2: fn(CUstream) -> Status;
         cuStreamWaitEvent: fn(CUstream, CUevent, c_uint) -> Status;
         cuStreamIsCapturing: fn(CUstream, *mut c_int) -> Status;
+        cuStreamBeginCapture: fn(CUstream) -> Status;
+        cuStreamBeginCapture_ptsz: fn(CUstream) -> Status;
+        cuStreamBeginCapture_v2: fn(CUstream, c_int) -> Status;
+        cuStreamBeginCapture_v2_ptsz: fn(CUstream, c_int) -> Status;
+        cuStreamBeginCaptureToGraph: fn(CUstream, Ptr, *const Ptr, *const c_void, usize, c_int) -> Status;
+        cuStreamBeginCaptureToGraph_ptsz: fn(CUstream, Ptr, *const Ptr, *const c_void, usize, c_int) -> Status;
+        cuStreamEndCapture: fn(CUstream, *mut Ptr) -> Status;
+        cuStreamEndCapture_ptsz: fn(CUstream, *mut Ptr) -> Status;
         cuEventCreate: fn(*mut CUevent, c_uint) -> Status;
         cuEventRecord: fn(CUevent, CUstream) -> Status;
         cuEventQuery: fn(CUevent) -> Status;

@@ -3,6 +3,7 @@
 //! CUDA's own result.
 
 pub mod api;
+pub mod capture;
 pub mod dlsym;
 pub mod driver;
 pub mod ipc;
@@ -77,10 +78,14 @@ pub fn pitched_bytes(pitch: usize, rows: &[usize]) -> u64 {
 
 /// Every driver function cupool hands out a wrapper for.
 pub fn driver_entries() -> impl Iterator<Item = &'static Entry> {
-    driver::TABLE.iter().chain(submit::TABLE.iter()).chain(ipc::DRIVER_TABLE.iter())
+    driver::TABLE.iter().chain(submit::TABLE.iter()).chain(ipc::DRIVER_TABLE.iter()).chain(capture::DRIVER_TABLE.iter())
 }
 
 /// Every runtime function a caller may look up with `dlsym`.
 pub fn runtime_entries() -> impl Iterator<Item = &'static Entry> {
-    runtime::TABLE.iter().chain(ipc::RUNTIME_TABLE.iter())
+    runtime::TABLE
+        .iter()
+        .chain(ipc::RUNTIME_TABLE.iter())
+        .chain(capture::RUNTIME_TABLE.iter())
+        .chain(submit::RUNTIME_TABLE.iter())
 }

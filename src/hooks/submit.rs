@@ -68,6 +68,18 @@ stream_hooks! {
         ops: *mut CUstreamBatchMemOpParams, flags: c_uint);
 }
 
+// The runtime launches kernels through private driver entry points; in a
+// program that links the runtime dynamically its own launch call is where the
+// stream shows, above all a per-thread default stream (`--default-stream
+// per-thread` makes every launch a `_ptsz` one), which no other call may show.
+twins!(cudaLaunchKernel / cudaLaunchKernel_ptsz (f: *const c_void, grid: dim3, block: dim3, args: *mut Ptr,
+    shared: usize, stream: cudaStream_t) |real, per_thread| {
+    intercept::work_queued(stream as u64, per_thread);
+    real!([real](f, grid, block, args, shared, stream))
+});
+
+pub static RUNTIME_TABLE: &[super::Entry] = &[entry!(cudaLaunchKernel), entry!(cudaLaunchKernel_ptsz)];
+
 /// `cuLaunchKernelEx` carries its stream inside its `CUlaunchConfig`; a
 /// null config (the call then fails) is taken as the legacy stream.
 unsafe fn stream_of(config: *const CUlaunchConfig) -> CUstream {

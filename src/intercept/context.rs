@@ -14,6 +14,19 @@ pub fn current_only() -> u64 {
     }
 }
 
+/// The unique id of the context current on this thread: a handle may come
+/// back for a new context (a primary context reset and started again keeps
+/// its handle), an id never does. One driver call, the only one a pooled
+/// allocation makes. `None` when there is no usable current context (none
+/// yet, or a primary context reset and not yet started again), and when the
+/// driver cannot say (before CUDA 12: then the pool stays off).
+#[inline]
+pub fn current_id() -> Option<u64> {
+    let mut id = 0;
+    let r = unsafe { real!(cuCtxGetId(std::ptr::null_mut(), &mut id)) };
+    (r == SUCCESS && id != 0).then_some(id)
+}
+
 /// The context current on this thread and its device; (0, -1) when none.
 pub fn current() -> (u64, i32) {
     let ctx = current_only();

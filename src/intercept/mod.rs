@@ -3,6 +3,7 @@
 //! it entered through), serves the call from the pool or passes it to the
 //! real CUDA function, and tells the observers what happened.
 
+mod capture;
 mod context;
 pub mod ipc;
 mod limit;
@@ -61,12 +62,17 @@ pub unsafe fn out_ptr<T: Copy + Into<u64>>(out: *const T, result: Status) -> u64
     }
 }
 
+pub use capture::{begin as capture_begin, end as capture_end, GRAPH_ALLOCATIONS};
+
 /// An allocation CUDA makes itself.
 #[inline]
 pub fn allocation(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
     let Some(_guard) = Guard::enter() else {
         return real().0;
     };
+    if call.kind == MemKind::Async && capture::into_graph(call.stream, call.api.as_str().ends_with("_ptsz")) {
+        return real().0;
+    }
     passthrough(call, real)
 }
 
@@ -140,7 +146,8 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl Fn
     let Some(_guard) = Guard::enter() else {
         return real().0;
     };
-    if options::get().mode == Mode::Pool && call.request > 0 {
+    // During a capture the real call answers (`capture.rs`).
+    if options::get().mode == Mode::Pool && call.request > 0 && !pool::any_capture() {
         if let Some(Some(result)) = diag::shielded(|| from_pool(call)) {
             return match result {
                 Ok(ptr) => {
@@ -159,12 +166,31 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl Fn
 fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     let bytes = call.request;
     lifecycle::recording();
-    let ctx = ensure_context(call);
-    if ctx == 0 {
-        return None;
+    let runtime_api = call.api.as_str().starts_with("cuda");
+    let id = match context::current_id() {
+        Some(id) => id,
+        None => {
+            // No usable context: a runtime call starts one first, as the
+            // real call would (after a reset, too).
+            if !runtime_api {
+                return None;
+            }
+            unsafe { real!(cudaFree(std::ptr::null_mut())) };
+            context::current_id()?
+        }
+    };
+    if !runtime_api && pool::driver_allocation(crate::runtime::guard::tid() as u64) {
+        observe::remark(
+            "pooled allocations through the driver API from several threads (a static runtime's launches are \
+             invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for fences",
+        );
     }
-    // The device is asked only when this thread meets a new context.
-    let pool = pool::pool_of(ctx, || context::current().1);
+    // The handle and device are asked only when a new context is met.
+    let (pool, stale) = pool::pool_of(id, context::current);
+    if let Some(ctx) = stale {
+        context_reborn(ctx, id);
+    }
+    let ctx = pool.ctx;
     let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
     let (result, reserved_delta) = pool::allocate(pool, bytes, cap);
     observe::reserved_changed(pool.device, reserved_delta);
@@ -215,11 +241,19 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     let known = diag::shielded(|| observe::releasing(space, key)).flatten();
     let stamp = sink::stamp_for(EventKind::Free);
     let result = match known.and_then(|a| a.pooled) {
-        Some(p) => {
-            pool::tools::block_freed(key); // before the pool may hand it out again
-            diag::shielded(|| pool::free(p.pool.get(), BlockId::from_raw(p.block)));
-            SUCCESS
-        }
+        Some(p) => match refused_by_capture() {
+            Some(code) => code,
+            None => {
+                pool::tools::block_freed(key); // before the pool may hand it out again
+                diag::shielded(|| {
+                    let (device, given_back) = pool::free(p.pool.get(), BlockId::from_raw(p.block));
+                    if given_back > 0 {
+                        observe::reserved_changed(device, -(given_back as i64));
+                    }
+                });
+                SUCCESS
+            }
+        },
         // Not a live allocation but inside a pool segment (a double free):
         // CUDA must not see it, or it would free the whole segment.
         None if known.is_none() && space == Space::Pointer && pool::owns(key) => INVALID_VALUE,
@@ -232,6 +266,17 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
         (None, r) => observe::invalid_free(api, key, r, stamp),
     });
     result
+}
+
+/// During a stream capture a pooled free must fail where `cudaFree` would
+/// (and break the capture as it would): a synchronisation, which `cudaFree`
+/// implies, asks the driver exactly that.
+fn refused_by_capture() -> Option<Status> {
+    if !pool::any_capture() {
+        return None;
+    }
+    let r = unsafe { real!(cuCtxSynchronize()) };
+    (r != SUCCESS).then_some(r)
 }
 
 /// A VMM map or unmap that happened.
@@ -281,6 +326,20 @@ fn context_died(api: Api, device: i32, ctx: u64) {
     observe::context_died(api, device, |a| a.ctx == ctx);
 }
 
+/// Handle `ctx` now names a new context (id `id`): the one it named before
+/// died without a call cupool sees, which only the static runtime's
+/// `cudaDeviceReset` does. Its pool and allocations die now, reported as
+/// dying in that reset.
+#[cold]
+fn context_reborn(ctx: u64, id: u64) {
+    pool::tools::context_died(ctx); // the new context has no segment yet
+    for (device, reserved) in pool::drop_context(|p| p.ctx == ctx && p.id != id) {
+        observe::reserved_changed(device, -(reserved as i64));
+    }
+    observe::context_died(Api::CudaDeviceReset, -1, |a| a.ctx == ctx);
+    observe::remark("a context was destroyed and created again behind cupool's back (a static runtime's cudaDeviceReset): its pool was dropped when the new one was first used");
+}
+
 /// `cudaMemGetInfo`/`cuMemGetInfo`: the real answer, seen through the `limit`.
 /// Applied once, at the outermost call (the runtime's calls the driver's).
 ///
@@ -290,6 +349,17 @@ pub unsafe fn mem_info(free: *mut usize, total: *mut usize, real: impl FnOnce() 
     let Some(_guard) = Guard::enter() else {
         return real();
     };
+    // A program that measures free memory sees what it would see without
+    // cupool: cached segments that are wholly free go back first (what is
+    // free inside partly used segments still counts as used). Not during a
+    // stream capture, which a `cuMemFree` could break.
+    if options::get().mode == Mode::Pool && !pool::any_capture() {
+        diag::shielded(|| {
+            for (device, released) in pool::give_back_free_segments(context::current().1) {
+                observe::reserved_changed(device, -(released as i64));
+            }
+        });
+    }
     let r = real();
     if r == SUCCESS {
         diag::shielded(|| limit::apply(free, total));

@@ -43,9 +43,21 @@ pub fn write(how: ExitInfo) {
         pools: pool::records::all(),
         ooms,
         complete,
-        notes: crate::observe::sites::notes(),
+        notes: notes(),
     };
     sink::close_with(|out| log::write_end(out, &end));
+}
+
+fn notes() -> Vec<String> {
+    let mut notes = crate::observe::sites::notes();
+    notes.extend(incidents::remarks());
+    let graph = crate::intercept::GRAPH_ALLOCATIONS.load(Ordering::Relaxed);
+    if graph > 0 {
+        notes.push(format!(
+            "{graph} stream-ordered allocation(s) were captured into CUDA graphs: the graphs own them, so they are not tracked"
+        ));
+    }
+    notes
 }
 
 fn device_counters(device: i32, c: &counters::Counters) -> DeviceCounters {

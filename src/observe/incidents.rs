@@ -19,6 +19,23 @@ pub struct CheckpointLeak {
 const MAX_CHECKPOINT_LEAKS: usize = 100_000;
 static CHECKPOINT_LEAKS: Mutex<Vec<CheckpointLeak>> = Mutex::new(Vec::new());
 
+/// Remarks for the end record's notes: what cupool did differently from
+/// usual and why (each said once).
+const MAX_REMARKS: usize = 32;
+static REMARKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+pub fn remark(text: &str) {
+    let mut remarks = REMARKS.lock();
+    if remarks.len() < MAX_REMARKS && !remarks.iter().any(|r| r == text) {
+        crate::runtime::diag::note(text);
+        remarks.push(text.to_string());
+    }
+}
+
+pub fn remarks() -> Vec<String> {
+    REMARKS.try_lock().map(|r| r.clone()).unwrap_or_default()
+}
+
 /// OOM snapshots (the first few are the telling ones).
 const MAX_OOMS: usize = 16;
 static OOMS: Mutex<Vec<OomRecord>> = Mutex::new(Vec::new());
@@ -60,6 +77,7 @@ pub fn take() -> (Vec<CheckpointLeak>, Vec<OomRecord>) {
 pub fn lock_for_fork() {
     std::mem::forget(CHECKPOINT_LEAKS.lock());
     std::mem::forget(OOMS.lock());
+    std::mem::forget(REMARKS.lock());
 }
 
 /// # Safety
@@ -67,8 +85,10 @@ pub fn lock_for_fork() {
 pub unsafe fn unlock_after_fork(in_child: bool) {
     CHECKPOINT_LEAKS.force_unlock();
     OOMS.force_unlock();
+    REMARKS.force_unlock();
     if in_child {
         CHECKPOINT_LEAKS.lock().clear();
         OOMS.lock().clear();
+        REMARKS.lock().clear();
     }
 }

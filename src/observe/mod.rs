@@ -13,6 +13,7 @@ pub mod sites;
 mod timeline;
 
 pub use allocation::{Allocation, Pooled, Space};
+pub use incidents::remark;
 
 use crate::sink::Stamp;
 use cupool_core::log::{Api, EventKind, MemKind};

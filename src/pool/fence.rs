@@ -210,6 +210,10 @@ impl Backend for CudaBackend {
         tag <= self.completed
     }
 
+    fn now_ns(&mut self) -> u64 {
+        clock::monotonic_ns()
+    }
+
     fn synchronize(&mut self) -> bool {
         if self.any_capturing() {
             return false;

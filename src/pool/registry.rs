@@ -4,7 +4,8 @@
 use super::fence::{self, CudaBackend};
 use super::streams;
 use crate::runtime::options;
-use cupool_core::pool::{Block, BlockId, OutOfMemory, Pool, PoolConfig};
+use cupool_core::options::GiveBack as Policy;
+use cupool_core::pool::{Block, BlockId, GiveBack, OutOfMemory, Pool, PoolConfig};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeSet;
@@ -13,6 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 /// One context's pool.
 pub struct ContextPool {
     pub ctx: u64,
+    /// The context's unique id (`cuCtxGetId`): the handle outlives a reset.
+    pub id: u64,
     pub device: i32,
     pub pool: Mutex<Pool<CudaBackend>>,
 }
@@ -30,30 +33,47 @@ thread_local! {
 }
 
 fn config() -> PoolConfig {
-    let limit = options::get().limit;
-    PoolConfig { limit: if limit == 0 { u64::MAX } else { limit }, ..PoolConfig::shim_default() }
+    let opts = options::get();
+    let defaults = PoolConfig::shim_default();
+    let give_back = match opts.give_back {
+        Policy::Auto => defaults.give_back,
+        Policy::Always => GiveBack::Always,
+        Policy::Never => GiveBack::Never,
+    };
+    PoolConfig { limit: if opts.limit == 0 { u64::MAX } else { opts.limit }, give_back, ..defaults }
 }
 
-/// The pool of context `ctx` (on `device`), created on first use.
-pub fn pool_of(ctx: u64, device: impl FnOnce() -> i32) -> &'static ContextPool {
+/// The pool of the context with unique id `id`, created on first use with
+/// the context's handle and device from `current`. With it, the handle of a
+/// context that died unseen: a live pool of a context with another id but
+/// the same handle (the static runtime's `cudaDeviceReset` tears a context
+/// down through private entry points, and it comes back under its handle);
+/// the caller retires that pool.
+#[inline]
+pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static ContextPool, Option<u64>) {
     let gen = GENERATION.load(Ordering::Acquire);
-    let (c, g, p) = CACHED.with(Cell::get);
-    if c == ctx && g == gen && !p.is_null() {
-        return unsafe { &*p };
+    let (i, g, p) = CACHED.with(Cell::get);
+    if i == id && g == gen && !p.is_null() {
+        return (unsafe { &*p }, None);
     }
     let mut pools = POOLS.lock();
-    let found = pools.iter().copied().find(|p| p.ctx == ctx);
-    let pool = found.unwrap_or_else(|| {
-        let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
-            ctx,
-            device: device(),
-            pool: Mutex::new(Pool::new(CudaBackend::new(ctx), config())),
-        }));
-        pools.push(p);
-        p
-    });
-    CACHED.with(|c| c.set((ctx, gen, pool)));
-    pool
+    let (pool, stale) = match pools.iter().copied().find(|p| p.id == id) {
+        Some(p) => (p, None),
+        None => {
+            let (ctx, device) = current();
+            let stale = pools.iter().any(|p| p.ctx == ctx).then_some(ctx);
+            let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
+                ctx,
+                id,
+                device,
+                pool: Mutex::new(Pool::new(CudaBackend::new(ctx), config())),
+            }));
+            pools.push(p);
+            (p, stale)
+        }
+    };
+    CACHED.with(|c| c.set((id, gen, pool)));
+    (pool, stale)
 }
 
 /// A block of `size` bytes from `pool`, which may reserve at most
@@ -75,13 +95,18 @@ pub fn allocate(pool: &ContextPool, size: u64, cap: impl FnOnce(u64) -> u64) -> 
 /// the allocation). A pool whose context died still takes it: the memory is
 /// gone, the books stay straight. A block exported through IPC is never
 /// handed out again: another process may still read it through its handle.
+/// Returns the pool's device and the bytes it gave back to it (a free may
+/// empty a segment that then goes back).
 #[inline]
-pub fn free(pool: usize, block: BlockId) {
+pub fn free(pool: usize, block: BlockId) -> (i32, u64) {
+    let pool_ref = unsafe { &*(pool as *const ContextPool) };
     if ANY_EXPORTED.load(Ordering::Acquire) && EXPORTED.lock().remove(&(pool, block.to_raw())) {
-        return;
+        return (pool_ref.device, 0);
     }
-    let pool = unsafe { &*(pool as *const ContextPool) };
-    pool.pool.lock().free(block);
+    let mut p = pool_ref.pool.lock();
+    let before = p.stats().reserved_bytes.current;
+    p.free(block);
+    (pool_ref.device, before - p.stats().reserved_bytes.current)
 }
 
 /// Blocks exported through IPC, as (pool address, block id).
@@ -162,6 +187,17 @@ pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {
     });
     GENERATION.fetch_add(1, Ordering::AcqRel);
     gone
+}
+
+/// Gives every completely free segment of `device`'s pools back to the
+/// device; returns (device, bytes released) per pool that released some.
+pub fn give_back_free_segments(device: i32) -> Vec<(i32, u64)> {
+    all()
+        .into_iter()
+        .filter(|p| p.device == device)
+        .map(|p| (p.device, p.pool.lock().empty_cache()))
+        .filter(|&(_, released)| released > 0)
+        .collect()
 }
 
 /// Peaks of `device`'s pools start again from now.

@@ -5,7 +5,7 @@
 
 use crate::runtime::guard;
 use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Set once the process creates a stream, or once work submitted through the
 /// driver API has gone to a second stream (per-thread default streams of two
@@ -53,6 +53,29 @@ pub fn note_work(stream: u64, per_thread_api: bool) {
     }
 }
 
+/// The first thread that allocated from the pool through the driver API.
+static DRIVER_THREAD: AtomicU64 = AtomicU64::new(0);
+
+/// A pooled allocation came through the driver API (a driver-API program, or
+/// one with the runtime linked statically, whose kernel launches no hook
+/// sees) on thread `tid`. Built with `--default-stream per-thread`, such a
+/// program's threads run their kernels side by side on streams cupool never
+/// learns of; so once a second thread allocates, freed blocks wait for
+/// fences (an event on the legacy stream completes only after the work of
+/// every per-thread default stream queued before it). Returns true the
+/// first time that happens.
+#[inline]
+pub fn driver_allocation(tid: u64) -> bool {
+    if MULTI_STREAM.load(Ordering::Relaxed) {
+        return false;
+    }
+    match DRIVER_THREAD.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => false,
+        Err(first) if first == tid => false,
+        Err(_) => !MULTI_STREAM.swap(true, Ordering::AcqRel),
+    }
+}
+
 /// Live streams as (context, stream).
 static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
@@ -67,6 +90,45 @@ pub fn add(ctx: u64, stream: u64) {
 
 pub fn remove(stream: u64) {
     STREAMS.lock().retain(|&(_, s)| s != stream);
+    capture_ended(stream, false); // destroying a capturing stream ends its capture
+}
+
+/// Streams being captured, as `stream_key`s, and how many: every allocation
+/// asks "is any capture under way?" with one load.
+static CAPTURING: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// A capture began on `stream`. The runtime's call and the driver's beneath
+/// it may both report one capture: the list holds each stream once.
+pub fn capture_begun(stream: u64, per_thread_api: bool) {
+    let key = stream_key(stream, per_thread_api);
+    let mut list = CAPTURING.lock();
+    if !list.contains(&key) {
+        list.push(key);
+        CAPTURES.store(list.len(), Ordering::Release);
+    }
+}
+
+/// The capture on `stream` ended (or was never there).
+pub fn capture_ended(stream: u64, per_thread_api: bool) {
+    if !any_capture() {
+        return;
+    }
+    let key = stream_key(stream, per_thread_api);
+    let mut list = CAPTURING.lock();
+    list.retain(|&k| k != key);
+    CAPTURES.store(list.len(), Ordering::Release);
+}
+
+/// Is a stream capture under way anywhere in the process?
+#[inline]
+pub fn any_capture() -> bool {
+    CAPTURES.load(Ordering::Acquire) != 0
+}
+
+/// Is `stream` being captured?
+pub fn is_capturing(stream: u64, per_thread_api: bool) -> bool {
+    any_capture() && CAPTURING.lock().contains(&stream_key(stream, per_thread_api))
 }
 
 /// The stream list, locked: fences record and check captures with it held,
@@ -82,15 +144,21 @@ pub fn of_context(list: &[(u64, u64)], ctx: u64) -> Vec<u64> {
 
 pub fn lock_for_fork() {
     std::mem::forget(STREAMS.lock());
+    std::mem::forget(CAPTURING.lock());
 }
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
+    CAPTURING.force_unlock();
     STREAMS.force_unlock();
     if in_child {
+        // A capture is its thread's, and the child has only the forking thread.
+        CAPTURING.lock().clear();
+        CAPTURES.store(0, Ordering::Release);
         STREAMS.lock().clear();
         MULTI_STREAM.store(false, Ordering::Release);
         ONLY_STREAM.store(NO_STREAM, Ordering::Release);
+        DRIVER_THREAD.store(0, Ordering::Release);
     }
 }

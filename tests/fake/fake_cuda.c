@@ -124,7 +124,9 @@ struct CUctx_st {
     int primary;
     int refcount; /* primary contexts only */
     int active;   /* 0 once destroyed / reset / released to zero */
+    unsigned long long id; /* cuCtxGetId: new for every context made, a primary one each time it starts */
 };
+static unsigned long long g_ctx_ids;
 
 static struct CUctx_st g_primary[FAKE_MAX_DEVICES];
 
@@ -135,6 +137,9 @@ static __thread int t_depth;
 struct CUstream_st {
     unsigned flags;
     int priority;
+    int capture; /* CU_STREAM_CAPTURE_STATUS_* */
+    int capture_mode;
+    pthread_t capture_thread;
 };
 struct CUevent_st {
     unsigned flags;
@@ -326,6 +331,9 @@ static CUresult need_ctx(struct CUctx_st **out)
     return CUDA_SUCCESS;
 }
 
+static int capture_forbids_locked(void);
+static int capture_forbids(void);
+
 static int stream_valid(CUstream s)
 {
     /* NULL, CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2) are implicit. */
@@ -401,6 +409,10 @@ static CUresult do_alloc(uintptr_t *out, size_t size, int kind)
     r = need_ctx(&ctx);
     if (r)
         goto out;
+    if (kind != K_ASYNC && kind != K_POOL && capture_forbids_locked()) {
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        goto out;
+    }
     int dev = ctx->device;
     if (kind != K_HOST && (size > g_total_mem || g_used[dev] > g_total_mem - size)) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -570,6 +582,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return r;
     pthread_mutex_lock(&g_lock);
     g_primary[dev].refcount++;
+    if (!g_primary[dev].active)
+        g_primary[dev].id = ++g_ctx_ids;
     g_primary[dev].active = 1;
     *pctx = &g_primary[dev];
     pthread_mutex_unlock(&g_lock);
@@ -613,6 +627,25 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+EXPORT size_t fake_device_used(int dev)
+{
+    if (dev < 0 || dev >= FAKE_MAX_DEVICES)
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    size_t used = g_used[dev];
+    pthread_mutex_unlock(&g_lock);
+    return used;
+}
+
+EXPORT void fake_reset_primary_unseen(int dev)
+{
+    if (dev < 0 || dev >= FAKE_MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&g_lock);
+    primary_reset_locked(dev);
+    pthread_mutex_unlock(&g_lock);
+}
+
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     (void)flags;
@@ -628,6 +661,7 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
         return CUDA_ERROR_OUT_OF_MEMORY;
     *c = (struct CUctx_st){.magic = CTX_MAGIC, .device = dev, .active = 1};
     pthread_mutex_lock(&g_lock);
+    c->id = ++g_ctx_ids;
     if (set_add(&g_ctxs, c) != 0) {
         pthread_mutex_unlock(&g_lock);
         free(c);
@@ -749,6 +783,8 @@ EXPORT CUresult cuCtxSynchronize(void)
     pthread_mutex_lock(&g_lock);
     struct CUctx_st *c;
     r = need_ctx(&c);
+    if (!r && capture_forbids_locked())
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_unlock(&g_lock);
     return r;
 }
@@ -761,7 +797,12 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return do_alloc((uintptr_t *)dptr, bytesize, K_DEVICE);
 }
 
-EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return do_free((uintptr_t)dptr, 0); }
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    if (capture_forbids())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return do_free((uintptr_t)dptr, 0);
+}
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                                    unsigned int ElementSizeBytes)
@@ -1452,8 +1493,112 @@ EXPORT CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
     if (!captureStatus)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_stream(hStream);
+    if (!r) {
+        pthread_mutex_lock(&g_lock);
+        *captureStatus = (uintptr_t)hStream <= 2 ? CU_STREAM_CAPTURE_STATUS_NONE : hStream->capture;
+        pthread_mutex_unlock(&g_lock);
+    }
+    return r;
+}
+
+/* Captures record nothing: a graph is a token.  What matters to cupool is
+ * which calls a capture forbids, as the real driver does: in global mode no
+ * thread may make an unsafe call (allocate, free, synchronise), in
+ * thread-local mode the capturing thread may not; such a call fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture. */
+static struct CUgraph_st {
+    int unused;
+} g_graph_token;
+
+static struct CUstream_st *g_capturing[64];
+static int g_ncapturing;
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
+{
+    if ((uintptr_t)hStream <= 2)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the fake captures created streams only */
+    CUresult r = check_stream(hStream);
+    if (r)
+        return r;
+    if (mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (hStream->capture != CU_STREAM_CAPTURE_STATUS_NONE || g_ncapturing == 64) {
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        hStream->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        hStream->capture_mode = mode;
+        hStream->capture_thread = pthread_self();
+        g_capturing[g_ncapturing++] = hStream;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_stream(hStream);
+    if (r)
+        return r;
+    if ((uintptr_t)hStream <= 2)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    pthread_mutex_lock(&g_lock);
+    int status = hStream->capture;
+    hStream->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    for (int i = 0; i < g_ncapturing; i++)
+        if (g_capturing[i] == hStream)
+            g_capturing[i--] = g_capturing[--g_ncapturing];
+    pthread_mutex_unlock(&g_lock);
+    *phGraph = status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? &g_graph_token : NULL;
+    if (status == CU_STREAM_CAPTURE_STATUS_NONE)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    return status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+}
+
+/* Would an unsafe call from this thread break a capture?  If so the
+ * captures it breaks are invalidated.  Call with g_lock held. */
+static int capture_forbids_locked(void)
+{
+    int forbidden = 0;
+    for (int i = 0; i < g_ncapturing; i++) {
+        struct CUstream_st *s = g_capturing[i];
+        int applies = s->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+                      (s->capture_mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                       pthread_equal(s->capture_thread, pthread_self()));
+        if (applies) {
+            s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            forbidden = 1;
+        }
+    }
+    return forbidden;
+}
+
+static int capture_forbids(void)
+{
+    pthread_mutex_lock(&g_lock);
+    int f = capture_forbids_locked();
+    pthread_mutex_unlock(&g_lock);
+    return f;
+}
+
+EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+    if (!ctxId)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *c = ctx;
+    if (!c)
+        r = need_ctx(&c);
+    else if (!ctx_valid(c))
+        r = CUDA_ERROR_INVALID_CONTEXT;
     if (!r)
-        *captureStatus = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+        *ctxId = c->id;
+    pthread_mutex_unlock(&g_lock);
     return r;
 }
 
@@ -1632,6 +1777,9 @@ LOCAL_ALIAS(cuStreamCreateWithPriority);
 LOCAL_ALIAS(cuStreamDestroy_v2);
 LOCAL_ALIAS(cuStreamSynchronize);
 LOCAL_ALIAS(cuStreamIsCapturing);
+LOCAL_ALIAS(cuStreamBeginCapture_v2);
+LOCAL_ALIAS(cuStreamEndCapture);
+LOCAL_ALIAS(cuCtxGetId);
 LOCAL_ALIAS(cuEventCreate);
 LOCAL_ALIAS(cuEventRecord);
 LOCAL_ALIAS(cuEventQuery);
@@ -1703,6 +1851,9 @@ static const struct proc_entry g_procs[] = {
     P("cuStreamDestroy", 2000, cuStreamDestroy_v2),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    P("cuCtxGetId", 12000, cuCtxGetId),
     P("cuEventCreate", 2000, cuEventCreate),
     P("cuEventRecord", 2000, cuEventRecord),
     P("cuEventQuery", 2000, cuEventQuery),

@@ -34,9 +34,17 @@ enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
     CUDA_ERROR_UNKNOWN = 999,
 };
+
+/* Stream capture (CUstreamCaptureMode, CUstreamCaptureStatus). */
+typedef struct CUgraph_st *CUgraph;
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1, CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1, CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
 
 /* cuGetProcAddress flags and symbol status (CUdriverProcAddressQueryResult). */
 #define CU_GET_PROC_ADDRESS_DEFAULT 0ULL
@@ -132,6 +140,15 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int 
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
+/* Test-only: resets the primary context of `dev` the way the static
+ * runtime's cudaDeviceReset does, through no entry point a shim can hook. */
+void fake_reset_primary_unseen(int dev);
+/* Test-only: the device memory the fake holds on `dev` now (what another
+ * process could not have). */
+size_t fake_device_used(int dev);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventQuery(CUevent hEvent);

@@ -25,8 +25,13 @@ enum {
     cudaErrorInsufficientDriver = 35,
     cudaErrorInvalidDevice = 101,
     cudaErrorDeviceUninitialized = 201, /* CUDA_ERROR_INVALID_CONTEXT */
+    cudaErrorIllegalState = 401,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorUnknown = 999,
 };
+typedef struct CUgraph_st *cudaGraph_t;
+enum { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
 
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -73,6 +78,16 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaStreamCreate(cudaStream_t *pStream);
+typedef struct {
+    unsigned x, y, z;
+} dim3;
+/* The fake runs no kernels: a launch only checks its stream. */
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shared,
+                             cudaStream_t stream);
+cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args, size_t shared,
+                                  cudaStream_t stream);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);

@@ -32,6 +32,10 @@ pub trait Backend {
         let _ = tag;
         self.synchronize()
     }
+    /// A monotonic clock in nanoseconds, for `GiveBack::Auto`.
+    fn now_ns(&mut self) -> u64 {
+        0
+    }
 }
 
 /// Opaque handle of an allocated block (a slab index). It stays valid until

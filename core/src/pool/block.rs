@@ -49,6 +49,8 @@ pub(crate) struct SegRec {
     pub small: bool,
     /// First block (lowest address); `NIL` when the slot is vacant.
     pub head: u32,
+    /// Blocks of it handed out and not yet freed.
+    pub allocated: u32,
 }
 
 /// Slab of block records with a vacant-slot list.

@@ -39,6 +39,22 @@ pub struct PoolConfig {
     /// while they cover the request and are at least 1/`wait_share` of the
     /// reserved bytes (4; at least 1).
     pub wait_share: u64,
+    /// When a segment that frees leave completely free goes back to the device.
+    pub give_back: GiveBack,
+}
+
+/// When completely free segments go back to the device (besides before
+/// growing past the peak and on out-of-memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GiveBack {
+    /// Kept for reuse (PyTorch's caching allocator).
+    Never,
+    /// At once, as `cudaFree` would: another process can use the memory.
+    Always,
+    /// At once, but a segment size the pool has to grow again less than
+    /// `regret_ns` after giving one of that size back (the program frees and
+    /// reallocates it in cycles) stays cached from then on.
+    Auto { regret_ns: u64 },
 }
 
 impl Default for PoolConfig {
@@ -53,6 +69,7 @@ impl Default for PoolConfig {
             limit: u64::MAX,
             release_before_grow: false,
             wait_share: 4,
+            give_back: GiveBack::Never,
         }
     }
 }
@@ -63,9 +80,15 @@ fn clamp_aligned(v: u64, align: u64, lo: u64, hi: u64) -> u64 {
 
 impl PoolConfig {
     /// What cupool runs with: PyTorch's sizes, plus releasing idle cached
-    /// segments before growing (see `release_before_grow`).
+    /// segments before growing (see `release_before_grow`) and giving
+    /// segments back when frees empty them (see `GiveBack::Auto`).
     pub fn shim_default() -> PoolConfig {
-        PoolConfig { release_before_grow: true, wait_share: 256, ..PoolConfig::default() }
+        PoolConfig {
+            release_before_grow: true,
+            wait_share: 256,
+            give_back: GiveBack::Auto { regret_ns: 1_000_000_000 },
+            ..PoolConfig::default()
+        }
     }
 
     /// Returns a copy with every nonsensical value clamped to the nearest
@@ -101,6 +124,7 @@ impl PoolConfig {
             limit: self.limit,
             release_before_grow: self.release_before_grow,
             wait_share: self.wait_share.max(1),
+            give_back: self.give_back,
         }
     }
 
@@ -169,6 +193,7 @@ mod tests {
             limit: 7,
             release_before_grow: true,
             wait_share: 0,
+            give_back: GiveBack::Always,
         }
         .validate();
         assert_eq!(c.wait_share, 1);

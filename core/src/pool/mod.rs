@@ -17,6 +17,7 @@
 mod api;
 mod block;
 mod config;
+mod cycles;
 mod free_index;
 mod inspect;
 mod size;
@@ -29,10 +30,11 @@ mod tests;
 use std::collections::{BTreeMap, VecDeque};
 
 use block::{BlockRec, BlockSlab, SegRec, SegSlab, State, NIL};
+use cycles::Cycles;
 use free_index::FreeIndex;
 
 pub use api::{Backend, Block, BlockId, BlockInfo, OutOfMemory};
-pub use config::PoolConfig;
+pub use config::{GiveBack, PoolConfig};
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use size::{round_size, MIN_BLOCK, SEGMENT_ALIGN};
 pub use stats::{Fragmentation, PoolStats, Stat};
@@ -52,6 +54,8 @@ pub struct Pool<B: Backend> {
     pending: VecDeque<(u32, u64)>,
     /// Highest tag known to be complete.
     completed_upto: Option<u64>,
+    /// Segment sizes the program cycles through (`GiveBack::Auto`).
+    cycles: Cycles,
     stats: PoolStats,
 }
 
@@ -67,6 +71,7 @@ impl<B: Backend> Pool<B> {
             free: [FreeIndex::new(), FreeIndex::new()],
             pending: VecDeque::new(),
             completed_upto: None,
+            cycles: Cycles::default(),
             stats: PoolStats::default(),
         }
     }
@@ -193,12 +198,54 @@ impl<B: Backend> Pool<B> {
         s.allocated_bytes.dec(b.size);
         s.requested_bytes.dec(b.requested);
         s.allocation.dec(1);
+        self.segs[b.seg].allocated -= 1;
         match self.backend.free_tag() {
             None => self.make_free(i),
             Some(tag) => {
                 debug_assert!(self.pending.back().is_none_or(|&(_, t)| t <= tag));
                 self.blocks[i].state = State::Pending;
                 self.pending.push_back((i, tag));
+            }
+        }
+        if self.segs[b.seg].allocated == 0 && self.gives_back(self.segs[b.seg].size) {
+            self.give_back(b.seg);
+        }
+    }
+
+    /// Does a segment of `size` bytes that frees leave empty go back to the
+    /// device now?
+    #[inline]
+    fn gives_back(&self, size: u64) -> bool {
+        match self.config.give_back {
+            GiveBack::Never => false,
+            GiveBack::Always => true,
+            GiveBack::Auto { .. } => !self.cycles.keeps(size),
+        }
+    }
+
+    /// Gives segment `seg`, which holds no allocated block, back to the
+    /// device. Blocks of it still pending may be touched by queued GPU work:
+    /// the device is synchronised first, as `cudaFree` would (and nothing is
+    /// given back when it cannot be, e.g. during a stream capture).
+    #[cold]
+    fn give_back(&mut self, seg: u32) {
+        let head = self.segs[seg].head;
+        if self.blocks[head].next != NIL || self.blocks[head].state != State::Free {
+            if self.pending.is_empty() || !self.backend.synchronize() {
+                return;
+            }
+            self.stats.num_syncs += 1;
+            self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
+            self.reclaim_completed();
+        }
+        // Merging keeps the first block's slot: `head` is the whole segment now.
+        let b = self.blocks[head];
+        if b.state == State::Free && b.next == NIL {
+            self.unindex(head);
+            self.remove_segment(head);
+            if matches!(self.config.give_back, GiveBack::Auto { .. }) {
+                let now = self.backend.now_ns();
+                self.cycles.gave_back(b.size, now);
             }
         }
     }
@@ -259,6 +306,7 @@ impl<B: Backend> Pool<B> {
         let r = &mut self.blocks[i];
         r.state = State::Allocated;
         r.requested = requested;
+        self.segs[b.seg].allocated += 1;
         let s = &mut self.stats;
         s.allocated_bytes.inc(size);
         s.requested_bytes.inc(requested);
@@ -371,10 +419,16 @@ impl<B: Backend> Pool<B> {
         if self.stats.reserved_bytes.current.saturating_add(size) > self.config.limit {
             return None;
         }
+        if let GiveBack::Auto { regret_ns } = self.config.give_back {
+            if self.cycles.gave_back_lately(size) {
+                let now = self.backend.now_ns();
+                self.cycles.growing(size, now, regret_ns);
+            }
+        }
         let addr = self.backend.allocate_segment(size)?;
         debug_assert_eq!(addr % MIN_BLOCK, 0, "segment address not 512-aligned");
         self.stats.segment_added(size, small);
-        let seg = self.segs.insert(SegRec { addr, size, small, head: NIL });
+        let seg = self.segs.insert(SegRec { addr, size, small, head: NIL, allocated: 0 });
         let i =
             self.blocks.insert(BlockRec { addr, size, requested: 0, prev: NIL, next: NIL, seg, state: State::Free });
         self.segs[seg].head = i;
@@ -398,20 +452,25 @@ impl<B: Backend> Pool<B> {
         }
         whole.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut released = 0;
-        for (size, addr, i) in whole {
+        for (size, _, i) in whole {
             if self.stats.reserved_bytes.current <= target {
                 break;
             }
             self.unindex(i);
-            let seg = self.blocks[i].seg;
-            let small = self.segs[seg].small;
-            self.blocks.remove(i);
-            self.segs.remove(seg);
-            self.seg_by_addr.remove(&addr);
-            self.stats.segment_removed(size, small);
-            self.backend.release_segment(addr, size);
+            self.remove_segment(i);
             released += size;
         }
         released
+    }
+
+    /// Gives back the segment whose only block is `i` (free, not indexed).
+    fn remove_segment(&mut self, i: u32) {
+        let BlockRec { addr, size, seg, .. } = self.blocks[i];
+        let small = self.segs[seg].small;
+        self.blocks.remove(i);
+        self.segs.remove(seg);
+        self.seg_by_addr.remove(&addr);
+        self.stats.segment_removed(size, small);
+        self.backend.release_segment(addr, size);
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use cupool_core::pool::testing::SimulatedDevice;
-use cupool_core::pool::{Backend, BlockSnapshot, BlockState, PoolConfig, PoolStats, SegmentSnapshot};
+use cupool_core::pool::{Backend, BlockSnapshot, BlockState, GiveBack, PoolConfig, PoolStats, SegmentSnapshot};
 
 pub const MIB: u64 = 1 << 20;
 pub const ALIGN: u64 = 2 * MIB;
@@ -65,6 +65,9 @@ pub struct Model {
     pub totals: [u64; 4],
     /// num_device_alloc, num_device_free, num_alloc_retries, num_ooms, num_syncs, num_waits.
     pub counters: [u64; 6],
+    /// `GiveBack::Auto`: give-backs as (size, when), and sizes that cycled.
+    pub given_back: Vec<(u64, u64)>,
+    pub kept_sizes: Vec<u64>,
 }
 
 impl Model {
@@ -77,6 +80,8 @@ impl Model {
             peaks: [0; NSTATS],
             totals: [0; 4],
             counters: [0; 6],
+            given_back: Vec::new(),
+            kept_sizes: Vec::new(),
         }
     }
 
@@ -190,6 +195,15 @@ impl Model {
         let reserved: u64 = self.segs.values().map(|s| s.size).sum();
         if reserved + size > self.cfg.limit {
             return None;
+        }
+        if let GiveBack::Auto { regret_ns } = self.cfg.give_back {
+            let now = self.be.now_ns();
+            let recent = &self.given_back[self.given_back.len().saturating_sub(32)..];
+            if recent.iter().any(|&(s, t)| s == size && now.saturating_sub(t) < regret_ns)
+                && !self.kept_sizes.contains(&size)
+            {
+                self.kept_sizes.push(size);
+            }
         }
         let addr = self.be.allocate_segment(size)?;
         self.counters[0] += 1;
@@ -349,6 +363,41 @@ impl Model {
                 self.fifo.push_back((addr, tag));
                 self.observe();
             }
+        }
+        let gives_back = match self.cfg.give_back {
+            GiveBack::Never => false,
+            GiveBack::Always => true,
+            GiveBack::Auto { .. } => true,
+        };
+        let seg_addr = *self.segs.range(..=addr).next_back().expect("a segment holds the block").0;
+        let gives_back = gives_back && !self.kept_sizes.contains(&self.segs[&seg_addr].size);
+        if gives_back && !self.segs[&seg_addr].blocks.iter().any(|b| b.st == St::Alloc) {
+            self.give_back(seg_addr);
+        }
+    }
+
+    /// A segment with no allocated block goes back, after waiting for the
+    /// device if blocks of it are pending.
+    fn give_back(&mut self, seg_addr: u64) {
+        let whole = |m: &Model| {
+            let s = &m.segs[&seg_addr];
+            s.blocks.len() == 1 && s.blocks[0].st == St::Free
+        };
+        if !whole(self) {
+            if self.fifo.is_empty() || !self.be.synchronize() {
+                return;
+            }
+            self.counters[4] += 1;
+            self.reclaim(true);
+        }
+        if whole(self) {
+            let size = self.segs.remove(&seg_addr).unwrap().size;
+            self.be.release_segment(seg_addr, size);
+            self.counters[1] += 1;
+            if matches!(self.cfg.give_back, GiveBack::Auto { .. }) {
+                self.given_back.push((size, self.be.now_ns()));
+            }
+            self.observe();
         }
     }
 

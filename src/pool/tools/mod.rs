@@ -126,7 +126,7 @@ pub fn context_died(ctx: u64) {
 /// ones go back to CUDA now, before the runtime's exit handlers tear the
 /// context down. A segment holding a block the program never freed stays,
 /// registered: compute-sanitizer then reports that block at its own size,
-/// not the segment (BENCHMARKS.md, section 8).
+/// not the segment (BENCHMARKS.md, section 10).
 /// Returns (device, bytes given back) per pool.
 pub fn release_idle() -> Vec<(i32, u64)> {
     if !attached() {

@@ -1,0 +1,161 @@
+// Stream capture and graphs around device allocations: the output must be
+// the same plainly and under cupool's pool. Every case prints one line.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <thread>
+
+__global__ void fill(int *p, int n, int v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v + i;
+}
+__global__ void add(int *dst, const int *src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+
+static int check(const int *dev, int n, int v) {
+    int *h = new int[n];
+    cudaMemcpy(h, dev, n * sizeof(int), cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += h[i] != v + i;
+    delete[] h;
+    return bad;
+}
+
+int main() {
+    const int n = 1 << 16, bytes = n * sizeof(int);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+
+    // 1. Relaxed capture: cudaMalloc inside is allowed; the graph writes it at every replay.
+    int *out, *tmp = nullptr;
+    cudaMalloc(&out, bytes);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    cudaError_t m = cudaMalloc(&tmp, bytes);
+    fill<<<n / 256, 256, 0, s>>>(tmp, n, 7);
+    cudaMemcpyAsync(out, tmp, bytes, cudaMemcpyDeviceToDevice, s);
+    cudaError_t e = cudaStreamEndCapture(s, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    int bad = 0;
+    for (int r = 0; r < 5; r++) {
+        cudaMemsetAsync(out, 0, bytes, s);
+        cudaGraphLaunch(ge, s);
+        cudaStreamSynchronize(s);
+        bad += check(out, n, 7);
+    }
+    printf("relaxed: malloc=%d end=%d bad=%d\n", (int)m, (int)e, bad);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaFree(tmp);
+
+    // 2. Global capture: cudaMalloc and cudaFree are not permitted and invalidate the capture.
+    int *x = nullptr, *held;
+    cudaMalloc(&held, bytes);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    m = cudaMalloc(&x, bytes);
+    e = cudaStreamEndCapture(s, &g);
+    printf("global: malloc=%d end=%d\n", (int)m, (int)e);
+    if (e == cudaSuccess) cudaGraphDestroy(g);
+    if (m == cudaSuccess) cudaFree(x);
+    cudaGetLastError();
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaError_t f = cudaFree(held);
+    e = cudaStreamEndCapture(s, &g);
+    cudaError_t f2 = cudaFree(held);
+    printf("global-free: free=%d end=%d free_after=%d\n", (int)f, (int)e, (int)f2);
+    if (e == cudaSuccess) cudaGraphDestroy(g);
+    cudaGetLastError();
+
+    // 3. Global capture on this thread, a cudaMalloc from another thread (also refused).
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaError_t other = cudaSuccess;
+    std::thread t([&] { int *y = nullptr; other = cudaMalloc(&y, bytes); if (other == cudaSuccess) cudaFree(y); });
+    t.join();
+    e = cudaStreamEndCapture(s, &g);
+    printf("global-other-thread: malloc=%d end=%d\n", (int)other, (int)e);
+    if (e == cudaSuccess) cudaGraphDestroy(g);
+    cudaGetLastError();
+
+    // 4. Thread-local capture: another thread may allocate.
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    std::thread t2([&] {
+        cudaStream_t own;
+        cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
+        int *y = nullptr;
+        other = cudaMalloc(&y, bytes);
+        if (other == cudaSuccess) {
+            fill<<<n / 256, 256, 0, own>>>(y, n, 3);
+            cudaStreamSynchronize(own);
+            int *h = new int[n];
+            cudaMemcpyAsync(h, y, bytes, cudaMemcpyDeviceToHost, own);
+            cudaStreamSynchronize(own);
+            bad = 0;
+            for (int i = 0; i < n; i++) bad += h[i] != 3 + i;
+            delete[] h;
+        }
+        cudaStreamDestroy(own);
+        if (other == cudaSuccess) cudaFree(y);
+    });
+    t2.join();
+    fill<<<n / 256, 256, 0, s>>>(out, n, 9);
+    e = cudaStreamEndCapture(s, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    cudaGraphLaunch(ge, s);
+    cudaStreamSynchronize(s);
+    printf("thread-local: other=%d end=%d bad=%d graph_bad=%d\n", (int)other, (int)e, bad, check(out, n, 9));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+
+    // 5. Graph memory nodes: cudaMallocAsync/cudaFreeAsync captured, replayed.
+    int *acc;
+    cudaMalloc(&acc, bytes);
+    cudaMemset(acc, 0, bytes);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    int *ga = nullptr;
+    m = cudaMallocAsync(&ga, bytes, s);
+    fill<<<n / 256, 256, 0, s>>>(ga, n, 0);
+    add<<<n / 256, 256, 0, s>>>(acc, ga, n);
+    cudaFreeAsync(ga, s);
+    e = cudaStreamEndCapture(s, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    for (int r = 0; r < 4; r++) cudaGraphLaunch(ge, s);
+    cudaStreamSynchronize(s);
+    int *h = new int[n];
+    cudaMemcpy(h, acc, bytes, cudaMemcpyDeviceToHost);
+    bad = 0;
+    for (int i = 0; i < n; i++) bad += h[i] != 4 * i;
+    printf("mem-nodes: malloc=%d end=%d bad=%d\n", (int)m, (int)e, bad);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+
+    // 6. Blocks freed and reallocated around replays: pooled reuse must not
+    // hand a graph's buffer (still live) to someone else.
+    int *keep;
+    cudaMalloc(&keep, bytes);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    fill<<<n / 256, 256, 0, s>>>(keep, n, 11);
+    e = cudaStreamEndCapture(s, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    bad = 0;
+    for (int r = 0; r < 50; r++) {
+        int *churn;
+        cudaMalloc(&churn, bytes);
+        fill<<<n / 256, 256, 0, s>>>(churn, n, r);
+        cudaGraphLaunch(ge, s);
+        bad += check(churn, n, r);
+        cudaFree(churn);
+    }
+    bad += check(keep, n, 11);
+    printf("replay-churn: end=%d bad=%d\n", (int)e, bad);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaFree(keep);
+    cudaFree(acc);
+    cudaFree(out);
+    cudaStreamDestroy(s);
+    printf("last error: %d\n", (int)cudaGetLastError());
+    return 0;
+}

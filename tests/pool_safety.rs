@@ -1,0 +1,234 @@
+//! The pool on by default and safe: stream capture gets CUDA's own answers,
+//! a context destroyed behind the shim's back takes its pool with it, and
+//! memory freed in bulk goes back to the device. Programs over the fake
+//! driver and runtime, preloaded with the default options (pool mode).
+//! `cargo test --test pool_safety`
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use support::*;
+
+const MIB: u64 = 1 << 20;
+
+fn compile_rt(name: &str, file: &str) -> PathBuf {
+    let mut args = link_fake_cudart();
+    args.extend(link_fake_cuda());
+    compile_fake_program(name, file, &args)
+}
+
+fn compile_drv(name: &str, file: &str) -> PathBuf {
+    compile_fake_program(name, file, &link_fake_cuda())
+}
+
+/// The `key=value` lines a program printed, in order of key.
+fn printed(stdout: &str) -> BTreeMap<String, String> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with("result:"))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Runs `prog` plainly and preloaded (with `options`); both must print
+/// `result: ok`. Returns (plain stdout, preloaded stdout, the one log).
+fn both_ways(prog: &Path, options: &str) -> (String, String, Value) {
+    let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+    let plain = run_plain(prog, &[], &scratch_dir(&format!("safety-plain-{name}")));
+    let dir = scratch_dir(&format!("safety-{name}"));
+    let shim = run_preloaded(prog, &[], &dir, options);
+    for (how, out) in [("plain", &plain), ("under cupool", &shim)] {
+        assert!(
+            out.status.success() && result_line(&stdout_of(out)).is_some(),
+            "{name} {how}: {:?}\n{}{}",
+            out.status,
+            stdout_of(out),
+            stderr_of(out)
+        );
+    }
+    let mut logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1, "{name}: one log in {}", dir.display());
+    (stdout_of(&plain), stdout_of(&shim), logs.remove(0))
+}
+
+fn notes(log: &Value) -> Vec<String> {
+    log["end"]["notes"]
+        .as_array()
+        .map(|n| n.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+fn leak_sizes(log: &Value) -> Vec<(u64, String)> {
+    log["end"]["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["size"].as_u64().unwrap(), l["at"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+#[test]
+fn the_pool_is_the_default() {
+    let prog = compile_drv("giveback", "pool_give_back.c");
+    let (_, _, log) = both_ways(&prog, "");
+    assert_eq!(log["options"]["mode"], "pool", "default options: {}", log["options"]);
+    let (_, _, log) = both_ways(&prog, "mode=passthrough");
+    assert_eq!(log["options"]["mode"], "passthrough");
+}
+
+#[test]
+fn capture_gets_cudas_own_answers_under_the_pool() {
+    let prog = compile_rt("capture", "pool_capture.c");
+    let (plain, shim, log) = both_ways(&prog, "");
+    // With empty segments kept, asking for free memory during the capture
+    // must not give them back (a cuMemFree would break the capture).
+    let (_, kept, _) = both_ways(&prog, "give_back=never");
+    let want: BTreeMap<String, String> = [
+        ("relaxed_malloc", 0),
+        ("relaxed_end", 0),
+        ("relaxed_free", 0),
+        // Global mode: allocating or freeing is refused and breaks the capture.
+        ("global_malloc", 900),
+        ("global_free", 900),
+        ("global_end", 901),
+        ("free_after_capture", 0),
+        ("global_other_malloc", 900),
+        ("global_other_end", 901),
+        // Thread-local mode: only the capturing thread is refused.
+        ("local_other_malloc", 0),
+        ("local_own_malloc", 900),
+        ("local_end", 901),
+        ("graph_malloc", 0),
+        ("graph_meminfo", 0),
+        ("graph_end", 0),
+        ("malloc_after", 0),
+        ("free_after", 0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(printed(&plain), want, "the fake runtime, plainly:\n{plain}");
+    assert_eq!(printed(&shim), want, "under cupool's pool:\n{shim}");
+    assert_eq!(printed(&kept), want, "under cupool's pool, give_back=never:\n{kept}");
+    assert_eq!(log["options"]["mode"], "pool");
+    // The graph's own allocation is the graph's: not a leak of the program's.
+    assert!(
+        !leak_sizes(&log).iter().any(|(size, _)| *size == 8192),
+        "graph allocation reported as a leak: {:?}",
+        leak_sizes(&log)
+    );
+    assert!(
+        notes(&log).iter().any(|n| n.starts_with("1 stream-ordered allocation(s) were captured into CUDA graphs")),
+        "notes: {:?}",
+        notes(&log)
+    );
+    assert_valid_log(&log, "capture");
+}
+
+#[test]
+fn a_context_reset_behind_the_shims_back_takes_its_pool_with_it() {
+    let prog = compile_drv("unseenreset", "pool_unseen_reset.c");
+    let (plain, shim, log) = both_ways(&prog, "");
+    assert_eq!(stdout_value(&plain, "x_works"), Some(1), "plainly:\n{plain}");
+    assert_eq!(stdout_value(&shim, "same_handle"), Some(1), "the fake keeps the primary context's handle");
+    assert_eq!(stdout_value(&shim, "x_works"), Some(1), "a block allocated after the reset holds data:\n{shim}");
+    assert_eq!(
+        leak_sizes(&log),
+        vec![(1000, "cudaDeviceReset".to_string())],
+        "b died with the context it was allocated in"
+    );
+    assert!(notes(&log).iter().any(|n| n.contains("behind cupool's back")), "notes: {:?}", notes(&log));
+    assert_valid_log(&log, "unseenreset");
+}
+
+#[test]
+fn memory_freed_in_bulk_goes_back_to_the_device() {
+    let prog = compile_drv("giveback", "pool_give_back.c");
+    let used = |out: &str| {
+        ["used_after_bulk_free", "used_after_churn", "used_after_other_bulk_free", "used_after_meminfo"]
+            .map(|k| stdout_value(out, k).unwrap_or_else(|| panic!("no {k} in:\n{out}")))
+    };
+    let (plain, auto, log) = both_ways(&prog, "");
+    assert_eq!(used(&plain), [0, 0, 0, 0], "without cupool every free goes back");
+    // Bulk frees go back at once; the churn that follows (a 64 MiB segment
+    // grown again within a second of one going back) keeps its size cached,
+    // while a bulk free of another size still goes back, and everything
+    // goes once the program asks how much memory is free.
+    assert_eq!(used(&auto), [0, 64 * MIB, 64 * MIB, 0], "give_back=auto:\n{auto}");
+    assert_eq!(log["options"]["give_back"], "auto");
+    let (_, always, _) = both_ways(&prog, "give_back=always");
+    assert_eq!(used(&always), [0, 0, 0, 0], "give_back=always");
+    let (_, never, _) = both_ways(&prog, "give_back=never");
+    // Never: cached segments go only to make room below the peak (the 96 MiB
+    // ones take the place of 64 MiB ones) and when the program asks.
+    assert_eq!(used(&never), [512 * MIB, 512 * MIB, 512 * MIB, 0], "give_back=never");
+    let (_, passthrough, _) = both_ways(&prog, "mode=passthrough");
+    assert_eq!(used(&passthrough), [0, 0, 0, 0], "passthrough");
+}
+
+#[test]
+fn kernels_on_per_thread_default_streams_make_reuse_wait_for_fences() {
+    let prog = compile_rt("ptds", "pool_ptds.c");
+    let multi_stream = |args: &[&str]| {
+        let dir = scratch_dir("safety-ptds");
+        let out = run_preloaded(&prog, args, &dir, "");
+        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+        let logs = read_logs(&dir);
+        logs[0]["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record")
+    };
+    // Kernels of two threads on the legacy stream run in the order queued:
+    // a freed block may be reused at once.
+    assert!(!multi_stream(&[]), "legacy stream");
+    // On per-thread default streams they run side by side.
+    assert!(multi_stream(&["ptsz"]), "per-thread default streams");
+}
+
+#[test]
+fn a_program_that_cycles_keeps_its_segment_cached() {
+    // 10000 cudaMalloc/cudaFree pairs: the first free gives the segment back,
+    // the next allocation regrows it at once, and from then on it stays.
+    let prog = compile_fake_program("reuse", "pool_reuse.c", &{
+        let mut args = link_fake_cudart();
+        args.extend(link_fake_cuda());
+        args
+    });
+    let dir = scratch_dir("safety-reuse");
+    let out = run_preloaded(&prog, &[], &dir, "");
+    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let log = &read_logs(&dir)[0];
+    let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
+    assert_eq!((stats["allocs"], stats["frees"]), (2, 1), "driver allocations and frees: {stats:?}");
+}
+
+#[test]
+fn the_run_summary_says_what_the_pool_did_differently() {
+    let prog = compile_rt("capture", "pool_capture.c");
+    let dir = scratch_dir("safety-summary");
+    let logs = dir.join("logs");
+    let out = run_cupool(&["run", "--log-dir", logs.to_str().unwrap(), "--", prog.to_str().unwrap()], &dir);
+    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let summary = stderr_of(&out);
+    assert!(
+        summary.contains("    note: 1 stream-ordered allocation(s) were captured into CUDA graphs"),
+        "summary:\n{summary}"
+    );
+}
+
+#[test]
+fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
+    let prog = compile_drv("drvthreads", "pool_driver_threads.c");
+    let run = |args: &[&str]| {
+        let dir = scratch_dir("safety-drvthreads");
+        let out = run_preloaded(&prog, args, &dir, "");
+        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+        read_logs(&dir).remove(0)
+    };
+    let one = run(&["one"]);
+    assert_eq!(one["end"]["pools"][0]["multi_stream"], false, "one thread: reuse at once");
+    let two = run(&[]);
+    assert_eq!(two["end"]["pools"][0]["multi_stream"], true, "two threads: fences");
+    assert!(notes(&two).iter().any(|n| n.contains("from several threads")), "notes: {:?}", notes(&two));
+}
