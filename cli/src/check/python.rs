@@ -7,6 +7,7 @@
 const PACKAGE: &[(&str, &str)] = &[
     ("cupool/__init__.py", include_str!("../../../python/cupool/__init__.py")),
     ("cupool/__main__.py", include_str!("../../../python/cupool/__main__.py")),
+    ("cupool/_options.py", include_str!("../../../python/cupool/_options.py")),
     ("cupool/pytest_plugin.py", include_str!("../../../python/cupool/pytest_plugin.py")),
 ];
 
