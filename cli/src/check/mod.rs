@@ -16,6 +16,7 @@ mod python;
 mod site;
 mod suppress;
 mod text;
+mod torch;
 
 pub mod github;
 pub mod json;
@@ -226,7 +227,8 @@ pub fn check(args: CheckArgs) -> ExitCode {
         Vec::new()
     });
     let checked = !read.logs.is_empty() || read.unreadable == 0;
-    let findings = examine::examine(&read.logs, tests, &reporting.suppressions, &launched.opts, read.notes);
+    let findings =
+        examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &launched.opts, read.notes);
     if read.logs.is_empty() && read.unreadable == 0 {
         eprintln!("{CHECK}: no CUDA memory activity recorded, so there is nothing to check");
     }
@@ -313,7 +315,7 @@ pub fn merge(args: MergeArgs) -> ExitCode {
     if read.logs.is_empty() {
         eprintln!("{MERGE}: no log could be read, so nothing was checked");
     }
-    let findings = examine::examine(&read.logs, tests, &reporting.suppressions, &opts, read.notes);
+    let findings = examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &opts, read.notes);
     let written = reporting.write(MERGE, &findings);
     ExitCode::from(status(None, checked, written, &findings, &opts))
 }
