@@ -282,6 +282,10 @@ fn a_tensor_kept_per_step_is_found_at_its_line() {
     );
     assert_eq!(h[0]["max_entries"], 200000);
     let pid = h[0]["pid"].as_u64().unwrap();
+    // cupool merge of the log directory reads the history beside the log.
+    let merged = run_cupool(&["merge", dir.join("logs").to_str().unwrap()], &dir.join("stats"));
+    assert_eq!(merged.status.code(), Some(23), "{}", show(&merged));
+    assert!(stderr_of(&merged).contains(&frame), "{}", show(&merged));
     let asked = fs::read_to_string(dir.join("out").join(format!("history.{pid}"))).unwrap();
     assert_eq!(
         asked, "[('context', 'alloc'), ('enabled', 'all'), ('max_entries', 200000), ('stacks', 'python')]",
