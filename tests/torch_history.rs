@@ -318,6 +318,13 @@ fn without_the_history_the_finding_is_where_the_cache_grew() {
     let dir = project("torch-nocache");
     let (out, _) = check(&dir, "train.py", &[], &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")]);
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=False\n", "{}", show(&out));
+    // Nor when the program turns the cache off after it imported torch, before CUDA starts.
+    let dir = project("torch-late");
+    let late = "import os\nimport torch\nos.environ['PYTORCH_NO_CUDA_MEMORY_CACHING'] = '1'\nx = torch.empty(4096)\n\
+                print('history:', torch.cuda.memory._history is not None)\n";
+    fs::write(dir.join("late.py"), late).unwrap();
+    let (out, _) = check(&dir, "late.py", &[], &[]);
+    assert_eq!(stdout_of(&out), "history: False\n", "{}", show(&out));
     let dir = project("torch-async");
     let (out, _) = check(&dir, "train.py", &[], &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")]);
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=False\n", "{}", show(&out));

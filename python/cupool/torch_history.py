@@ -128,6 +128,9 @@ def _begin():
     """Runs inside ``torch.cuda._lazy_init``, right after CUDA started: an
     exception here would become the program's, so none leaves."""
     try:
+        if _cache_off():  # set by the program after it imported torch
+            _note("PyTorch's caching allocator is off or not native: every tensor is seen by cupool itself")
+            return
         torch = sys.modules.get("torch")
         memory = torch.cuda.memory
         backend = getattr(memory, "get_allocator_backend", None)
