@@ -16,6 +16,7 @@ mod python;
 mod site;
 mod suppress;
 mod text;
+mod torch;
 
 pub mod github;
 pub mod json;
@@ -82,12 +83,15 @@ pub struct MergeArgs {
 
 /// The options that are the check's, not the shim's.
 const CHECK_OPTIONS: [&str; 4] = ["exitcode", "max_leak_bytes", "fail_on", "growth_phases"];
+/// The options of `cupool check` that concern how the program is run (not `merge`'s).
+const RUN_CHECK_OPTIONS: [&str; 1] = ["torch_history"];
 
 /// The end of `check --help` (`merge --help` when not `run`).
 pub fn help(run: bool) -> String {
     let mut s = String::from("Options of the check (-o key=value, or in CUPOOL_OPTIONS):\n");
-    for (key, default, what) in options::OPTION_HELP.iter().filter(|o| CHECK_OPTIONS.contains(&o.0)) {
-        let what = what.trim_start_matches("cupool check/merge: ");
+    let shown = |key: &str| CHECK_OPTIONS.contains(&key) || (run && RUN_CHECK_OPTIONS.contains(&key));
+    for (key, default, what) in options::OPTION_HELP.iter().filter(|o| shown(o.0)) {
+        let what = what.trim_start_matches("cupool check/merge: ").trim_start_matches("cupool check: ");
         s.push_str(&format!("  {key:<15} default {default:<17} {what}\n"));
     }
     if run {
@@ -206,8 +210,11 @@ pub fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(exit::COULD_NOT_CHECK);
         }
     };
-    let env = python::environment().unwrap_or_else(|e| {
-        eprintln!("{CHECK}: note: the pytest plugin cannot be set up ({e}); test leaks are not checked");
+    let env = python::environment(opts.torch_history > 0).unwrap_or_else(|e| {
+        eprintln!(
+            "{CHECK}: note: the Python package cannot be set up ({e}); test leaks are not checked, nor growth \
+             inside PyTorch's cache by tensor"
+        );
         Vec::new()
     });
     let launched = match run::launch(&args.launch, opts, CHECK, &env) {
@@ -220,7 +227,8 @@ pub fn check(args: CheckArgs) -> ExitCode {
         Vec::new()
     });
     let checked = !read.logs.is_empty() || read.unreadable == 0;
-    let findings = examine::examine(&read.logs, tests, &reporting.suppressions, &launched.opts, read.notes);
+    let findings =
+        examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &launched.opts, read.notes);
     if read.logs.is_empty() && read.unreadable == 0 {
         eprintln!("{CHECK}: no CUDA memory activity recorded, so there is nothing to check");
     }
@@ -307,7 +315,7 @@ pub fn merge(args: MergeArgs) -> ExitCode {
     if read.logs.is_empty() {
         eprintln!("{MERGE}: no log could be read, so nothing was checked");
     }
-    let findings = examine::examine(&read.logs, tests, &reporting.suppressions, &opts, read.notes);
+    let findings = examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &opts, read.notes);
     let written = reporting.write(MERGE, &findings);
     ExitCode::from(status(None, checked, written, &findings, &opts))
 }
