@@ -254,8 +254,8 @@ pub fn findings_of(logs: &[cupool_core::log::Log]) -> Findings {
     dirs.sort();
     dirs.dedup();
     for dir in dirs {
-        let here: Vec<cupool_core::log::Log> = logs.iter().filter(|l| l.path.parent() == Some(dir)).cloned().collect();
-        match per_test::findings(&here, dir) {
+        // The per-test files of a directory name the pids of the logs beside them.
+        match per_test::findings(logs, dir) {
             Ok(found) => tests.extend(found),
             Err(e) => notes.push(e),
         }

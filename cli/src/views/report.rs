@@ -221,7 +221,7 @@ fn print_process(log: &Log, view: &ProcessView, sites: &SitesReport, out: &mut d
             } else {
                 format!("{} of {} blocks elsewhere than the program had them", r.misplaced, r.placed + r.misplaced)
             };
-            let _ = writeln!(out, "  (reserved: the pool's segments rebuilt by replaying its requests; {verdict})");
+            let _ = writeln!(out, "  reserved: the pool's segments rebuilt from the log, {verdict}");
         }
     }
     print_sizes(view, out);
@@ -440,7 +440,7 @@ pub fn run(paths: &[PathBuf], as_json: bool, n_sites: usize) -> ExitCode {
                     .collect(),
             })
             .collect();
-        let _ = serde_json::to_writer_pretty(&mut out, &entries);
+        let _ = serde_json::to_writer(&mut out, &entries);
         let _ = writeln!(out);
     } else if !logs.is_empty() {
         crate::summary::print_text(&logs, None, &mut out);
