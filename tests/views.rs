@@ -108,6 +108,15 @@ fn report_of_a_training_loop_has_peaks_phases_sizes_sites_and_leaks() {
         assert_eq!(f["points"].as_array().unwrap().len(), 12);
         // Sites by bytes still live: the leaking site holds 20 x 4 KiB.
         assert_eq!(r["sites"]["by_live"][0]["live_bytes"], 20 * 4096);
+        // docs/report.md names every field.
+        let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/report.md")).unwrap();
+        let phase = &r["memory"]["phases"][0];
+        for obj in [r, &r["memory"], dev, phase, &phase["devices"][0], &groups[0], &r["fragmentation"][0], &r["sites"]]
+        {
+            for key in obj.as_object().unwrap().keys() {
+                assert!(doc.contains(&format!("`{key}`")), "docs/report.md does not name `{key}`");
+            }
+        }
         // Findings as cupool check makes them: the exit leak and the growth.
         let kinds: Vec<&str> = r["findings"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
         assert!(kinds.contains(&"exit") && kinds.contains(&"growth"), "{kinds:?}");
