@@ -587,6 +587,96 @@ pub fn downsample<T: Copy>(points: &[T], max: usize, value: impl Fn(&T) -> u64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cupool_core::log::{Header, Named, ProcessInfo};
+    use cupool_core::options::Options;
+
+    /// A passthrough log made of `events` (seq and t_ns from their order).
+    fn log_of(events: Vec<EventRecord>) -> Log {
+        let header = Header {
+            schema: cupool_core::log::SCHEMA.into(),
+            version: cupool_core::log::VERSION,
+            process: ProcessInfo { pid: 7, ..Default::default() },
+            options: Options { mode: Mode::Passthrough, ..Options::default() },
+        };
+        let events = events
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut e)| {
+                e.seq = i as u64;
+                e.t_ns = 1000 * i as u64;
+                e
+            })
+            .collect();
+        Log { path: "cupool.7.json".into(), header, events, definitions: Vec::new(), end: None }
+    }
+
+    fn mem(ev: EventKind, device: i32, ptr: u64, size: u64) -> EventRecord {
+        let mut e = EventRecord::new(0, 0, ev);
+        e.api = Some(Named::from_name("cudaMalloc"));
+        e.kind = Some(Named::from_name("device"));
+        (e.device, e.ptr, e.size, e.tid) = (Some(device), Some(ptr), Some(size), Some(1));
+        e
+    }
+
+    /// One line of a phase edge, on `device`.
+    fn edge(ev: EventKind, api: &str, name: &str, tid: u32, device: i32, live: u64) -> EventRecord {
+        let mut e = EventRecord::new(0, 0, ev);
+        e.api = Some(Named::from_name(api));
+        (e.name, e.device, e.live, e.reserved, e.tid) =
+            (Some(name.into()), Some(device), Some(live), Some(live), Some(tid));
+        e
+    }
+
+    #[test]
+    fn a_phase_edge_is_one_line_per_device_and_its_figures_are_per_device() {
+        use EventKind::*;
+        let log = log_of(vec![
+            mem(Alloc, 0, 0x10, 100),
+            mem(Alloc, 1, 0x20, 1000),
+            edge(PhaseBegin, "cupool_phase_begin", "train", 1, 0, 100),
+            edge(PhaseBegin, "cupool_phase_begin", "train", 1, 1, 1000),
+            mem(Alloc, 0, 0x30, 50),
+            mem(Free, 0, 0x30, 50),
+            mem(Alloc, 1, 0x40, 7),
+            // NVTX ranges pushed on two threads, popped in the other order.
+            edge(PhaseBegin, "nvtxRangePushA", "fwd", 2, 0, 100),
+            edge(PhaseBegin, "nvtxRangePushA", "fwd", 2, 1, 1007),
+            edge(PhaseBegin, "nvtxRangePushA", "bwd", 3, 0, 100),
+            edge(PhaseBegin, "nvtxRangePushA", "bwd", 3, 1, 1007),
+            edge(PhaseEnd, "nvtxRangePop", "fwd", 2, 0, 100),
+            edge(PhaseEnd, "nvtxRangePop", "fwd", 2, 1, 1007),
+            edge(PhaseEnd, "cupool_phase_end", "train", 1, 0, 100),
+            edge(PhaseEnd, "cupool_phase_end", "train", 1, 1, 1007),
+        ]);
+        let v = build(&log);
+        let names: Vec<(&str, Family, Option<u64>)> =
+            v.phases.iter().map(|p| (p.name.as_str(), p.family, p.end_ns)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("train", Family::Phase, Some(13_000)),
+                ("fwd", Family::NvtxPush, Some(11_000)),
+                ("bwd", Family::NvtxPush, None)
+            ]
+        );
+        let train = &v.phases[0];
+        assert_eq!(train.devices.len(), 2);
+        let d0 = train.devices.iter().find(|d| d.device == 0).unwrap();
+        assert_eq!(
+            (d0.allocated_begin, d0.allocated_end, d0.peak_allocated, d0.growth()),
+            (Some(100), Some(100), 150, Some(0))
+        );
+        let d1 = train.devices.iter().find(|d| d.device == 1).unwrap();
+        assert_eq!((d1.peak_allocated, d1.growth()), (1007, Some(7)));
+        // The peak of device 0 happened inside "train", before the NVTX ranges.
+        let dev0 = &v.devices[0];
+        assert_eq!((dev0.peak_allocated.bytes, dev0.peak_allocated.phase.as_deref()), (150, Some("train")));
+        assert_eq!(dev0.peak_allocated.t_ns, 4000);
+        assert_eq!(
+            v.sizes.iter().map(|b| (b.low, b.count)).collect::<Vec<_>>(),
+            vec![(4, 1), (32, 1), (64, 1), (512, 1)]
+        );
+    }
 
     #[test]
     fn downsampling_keeps_every_runs_maximum() {

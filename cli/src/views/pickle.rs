@@ -37,7 +37,6 @@ pub mod op {
 
     /// Every opcode the writer may emit, with its name in Python's `pickletools`.
     #[cfg(test)]
-    #[allow(dead_code)] // read by the tests of memviz
     pub const ALL: &[(u8, &str)] = &[
         (PROTO, "PROTO"),
         (STOP, "STOP"),
@@ -288,6 +287,7 @@ mod tests {
         assert_eq!(ops.iter().filter(|&&o| o == op::BINGET).count(), 2499);
         assert_eq!(ops.iter().filter(|&&o| o == op::APPENDS).count(), 3, "batches of 1000");
         assert_eq!(ops.iter().filter(|&&o| o == op::MARK).count(), 3);
+        assert!(ops.iter().all(|o| op::ALL.iter().any(|(c, _)| c == o)));
     }
 
     #[test]
