@@ -110,7 +110,8 @@ pub fn run(args: ExportArgs) -> ExitCode {
     for o in probe {
         o.abandon();
     }
-    let Loaded { logs, problems } = load(&args.paths);
+    let mut progress = Progress::new("reading logs", 0);
+    let Loaded { logs, problems } = load(&args.paths, &mut progress);
     let mut status = Loaded { logs: Vec::new(), problems }.report_problems(WHO);
     if logs.is_empty() {
         eprintln!("{WHO}: no log could be read, so nothing was exported");
@@ -121,16 +122,15 @@ pub fn run(args: ExportArgs) -> ExitCode {
         status = EXIT_CANNOT_WRITE;
     };
     if let Some(path) = &args.perfetto {
-        let mut progress = Progress::new("building the trace", logs.len() as u64);
-        let views: Vec<model::ProcessView> = logs
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                progress.set(i as u64);
-                model::build(l)
-            })
-            .collect();
-        progress.say("writing the trace");
+        let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
+        progress.stage("building the trace", events);
+        let mut before = 0;
+        let mut views = Vec::with_capacity(logs.len());
+        for l in &logs {
+            views.push(model::build(l, &mut |done| progress.set(before + done)));
+            before += l.events.len() as u64;
+        }
+        progress.stage("writing the trace", 1);
         let pairs: Vec<(&Log, &model::ProcessView)> = logs.iter().zip(&views).collect();
         let result =
             Output::create(path).and_then(|(out, file)| match super::perfetto::write(&pairs, args.max_points, file) {
@@ -140,7 +140,7 @@ pub fn run(args: ExportArgs) -> ExitCode {
                     Err(format!("{}: cannot write there: {e}", path.display()))
                 }
             });
-        progress.finish();
+        progress.set(1);
         match result {
             Ok(w) => {
                 let sampled = if w.counter_points < w.counter_points_seen {
@@ -161,17 +161,21 @@ pub fn run(args: ExportArgs) -> ExitCode {
     }
     if let Some(path) = &args.memory_viz {
         let mut taken = Vec::new();
-        let mut progress = Progress::new("writing snapshots", logs.len() as u64);
-        for (i, log) in logs.iter().enumerate() {
+        let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
+        progress.stage("writing snapshots", events);
+        let mut before = 0;
+        for log in &logs {
             let target = if logs.len() == 1 { path.clone() } else { per_process(path, log, &mut taken) };
-            let result = Output::create(&target).and_then(|(out, file)| match super::memviz::write(log, file) {
-                Ok(w) => out.commit().map(|_| w),
-                Err(e) => {
-                    out.abandon();
-                    Err(format!("{}: cannot write there: {e}", target.display()))
-                }
-            });
-            progress.set(i as u64 + 1);
+            let mut tick = |done| progress.set(before + done);
+            let result =
+                Output::create(&target).and_then(|(out, file)| match super::memviz::write(log, file, &mut tick) {
+                    Ok(w) => out.commit().map(|_| w),
+                    Err(e) => {
+                        out.abandon();
+                        Err(format!("{}: cannot write there: {e}", target.display()))
+                    }
+                });
+            before += log.events.len() as u64;
             match result {
                 Ok(w) => {
                     let addresses = if w.at_real_addresses {
@@ -190,7 +194,7 @@ pub fn run(args: ExportArgs) -> ExitCode {
                 Err(e) => failed(e),
             }
         }
-        progress.finish();
     }
+    progress.finish();
     ExitCode::from(status)
 }

@@ -83,9 +83,9 @@ fn hint_for(e: &ReadError) -> &'static str {
     }
 }
 
-/// Reads every log `paths` name, with a progress bar over the bytes read.
+/// Reads every log `paths` name, telling `progress` the bytes read.
 /// Ranks come first in rank order, then the other processes as they started.
-pub fn load(paths: &[PathBuf]) -> Loaded {
+pub fn load(paths: &[PathBuf], progress: &mut Progress) -> Loaded {
     let mut loaded = Loaded::default();
     let mut files = Vec::new();
     for p in paths {
@@ -95,7 +95,7 @@ pub fn load(paths: &[PathBuf]) -> Loaded {
         }
     }
     let sizes: Vec<u64> = files.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).collect();
-    let mut progress = Progress::new("reading logs", sizes.iter().sum());
+    progress.stage("reading logs", sizes.iter().sum());
     let mut before = 0u64;
     for (f, size) in files.iter().zip(&sizes) {
         let read = std::fs::File::open(f)
@@ -112,7 +112,6 @@ pub fn load(paths: &[PathBuf]) -> Loaded {
             Err(e) => loaded.problems.push(format!("{e}{}", hint_for(&e))),
         }
     }
-    progress.finish();
     loaded.logs.sort_by_key(|l| {
         let p = &l.header.process;
         (p.rank.is_none(), p.rank, p.start_unix_ms, p.pid)

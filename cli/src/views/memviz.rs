@@ -220,8 +220,8 @@ pub struct Written {
     pub at_real_addresses: bool,
 }
 
-/// Writes the snapshot of `log` into `out`.
-pub fn write(log: &Log, out: impl Write) -> io::Result<Written> {
+/// Writes the snapshot of `log` into `out`; `tick(done)` hears how many events are read.
+pub fn write(log: &Log, out: impl Write, tick: &mut dyn FnMut(u64)) -> io::Result<Written> {
     let opts = &log.header.options;
     let mut tracer = Tracer {
         start_us: log.header.process.start_unix_ms.saturating_mul(1000),
@@ -232,7 +232,7 @@ pub fn write(log: &Log, out: impl Write) -> io::Result<Written> {
         limit: opts.limit,
         reserved: HashMap::new(),
     };
-    let (_, replay) = build_watching(log, &mut tracer);
+    let (_, replay) = build_watching(log, &mut tracer, tick);
     let real = |addr: u64, replayed: bool| match (&replay, replayed) {
         (Some(r), true) => r.real(addr),
         _ => addr,

@@ -218,22 +218,33 @@ pub trait Watch {
 
 impl Watch for () {}
 
-/// Builds the view of `log`.
-pub fn build(log: &Log) -> ProcessView {
-    build_watching(log, &mut ()).0
+/// Builds the view of `log`; `tick(done)` hears how many events are done now and then.
+pub fn build(log: &Log, tick: &mut dyn FnMut(u64)) -> ProcessView {
+    build_watching(log, &mut (), tick).0
 }
+
+/// Events between two ticks.
+const TICK: usize = 1 << 16;
 
 /// Builds the view of `log`, telling `watch` each allocation and free with
 /// what it did to the rebuilt pool; the replay is handed back for a last look.
-pub fn build_watching(log: &Log, watch: &mut dyn Watch) -> (ProcessView, Option<PoolReplay>) {
+pub fn build_watching(
+    log: &Log,
+    watch: &mut dyn Watch,
+    tick: &mut dyn FnMut(u64),
+) -> (ProcessView, Option<PoolReplay>) {
     let mut b = Builder::new(log);
     let mut order: Vec<&EventRecord> = log.events.iter().collect();
     if !order.is_sorted_by_key(|e| e.seq) {
         order.sort_by_key(|e| e.seq);
     }
-    for e in order {
+    for (i, e) in order.into_iter().enumerate() {
+        if i % TICK == 0 {
+            tick(i as u64);
+        }
         b.event(e, watch);
     }
+    tick(log.events.len() as u64);
     b.finish(log)
 }
 
@@ -648,7 +659,7 @@ mod tests {
             edge(PhaseEnd, "cupool_phase_end", "train", 1, 0, 100),
             edge(PhaseEnd, "cupool_phase_end", "train", 1, 1, 1007),
         ]);
-        let v = build(&log);
+        let v = build(&log, &mut |_| {});
         let names: Vec<(&str, Family, Option<u64>)> =
             v.phases.iter().map(|p| (p.name.as_str(), p.family, p.end_ns)).collect();
         assert_eq!(

@@ -21,16 +21,21 @@ impl Progress {
     /// A bar for `total` units of `what` (`reading`, `exporting`, ...), hidden for now.
     pub fn new(what: &str, total: u64) -> Progress {
         let bar = ProgressBar::with_draw_target(Some(total.max(1)), ProgressDrawTarget::hidden());
-        if let Ok(style) = ProgressStyle::with_template("cupool: {msg:<24} [{bar:40}] {percent:>3}% eta {eta}") {
+        if let Ok(style) = ProgressStyle::with_template("cupool: {msg:<20} [{wide_bar}] {percent:>3}% {eta:>4}") {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_message(what.to_string());
         Progress { bar, start: Instant::now(), drawable: std::io::stderr().is_terminal(), shown: false }
     }
 
-    /// What is being done now.
-    pub fn say(&self, what: &str) {
+    /// A new stage of the same work: `total` units of `what`. The second
+    /// before a bar shows counts from the start of the work, not of the stage.
+    pub fn stage(&mut self, what: &str, total: u64) {
+        self.bar.set_length(total.max(1));
+        self.bar.set_position(0);
+        self.bar.reset_eta();
         self.bar.set_message(what.to_string());
+        self.set(0);
     }
 
     /// `done` units of the total are done.

@@ -406,17 +406,20 @@ fn print_findings(f: &Findings, out: &mut dyn Write) {
 /// `cupool report PATHS`: exit status 0, or 2 when a path could not be read
 /// (the others are reported all the same).
 pub fn run(paths: &[PathBuf], as_json: bool, n_sites: usize) -> ExitCode {
-    let Loaded { logs, problems } = load(paths);
+    let mut progress = Progress::new("reading logs", 0);
+    let Loaded { logs, problems } = load(paths, &mut progress);
     let status = Loaded { logs: Vec::new(), problems }.report_problems("cupool report");
-    let mut progress = Progress::new("summarising", logs.len() as u64);
+    let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
+    progress.stage("summarising", events);
     let mut views = Vec::with_capacity(logs.len());
     let mut site_reports = Vec::with_capacity(logs.len());
-    for (i, log) in logs.iter().enumerate() {
-        views.push(model::build(log));
+    let mut before = 0;
+    for log in &logs {
+        views.push(model::build(log, &mut |done| progress.set(before + done)));
         site_reports.push(sites::report(log, n_sites));
-        progress.set(i as u64 + 1);
+        before += log.events.len() as u64;
     }
-    progress.say("judging leaks");
+    progress.stage("judging leaks", 1);
     let findings = if logs.is_empty() { Findings::default() } else { crate::check::findings_of(&logs) };
     progress.finish();
     let stdout = std::io::stdout();
