@@ -398,11 +398,20 @@ fn python_processes_load_the_pytest_plugin() {
     assert_eq!(code(&out), 0, "{}", show(&out));
     let stdout = stdout_of(&out);
     assert!(stdout.contains("plugins=xdist.plugin,cupool.pytest_plugin\n"), "{stdout}");
-    let path = stdout.lines().find_map(|l| l.strip_prefix("path=")).unwrap();
-    let (first, rest) = path.split_once(':').unwrap();
+    let path = stdout.lines().find_map(|l| l.strip_prefix("path=")).unwrap().to_string();
+    let parts: Vec<&str> = path.split(':').collect();
+    let [site, first, rest] = parts[..] else { panic!("{path}") };
     assert_eq!(rest, "/keep/me");
+    assert!(Path::new(site).join("sitecustomize.py").is_file(), "{site}: PyTorch's history (torch_history)");
     assert!(Path::new(first).join("cupool/pytest_plugin.py").is_file(), "{first}");
     assert!(Path::new(first).join("cupool/__init__.py").is_file(), "{first}");
+    // Without the history, no sitecustomize: the package alone goes first.
+    let mut cmd = cupool_command(
+        &["check", "--log-dir", path_str(&dir), "-o", "torch_history=0", "--", "sh", "-c", "echo \"path=$PYTHONPATH\""],
+        &dir,
+    );
+    let out = cmd.env("PYTHONPATH", "/keep/me").output().unwrap();
+    assert_eq!(stdout_of(&out), format!("path={first}:/keep/me\n"), "{}", show(&out));
 
     if std::process::Command::new("python3").arg("--version").output().is_err() {
         eprintln!("no python3: the import itself is not tried");

@@ -83,6 +83,9 @@ fn the_pool_is_the_default() {
 fn capture_gets_cudas_own_answers_under_the_pool() {
     let prog = compile_rt("capture", "pool_capture.c");
     let (plain, shim, log) = both_ways(&prog, "");
+    // With empty segments kept, asking for free memory during the capture
+    // must not give them back (a cuMemFree would break the capture).
+    let (_, kept, _) = both_ways(&prog, "give_back=never");
     let want: BTreeMap<String, String> = [
         ("relaxed_malloc", 0),
         ("relaxed_end", 0),
@@ -99,6 +102,7 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
         ("local_own_malloc", 900),
         ("local_end", 901),
         ("graph_malloc", 0),
+        ("graph_meminfo", 0),
         ("graph_end", 0),
         ("malloc_after", 0),
         ("free_after", 0),
@@ -108,6 +112,7 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
     .collect();
     assert_eq!(printed(&plain), want, "the fake runtime, plainly:\n{plain}");
     assert_eq!(printed(&shim), want, "under cupool's pool:\n{shim}");
+    assert_eq!(printed(&kept), want, "under cupool's pool, give_back=never:\n{kept}");
     assert_eq!(log["options"]["mode"], "pool");
     // The graph's own allocation is the graph's: not a leak of the program's.
     assert!(
@@ -210,4 +215,20 @@ fn the_run_summary_says_what_the_pool_did_differently() {
         summary.contains("    note: 1 stream-ordered allocation(s) were captured into CUDA graphs"),
         "summary:\n{summary}"
     );
+}
+
+#[test]
+fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
+    let prog = compile_drv("drvthreads", "pool_driver_threads.c");
+    let run = |args: &[&str]| {
+        let dir = scratch_dir("safety-drvthreads");
+        let out = run_preloaded(&prog, args, &dir, "");
+        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+        read_logs(&dir).remove(0)
+    };
+    let one = run(&["one"]);
+    assert_eq!(one["end"]["pools"][0]["multi_stream"], false, "one thread: reuse at once");
+    let two = run(&[]);
+    assert_eq!(two["end"]["pools"][0]["multi_stream"], true, "two threads: fences");
+    assert!(notes(&two).iter().any(|n| n.contains("from several threads")), "notes: {:?}", notes(&two));
 }

@@ -104,6 +104,10 @@ pub struct Options {
     /// The fewest repeated phases (or periods of a loop) a growth leak needs.
     #[serde(skip)]
     pub growth_phases: u32,
+    /// `cupool check`: entries of PyTorch's allocation history each Python
+    /// process records per device (a ring buffer); 0 = none recorded.
+    #[serde(skip)]
+    pub torch_history: u64,
 }
 
 impl Default for Options {
@@ -126,6 +130,7 @@ impl Default for Options {
             max_leak_bytes: 0,
             fail_on: "exit,growth,test".into(),
             growth_phases: 4,
+            torch_history: 200_000,
         }
     }
 }
@@ -165,6 +170,12 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "cupool check/merge: the kinds of leak that fail the job, comma-separated, or none",
     ),
     ("growth_phases", "4", "cupool check/merge: fewest repeated phases a growth leak needs (3..1000)"),
+    (
+        "torch_history",
+        "200000",
+        "cupool check: events of PyTorch's allocation history each Python process keeps per device, for growth \
+         inside its cache (0..10000000); 0 = not recorded",
+    ),
 ];
 
 /// The kinds of leak `fail_on` can name, in the order it writes them.
@@ -369,6 +380,7 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "max_leak_bytes" => opts.max_leak_bytes.to_string(),
         "fail_on" => opts.fail_on.clone(),
         "growth_phases" => opts.growth_phases.to_string(),
+        "torch_history" => opts.torch_history.to_string(),
         _ => return None,
     })
 }
@@ -417,6 +429,7 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
             opts.fail_on = parse_fail_on(value).ok_or_else(|| bad("exit, growth, test separated by commas, or none"))?
         }
         "growth_phases" => opts.growth_phases = in_range(3, 1000, "a number of phases, 3..1000")? as u32,
+        "torch_history" => opts.torch_history = in_range(0, 10_000_000, "a number of events, 0..10000000")?,
         _ => return Err(OptionError::Unknown { key: key.to_string() }),
     }
     Ok(())
@@ -613,14 +626,14 @@ mod tests {
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
+            torch_history in 0u64..=10_000_000,
         ) {
             let (exitcode, max_leak_bytes, kinds, growth_phases) = check;
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
                 log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, nvtx, stack_depth,
-                python_depth,
-                exitcode, max_leak_bytes, fail_on, growth_phases,
+                python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

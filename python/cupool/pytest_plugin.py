@@ -49,6 +49,9 @@ import sys
 
 import pytest
 
+from cupool._options import flag as _flag
+from cupool._options import parse_options
+
 MARKER = "cupool_no_leak_check"
 _PLUGIN_NAME = "cupool-leak-check"
 SCHEMA = "cupool-tests"
@@ -79,76 +82,6 @@ def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)
     worker = workerinput.get("workerid") if isinstance(workerinput, dict) else None
     config.pluginmanager.register(LeakCheck(log_dir, worker, options.get("run_id", "")), _PLUGIN_NAME)
-
-
-# ---------------------------------------------------------------------------
-# CUPOOL_OPTIONS, read as the shim reads it (core/src/options.rs `entries`).
-
-
-def parse_options(spec):
-    """``key=value:key=value`` into a dict; the last entry of a key wins.
-
-    A value runs to the next ``:`` (blanks around it dropped) unless quoted:
-    ``'...'`` as it is, ``"..."`` with ``\\"`` and ``\\\\``. Entries the shim
-    would reject are skipped, as the shim skips them.
-    """
-    out = {}
-    rest = spec
-    while True:
-        rest = rest.lstrip(":" + _BLANKS)
-        if not rest:
-            break
-        stop = min([i for i in (rest.find(":"), rest.find("=")) if i >= 0] or [len(rest)])
-        if rest[stop : stop + 1] != "=":
-            rest = rest[stop:]
-            continue
-        key = rest[:stop].strip()
-        after = rest[stop + 1 :].lstrip()
-        if after[:1] in ("'", '"'):
-            quoted = _unquote(after, after[0])
-            if quoted is None:
-                break
-            value, tail = quoted
-        else:
-            end = after.find(":")
-            end = len(after) if end < 0 else end
-            value, tail = after[:end].strip(), after[end:]
-        tail = tail.lstrip()
-        if tail and not tail.startswith(":"):
-            end = tail.find(":")
-            rest = tail[len(tail) if end < 0 else end :]
-            continue
-        out[key] = value
-        rest = tail
-    return out
-
-
-_BLANKS = " \t\n\r\x0b\x0c"
-
-
-def _unquote(s, q):
-    value = []
-    i = 1
-    while i < len(s):
-        c = s[i]
-        if c == q:
-            return "".join(value), s[i + 1 :]
-        if c == "\\" and q == '"':
-            i += 1
-            if i >= len(s):
-                return None
-            c = s[i]
-        value.append(c)
-        i += 1
-    return None
-
-
-def _flag(value, default):
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return default
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 //! Which CUDA context (and device) a call is made in, asked of the driver.
 
-use crate::cuda::{CUcontext, CUdevice, MISSING, SUCCESS};
+use crate::cuda::{CUcontext, CUdevice, SUCCESS};
 use crate::real;
 
 /// The context current on this thread; 0 when none.
@@ -14,19 +14,17 @@ pub fn current_only() -> u64 {
     }
 }
 
-/// The unique id of context `ctx`: a handle may come back for a new context
-/// (a primary context reset and created again keeps its handle), an id never
-/// does. `Some(0)` when the driver cannot say (before CUDA 12); `None` when
-/// the context is not usable now (a primary context reset and not yet
-/// started again: the real call restarts it).
+/// The unique id of the context current on this thread: a handle may come
+/// back for a new context (a primary context reset and started again keeps
+/// its handle), an id never does. One driver call, the only one a pooled
+/// allocation makes. `None` when there is no usable current context (none
+/// yet, or a primary context reset and not yet started again), and when the
+/// driver cannot say (before CUDA 12: then the pool stays off).
 #[inline]
-pub fn id(ctx: u64) -> Option<u64> {
+pub fn current_id() -> Option<u64> {
     let mut id = 0;
-    match unsafe { real!(cuCtxGetId(ctx as CUcontext, &mut id)) } {
-        SUCCESS => Some(id),
-        MISSING => Some(0),
-        _ => None,
-    }
+    let r = unsafe { real!(cuCtxGetId(std::ptr::null_mut(), &mut id)) };
+    (r == SUCCESS && id != 0).then_some(id)
 }
 
 /// The context current on this thread and its device; (0, -1) when none.

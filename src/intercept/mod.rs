@@ -166,19 +166,31 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl Fn
 fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     let bytes = call.request;
     lifecycle::recording();
-    let ctx = ensure_context(call);
-    if ctx == 0 {
-        return None;
-    }
-    // The device is asked only when this thread meets a new context.
-    let id = context::id(ctx)?;
-    let pool = match pool::pool_of(ctx, id, || context::current().1) {
-        Some(pool) => pool,
+    let runtime_api = call.api.as_str().starts_with("cuda");
+    let id = match context::current_id() {
+        Some(id) => id,
         None => {
-            context_reborn(ctx, id);
-            pool::pool_of(ctx, id, || context::current().1)?
+            // No usable context: a runtime call starts one first, as the
+            // real call would (after a reset, too).
+            if !runtime_api {
+                return None;
+            }
+            unsafe { real!(cudaFree(std::ptr::null_mut())) };
+            context::current_id()?
         }
     };
+    if !runtime_api && pool::driver_allocation(crate::runtime::guard::tid() as u64) {
+        observe::remark(
+            "pooled allocations through the driver API from several threads (a static runtime's launches are \
+             invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for fences",
+        );
+    }
+    // The handle and device are asked only when a new context is met.
+    let (pool, stale) = pool::pool_of(id, context::current);
+    if let Some(ctx) = stale {
+        context_reborn(ctx, id);
+    }
+    let ctx = pool.ctx;
     let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
     let (result, reserved_delta) = pool::allocate(pool, bytes, cap);
     observe::reserved_changed(pool.device, reserved_delta);
@@ -335,8 +347,9 @@ pub unsafe fn mem_info(free: *mut usize, total: *mut usize, real: impl FnOnce() 
     };
     // A program that measures free memory sees what it would see without
     // cupool: cached segments that are wholly free go back first (what is
-    // free inside partly used segments still counts as used).
-    if options::get().mode == Mode::Pool {
+    // free inside partly used segments still counts as used). Not during a
+    // stream capture, which a `cuMemFree` could break.
+    if options::get().mode == Mode::Pool && !pool::any_capture() {
         diag::shielded(|| {
             for (device, released) in pool::give_back_free_segments(context::current().1) {
                 observe::reserved_changed(device, -(released as i64));

@@ -29,7 +29,7 @@ static RETIRED: Mutex<Vec<&'static ContextPool>> = Mutex::new(Vec::new());
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    static CACHED: Cell<(u64, u64, u64, *const ContextPool)> = const { Cell::new((0, 0, 0, std::ptr::null())) };
+    static CACHED: Cell<(u64, u64, *const ContextPool)> = const { Cell::new((0, 0, std::ptr::null())) };
 }
 
 fn config() -> PoolConfig {
@@ -43,35 +43,37 @@ fn config() -> PoolConfig {
     PoolConfig { limit: if opts.limit == 0 { u64::MAX } else { opts.limit }, give_back, ..defaults }
 }
 
-/// The pool of context `ctx` with unique id `id` (on `device`), created on
-/// first use. `None` when a pool of an earlier context with the same handle
-/// is still live: that context died unseen (the static runtime's
-/// `cudaDeviceReset` tears it down through private entry points), and its
-/// segments with it; the caller retires that pool first.
+/// The pool of the context with unique id `id`, created on first use with
+/// the context's handle and device from `current`. With it, the handle of a
+/// context that died unseen: a live pool of a context with another id but
+/// the same handle (the static runtime's `cudaDeviceReset` tears a context
+/// down through private entry points, and it comes back under its handle);
+/// the caller retires that pool.
 #[inline]
-pub fn pool_of(ctx: u64, id: u64, device: impl FnOnce() -> i32) -> Option<&'static ContextPool> {
+pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static ContextPool, Option<u64>) {
     let gen = GENERATION.load(Ordering::Acquire);
-    let (c, i, g, p) = CACHED.with(Cell::get);
-    if c == ctx && i == id && g == gen && !p.is_null() {
-        return Some(unsafe { &*p });
+    let (i, g, p) = CACHED.with(Cell::get);
+    if i == id && g == gen && !p.is_null() {
+        return (unsafe { &*p }, None);
     }
     let mut pools = POOLS.lock();
-    let pool = match pools.iter().copied().find(|p| p.ctx == ctx) {
-        Some(p) if p.id != id => return None,
-        Some(p) => p,
+    let (pool, stale) = match pools.iter().copied().find(|p| p.id == id) {
+        Some(p) => (p, None),
         None => {
+            let (ctx, device) = current();
+            let stale = pools.iter().any(|p| p.ctx == ctx).then_some(ctx);
             let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
                 ctx,
                 id,
-                device: device(),
+                device,
                 pool: Mutex::new(Pool::new(CudaBackend::new(ctx), config())),
             }));
             pools.push(p);
-            p
+            (p, stale)
         }
     };
-    CACHED.with(|c| c.set((ctx, id, gen, pool)));
-    Some(pool)
+    CACHED.with(|c| c.set((id, gen, pool)));
+    (pool, stale)
 }
 
 /// A block of `size` bytes from `pool`, which may reserve at most

@@ -53,6 +53,29 @@ pub fn note_work(stream: u64, per_thread_api: bool) {
     }
 }
 
+/// The first thread that allocated from the pool through the driver API.
+static DRIVER_THREAD: AtomicU64 = AtomicU64::new(0);
+
+/// A pooled allocation came through the driver API (a driver-API program, or
+/// one with the runtime linked statically, whose kernel launches no hook
+/// sees) on thread `tid`. Built with `--default-stream per-thread`, such a
+/// program's threads run their kernels side by side on streams cupool never
+/// learns of; so once a second thread allocates, freed blocks wait for
+/// fences (an event on the legacy stream completes only after the work of
+/// every per-thread default stream queued before it). Returns true the
+/// first time that happens.
+#[inline]
+pub fn driver_allocation(tid: u64) -> bool {
+    if MULTI_STREAM.load(Ordering::Relaxed) {
+        return false;
+    }
+    match DRIVER_THREAD.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => false,
+        Err(first) if first == tid => false,
+        Err(_) => !MULTI_STREAM.swap(true, Ordering::AcqRel),
+    }
+}
+
 /// Live streams as (context, stream).
 static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 
@@ -136,5 +159,6 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         STREAMS.lock().clear();
         MULTI_STREAM.store(false, Ordering::Release);
         ONLY_STREAM.store(NO_STREAM, Ordering::Release);
+        DRIVER_THREAD.store(0, Ordering::Release);
     }
 }

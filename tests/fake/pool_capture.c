@@ -59,6 +59,8 @@ int main(void)
     void *graph_owned = NULL;
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     printf("graph_malloc=%d\n", cudaMallocAsync(&graph_owned, 8192, s));
+    size_t free_bytes, total;
+    printf("graph_meminfo=%d\n", cudaMemGetInfo(&free_bytes, &total)); /* not an unsafe call */
     printf("graph_end=%d\n", cudaStreamEndCapture(s, &g));
 
     void *after;

@@ -3,17 +3,26 @@
 //! applied, and the verdict.
 
 use super::finding::{Finding, Findings, Growth, LeakKind, ProcessRef, SuppressionUse, Verdict};
-use super::growth::{self, SiteKey};
+use super::growth::{self, Grown, SiteKey};
 use super::site::{frame_texts, Namer, Site};
 use super::suppress::Suppressions;
-use cupool_core::log::{summarize, Log};
+use super::torch::{self, History};
+use cupool_core::log::{summarize, EventKind, EventRecord, Log};
 use cupool_core::options::Options;
 use std::collections::HashMap;
 
-/// Everything `logs` (and the per-test findings `tests`) hold, judged by
-/// `opts` (`fail_on`, `max_leak_bytes`, `growth_phases`). `notes` are lines
-/// about inputs that could not be read; more are added.
-pub fn examine(logs: &[Log], tests: Vec<Finding>, supp: &Suppressions, opts: &Options, notes: Vec<String>) -> Findings {
+/// Everything `logs` (with the PyTorch `histories` of their processes, and
+/// the per-test findings `tests`) hold, judged by `opts` (`fail_on`,
+/// `max_leak_bytes`, `growth_phases`). `notes` are lines about inputs that
+/// could not be read; more are added.
+pub fn examine(
+    logs: &[Log],
+    histories: &[History],
+    tests: Vec<Finding>,
+    supp: &Suppressions,
+    opts: &Options,
+    notes: Vec<String>,
+) -> Findings {
     let mut groups = Groups::default();
     let mut out = Findings { notes, ..Default::default() };
     for log in logs {
@@ -27,18 +36,7 @@ pub fn examine(logs: &[Log], tests: Vec<Finding>, supp: &Suppressions, opts: &Op
             ));
         }
         exit_leaks(log, &process, &mut namer, &mut groups);
-        match growth::analyse(log, opts.growth_phases as usize, &super::per_test::is_plugin_phase) {
-            Ok(grown) => {
-                for g in grown {
-                    let site = match &g.key {
-                        SiteKey::Stack(id) => namer.site(Some(*id), &g.api, &g.kind, g.bytes / g.count.max(1)),
-                        SiteKey::Bare { size, .. } => namer.site(None, &g.api, &g.kind, *size),
-                    };
-                    groups.add(LeakKind::Growth, &site, g.bytes, g.count, &process, Some(g.growth));
-                }
-            }
-            Err(why) => out.notes.push(format!("{who}: {why}")),
-        }
+        growth_leaks(log, torch::of(histories, log), opts, &process, &mut namer, &mut groups, &mut out.notes);
         // A module file is the same for every process that loaded it: one line each.
         for problem in namer.problems() {
             if !out.notes.contains(&problem) {
@@ -56,6 +54,83 @@ pub fn examine(logs: &[Log], tests: Vec<Finding>, supp: &Suppressions, opts: &Op
     out.findings = groups.judge(supp, &mut out.suppressions_used);
     out.verdict = verdict(&out.findings, &groups.keys, opts);
     out
+}
+
+/// Sites whose live bytes keep growing. With PyTorch's allocation history
+/// of the process, growth inside PyTorch's cache is judged from the
+/// tensors (their sites: the Python stacks PyTorch recorded), and the
+/// cache's segments (at the addresses the history names, or allocated from
+/// `libc10_cuda`) are left out of the judgment of the rest of the log.
+fn growth_leaks(
+    log: &Log,
+    history: Option<&History>,
+    opts: &Options,
+    process: &ProcessRef,
+    namer: &mut Namer,
+    groups: &mut Groups,
+    notes: &mut Vec<String>,
+) {
+    let who = format!("pid {}", process.pid);
+    let min = opts.growth_phases as usize;
+    let skip = &super::per_test::is_plugin_phase;
+    let mut cache = None;
+    if let Some(h) = history {
+        let timeline = h.timeline(log);
+        let events: Vec<&EventRecord> = timeline.iter().collect();
+        let judged = if timeline.iter().any(|e| e.ev.known() == Some(EventKind::Alloc)) {
+            growth::analyse_events(&events, min, skip)
+        } else {
+            Err("it recorded no tensor allocation".to_string())
+        };
+        match judged {
+            Ok(grown) => {
+                for g in grown {
+                    let site = tensor_site(h, &g);
+                    groups.add(LeakKind::Growth, &site, g.bytes, g.count, process, Some(g.growth));
+                }
+                if h.wrapped() {
+                    notes.push(format!(
+                        "{who}: PyTorch's allocation history kept only its last {} events per device \
+                         (torch_history): growth inside its cache was judged over them",
+                        h.max_entries
+                    ));
+                }
+                cache = Some((h.segment_addresses(), namer.stacks_in(&|m| m.starts_with("libc10_cuda"))));
+            }
+            Err(why) => notes.push(format!(
+                "{who}: PyTorch's allocation history ({}): {why}; growth inside its cache judged from its segments",
+                h.path.display()
+            )),
+        }
+    }
+    let left_out = |e: &EventRecord| {
+        cache.as_ref().is_some_and(|(addresses, stacks)| {
+            e.ptr.is_some_and(|p| addresses.contains(&p)) || e.stack.is_some_and(|s| stacks.contains(&s))
+        })
+    };
+    match growth::analyse_leaving_out(log, min, skip, &left_out) {
+        Ok(grown) => {
+            for g in grown {
+                let site = match &g.key {
+                    SiteKey::Stack(id) => namer.site(Some(*id), &g.api, &g.kind, g.bytes / g.count.max(1)),
+                    SiteKey::Bare { size, .. } => namer.site(None, &g.api, &g.kind, *size),
+                };
+                groups.add(LeakKind::Growth, &site, g.bytes, g.count, process, Some(g.growth));
+            }
+        }
+        Err(why) => notes.push(format!("{who}: {why}")),
+    }
+}
+
+/// The site of tensors that grew: the Python stack PyTorch recorded, or,
+/// for tensors allocated where no Python code ran (autograd's threads),
+/// their size.
+fn tensor_site(h: &History, g: &Grown) -> Site {
+    let what = format!("{} ({})", torch::API, torch::KIND);
+    match &g.key {
+        SiteKey::Stack(id) => Site::new(h.frames(*id), what, Vec::new(), g.bytes / g.count.max(1)),
+        SiteKey::Bare { size, .. } => Site::new(Vec::new(), what, Vec::new(), *size),
+    }
 }
 
 /// Allocations still live when their context died or the process ended:

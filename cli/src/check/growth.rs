@@ -64,7 +64,20 @@ const MAX_SAMPLES: usize = 256;
 /// The growing sites of `log`, or why growth could not be checked (`Err`:
 /// one sentence). `skip_phase` names phases that are not repetitions of the
 /// program's work (the pytest plugin's per-test phases).
+#[cfg(test)]
 pub fn analyse(log: &Log, min_phases: usize, skip_phase: &dyn Fn(&str) -> bool) -> Result<Vec<Grown>, String> {
+    analyse_leaving_out(log, min_phases, skip_phase, &|_| false)
+}
+
+/// [`analyse`] without the allocations `left_out` names (and so without
+/// their frees): memory whose growth is judged elsewhere, such as the
+/// segments of PyTorch's cache when its tensors were recorded.
+pub fn analyse_leaving_out(
+    log: &Log,
+    min_phases: usize,
+    skip_phase: &dyn Fn(&str) -> bool,
+    left_out: &dyn Fn(&EventRecord) -> bool,
+) -> Result<Vec<Grown>, String> {
     if !log.header.options.trace {
         return Err("logged with trace=0, so growth was not checked (it needs every allocation and free)".into());
     }
@@ -73,11 +86,23 @@ pub fn analyse(log: &Log, min_phases: usize, skip_phase: &dyn Fn(&str) -> bool) 
             "the log lost {n} event(s) (the writer fell behind), so growth was not checked: missing frees would look like growth"
         ));
     }
-    let mut events: Vec<&EventRecord> = log.events.iter().collect();
+    let mut events: Vec<&EventRecord> =
+        log.events.iter().filter(|e| !(e.ev.known() == Some(EventKind::Alloc) && left_out(e))).collect();
     events.sort_by_key(|e| e.seq);
-    let replay = Replay::new(&events);
+    analyse_events(&events, min_phases, skip_phase)
+}
+
+/// The growing sites of a timeline of allocations, frees and phase edges,
+/// in order (a log's, or one made from another record of the same
+/// process's memory, such as PyTorch's allocation history).
+pub fn analyse_events(
+    events: &[&EventRecord],
+    min_phases: usize,
+    skip_phase: &dyn Fn(&str) -> bool,
+) -> Result<Vec<Grown>, String> {
+    let replay = Replay::new(events);
     let mut found: Vec<Grown> = Vec::new();
-    let (groups, skipped) = phase_groups(&events, min_phases, skip_phase);
+    let (groups, skipped) = phase_groups(events, min_phases, skip_phase);
     if groups.is_empty() && skipped {
         // A test session: one test is not a repetition of the one before,
         // and what each leaves behind is the per-test check's.

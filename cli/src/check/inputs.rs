@@ -1,7 +1,9 @@
 //! The logs a check reads: those of one run (`cupool check`), or every log
-//! in the directories given (`cupool merge`). A file that cannot be read is
-//! a note naming it and why, not the end of the check.
+//! in the directories given (`cupool merge`), with the PyTorch histories
+//! beside them (`torch`). A file that cannot be read is a note naming it
+//! and why, not the end of the check.
 
+use super::torch::{self, History};
 use crate::summary::{files_in, is_log_name, logs_named_by};
 use cupool_core::log::{read_log, Log};
 use std::path::Path;
@@ -11,6 +13,8 @@ use std::time::SystemTime;
 #[derive(Default)]
 pub struct Read {
     pub logs: Vec<Log>,
+    /// PyTorch's allocation histories of processes of these logs (or of a directory given).
+    pub histories: Vec<History>,
     pub notes: Vec<String>,
     /// Files that looked like logs of the check but could not be read.
     pub unreadable: usize,
@@ -28,8 +32,20 @@ impl Read {
         }
     }
 
+    /// The histories in `dir` whose files `wanted` names and that `keep` accepts.
+    fn take_histories(&mut self, dir: &Path, wanted: impl Fn(&Path) -> bool, keep: impl Fn(&History) -> bool) {
+        for path in torch::files(dir).into_iter().filter(|p| wanted(p)) {
+            match torch::read(&path) {
+                Ok(h) if keep(&h) => self.histories.push(h),
+                Ok(_) => {}
+                Err(e) => self.notes.push(format!("{e}; growth inside PyTorch's cache judged from its segments")),
+            }
+        }
+    }
+
     pub fn extend(&mut self, other: Read) {
         self.logs.extend(other.logs);
+        self.histories.extend(other.histories);
         self.notes.extend(other.notes);
         self.unreadable += other.unreadable;
         self.sort();
@@ -50,15 +66,17 @@ pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
     // File times come from a coarser clock than `since`: a file written just
     // after it may look a few milliseconds older.
     let since = since.checked_sub(std::time::Duration::from_secs(1)).unwrap_or(since);
+    let recent = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).is_ok_and(|t| t >= since);
     let mut read = Read::default();
     for path in files_in(dir, is_log_name).unwrap_or_default() {
         // The shim writes its log while the process runs: an older file is
         // another run's, and is not even read (a log directory keeps them all).
-        if !std::fs::metadata(&path).and_then(|m| m.modified()).is_ok_and(|t| t >= since) {
+        if !recent(&path) {
             continue;
         }
         read.take(&path, |log| log.header.options.run_id == run_id);
     }
+    read.take_histories(dir, recent, |h| h.run_id == run_id);
     read.sort();
     read
 }
@@ -72,6 +90,9 @@ pub fn logs_at(path: &Path) -> Result<Read, String> {
     let mut read = Read::default();
     for f in logs_named_by(path)? {
         read.take(&f, |_| true);
+    }
+    if path.is_dir() {
+        read.take_histories(path, |_| true, |_| true);
     }
     read.sort();
     Ok(read)

@@ -16,6 +16,7 @@ mod python;
 mod site;
 mod suppress;
 mod text;
+mod torch;
 
 pub mod github;
 pub mod json;
@@ -85,12 +86,15 @@ pub struct MergeArgs {
 
 /// The options that are the check's, not the shim's.
 const CHECK_OPTIONS: [&str; 4] = ["exitcode", "max_leak_bytes", "fail_on", "growth_phases"];
+/// The options of `cupool check` that concern how the program is run (not `merge`'s).
+const RUN_CHECK_OPTIONS: [&str; 1] = ["torch_history"];
 
 /// The end of `check --help` (`merge --help` when not `run`).
 pub fn help(run: bool) -> String {
     let mut s = String::from("Options of the check (-o key=value, or in CUPOOL_OPTIONS):\n");
-    for (key, default, what) in options::OPTION_HELP.iter().filter(|o| CHECK_OPTIONS.contains(&o.0)) {
-        let what = what.trim_start_matches("cupool check/merge: ");
+    let shown = |key: &str| CHECK_OPTIONS.contains(&key) || (run && RUN_CHECK_OPTIONS.contains(&key));
+    for (key, default, what) in options::OPTION_HELP.iter().filter(|o| shown(o.0)) {
+        let what = what.trim_start_matches("cupool check/merge: ").trim_start_matches("cupool check: ");
         s.push_str(&format!("  {key:<15} default {default:<17} {what}\n"));
     }
     if run {
@@ -209,8 +213,11 @@ pub fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(exit::COULD_NOT_CHECK);
         }
     };
-    let env = python::environment().unwrap_or_else(|e| {
-        eprintln!("{CHECK}: note: the pytest plugin cannot be set up ({e}); test leaks are not checked");
+    let env = python::environment(opts.torch_history > 0).unwrap_or_else(|e| {
+        eprintln!(
+            "{CHECK}: note: the Python package cannot be set up ({e}); test leaks are not checked, nor growth \
+             inside PyTorch's cache by tensor"
+        );
         Vec::new()
     });
     let launched = match run::launch(&args.launch, opts, CHECK, &env) {
@@ -223,7 +230,8 @@ pub fn check(args: CheckArgs) -> ExitCode {
         Vec::new()
     });
     let checked = !read.logs.is_empty() || read.unreadable == 0;
-    let findings = examine::examine(&read.logs, tests, &reporting.suppressions, &launched.opts, read.notes);
+    let findings =
+        examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &launched.opts, read.notes);
     if read.logs.is_empty() && read.unreadable == 0 {
         eprintln!("{CHECK}: no CUDA memory activity recorded, so there is nothing to check");
     }
@@ -250,17 +258,25 @@ pub fn findings_of(logs: &[cupool_core::log::Log]) -> Findings {
         Options::default()
     });
     let mut tests = Vec::new();
+    let mut histories = Vec::new();
     let mut dirs: Vec<&Path> = logs.iter().filter_map(|l| l.path.parent()).collect();
     dirs.sort();
     dirs.dedup();
     for dir in dirs {
-        // The per-test files of a directory name the pids of the logs beside them.
+        // The per-test files and PyTorch histories of a directory name the pids of the logs beside them.
         match per_test::findings(logs, dir) {
             Ok(found) => tests.extend(found),
             Err(e) => notes.push(e),
         }
+        for file in torch::files(dir) {
+            match torch::read(&file) {
+                Ok(h) => histories.push(h),
+                Err(e) => notes.push(e),
+            }
+        }
     }
-    examine::examine(logs, tests, &Suppressions::load(&[]).unwrap_or_default(), &opts, notes)
+    let supp = Suppressions::load(&[]).unwrap_or_default();
+    examine::examine(logs, &histories, tests, &supp, &opts, notes)
 }
 
 const MERGE: &str = "cupool merge";
@@ -334,7 +350,7 @@ pub fn merge(args: MergeArgs) -> ExitCode {
     if read.logs.is_empty() {
         eprintln!("{MERGE}: no log could be read, so nothing was checked");
     }
-    let findings = examine::examine(&read.logs, tests, &reporting.suppressions, &opts, read.notes);
+    let findings = examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &opts, read.notes);
     let written = reporting.write(MERGE, &findings);
     ExitCode::from(status(None, checked, written, &findings, &opts))
 }

@@ -1,13 +1,17 @@
 //! The repository's Python package (`python/cupool/`), carried in this
 //! binary, so that every pytest run under `cupool check` loads the plugin
 //! even where the package is not installed, and loads the copy that
-//! matches this cupool.
+//! matches this cupool; and the `sitecustomize.py` that has every Python
+//! process of the run record PyTorch's allocation history (`torch_history`).
 
-/// `(path inside the package directory, text)`.
+/// `(path inside the carried directory, text)`: the package under `pkg/`.
 const PACKAGE: &[(&str, &str)] = &[
-    ("cupool/__init__.py", include_str!("../../../python/cupool/__init__.py")),
-    ("cupool/__main__.py", include_str!("../../../python/cupool/__main__.py")),
-    ("cupool/pytest_plugin.py", include_str!("../../../python/cupool/pytest_plugin.py")),
+    ("pkg/cupool/__init__.py", include_str!("../../../python/cupool/__init__.py")),
+    ("pkg/cupool/__main__.py", include_str!("../../../python/cupool/__main__.py")),
+    ("pkg/cupool/_options.py", include_str!("../../../python/cupool/_options.py")),
+    ("pkg/cupool/pytest_plugin.py", include_str!("../../../python/cupool/pytest_plugin.py")),
+    ("pkg/cupool/torch_history.py", include_str!("../../../python/cupool/torch_history.py")),
+    ("site/sitecustomize.py", include_str!("sitecustomize.py")),
 ];
 
 /// The module pytest loads through `PYTEST_PLUGINS`.
@@ -15,9 +19,10 @@ pub const PLUGIN: &str = "cupool.pytest_plugin";
 
 /// The variables that make Python processes load the plugin: `PYTHONPATH`
 /// with the cached package first (what was there stays, after it), and
-/// `PYTEST_PLUGINS` with the plugin added. Or why the package could not be
-/// written.
-pub fn environment() -> Result<Vec<(String, String)>, String> {
+/// `PYTEST_PLUGINS` with the plugin added; with `torch_history`, the
+/// directory of the carried `sitecustomize.py` before the package. Or why
+/// the files could not be written.
+pub fn environment(torch_history: bool) -> Result<Vec<(String, String)>, String> {
     let bytes: Vec<&[u8]> = PACKAGE.iter().flat_map(|(p, t)| [p.as_bytes(), t.as_bytes()]).collect();
     let name = format!("{}-python-{}", env!("CARGO_PKG_VERSION"), crate::cache::hash(&bytes));
     let files: Vec<crate::cache::Carried> = PACKAGE
@@ -26,8 +31,12 @@ pub fn environment() -> Result<Vec<(String, String)>, String> {
         .collect();
     let dir = crate::cache::install(&name, &files)?;
     let dir = dir.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dir.display()))?.to_string();
+    let mut first = format!("{dir}/pkg");
+    if torch_history {
+        first = format!("{dir}/site:{first}");
+    }
     Ok(vec![
-        ("PYTHONPATH".into(), prepend(&dir, std::env::var("PYTHONPATH").ok().as_deref(), ':')),
+        ("PYTHONPATH".into(), prepend(&first, std::env::var("PYTHONPATH").ok().as_deref(), ':')),
         ("PYTEST_PLUGINS".into(), append(PLUGIN, std::env::var("PYTEST_PLUGINS").ok().as_deref())),
     ])
 }
@@ -64,7 +73,31 @@ mod tests {
 
     #[test]
     fn the_package_carries_the_plugin() {
-        assert!(PACKAGE.iter().any(|(p, t)| *p == "cupool/pytest_plugin.py" && !t.is_empty()));
-        assert!(PACKAGE.iter().any(|(p, _)| *p == "cupool/__init__.py"));
+        assert!(PACKAGE.iter().any(|(p, t)| *p == "pkg/cupool/pytest_plugin.py" && !t.is_empty()));
+        assert!(PACKAGE.iter().any(|(p, _)| *p == "pkg/cupool/__init__.py"));
+        assert!(PACKAGE.iter().any(|(p, _)| *p == "site/sitecustomize.py"));
+    }
+
+    /// Every module of the package is carried.
+    #[test]
+    fn the_whole_package_is_carried() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/cupool");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".py") {
+                let path = format!("pkg/cupool/{name}");
+                assert!(PACKAGE.iter().any(|(p, _)| *p == path), "{path} is not carried");
+            }
+        }
+    }
+
+    /// The recorder's default is the option's.
+    #[test]
+    fn the_recorder_knows_the_default_of_torch_history() {
+        let text = include_str!("../../../python/cupool/torch_history.py");
+        let default = cupool_core::options::Options::default().torch_history;
+        assert!(text.contains(&format!("\nDEFAULT_ENTRIES = {default}\n")), "torch_history.py: DEFAULT_ENTRIES");
+        let depth = cupool_core::options::Options::default().python_depth;
+        assert!(text.contains(&format!("\nDEFAULT_DEPTH = {depth}\n")), "torch_history.py: DEFAULT_DEPTH");
     }
 }

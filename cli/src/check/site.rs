@@ -2,7 +2,7 @@
 
 use crate::sites::{Resolver, ShownFrame};
 use cupool_core::log::Log;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// One allocation site of one process.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -19,6 +19,17 @@ pub struct Site {
 }
 
 impl Site {
+    /// A site of `frames`, innermost first; one without frames is told apart
+    /// by what was allocated and its size.
+    pub fn new(frames: Vec<ShownFrame>, what: String, modules: Vec<String>, size: u64) -> Site {
+        let key = if frames.is_empty() {
+            format!("{what} {size}")
+        } else {
+            frames.iter().enumerate().map(|(i, f)| f.text(i)).collect::<Vec<_>>().join("\n")
+        };
+        Site { key, frames, what, modules }
+    }
+
     /// What a suppression pattern is matched against.
     pub fn match_texts(&self) -> Vec<&str> {
         let mut texts = frame_texts(&self.frames);
@@ -56,12 +67,20 @@ impl<'a> Namer<'a> {
             }
             None => (Vec::new(), Vec::new()),
         };
-        let key = if frames.is_empty() {
-            format!("{what} {size}")
-        } else {
-            frames.iter().enumerate().map(|(i, f)| f.text(i)).collect::<Vec<_>>().join("\n")
-        };
-        Site { key, frames, what, modules }
+        Site::new(frames, what, modules, size)
+    }
+
+    /// The stacks of the log's allocations with a native frame in a module
+    /// whose file name `module` accepts.
+    pub fn stacks_in(&mut self, module: &dyn Fn(&str) -> bool) -> HashSet<u32> {
+        let log = self.log;
+        let ids: BTreeSet<u32> = log.events.iter().filter_map(|e| e.stack).collect();
+        if ids.is_empty() {
+            return HashSet::new();
+        }
+        let resolver = self.resolver.get_or_insert_with(|| Resolver::new(log));
+        let file_name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
+        ids.into_iter().filter(|&id| resolver.module_paths(id).iter().any(|p| module(&file_name(p)))).collect()
     }
 
     /// Module files that could not be used to name frames.

@@ -92,6 +92,13 @@ impl LogBuilder {
         e
     }
 
+    /// A moment of its own, after every event so far and before every later
+    /// one: its `t_ns` (for records made beside the log, such as PyTorch's history).
+    pub fn now_ns(&mut self) -> u64 {
+        self.seq += 1;
+        (self.seq - 1) * 1000
+    }
+
     pub fn alloc(&mut self, size: u64, stack: Option<u32>) -> u64 {
         self.alloc_as("cudaMalloc", "device", size, stack)
     }

@@ -53,7 +53,7 @@ fn opts(spec: &str) -> Options {
 
 #[test]
 fn the_report_groups_identical_sites_of_all_processes_largest_first() {
-    let f = examine(&job(), vec![], &defaults(), &Options::default(), vec![]);
+    let f = examine(&job(), &[], vec![], &defaults(), &Options::default(), vec![]);
     let want = "\
 cupool: 2 process(es) checked
 
@@ -96,7 +96,7 @@ fn a_clean_run_says_so_and_lists_the_caches() {
     b.alloc(1 << 20, Some(3));
     let p = b.alloc(4096, None);
     b.free(p);
-    let f = examine(&[b.exit(0)], vec![], &defaults(), &Options::default(), vec![]);
+    let f = examine(&[b.exit(0)], &[], vec![], &defaults(), &Options::default(), vec![]);
     let text = report(&f);
     assert!(!text.contains("ERROR") && !text.contains("SUMMARY"), "{text}");
     assert!(text.ends_with("module+offset only\ncupool: no leaks\n"), "{text}");
@@ -111,7 +111,7 @@ fn a_users_suppressions_are_counted_with_the_defaults() {
     let file = dir.join("ci.supp");
     std::fs::write(&file, "# data loader keeps its staging buffers\nleak:^load$\nleak:nothing_matches_this\n").unwrap();
     let supp = Suppressions::load(std::slice::from_ref(&file)).unwrap();
-    let f = examine(&job(), vec![], &supp, &Options::default(), vec![]);
+    let f = examine(&job(), &[], vec![], &supp, &Options::default(), vec![]);
     let used: Vec<(&str, &str, u64, u64, u64)> = f
         .suppressions_used
         .iter()
@@ -140,7 +140,7 @@ fn leaky_loop(pid: u32) -> Log {
 
 #[test]
 fn a_growing_site_is_reported_with_its_phases_and_counted_once() {
-    let f = examine(&[leaky_loop(5)], vec![], &defaults(), &Options::default(), vec![]);
+    let f = examine(&[leaky_loop(5)], &[], vec![], &defaults(), &Options::default(), vec![]);
     let text = report(&f);
     let want_growth = "\
 Growing leak of 1000 byte(s) per phase over 9 phases (site now holds 9000 byte(s) in 9 allocation(s)) allocated from:
@@ -161,29 +161,29 @@ Growing leak of 1000 byte(s) per phase over 9 phases (site now holds 9000 byte(s
 #[test]
 fn fail_on_and_max_leak_bytes_decide_what_fails() {
     let logs = [leaky_loop(5)];
-    let growth_only = examine(&logs, vec![], &defaults(), &opts("fail_on=growth"), vec![]);
+    let growth_only = examine(&logs, &[], vec![], &defaults(), &opts("fail_on=growth"), vec![]);
     assert!(growth_only.verdict.fails);
     assert_eq!(growth_only.verdict.leaked_bytes, 9000, "the growing site's bytes, when exit leaks do not count");
     let text = report(&growth_only);
     assert!(text.contains("  reported only: fail_on does not name exit leaks\n"), "{text}");
-    let exit_only = examine(&logs, vec![], &defaults(), &opts("fail_on=exit"), vec![]);
+    let exit_only = examine(&logs, &[], vec![], &defaults(), &opts("fail_on=exit"), vec![]);
     assert_eq!(exit_only.verdict.leaked_bytes, 10_000);
-    let none = examine(&logs, vec![], &defaults(), &opts("fail_on=none"), vec![]);
+    let none = examine(&logs, &[], vec![], &defaults(), &opts("fail_on=none"), vec![]);
     assert!(!none.verdict.fails);
     assert!(report(&none).contains("cupool: no leaks"));
-    let tolerated = examine(&logs, vec![], &defaults(), &opts("max_leak_bytes=10000"), vec![]);
+    let tolerated = examine(&logs, &[], vec![], &defaults(), &opts("max_leak_bytes=10000"), vec![]);
     assert!(!tolerated.verdict.fails);
     let text = report(&tolerated);
     assert!(text.contains("10000 byte(s) leaked, no more than max_leak_bytes=10000: the job does not fail"), "{text}");
-    let over = examine(&logs, vec![], &defaults(), &opts("max_leak_bytes=9999"), vec![]);
+    let over = examine(&logs, &[], vec![], &defaults(), &opts("max_leak_bytes=9999"), vec![]);
     assert!(over.verdict.fails);
 }
 
 #[test]
 fn exit_status_program_failure_wins_then_could_not_check_then_leaks() {
     let o = opts("exitcode=42");
-    let leaking = examine(&[leaky_loop(5)], vec![], &defaults(), &o, vec![]);
-    let clean = examine(&[], vec![], &defaults(), &o, vec![]);
+    let leaking = examine(&[leaky_loop(5)], &[], vec![], &defaults(), &o, vec![]);
+    let clean = examine(&[], &[], vec![], &defaults(), &o, vec![]);
     assert_eq!(status(Some(3), true, true, &leaking, &o), 3);
     assert_eq!(status(Some(137), false, false, &clean, &o), 137);
     assert_eq!(status(Some(0), false, true, &leaking, &o), super::exit::COULD_NOT_CHECK);
@@ -198,7 +198,8 @@ fn exit_status_program_failure_wins_then_could_not_check_then_leaks() {
 fn a_killed_process_is_checked_from_what_its_log_holds() {
     let mut b = LogBuilder::new(9, "python worker.py").python_site(1, &[("/src/worker.py", "run", 3)]);
     b.alloc(777, Some(1));
-    let f = examine(&[b.killed()], vec![], &defaults(), &Options::default(), vec!["x.json: bad; not checked".into()]);
+    let f =
+        examine(&[b.killed()], &[], vec![], &defaults(), &Options::default(), vec!["x.json: bad; not checked".into()]);
     let text = report(&f);
     assert!(
         text.contains("Direct leak of 777 byte(s) in 1 allocation(s) allocated from:\n    #0 run /src/worker.py:3"),
@@ -234,7 +235,7 @@ fn test_leaks_are_grouped_named_and_suppressed_by_their_frames() {
         test("tests/test_a.py::test_keeps", vec![frame("/src/tests/test_a.py", "test_keeps")], 512),
         test("tests/test_b.py::test_cupy", vec![frame("/venv/site-packages/cupy/cuda/memory.py", "malloc")], 4096),
     ];
-    let f = examine(&[], found, &defaults(), &Options::default(), vec![]);
+    let f = examine(&[], &[], found, &defaults(), &Options::default(), vec![]);
     let text = report(&f);
     assert!(
         text.contains(
@@ -259,7 +260,7 @@ fn a_finding_names_at_most_four_processes() {
             b.exit(0)
         })
         .collect();
-    let f = examine(&logs, vec![], &defaults(), &Options::default(), vec![]);
+    let f = examine(&logs, &[], vec![], &defaults(), &Options::default(), vec![]);
     let text = report(&f);
     assert!(text.contains("  in pid 203 (rank 3): python ddp.py\n  and 2 more process(es)\n"), "{text}");
     assert_eq!(f.findings[0].processes.len(), 6);

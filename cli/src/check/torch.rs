@@ -1,0 +1,247 @@
+//! PyTorch's own allocation history: `cupool-torch.<pid>.json` beside the
+//! logs (docs/log-schema.md), written at exit by the Python processes of a
+//! `cupool check` run that used PyTorch's caching allocator
+//! (`python/cupool/torch_history.py`).
+//!
+//! Inside that cache cupool sees segments, not tensors: a growth leak found
+//! there names the line where the cache had to grow. The history records
+//! every tensor PyTorch handed out and took back, with its Python stack.
+//! Made into a timeline of the same shape as a log's (allocations, frees,
+//! and the log's phase edges placed by time), it goes through the same
+//! growth rule (`growth::analyse_events`), and its findings name the line
+//! that allocated the tensors kept.
+
+use crate::sites::ShownFrame;
+use cupool_core::log::{EventKind, EventRecord, Log, Named};
+use serde::Deserialize;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+/// The `schema` of a history file.
+pub const SCHEMA: &str = "cupool-torch";
+/// The version this build reads.
+pub const VERSION: u32 = 1;
+/// API and kind of a tensor in the timeline made from a history: what a
+/// finding shows as `PyTorch (tensor)`.
+pub const API: &str = "PyTorch";
+pub const KIND: &str = "tensor";
+
+/// One history file, as read.
+#[derive(Clone, Debug, Deserialize)]
+pub struct History {
+    pub schema: String,
+    pub version: u32,
+    pub pid: u32,
+    /// The `run_id` option the process ran with.
+    #[serde(default)]
+    pub run_id: String,
+    /// `torch.__version__` (for people reading the file).
+    #[allow(dead_code)]
+    #[serde(default)]
+    pub torch: String,
+    /// The ring buffer's size per device (`torch_history`).
+    #[serde(default)]
+    pub max_entries: u64,
+    /// Each distinct Python stack: `(function, file, line)`, innermost first.
+    #[serde(default)]
+    pub stacks: Vec<Vec<(String, String, u32)>>,
+    #[serde(default)]
+    pub devices: Vec<DeviceTrace>,
+    /// The cache's segments at exit: `(device, address, size)`.
+    #[serde(default)]
+    pub segments: Vec<(i32, u64, u64)>,
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+/// The history of one device, in the order PyTorch recorded it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct DeviceTrace {
+    pub device: i32,
+    pub events: Vec<TraceEvent>,
+    /// The ring buffer was full: older events were dropped.
+    #[serde(default)]
+    pub full: bool,
+}
+
+/// `[action, addr, size, time_us, stack]`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TraceEvent(pub String, pub u64, pub u64, pub i64, pub Option<u32>);
+
+/// `cupool-torch.<pid>.json` and `cupool-torch.<pid>.<n>.json` in `dir`, sorted.
+pub fn files(dir: &Path) -> Vec<PathBuf> {
+    let is_history = |name: &str| {
+        name.strip_prefix("cupool-torch.").and_then(|r| r.strip_suffix(".json")).is_some_and(|r| {
+            !r.is_empty() && r.split('.').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    crate::summary::files_in(dir, is_history).unwrap_or_default()
+}
+
+/// Reads one history file (written whole, then renamed into place).
+pub fn read(path: &Path) -> Result<History, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut h: History = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if h.schema != SCHEMA {
+        return Err(format!(
+            "{}: not a cupool PyTorch history (schema {:?}, expected {SCHEMA:?})",
+            path.display(),
+            h.schema
+        ));
+    }
+    if h.version != VERSION {
+        return Err(format!("{}: {SCHEMA} version {}; this cupool reads version {VERSION}", path.display(), h.version));
+    }
+    h.path = path.to_path_buf();
+    Ok(h)
+}
+
+/// The history of the process that wrote `log`, if there is one.
+pub fn of<'a>(histories: &'a [History], log: &Log) -> Option<&'a History> {
+    histories
+        .iter()
+        .find(|h| h.pid == log.header.process.pid && (h.run_id.is_empty() || h.run_id == log.header.options.run_id))
+}
+
+impl History {
+    /// Whether a device's ring buffer overflowed (its oldest events are gone).
+    pub fn wrapped(&self) -> bool {
+        self.devices.iter().any(|d| d.full)
+    }
+
+    /// Addresses of the cache's segments: every segment the history saw
+    /// allocated or mapped, and those held at exit. A cupool allocation at
+    /// one of them is PyTorch's cache, whose growth the tensors explain.
+    pub fn segment_addresses(&self) -> HashSet<u64> {
+        let mut set: HashSet<u64> = self.segments.iter().map(|s| s.1).collect();
+        for d in &self.devices {
+            set.extend(d.events.iter().filter(|e| e.0 == "segment_alloc" || e.0 == "segment_map").map(|e| e.1));
+        }
+        set
+    }
+
+    /// The frames of stack `id`, as the report shows Python frames.
+    pub fn frames(&self, id: u32) -> Vec<ShownFrame> {
+        self.stacks
+            .get(id as usize)
+            .map(|s| {
+                s.iter()
+                    .map(|(function, file, line)| ShownFrame {
+                        lang: "python",
+                        function: Some(function.clone()),
+                        file: Some(file.clone()),
+                        line: (*line > 0).then_some(*line),
+                        module: None,
+                        offset: None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The tensors' allocations and frees as a timeline in `log`'s clock,
+    /// with `log`'s phase edges placed among them by time: what
+    /// `growth::analyse_events` reads. A tensor is taken back at PyTorch's
+    /// `free_requested` (the program let go of it); the `free_completed`
+    /// that may follow is then a free of nothing, which the replay ignores.
+    pub fn timeline(&self, log: &Log) -> Vec<EventRecord> {
+        let offset = self.offset_ns(log);
+        let at = |t_us: i64| (i128::from(t_us) * 1000 + offset).clamp(0, i128::from(u64::MAX)) as u64;
+        let mut lists: Vec<Vec<EventRecord>> = Vec::new();
+        for d in &self.devices {
+            let mut list = Vec::with_capacity(d.events.len());
+            for e in &d.events {
+                let ev = match e.0.as_str() {
+                    "alloc" => EventKind::Alloc,
+                    "free_requested" | "free_completed" => EventKind::Free,
+                    _ => continue,
+                };
+                let mut r = EventRecord::new(0, at(e.3), ev);
+                r.api = Some(Named::Unknown(API.into()));
+                r.kind = Some(Named::Unknown(KIND.into()));
+                r.ptr = Some(e.1);
+                r.size = Some(e.2);
+                r.device = Some(d.device);
+                r.stack = if ev == EventKind::Alloc { e.4.filter(|&s| (s as usize) < self.stacks.len()) } else { None };
+                list.push(r);
+            }
+            lists.push(list);
+        }
+        let mut phases: Vec<&EventRecord> = log
+            .events
+            .iter()
+            .filter(|e| matches!(e.ev.known(), Some(EventKind::PhaseBegin | EventKind::PhaseEnd)))
+            .collect();
+        phases.sort_by_key(|e| e.seq);
+        lists.push(phases.into_iter().cloned().collect());
+        let mut merged = merge_by_time(lists);
+        for (i, e) in merged.iter_mut().enumerate() {
+            e.seq = i as u64;
+        }
+        merged
+    }
+
+    /// What to add to PyTorch's time stamps (µs) times 1000 to get the
+    /// log's `t_ns`. PyTorch stamps its history in Unix time, and the log's
+    /// clock started at `start_unix_ms`: that places them within about a
+    /// millisecond. The cache's segments are in both records, so where that
+    /// estimate is off by more than a second (a PyTorch whose stamps are not
+    /// Unix time) the segments' own times are used instead.
+    fn offset_ns(&self, log: &Log) -> i128 {
+        let unix = -i128::from(log.header.process.start_unix_ms) * 1_000_000;
+        let mut torch_first: HashMap<u64, i64> = HashMap::new();
+        for d in &self.devices {
+            for e in d.events.iter().filter(|e| e.0 == "segment_alloc") {
+                torch_first.entry(e.1).or_insert(e.3);
+            }
+        }
+        let mut seen = HashSet::new();
+        let mut diffs: Vec<i128> = log
+            .events
+            .iter()
+            .filter(|e| e.ev.known() == Some(EventKind::Alloc))
+            .filter_map(|e| {
+                let ptr = e.ptr?;
+                let t_us = *torch_first.get(&ptr)?;
+                seen.insert(ptr).then(|| i128::from(e.t_ns) - i128::from(t_us) * 1000)
+            })
+            .collect();
+        if diffs.is_empty() {
+            return unix;
+        }
+        diffs.sort_unstable();
+        let median = diffs[diffs.len() / 2];
+        if (median - unix).abs() > 1_000_000_000 {
+            median
+        } else {
+            unix
+        }
+    }
+}
+
+/// The events of `lists` in one list by time, each list's own order kept
+/// (a list whose stamps go backwards is never reordered); at equal times
+/// the earlier list first.
+fn merge_by_time(lists: Vec<Vec<EventRecord>>) -> Vec<EventRecord> {
+    let total = lists.iter().map(Vec::len).sum();
+    let mut iters: Vec<std::iter::Peekable<std::vec::IntoIter<EventRecord>>> =
+        lists.into_iter().map(|l| l.into_iter().peekable()).collect();
+    let mut out = Vec::with_capacity(total);
+    loop {
+        let mut best: Option<(usize, u64)> = None;
+        for (i, it) in iters.iter_mut().enumerate() {
+            if let Some(e) = it.peek() {
+                if best.is_none_or(|(_, t)| e.t_ns < t) {
+                    best = Some((i, e.t_ns));
+                }
+            }
+        }
+        let Some((i, _)) = best else { break };
+        out.extend(iters[i].next());
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "torch_tests.rs"]
+mod tests;

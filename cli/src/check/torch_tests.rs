@@ -1,0 +1,240 @@
+use super::*;
+use crate::check::examine::examine;
+use crate::check::finding::{Findings, LeakKind};
+use crate::check::growth::{self, SiteKey};
+use crate::check::suppress::Suppressions;
+use crate::check::testlog::LogBuilder;
+use cupool_core::options::Options;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// Python stacks of the simulated training script, by stack id.
+const SCRIPT: &str = "/src/train.py";
+fn stacks() -> Vec<Vec<(String, String, u32)>> {
+    let s = |frames: &[(&str, &str, u32)]| {
+        frames.iter().map(|(f, file, l)| (f.to_string(), file.to_string(), *l)).collect()
+    };
+    vec![
+        s(&[("<module>", SCRIPT, 14)]), // x = torch.randn(...)
+        s(&[("forward", "/torch/nn/modules/linear.py", 125), ("<module>", SCRIPT, 15)]), // out = model(x)
+        s(&[
+            ("_init_group", "/torch/optim/adamw.py", 90),
+            ("step", "/torch/optim/adamw.py", 200),
+            ("<module>", SCRIPT, 18),
+        ]),
+    ]
+}
+
+/// A PyTorch process with its caching allocator on, as cupool and PyTorch
+/// each record it: every step makes an input (site 0) and an output (site
+/// 1, kept by the previous step's variable until rebound); the optimizer
+/// makes its state in step 1 (site 2); with `leak` every output is kept,
+/// and the cache grows a 2 MiB segment per step for it (cupool's log sees
+/// only those segments, allocated from `segments_from`).
+fn pytorch_loop(steps: usize, leak: bool, marks: bool, segments_from: &str) -> (Log, History) {
+    let pid = 42;
+    let mut b = LogBuilder::new(pid, "python train.py").module_site(1, segments_from);
+    let mut events: Vec<TraceEvent> = Vec::new();
+    let mut next = 0x9000_0000_0000u64;
+    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
+    let mut tensor = |b: &mut LogBuilder, events: &mut Vec<TraceEvent>, stack: u32, size: u64| {
+        next += size;
+        events.push(TraceEvent("alloc".into(), next, size, now_us(b), Some(stack)));
+        (next, size)
+    };
+    let free = |b: &mut LogBuilder, events: &mut Vec<TraceEvent>, (addr, size): (u64, u64)| {
+        let t = now_us(b);
+        events.push(TraceEvent("free_requested".into(), addr, size, t, None));
+        events.push(TraceEvent("free_completed".into(), addr, size, t, None));
+    };
+    let mut out = None;
+    for step in 0..steps {
+        if marks {
+            b.mark(&format!("step {step}"));
+        }
+        if step == 0 || leak {
+            let t = now_us(&mut b);
+            let seg = b.alloc(2 * MIB, Some(1));
+            events.push(TraceEvent("segment_alloc".into(), seg, 2 * MIB, t, None));
+        }
+        let x = tensor(&mut b, &mut events, 0, 4 * KIB);
+        let new_out = tensor(&mut b, &mut events, 1, 16 * KIB);
+        if let Some(old) = out.replace(new_out) {
+            if !leak {
+                free(&mut b, &mut events, old);
+            }
+        }
+        if step == 1 {
+            tensor(&mut b, &mut events, 2, 64 * KIB);
+        }
+        free(&mut b, &mut events, x);
+    }
+    let log = b.exit(0);
+    // PyTorch stamps a segment when cudaMalloc returned it, as cupool does.
+    let at: HashMap<u64, u64> = log.events.iter().filter_map(|e| Some((e.ptr?, e.t_ns))).collect();
+    for e in events.iter_mut().filter(|e| e.0 == "segment_alloc") {
+        e.3 = i64::from(pid) * 1000 + (at[&e.1] / 1000) as i64;
+    }
+    let history = History {
+        schema: SCHEMA.into(),
+        version: VERSION,
+        pid,
+        run_id: String::new(),
+        torch: "2.11.0".into(),
+        max_entries: 200_000,
+        stacks: stacks(),
+        devices: vec![DeviceTrace { device: 0, events, full: false }],
+        segments: vec![],
+        path: PathBuf::from("cupool-torch.42.json"),
+    };
+    (log, history)
+}
+
+fn check(logs: &[Log], histories: &[History]) -> Findings {
+    examine(logs, histories, vec![], &Suppressions::load(&[]).unwrap(), &Options::default(), vec![])
+}
+
+const LIBC10: &str = "/site-packages/torch/lib/libc10_cuda.so";
+
+#[test]
+fn a_history_file_is_read_and_checked() {
+    let dir = std::env::temp_dir().join(format!("cupool-torch-read-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let doc = r#"{"schema":"cupool-torch","version":1,"pid":7,"run_id":"r","torch":"2.11.0","max_entries":10,
+        "stacks":[[["f","/a.py",3],["<module>","/b.py",9]]],
+        "devices":[{"device":0,"events":[["alloc",4096,512,100,0],["free_requested",4096,512,101,null],["oom",0,1,102,null]],"full":true}],
+        "segments":[[0,8192,2097152]],"complete":true}"#;
+    std::fs::write(dir.join("cupool-torch.7.json"), doc).unwrap();
+    std::fs::write(dir.join("cupool-torch.7.1.json"), doc.replace("\"version\":1", "\"version\":9")).unwrap();
+    std::fs::write(dir.join(".cupool-torch.8.json.tmp"), "{").unwrap();
+    std::fs::write(dir.join("cupool.7.json"), "").unwrap();
+    let found = files(&dir);
+    assert_eq!(
+        found,
+        [dir.join("cupool-torch.7.1.json"), dir.join("cupool-torch.7.json")],
+        "temporary files are not read"
+    );
+    let h = read(&found[1]).unwrap();
+    assert_eq!((h.pid, h.run_id.as_str(), h.max_entries, h.wrapped()), (7, "r", 10, true));
+    assert_eq!(h.segment_addresses(), HashSet::from([8192]));
+    let frames = h.frames(0);
+    assert_eq!(
+        frames.iter().map(|f| f.text(0)).collect::<Vec<_>>(),
+        ["#0 f /a.py:3 [python]", "#0 <module> /b.py:9 [python]"]
+    );
+    assert!(h.frames(1).is_empty());
+    let e = read(&found[0]).unwrap_err();
+    assert!(e.contains("cupool-torch version 9; this cupool reads version 1"), "{e}");
+    std::fs::write(dir.join("cupool-torch.9.json"), doc.replace("cupool-torch", "cupool-tests")).unwrap();
+    let e = read(&dir.join("cupool-torch.9.json")).unwrap_err();
+    assert!(e.contains("not a cupool PyTorch history"), "{e}");
+    // The timeline: the alloc and its free; the oom is not memory.
+    let log = LogBuilder::new(7, "python a.py").options(|o| o.run_id = "r".into()).exit(0);
+    let t = h.timeline(&log);
+    let kinds: Vec<_> = t.iter().map(|e| (e.ev.known(), e.ptr, e.stack, e.seq)).collect();
+    assert_eq!(kinds, [(Some(EventKind::Alloc), Some(4096), Some(0), 0), (Some(EventKind::Free), Some(4096), None, 1)]);
+    assert_eq!(t[0].api.as_ref().map(|a| a.as_str()), Some(API));
+    assert!(of(std::slice::from_ref(&h), &log).is_some());
+    let other_run = LogBuilder::new(7, "python a.py").options(|o| o.run_id = "s".into()).exit(0);
+    assert!(of(std::slice::from_ref(&h), &other_run).is_none(), "another run's process with the same pid");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tensors_kept_per_step_grow_at_their_python_line() {
+    let (log, h) = pytorch_loop(30, true, false, LIBC10);
+    let timeline = h.timeline(&log);
+    let events: Vec<&EventRecord> = timeline.iter().collect();
+    let grown = growth::analyse_events(&events, 4, &|_| false).unwrap();
+    assert_eq!(grown.len(), 1, "{grown:#?}");
+    let g = &grown[0];
+    assert_eq!(g.key, SiteKey::Stack(1));
+    assert_eq!((g.growth.bytes_per_phase, g.growth.phases_from.as_str()), (16 * KIB, "repetition"));
+    assert_eq!(g.growth.phase, "PyTorch (tensor) at one site", "the input, allocated first in each step, is the clock");
+    assert_eq!((g.bytes, g.count), (28 * 16 * KIB, 29), "the last period's floor, and what is live at its end");
+    // A clean loop: optimizer state in step 1, then flat.
+    let (log, h) = pytorch_loop(30, false, false, LIBC10);
+    let timeline = h.timeline(&log);
+    let events: Vec<&EventRecord> = timeline.iter().collect();
+    assert_eq!(growth::analyse_events(&events, 4, &|_| false).unwrap(), vec![]);
+}
+
+#[test]
+fn the_logs_phases_are_placed_among_the_tensors() {
+    let (log, h) = pytorch_loop(20, true, true, LIBC10);
+    let timeline = h.timeline(&log);
+    assert!(timeline.windows(2).all(|w| w[0].t_ns <= w[1].t_ns && w[0].seq < w[1].seq));
+    let events: Vec<&EventRecord> = timeline.iter().collect();
+    let grown = growth::analyse_events(&events, 4, &|_| false).unwrap();
+    assert_eq!(grown.len(), 1, "{grown:#?}");
+    assert_eq!((grown[0].key.clone(), grown[0].growth.phases_from.as_str()), (SiteKey::Stack(1), "mark"));
+    assert_eq!((grown[0].growth.phase.as_str(), grown[0].growth.bytes_per_phase), ("step #", 16 * KIB));
+    // PyTorch stamps that are not Unix time: the cache's segments place them.
+    let mut shifted = h.clone();
+    for e in &mut shifted.devices[0].events {
+        e.3 -= 1_000_000_000;
+    }
+    let moved = shifted.timeline(&log);
+    assert_eq!(
+        moved.iter().map(|e| (e.t_ns, e.seq)).collect::<Vec<_>>(),
+        timeline.iter().map(|e| (e.t_ns, e.seq)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn with_the_history_the_finding_names_the_line_that_keeps_tensors() {
+    // Without it: the segments of the cache grow, at the cache's own site.
+    let (log, h) = pytorch_loop(30, true, false, LIBC10);
+    let f = check(std::slice::from_ref(&log), &[]);
+    let failing: Vec<_> = f.failing().collect();
+    assert_eq!(failing.len(), 1, "{failing:#?}");
+    assert_eq!(failing[0].kind, LeakKind::Growth);
+    assert!(failing[0].frames[0].module.as_deref() == Some("libc10_cuda.so"), "{:?}", failing[0].frames);
+    // With it: the tensors, at the script's line, and nothing at the cache.
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    let failing: Vec<_> = f.failing().collect();
+    assert_eq!(failing.len(), 1, "{failing:#?}");
+    let g = failing[0];
+    assert_eq!((g.kind, g.what.as_str(), g.bytes, g.count), (LeakKind::Growth, "PyTorch (tensor)", 28 * 16 * KIB, 29));
+    let texts: Vec<String> = g.frames.iter().enumerate().map(|(i, fr)| fr.text(i)).collect();
+    assert_eq!(texts, ["#0 forward /torch/nn/modules/linear.py:125 [python]", "#1 <module> /src/train.py:15 [python]"]);
+    assert_eq!(g.growth.as_ref().map(|g| g.bytes_per_phase), Some(16 * KIB));
+    assert_eq!(g.processes[0].pid, 42);
+    assert!(
+        f.findings.iter().any(|x| x.kind == LeakKind::Exit && x.suppressed_by.is_some()),
+        "the segments at exit: a known cache"
+    );
+    // The cache's segments are told by their addresses too, wherever they were allocated from.
+    let (log, h) = pytorch_loop(30, true, false, "/opt/lib/libsomething.so");
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    let growth: Vec<_> = f.findings.iter().filter(|x| x.kind == LeakKind::Growth).collect();
+    assert_eq!(growth.len(), 1, "{growth:#?}");
+    assert_eq!(growth[0].what, "PyTorch (tensor)");
+}
+
+#[test]
+fn a_clean_loop_with_the_cache_on_has_no_finding() {
+    for marks in [false, true] {
+        let (log, h) = pytorch_loop(30, false, marks, LIBC10);
+        let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+        assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
+        assert!(!f.verdict.fails);
+    }
+}
+
+#[test]
+fn a_history_too_short_to_judge_leaves_the_segments_to_judge() {
+    let (log, mut h) = pytorch_loop(30, true, false, LIBC10);
+    // Only the cache's segment events: no tensor allocations to judge.
+    h.devices[0].events.retain(|e| e.0 == "segment_alloc");
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    let failing: Vec<_> = f.failing().collect();
+    assert_eq!(failing.len(), 1, "{failing:#?}");
+    assert_eq!(failing[0].frames[0].module.as_deref(), Some("libc10_cuda.so"));
+    // One that overflowed says so.
+    let (log, mut h) = pytorch_loop(30, true, false, LIBC10);
+    h.devices[0].full = true;
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    assert!(f.notes.iter().any(|n| n.contains("kept only its last 200000 events per device")), "{:?}", f.notes);
+}

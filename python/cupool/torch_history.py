@@ -1,0 +1,244 @@
+"""PyTorch's own allocation history, for ``cupool check``.
+
+With PyTorch's caching allocator on (the default), a tensor is carved from
+memory the cache already holds: cupool sees the cache's segments, not the
+tensors, so a growth leak it finds there names the line where the cache had
+to grow. PyTorch can record every tensor allocation and free itself, with
+its Python stack (``torch.cuda.memory._record_memory_history``). Under
+``cupool check`` (the carried ``sitecustomize``) this module switches that
+on in every Python process that imports torch and then starts CUDA, and at
+exit writes the history, reduced to what the check needs, beside the
+process's cupool log: ``<log_dir>/cupool-torch.<pid>.json`` (schema
+``cupool-torch``, docs/log-schema.md). ``cupool check`` then judges growth
+inside the cache from the tensors, at their own Python lines.
+
+Nothing happens unless the process runs under cupool with a log
+(``CUPOOL_OPTIONS``), ``torch_history`` is not 0, and PyTorch uses its
+native caching allocator with the cache on: without the cache
+(``PYTORCH_NO_CUDA_MEMORY_CACHING=1``) or on ``backend:cudaMallocAsync``
+every tensor is a CUDA allocation cupool sees with its own site already.
+Recording starts when PyTorch initialises CUDA (``torch.cuda._lazy_call``),
+never earlier: switching it on at import would start CUDA in processes that
+never use it. Nothing here raises into the program or prints, except notes
+on stderr with ``verbosity=2``.
+"""
+
+import os
+import sys
+
+from cupool._options import flag, parse_options
+
+SCHEMA = "cupool-torch"
+VERSION = 1
+# The default of the `torch_history` option (core/src/options.rs): entries
+# of PyTorch's history kept per device, a ring buffer.
+DEFAULT_ENTRIES = 200000
+# The default of `python_depth`: frames kept per stack.
+DEFAULT_DEPTH = 16
+# The actions the check reads; PyTorch's others (snapshot, oom, ...) are dropped.
+_ACTIONS = frozenset(
+    (
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+    )
+)
+
+_state = {"started": False}
+
+
+def _note(text):
+    if _state.get("verbose"):
+        try:
+            sys.stderr.write("cupool: PyTorch history: %s\n" % text)
+        except Exception:
+            pass
+
+
+def _int(value, default):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _truthy(value):
+    return (value or "").strip().lower() in ("1", "true", "yes", "on", "y", "t")
+
+
+def _cache_off():
+    """PyTorch's caching allocator is off, or is not its native one."""
+    for var in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_NO_HIP_MEMORY_CACHING"):
+        if _truthy(os.environ.get(var)):
+            return True
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
+        conf = (os.environ.get(var) or "").replace(" ", "")
+        if "backend:cudaMallocAsync" in conf:
+            return True
+    return False
+
+
+def torch_imported(torch):
+    """Called once ``torch/__init__`` has run: arranges for the history to be
+    recorded from the moment PyTorch starts CUDA. Never raises."""
+    try:
+        _prepare(torch)
+    except Exception as e:  # never into the program
+        _note("not recorded: %r" % (e,))
+
+
+def _prepare(torch):
+    if _state["started"]:
+        return
+    opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
+    _state["verbose"] = _int(opts.get("verbosity"), 1) >= 2
+    entries = _int(opts.get("torch_history"), DEFAULT_ENTRIES)
+    depth = _int(opts.get("python_depth"), DEFAULT_DEPTH)
+    if not opts.get("run_id") or not flag(opts.get("log", "1"), True) or entries <= 0:
+        return  # not started by cupool check (which tags its runs), or no log to sit beside
+    import cupool
+
+    if not cupool.available():
+        return  # the shim is not loaded: no log of this process
+    if depth <= 0:
+        _note("python_depth=0: no stacks to name tensors by, not recorded")
+        return
+    if _cache_off():
+        _note("PyTorch's caching allocator is off or not native: every tensor is seen by cupool itself")
+        return
+    lazy_call = getattr(getattr(torch, "cuda", None), "_lazy_call", None)
+    if lazy_call is None:
+        _note("this torch has no torch.cuda._lazy_call: not recorded")
+        return
+    _state.update(
+        started=True,
+        entries=entries,
+        depth=depth,
+        log_dir=os.path.abspath(opts.get("log_dir", ".")),
+        run_id=opts.get("run_id", ""),
+    )
+    lazy_call(_begin)
+
+
+def _begin():
+    """Runs inside ``torch.cuda._lazy_init``, right after CUDA started: an
+    exception here would become the program's, so none leaves."""
+    try:
+        if _cache_off():  # set by the program after it imported torch
+            _note("PyTorch's caching allocator is off or not native: every tensor is seen by cupool itself")
+            return
+        torch = sys.modules.get("torch")
+        memory = torch.cuda.memory
+        backend = getattr(memory, "get_allocator_backend", None)
+        if backend is not None and backend() != "native":
+            _note("allocator backend %s: not recorded" % backend())
+            return
+        memory._record_memory_history(
+            enabled="all", context="alloc", stacks="python", max_entries=_state["entries"]
+        )
+        _state["pid"] = os.getpid()
+        import atexit
+
+        atexit.register(_at_exit)
+        _note("recording (at most %d events per device)" % _state["entries"])
+    except Exception as e:
+        _note("not recorded: %r" % (e,))
+
+
+def _at_exit():
+    # A forked child inherits the handler; only the process that recorded writes.
+    if _state.get("pid") != os.getpid():
+        return
+    try:
+        torch = sys.modules.get("torch")
+        snapshot = torch.cuda.memory._snapshot()
+        doc = reduce(snapshot, _state["depth"], _state["entries"])
+        doc.update(
+            pid=os.getpid(),
+            run_id=_state["run_id"],
+            torch=str(getattr(torch, "__version__", "")),
+            max_entries=_state["entries"],
+        )
+        path = write(_state["log_dir"], os.getpid(), doc)
+        _note("wrote %s" % path)
+    except Exception as e:
+        _note("not written: %r" % (e,))
+
+
+def reduce(snapshot, depth, entries):
+    """What the check needs of ``torch.cuda.memory._snapshot()``: per device,
+    events ``[action, addr, size, time_us, stack]`` (``stack`` an index into
+    ``stacks``, or None), each distinct Python stack once as
+    ``[[function, file, line], ...]`` (innermost first, at most ``depth``
+    frames), and the segments the cache held at the end."""
+    stacks = []
+    by_frames = {}
+    by_list = {}
+    devices = []
+    for device, trace in enumerate(snapshot.get("device_traces") or ()):
+        events = []
+        for e in trace:
+            action = e.get("action")
+            if action not in _ACTIONS:
+                continue
+            stack = None
+            frames = e.get("frames") if action == "alloc" else None
+            if frames:
+                # Identical stacks often share one list object: look it up by identity first.
+                stack = by_list.get(id(frames))
+                if stack is None:
+                    key = tuple(
+                        (str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line", 0) or 0))
+                        for f in frames[:depth]
+                    )
+                    stack = by_frames.get(key)
+                    if stack is None:
+                        stack = by_frames[key] = len(stacks)
+                        stacks.append([list(f) for f in key])
+                    by_list[id(frames)] = stack
+            events.append([action, int(e.get("addr", 0)), int(e.get("size", 0)), int(e.get("time_us", 0)), stack])
+        devices.append({"device": device, "events": events, "full": len(trace) >= entries})
+    segments = [
+        [int(s.get("device", 0)), int(s.get("address", 0)), int(s.get("total_size", 0))]
+        for s in snapshot.get("segments") or ()
+    ]
+    return {"schema": SCHEMA, "version": VERSION, "stacks": stacks, "devices": devices, "segments": segments}
+
+
+def write(log_dir, pid, doc):
+    """Writes ``doc`` as ``<log_dir>/cupool-torch.<pid>.json`` (``.<n>.json``
+    when that name is taken): to a temporary file first, then linked into
+    place, so a reader never sees half a file. Returns the path."""
+    import json
+
+    doc = dict(doc)
+    doc["complete"] = True
+    text = json.dumps(doc, separators=(",", ":"))
+    os.makedirs(log_dir, exist_ok=True)
+    tmp = os.path.join(log_dir, ".cupool-torch.%d.json.tmp" % pid)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.write("\n")
+    try:
+        for n in range(1000):
+            name = "cupool-torch.%d.json" % pid if n == 0 else "cupool-torch.%d.%d.json" % (pid, n)
+            path = os.path.join(log_dir, name)
+            try:
+                os.link(tmp, path)
+                return path
+            except FileExistsError:
+                continue
+            except OSError:
+                # No hard links here: a rename, unless the name is taken.
+                if os.path.exists(path):
+                    continue
+                os.replace(tmp, path)
+                return path
+        raise OSError("no free name for cupool-torch.%d.json in %s" % (pid, log_dir))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
