@@ -20,9 +20,13 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::io::{self, Write};
 
-/// Synthetic thread ids of the phase tracks that are not a thread's own.
-const MARK_TID: u64 = 1 << 32;
-const PHASE_TID: u64 = (1 << 32) + 1;
+/// Synthetic thread ids of the phase tracks that are not a thread's own:
+/// 32-bit (as trace viewers read them), above any Linux pid_max (2^22).
+const MARK_TID: u64 = 0xffff_ff00;
+const PHASE_TID: u64 = 0xffff_ff01;
+/// Added to the pid of a process whose pid another process of the trace has
+/// (logs of several machines), staying within 32 bits.
+const PID_STEP: u64 = 1 << 24;
 /// The least points a counter track keeps, whatever the budget.
 const MIN_POINTS: usize = 1000;
 
@@ -113,7 +117,7 @@ pub fn write(logs: &[(&Log, &ProcessView)], max_points: usize, out: impl Write) 
         // Logs of several machines may share a pid.
         let mut pid = u64::from(view.pid);
         while !pids.insert(pid) {
-            pid += 1 << 32;
+            pid += PID_STEP;
         }
         let start = view.start_unix_ms;
         let ts = |t_ns: u64| clock(origin, start, t_ns);
