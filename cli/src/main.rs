@@ -9,6 +9,7 @@ mod sites;
 mod summary;
 mod symbolize;
 mod units;
+mod views;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -67,25 +68,47 @@ enum Command {
         reports their leaks in one report with one exit status, by the rules of cupool check \
         (there is no program status).", after_help = check::help(false))]
     Merge(check::MergeArgs),
-    /// Summarise existing logs: peaks, failures and leaks per process
-    #[command(long_about = "Summarise existing logs: peaks, failures and leaks per process.\n\n\
+    /// Summarise existing logs: peaks, phases, sizes, sites, OOMs and leaks per process
+    #[command(long_about = "Summarise existing logs: peaks, phases, sizes, sites, OOMs and leaks per process.\n\n\
         Reads logs written by libcupool.so, complete or cut short (a process killed by SIGKILL \
-        leaves a log without its end record; its leaks are then rebuilt from the timeline). \
+        leaves a log without its end record; its leaks are then rebuilt from the timeline). Per process \
+        and device: the peaks of allocated, reserved and mapped bytes with when and in which phase; \
+        the allocation sizes; reserved against allocated over the run; each phase's peak and growth; \
+        out-of-memory refusals with the pool's snapshot; the top allocation sites by peak, by count and \
+        by bytes still live; then the leaks as cupool check judges them. docs/report.md describes the \
+        text and the --json form. \
         Exits with status 2 if a path does not exist, a file cannot be read as a cupool log, or a \
-        directory holds no cupool logs; each problem gets one line naming the file (and line).")]
+        directory holds no cupool logs (the others are reported all the same); each problem gets one \
+        line naming the file (and line).")]
     Report {
         /// Print the summary as JSON (one object per log) instead of text.
         #[arg(long)]
         json: bool,
-        /// Show the N allocation sites with the largest peak and the N with the most
-        /// allocations, with their frames (0: none). Logs written with trace=0 have no sites.
+        /// Show the N allocation sites with the largest peak, the N with the most allocations and
+        /// the N holding the most bytes at the end, with their frames (0: none). Logs written with
+        /// trace=0 have no sites.
         #[arg(long, value_name = "N", default_value_t = 5)]
         sites: usize,
         /// Log files (cupool.<pid>.json, also gzipped as .json.gz) or directories; a directory
-        /// stands for every cupool.*.json and cupool.*.json.gz in it.
+        /// stands for every cupool.*.json and cupool.*.json.gz in it and in its subdirectories
+        /// (one per rank or machine).
         #[arg(required = true, value_name = "PATHS")]
         paths: Vec<PathBuf>,
     },
+    /// Export logs for other viewers: Perfetto (Chrome trace JSON), PyTorch's memory_viz (pickle)
+    #[command(
+        long_about = "Export logs for other viewers: Perfetto (Chrome trace JSON), PyTorch's memory_viz (pickle).\n\n\
+        --perfetto writes a trace that ui.perfetto.dev opens: per process and device, counter tracks of \
+        the bytes allocated, reserved and mapped; the program's phases as slices; out-of-memory refusals, \
+        checkpoints and notes as instant events. --memory-viz writes a snapshot in PyTorch's schema that \
+        pytorch.org/memory_viz opens: segments, blocks with their allocation sites, and each device's trace \
+        (in pool mode, the pool's segments are rebuilt by replaying the program's requests).",
+        after_help = "Exit status: 0; 2 when a path does not exist, cannot be read or is not a cupool log (the \
+        others are exported all the same; nothing is written when none can be read); 73 when an output \
+        cannot be written (checked before anything is read; a file already there is replaced only by a \
+        complete new one). Each problem gets one line naming the file."
+    )]
+    Export(views::export::ExportArgs),
     /// Replay recorded allocation traces through cupool's pool on the CPU
     #[command(long_about = "Replay recorded allocation traces through cupool's pool on the CPU.\n\n\
         For each trace, prints the number of operations, the peak of live bytes, the peak of \
@@ -123,6 +146,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check::check(args),
         Command::Merge(args) => check::merge(args),
         Command::Replay { traces } => replay::run(traces),
-        Command::Report { json, sites, paths } => summary::report(&paths, json, sites),
+        Command::Export(args) => views::export::run(args),
+        Command::Report { json, sites, paths } => views::report::run(&paths, json, sites),
     }
 }

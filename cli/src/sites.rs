@@ -198,16 +198,20 @@ fn hex(s: &str) -> Vec<u8> {
     (0..s.len() / 2).filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()).collect()
 }
 
-/// The `n` sites of `log` with the largest peak, and the `n` with the most allocations.
-pub fn top(log: &Log, n: usize) -> (Vec<SiteFigures>, Vec<SiteFigures>) {
+/// The `n` sites of `log` with the largest peak, the `n` with the most
+/// allocations, and the `n` with the most bytes still live at the end.
+pub fn top(log: &Log, n: usize) -> (Vec<SiteFigures>, Vec<SiteFigures>, Vec<SiteFigures>) {
     let all = figures(log);
     let mut by_peak = all.clone();
     by_peak.sort_by_key(|f| (std::cmp::Reverse(f.peak_bytes), f.stack));
     by_peak.truncate(n);
-    let mut by_count = all;
+    let mut by_count = all.clone();
     by_count.sort_by_key(|f| (std::cmp::Reverse(f.allocs), f.stack));
     by_count.truncate(n);
-    (by_peak, by_count)
+    let mut by_live: Vec<SiteFigures> = all.into_iter().filter(|f| f.live_bytes > 0).collect();
+    by_live.sort_by_key(|f| (std::cmp::Reverse(f.live_bytes), f.stack));
+    by_live.truncate(n);
+    (by_peak, by_count, by_live)
 }
 
 #[cfg(test)]
@@ -244,14 +248,16 @@ pub struct ShownSite {
 pub struct SitesReport {
     pub by_peak: Vec<ShownSite>,
     pub by_count: Vec<ShownSite>,
+    /// Sites holding bytes still live at the end of the timeline, most first.
+    pub by_live: Vec<ShownSite>,
     /// Module files that could not be used to name frames.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
 }
 
-/// The `n` top sites of `log` by peak bytes and by count, with their frames.
+/// The `n` top sites of `log` by peak bytes, by count and by bytes still live, with their frames.
 pub fn report(log: &Log, n: usize) -> SitesReport {
-    let (by_peak, by_count) = top(log, n);
+    let (by_peak, by_count, by_live) = top(log, n);
     if by_peak.is_empty() {
         return SitesReport::default();
     }
@@ -259,7 +265,8 @@ pub fn report(log: &Log, n: usize) -> SitesReport {
     let mut show = |f: SiteFigures| ShownSite { frames: resolver.frames(f.stack), figures: f };
     let by_peak = by_peak.into_iter().map(&mut show).collect();
     let by_count = by_count.into_iter().map(&mut show).collect();
-    SitesReport { by_peak, by_count, problems: resolver.problems() }
+    let by_live = by_live.into_iter().map(&mut show).collect();
+    SitesReport { by_peak, by_count, by_live, problems: resolver.problems() }
 }
 
 /// Frames shown per site in the text report.
@@ -276,11 +283,14 @@ pub fn print_text(pid: u32, r: &SitesReport, out: &mut dyn std::io::Write) {
         shown.insert(s.figures.stack);
         print_site(s, out);
     }
-    let more: Vec<&ShownSite> = r.by_count.iter().filter(|s| !shown.contains(&s.figures.stack)).collect();
-    if !more.is_empty() {
-        let _ = writeln!(out, "cupool: and by number of allocations:");
-        for s in more {
-            print_site(s, out);
+    for (list, title) in [(&r.by_count, "by number of allocations"), (&r.by_live, "by bytes still live at the end")] {
+        let more: Vec<&ShownSite> = list.iter().filter(|s| !shown.contains(&s.figures.stack)).collect();
+        if !more.is_empty() {
+            let _ = writeln!(out, "cupool: and {title}:");
+            for s in more {
+                shown.insert(s.figures.stack);
+                print_site(s, out);
+            }
         }
     }
     for p in &r.problems {

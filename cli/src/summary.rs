@@ -1,10 +1,9 @@
 //! One-screen summaries of cupool logs.
 
 use crate::units::human_bytes;
-use cupool_core::log::{read_log, summarize, ExitRecord, Log, ReadErrorKind, Summary};
+use cupool_core::log::{read_log, summarize, ExitRecord, Log, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 /// Every log in `dir` written by the run tagged `run_id`, oldest process first.
 pub fn logs_of_run(dir: &Path, run_id: &str) -> Vec<Log> {
@@ -180,68 +179,6 @@ pub fn logs_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
         return Err(format!("{}: no cupool logs in this directory (cupool.<pid>.json or .json.gz)", path.display()));
     }
     Ok(files)
-}
-
-/// A note for a file that is not a cupool log but a trace `cupool replay` reads.
-fn hint_for(path: &Path) -> &'static str {
-    let csv = std::fs::read(path)
-        .ok()
-        .and_then(|b| cupool_core::log::maybe_gunzip(b).ok())
-        .is_some_and(|b| b.starts_with(b"Thread,"));
-    if csv {
-        " (it is an RMM logging CSV: cupool replay reads those)"
-    } else {
-        ""
-    }
-}
-
-/// One entry of `cupool report --json`: the process summary and its top allocation sites.
-#[derive(serde::Serialize)]
-struct LogReport {
-    #[serde(flatten)]
-    summary: Summary,
-    sites: crate::sites::SitesReport,
-}
-
-pub fn report(paths: &[PathBuf], as_json: bool, sites: usize) -> ExitCode {
-    let mut logs = Vec::new();
-    let mut failed = false;
-    for p in paths {
-        let files = match logs_named_by(p) {
-            Ok(f) => f,
-            Err(e) => {
-                eprintln!("cupool report: {e}");
-                failed = true;
-                continue;
-            }
-        };
-        for f in files {
-            match read_log(&f) {
-                Ok(l) => logs.push(l),
-                Err(e) => {
-                    let hint = if matches!(e.kind, ReadErrorKind::NotALog(_)) { hint_for(&f) } else { "" };
-                    eprintln!("cupool report: {e}{hint}");
-                    failed = true;
-                }
-            }
-        }
-    }
-    if as_json {
-        let v: Vec<LogReport> =
-            logs.iter().map(|l| LogReport { summary: summarize(l), sites: crate::sites::report(l, sites) }).collect();
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-    } else if !logs.is_empty() {
-        let mut out = std::io::stdout();
-        print_text(&logs, None, &mut out);
-        for l in &logs {
-            crate::sites::print_text(l.header.process.pid, &crate::sites::report(l, sites), &mut out);
-        }
-    }
-    if failed {
-        ExitCode::from(EXIT_BAD_INPUT)
-    } else {
-        ExitCode::SUCCESS
-    }
 }
 
 #[cfg(test)]

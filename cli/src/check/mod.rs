@@ -36,6 +36,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use suppress::Suppressions;
 
+/// `epoch 12` -> `epoch #`: the name phases of one kind share.
+pub use growth::phase_name as growth_phase_name;
+
 /// Exit statuses of `cupool check` and `cupool merge` beside the program's
 /// own and `exitcode`.
 pub mod exit {
@@ -242,6 +245,38 @@ pub fn check(args: CheckArgs) -> ExitCode {
         eprintln!("{CHECK}: no log of this run could be read, so nothing was checked");
     }
     ExitCode::from(status(Some(launched.code), checked, written, &findings, &launched.opts))
+}
+
+/// The leak findings of `logs` (read by `cupool report`) by the rules of
+/// `cupool merge`: the default suppressions, the check's options from an
+/// inherited `CUPOOL_OPTIONS`, the per-test files beside each log. The notes
+/// say what could not be used.
+pub fn findings_of(logs: &[cupool_core::log::Log]) -> Findings {
+    let mut notes = Vec::new();
+    let opts = merge_options(&[]).unwrap_or_else(|errors| {
+        notes.extend(errors.into_iter().map(|e| format!("{e}; the check's defaults are used")));
+        Options::default()
+    });
+    let mut tests = Vec::new();
+    let mut histories = Vec::new();
+    let mut dirs: Vec<&Path> = logs.iter().filter_map(|l| l.path.parent()).collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in dirs {
+        // The per-test files and PyTorch histories of a directory name the pids of the logs beside them.
+        match per_test::findings(logs, dir) {
+            Ok(found) => tests.extend(found),
+            Err(e) => notes.push(e),
+        }
+        for file in torch::files(dir) {
+            match torch::read(&file) {
+                Ok(h) => histories.push(h),
+                Err(e) => notes.push(e),
+            }
+        }
+    }
+    let supp = Suppressions::load(&[]).unwrap_or_default();
+    examine::examine(logs, &histories, tests, &supp, &opts, notes)
 }
 
 const MERGE: &str = "cupool merge";

@@ -22,7 +22,9 @@ mod tests;
 mod write;
 
 pub use names::{Api, EventKind, MemKind, Named, NamedEnum};
-pub use read::{maybe_gunzip, read_log, read_log_from, summarize, Log, ReadError, ReadErrorKind, Summary};
+pub use read::{
+    maybe_gunzip, read_log, read_log_from, read_log_with_progress, summarize, Log, ReadError, ReadErrorKind, Summary,
+};
 pub use schema::{
     parse_hex, Definition, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary,
     ModuleRecord, OomRecord, PoolRecord, ProcessInfo, PyFrameRecord, StackRecord, Stat, StringRecord,

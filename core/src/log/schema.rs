@@ -447,7 +447,7 @@ pub(crate) mod hex_vec {
 
 /// `0x…` strings for `Option<u64>` fields. Reading also accepts a plain number.
 pub(crate) mod hex_opt {
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
         match v {
@@ -456,20 +456,41 @@ pub(crate) mod hex_opt {
         }
     }
 
+    /// A visitor rather than an untagged enum: serde buffers every value of an
+    /// untagged enum before trying its variants, which made pointers the
+    /// costliest fields of a log to read.
+    struct HexOrNumber;
+
+    impl<'de> serde::de::Visitor<'de> for HexOrNumber {
+        type Value = Option<u64>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a 0x… hex string, a number or null")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Option<u64>, E> {
+            Ok(Some(n))
+        }
+
+        fn visit_str<E: serde::de::Error>(self, t: &str) -> Result<Option<u64>, E> {
+            super::parse_hex(t).map(Some).ok_or_else(|| E::custom(format!("expected a 0x… hex string, got {t:?}")))
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<u64>, D::Error> {
+            d.deserialize_any(HexOrNumber)
+        }
+    }
+
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Text(String),
-            Number(u64),
-        }
-        match Option::<Raw>::deserialize(d)? {
-            None => Ok(None),
-            Some(Raw::Number(n)) => Ok(Some(n)),
-            Some(Raw::Text(t)) => super::parse_hex(&t)
-                .map(Some)
-                .ok_or_else(|| serde::de::Error::custom(format!("expected a 0x… hex string, got {t:?}"))),
-        }
+        d.deserialize_option(HexOrNumber)
     }
 }
 

@@ -1,0 +1,200 @@
+//! `cupool export`: logs into files other tools open: Chrome trace JSON for
+//! ui.perfetto.dev (`perfetto`), PyTorch's memory snapshot pickle for
+//! pytorch.org/memory_viz (`memviz`).
+//!
+//! An output is checked writable before anything is read, written to a
+//! temporary file beside it and renamed into place when complete: a failed
+//! export never leaves half a file, nor clobbers the one that was there.
+
+use super::load::{load, Loaded};
+use super::model;
+use super::progress::Progress;
+use clap::Args;
+use cupool_core::log::Log;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Exit status when an output cannot be written (sysexits' EX_CANTCREAT).
+pub const EXIT_CANNOT_WRITE: u8 = 73;
+
+const WHO: &str = "cupool export";
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("format").required(true).multiple(true).args(["perfetto", "memory_viz"])))]
+pub struct ExportArgs {
+    /// Write Chrome trace JSON for ui.perfetto.dev into FILE: counters of allocated, reserved
+    /// and mapped bytes per process and device, the phases as slices, OOMs, checkpoints and notes
+    /// as instant events.
+    #[arg(long, value_name = "FILE")]
+    perfetto: Option<PathBuf>,
+    /// Write a PyTorch memory snapshot (pickle) for pytorch.org/memory_viz into FILE: segments,
+    /// blocks with their allocation sites, and each device's trace. With several processes, one
+    /// file per process: FILE's name with .<pid> before its extension.
+    #[arg(long = "memory-viz", value_name = "FILE")]
+    memory_viz: Option<PathBuf>,
+    /// Counter points kept in the Perfetto trace, all tracks together (about); a track with
+    /// more is downsampled, keeping the highest and lowest point of each stretch.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    max_points: usize,
+    /// Log files (cupool.<pid>.json, also .json.gz) or directories; a directory stands for every
+    /// cupool log in it and in its subdirectories (one per rank or machine).
+    #[arg(required = true, value_name = "PATHS")]
+    paths: Vec<PathBuf>,
+}
+
+/// A file being written: a temporary beside `path`, renamed into place by `commit`.
+struct Output {
+    path: PathBuf,
+    tmp: PathBuf,
+}
+
+impl Output {
+    /// Opens the temporary file, or says why `path` cannot be written.
+    fn create(path: &Path) -> Result<(Output, File), String> {
+        if path.is_dir() {
+            return Err(format!("{}: is a directory, not a file to write into", path.display()));
+        }
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        match File::create(&tmp) {
+            Ok(f) => Ok((Output { path: path.to_owned(), tmp }, f)),
+            Err(e) => Err(format!("{}: cannot write there: {e}", path.display())),
+        }
+    }
+
+    fn commit(self) -> Result<(), String> {
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| {
+            let _ = std::fs::remove_file(&self.tmp);
+            format!("{}: cannot write there: {e}", self.path.display())
+        })
+    }
+
+    fn abandon(self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// `OUT.pickle` -> `OUT.<pid>.pickle` (`.<pid>.<n>` when a pid repeats).
+fn per_process(path: &Path, log: &Log, taken: &mut Vec<PathBuf>) -> PathBuf {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    let pid = log.header.process.pid;
+    let mut name = format!("{stem}.{pid}{ext}");
+    let mut n = 1;
+    while taken.iter().any(|t| t.file_name().is_some_and(|f| f.to_string_lossy() == name)) {
+        name = format!("{stem}.{pid}.{n}{ext}");
+        n += 1;
+    }
+    let out = path.with_file_name(name);
+    taken.push(out.clone());
+    out
+}
+
+pub fn run(args: ExportArgs) -> ExitCode {
+    // Outputs first: a long read is not wasted on a path that cannot be written.
+    let mut probe = Vec::new();
+    for path in args.perfetto.iter().chain(&args.memory_viz) {
+        match Output::create(path) {
+            Ok((out, _)) => probe.push(out),
+            Err(e) => {
+                eprintln!("{WHO}: {e}; nothing was exported");
+                for o in probe {
+                    o.abandon();
+                }
+                return ExitCode::from(EXIT_CANNOT_WRITE);
+            }
+        }
+    }
+    for o in probe {
+        o.abandon();
+    }
+    let mut progress = Progress::new("reading logs", 0);
+    let Loaded { logs, problems } = load(&args.paths, &mut progress);
+    let mut status = Loaded { logs: Vec::new(), problems }.report_problems(WHO);
+    if logs.is_empty() {
+        eprintln!("{WHO}: no log could be read, so nothing was exported");
+        return ExitCode::from(super::super::summary::EXIT_BAD_INPUT);
+    }
+    let mut failed = |e: String| {
+        eprintln!("{WHO}: {e}");
+        status = EXIT_CANNOT_WRITE;
+    };
+    if let Some(path) = &args.perfetto {
+        let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
+        progress.stage("building the trace", events);
+        let mut before = 0;
+        let mut views = Vec::with_capacity(logs.len());
+        for l in &logs {
+            views.push(model::build(l, &mut |done| progress.set(before + done)));
+            before += l.events.len() as u64;
+        }
+        progress.stage("writing the trace", 1);
+        let pairs: Vec<(&Log, &model::ProcessView)> = logs.iter().zip(&views).collect();
+        let result =
+            Output::create(path).and_then(|(out, file)| match super::perfetto::write(&pairs, args.max_points, file) {
+                Ok(w) => out.commit().map(|_| w),
+                Err(e) => {
+                    out.abandon();
+                    Err(format!("{}: cannot write there: {e}", path.display()))
+                }
+            });
+        progress.set(1);
+        match result {
+            Ok(w) => {
+                let sampled = if w.counter_points < w.counter_points_seen {
+                    format!(" (downsampled from {}, peaks kept)", w.counter_points_seen)
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "{WHO}: {}: {} event(s), {} counter point(s){sampled}, {} process(es); open it in ui.perfetto.dev",
+                    path.display(),
+                    w.events,
+                    w.counter_points,
+                    logs.len()
+                );
+            }
+            Err(e) => failed(e),
+        }
+    }
+    if let Some(path) = &args.memory_viz {
+        let mut taken = Vec::new();
+        let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
+        progress.stage("writing snapshots", events);
+        let mut before = 0;
+        for log in &logs {
+            let target = if logs.len() == 1 { path.clone() } else { per_process(path, log, &mut taken) };
+            let mut tick = |done| progress.set(before + done);
+            let result =
+                Output::create(&target).and_then(|(out, file)| match super::memviz::write(log, file, &mut tick) {
+                    Ok(w) => out.commit().map(|_| w),
+                    Err(e) => {
+                        out.abandon();
+                        Err(format!("{}: cannot write there: {e}", target.display()))
+                    }
+                });
+            before += log.events.len() as u64;
+            match result {
+                Ok(w) => {
+                    let addresses = if w.at_real_addresses {
+                        ""
+                    } else {
+                        " (the rebuilt pool differs from the log: blocks at the replay's addresses)"
+                    };
+                    eprintln!(
+                        "{WHO}: {}: pid {}, {} segment(s), {} trace entries{addresses}; open it in pytorch.org/memory_viz",
+                        target.display(),
+                        log.header.process.pid,
+                        w.segments,
+                        w.entries
+                    );
+                }
+                Err(e) => failed(e),
+            }
+        }
+    }
+    progress.finish();
+    ExitCode::from(status)
+}

@@ -1,0 +1,15 @@
+//! Views of logs for people and tools: `cupool report` in the terminal,
+//! `cupool export` for Perfetto and PyTorch's memory_viz. Every view is
+//! drawn from one model of each process (`model`), built in one pass over
+//! its timeline, with the pool's segments rebuilt where the log was written
+//! in pool mode (`pool`).
+
+pub mod export;
+pub mod load;
+pub mod memviz;
+pub mod model;
+pub mod perfetto;
+pub mod pickle;
+pub mod pool;
+pub mod progress;
+pub mod report;

@@ -1,0 +1,457 @@
+//! `cupool report`: what each process did with device memory, in the spirit of
+//! `torch.cuda.memory_summary` and `heaptrack_print`. First the one-screen
+//! summary `cupool run` prints; then per process: peaks of allocated, reserved
+//! and mapped memory per device with when and in which phase, the sizes
+//! allocated, reserved against allocated over time, the phases' peaks and
+//! growth, out-of-memory refusals with the pool's snapshot, checkpoints and
+//! notes, and the top allocation sites; last, the leaks as `cupool check`
+//! judges them. `--json` gives the same per process (docs/report.md).
+
+use super::load::{load, Loaded};
+use super::model::{self, DeviceView, Peak, PhaseSpan, ProcessView, Sample};
+use super::progress::Progress;
+use crate::check::finding::{Finding, Findings, LeakKind};
+use crate::sites::{self, SitesReport};
+use crate::summary::short_cmdline;
+use crate::units::human_bytes;
+use cupool_core::log::{summarize, Log, Summary};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Points of the reserved-against-allocated table (and of its JSON).
+const FRAGMENTATION_POINTS: usize = 12;
+/// Phase groups shown per process in the text.
+const PHASE_GROUPS: usize = 10;
+/// The widest bar of the size histogram.
+const BAR: usize = 28;
+
+/// Reserved against allocated bytes at one moment.
+#[derive(Clone, Debug, Serialize)]
+pub struct FragmentationPoint {
+    pub t_ns: u64,
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+/// One device's reserved memory against its allocated memory over the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fragmentation {
+    pub device: i32,
+    /// The figures at evenly spaced moments of the run (the first at its start, the last at its end).
+    pub points: Vec<FragmentationPoint>,
+    /// The most bytes reserved but not allocated at one moment, when, and in which phase.
+    pub most_unused: Peak,
+}
+
+/// Every phase of one name (digits read as `#`: `epoch 1`, `epoch 2`, ... are one).
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseGroup {
+    pub name: String,
+    pub family: model::Family,
+    pub device: i32,
+    pub count: u64,
+    /// The highest peak of allocated bytes in any of them, and that one's name.
+    pub peak_allocated: u64,
+    pub peak_in: String,
+    pub peak_reserved: u64,
+    /// Allocated bytes at the end less at the beginning, summed over them, and the largest.
+    pub growth: i64,
+    pub max_growth: i64,
+}
+
+/// One entry of `cupool report --json`: one log.
+#[derive(Serialize)]
+struct LogReport<'a> {
+    #[serde(flatten)]
+    summary: Summary,
+    path: String,
+    sites: SitesReport,
+    memory: &'a ProcessView,
+    fragmentation: Vec<Fragmentation>,
+    phase_groups: Vec<PhaseGroup>,
+    /// The leak findings of `cupool check` that name this process.
+    findings: Vec<&'a Finding>,
+}
+
+/// The figures of a device at `t` (the last change at or before it).
+fn at(samples: &[Sample], t: u64) -> Sample {
+    let i = samples.partition_point(|s| s.t_ns <= t);
+    if i == 0 {
+        Sample { t_ns: t, ..Default::default() }
+    } else {
+        Sample { t_ns: t, ..samples[i - 1] }
+    }
+}
+
+pub fn fragmentation(p: &ProcessView, d: &DeviceView) -> Fragmentation {
+    let n = FRAGMENTATION_POINTS as u64;
+    let points = (0..n)
+        .map(|i| {
+            let s = at(&d.samples, p.duration_ns * i / (n - 1));
+            FragmentationPoint { t_ns: s.t_ns, allocated: s.allocated, reserved: s.reserved }
+        })
+        .collect();
+    let mut most_unused = Peak::default();
+    let mut best: Option<&Sample> = None;
+    for s in &d.samples {
+        let unused = s.reserved.saturating_sub(s.allocated);
+        if unused > best.map_or(0, |b| b.reserved.saturating_sub(b.allocated)) {
+            best = Some(s);
+        }
+    }
+    if let Some(s) = best {
+        most_unused = Peak { bytes: s.reserved - s.allocated, t_ns: s.t_ns, phase: phase_at(&p.phases, s.t_ns) };
+    }
+    Fragmentation { device: d.device, points, most_unused }
+}
+
+/// The innermost phase open at `t` (the latest begun that had not ended).
+fn phase_at(phases: &[PhaseSpan], t: u64) -> Option<String> {
+    phases.iter().rev().find(|s| s.begin_ns <= t && s.end_ns.is_none_or(|e| e >= t)).map(|s| s.name.clone())
+}
+
+/// `epoch 12` -> `epoch #`.
+fn group_name(name: &str) -> String {
+    crate::check::growth_phase_name(name)
+}
+
+pub fn phase_groups(p: &ProcessView) -> Vec<PhaseGroup> {
+    let mut groups: BTreeMap<(String, String, i32), PhaseGroup> = BTreeMap::new();
+    for span in &p.phases {
+        for d in &span.devices {
+            let name = group_name(&span.name);
+            let g =
+                groups.entry((name.clone(), format!("{:?}", span.family), d.device)).or_insert_with(|| PhaseGroup {
+                    name,
+                    family: span.family,
+                    device: d.device,
+                    count: 0,
+                    peak_allocated: 0,
+                    peak_in: String::new(),
+                    peak_reserved: 0,
+                    growth: 0,
+                    max_growth: i64::MIN,
+                });
+            g.count += 1;
+            if d.peak_allocated > g.peak_allocated || g.peak_in.is_empty() {
+                g.peak_allocated = d.peak_allocated;
+                g.peak_in = span.name.clone();
+            }
+            g.peak_reserved = g.peak_reserved.max(d.peak_reserved);
+            let growth = d.growth().unwrap_or(0);
+            g.growth += growth;
+            g.max_growth = g.max_growth.max(growth);
+        }
+    }
+    let mut out: Vec<PhaseGroup> = groups.into_values().collect();
+    out.sort_by_key(|g| (std::cmp::Reverse(g.peak_allocated), g.name.clone(), g.device));
+    out
+}
+
+fn seconds(t_ns: u64) -> String {
+    format!("{:.3} s", t_ns as f64 / 1e9)
+}
+
+fn signed_bytes(n: i64) -> String {
+    let sign = if n < 0 { "-" } else { "+" };
+    format!("{sign}{}", human_bytes(n.unsigned_abs()))
+}
+
+/// `text` cut to `width` characters (an ellipsis marks the cut).
+fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut s: String = text.chars().take(width.saturating_sub(3)).collect();
+    s.push_str("...");
+    s
+}
+
+fn device_name(device: i32) -> String {
+    if device < 0 {
+        "device ?".into()
+    } else {
+        format!("device {device}")
+    }
+}
+
+fn process_title(log: &Log, view: &ProcessView) -> String {
+    let p = &log.header.process;
+    let rank = view.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
+    let mode = match view.mode {
+        cupool_core::options::Mode::Pool => "pool mode",
+        cupool_core::options::Mode::Passthrough => "passthrough",
+    };
+    format!("pid {}{rank}: {}  [{mode}, {} long]", p.pid, short_cmdline(&p.cmdline, 50), seconds(view.duration_ns))
+}
+
+fn peak_line(out: &mut dyn Write, label: &str, what: &str, peak: &Peak, extra: &str) {
+    let when = if peak.bytes == 0 { "-".to_string() } else { seconds(peak.t_ns) };
+    let phase = if peak.bytes == 0 { String::new() } else { cut(peak.phase.as_deref().unwrap_or("-"), 28) };
+    let line = format!("  {label:<10} {what:<10} {:>11}  {when:>12}  {phase:<28}{extra}", human_bytes(peak.bytes));
+    let _ = writeln!(out, "{}", line.trim_end());
+}
+
+fn print_process(log: &Log, view: &ProcessView, sites: &SitesReport, out: &mut dyn Write) {
+    let _ = writeln!(out);
+    let _ = writeln!(out, "== {} ==", process_title(log, view));
+    let devices: Vec<&DeviceView> = view.devices.iter().filter(|d| d.allocs > 0 || d.failures > 0).collect();
+    if devices.is_empty() {
+        let _ = writeln!(out, "  no device memory in the timeline (logged with trace=0, or none allocated)");
+    } else {
+        let _ = writeln!(out, "Peaks{:<17} {:>11}  {:>12}  in phase", "", "bytes", "at");
+        for d in &devices {
+            let name = device_name(d.device);
+            peak_line(out, &name, "allocated", &d.peak_allocated, "");
+            let recorded = match (d.recorded_peak_reserved, view.rebuilt.is_some()) {
+                (Some(r), true) if r != d.peak_reserved.bytes => format!(" (log: {})", human_bytes(r)),
+                _ => String::new(),
+            };
+            peak_line(out, "", "reserved", &d.peak_reserved, &recorded);
+            if d.peak_mapped.bytes > 0 {
+                peak_line(out, "", "mapped", &d.peak_mapped, "");
+            }
+        }
+        if let Some(r) = &view.rebuilt {
+            let verdict = if r.misplaced == 0 {
+                "every block where the program had it".to_string()
+            } else {
+                format!("{} of {} blocks elsewhere than the program had them", r.misplaced, r.placed + r.misplaced)
+            };
+            let _ = writeln!(out, "  reserved: the pool's segments rebuilt from the log, {verdict}");
+        }
+    }
+    print_sizes(view, out);
+    for d in &devices {
+        print_fragmentation(view, d, out);
+    }
+    print_phases(view, out);
+    print_ooms(view, out);
+    for c in &view.checkpoints {
+        let _ = writeln!(
+            out,
+            "Checkpoint at {}: {} destroyed a context on {} holding {} in {} allocation(s)",
+            seconds(c.t_ns),
+            c.api,
+            device_name(c.device),
+            human_bytes(c.leaked_bytes),
+            c.leaked_count
+        );
+    }
+    for n in &view.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
+    if !sites.by_peak.is_empty() {
+        sites::print_text(log.header.process.pid, sites, out);
+    }
+}
+
+fn print_sizes(view: &ProcessView, out: &mut dyn Write) {
+    if view.sizes.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "Allocation sizes (device memory){:<10} {:>9}  {:>11}", "", "count", "bytes");
+    let most = view.sizes.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    for b in &view.sizes {
+        let range =
+            if b.low == 0 { "0 B".to_string() } else { format!("{} - {}", human_bytes(b.low), human_bytes(2 * b.low)) };
+        let width = ((b.count * BAR as u64).div_ceil(most)) as usize;
+        let _ = writeln!(out, "  {range:<22} {:>9}  {:>11}  {}", b.count, human_bytes(b.bytes), "#".repeat(width));
+    }
+}
+
+fn print_fragmentation(view: &ProcessView, d: &DeviceView, out: &mut dyn Write) {
+    let f = fragmentation(view, d);
+    let _ = writeln!(out, "Reserved against allocated, {}:", device_name(d.device));
+    let _ = writeln!(out, "  {:>12} {:>11} {:>11} {:>11}", "time", "allocated", "reserved", "unused");
+    let mut last = None;
+    for (i, p) in f.points.iter().enumerate() {
+        // A row like the one before says nothing new (the last row always shows).
+        if last == Some((p.allocated, p.reserved)) && i + 1 < f.points.len() {
+            continue;
+        }
+        last = Some((p.allocated, p.reserved));
+        let unused = p.reserved.saturating_sub(p.allocated);
+        let share = if p.reserved == 0 {
+            String::new()
+        } else {
+            format!(" ({:.0}%)", 100.0 * unused as f64 / p.reserved as f64)
+        };
+        let _ = writeln!(
+            out,
+            "  {:>12} {:>11} {:>11} {:>11}{share}",
+            seconds(p.t_ns),
+            human_bytes(p.allocated),
+            human_bytes(p.reserved),
+            human_bytes(unused)
+        );
+    }
+    if f.most_unused.bytes > 0 {
+        let _ = writeln!(
+            out,
+            "  most reserved but unused: {} at {}{}",
+            human_bytes(f.most_unused.bytes),
+            seconds(f.most_unused.t_ns),
+            f.most_unused.phase.as_deref().map(|p| format!(" in {}", cut(p, 40))).unwrap_or_default()
+        );
+    }
+}
+
+fn print_phases(view: &ProcessView, out: &mut dyn Write) {
+    let groups = phase_groups(view);
+    if groups.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Phases{:<22} {:>5} {:>11}  {:<16} {:>11} {:>11}",
+        "", "count", "peak", "(in)", "growth", "largest"
+    );
+    for g in groups.iter().take(PHASE_GROUPS) {
+        let name = if view.devices.len() > 1 { format!("{} [{}]", g.name, g.device) } else { g.name.clone() };
+        let _ = writeln!(
+            out,
+            "  {:<26} {:>5} {:>11}  {:<16} {:>11} {:>11}",
+            cut(&name, 26),
+            g.count,
+            human_bytes(g.peak_allocated),
+            cut(&g.peak_in, 16),
+            signed_bytes(g.growth),
+            signed_bytes(g.max_growth)
+        );
+    }
+    if groups.len() > PHASE_GROUPS {
+        let _ = writeln!(out, "  ... and {} more (--json lists every phase)", groups.len() - PHASE_GROUPS);
+    }
+}
+
+fn print_ooms(view: &ProcessView, out: &mut dyn Write) {
+    for o in &view.ooms {
+        let phase = o.phase.as_deref().map(|p| format!(" in {}", cut(p, 30))).unwrap_or_default();
+        let api = if o.api.is_empty() { String::new() } else { format!("{} of ", o.api) };
+        let _ = writeln!(
+            out,
+            "Out of memory at {}{phase}: {api}{} on {}",
+            seconds(o.t_ns),
+            human_bytes(o.requested),
+            device_name(o.device)
+        );
+        if let Some(s) = &o.snapshot {
+            let _ = writeln!(
+                out,
+                "  the pool held {} reserved, {} allocated, {} free (largest free block {})",
+                human_bytes(s.reserved),
+                human_bytes(s.allocated),
+                human_bytes(s.free_in_pool),
+                human_bytes(s.largest_free_block)
+            );
+            if !s.largest_live.is_empty() {
+                let live: Vec<String> = s.largest_live.iter().map(|b| human_bytes(*b)).collect();
+                let _ = writeln!(out, "  largest live: {}", cut(&live.join(", "), 84));
+            }
+        }
+    }
+}
+
+fn print_findings(f: &Findings, out: &mut dyn Write) {
+    let shown: Vec<&Finding> = f.findings.iter().filter(|x| x.suppressed_by.is_none()).collect();
+    let held: u64 = f.findings.iter().filter(|x| x.suppressed_by.is_some()).map(|x| x.bytes).sum();
+    let _ = writeln!(out);
+    if shown.is_empty() {
+        let _ = write!(out, "Leaks (as cupool check judges them): none");
+        if held > 0 {
+            let _ = write!(out, "; {} held at exit by known caches", human_bytes(held));
+        }
+        let _ = writeln!(out);
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Leaks (as cupool check judges them; cupool check -- CMD or cupool merge DIR for the full report):"
+    );
+    for x in shown {
+        let what = match (x.kind, &x.growth) {
+            (LeakKind::Growth, Some(g)) => format!(
+                "growth  {} per phase over {} phases, {} live",
+                human_bytes(g.bytes_per_phase),
+                g.phases,
+                human_bytes(x.bytes)
+            ),
+            (LeakKind::Test, _) => format!(
+                "test    {} in {} allocation(s) in {}",
+                human_bytes(x.bytes),
+                x.count,
+                x.test.as_deref().unwrap_or("?")
+            ),
+            _ => format!("exit    {} in {} allocation(s)", human_bytes(x.bytes), x.count),
+        };
+        let pids: Vec<String> = x.processes.iter().take(4).map(|p| p.pid.to_string()).collect();
+        let more = if x.processes.len() > 4 { format!(" +{}", x.processes.len() - 4) } else { String::new() };
+        let _ = writeln!(out, "  {}  (pid {}{more})", cut(&what, 80), pids.join(", "));
+        let frame = x.frames.first();
+        let place = match frame {
+            Some(f) => f.text(0).trim_start_matches("#0 ").to_string(),
+            None => x.what.clone(),
+        };
+        let _ = writeln!(out, "    at {}", cut(&place, 92));
+    }
+    if held > 0 {
+        let _ = writeln!(out, "  and {} held at exit by known caches (not leaks)", human_bytes(held));
+    }
+}
+
+/// `cupool report PATHS`: exit status 0, or 2 when a path could not be read
+/// (the others are reported all the same).
+pub fn run(paths: &[PathBuf], as_json: bool, n_sites: usize) -> ExitCode {
+    let mut progress = Progress::new("reading logs", 0);
+    let Loaded { logs, problems } = load(paths, &mut progress);
+    let status = Loaded { logs: Vec::new(), problems }.report_problems("cupool report");
+    let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
+    progress.stage("summarising", events);
+    let mut views = Vec::with_capacity(logs.len());
+    let mut site_reports = Vec::with_capacity(logs.len());
+    let mut before = 0;
+    for log in &logs {
+        views.push(model::build(log, &mut |done| progress.set(before + done)));
+        site_reports.push(sites::report(log, n_sites));
+        before += log.events.len() as u64;
+    }
+    progress.stage("judging leaks", 1);
+    let findings = if logs.is_empty() { Findings::default() } else { crate::check::findings_of(&logs) };
+    progress.finish();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if as_json {
+        let entries: Vec<LogReport> = logs
+            .iter()
+            .zip(&views)
+            .zip(site_reports)
+            .map(|((log, view), sites)| LogReport {
+                summary: summarize(log),
+                path: log.path.display().to_string(),
+                sites,
+                memory: view,
+                fragmentation: view.devices.iter().map(|d| fragmentation(view, d)).collect(),
+                phase_groups: phase_groups(view),
+                findings: findings
+                    .findings
+                    .iter()
+                    .filter(|f| f.processes.iter().any(|p| p.pid == log.header.process.pid))
+                    .collect(),
+            })
+            .collect();
+        let _ = serde_json::to_writer(&mut out, &entries);
+        let _ = writeln!(out);
+    } else if !logs.is_empty() {
+        crate::summary::print_text(&logs, None, &mut out);
+        for ((log, view), sites) in logs.iter().zip(&views).zip(&site_reports) {
+            print_process(log, view, sites, &mut out);
+        }
+        print_findings(&findings, &mut out);
+    }
+    let _ = out.flush();
+    ExitCode::from(status)
+}
