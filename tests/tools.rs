@@ -196,3 +196,32 @@ fn heaps_go_with_their_context() {
     assert!(!calls[registered..gone].iter().any(|(k, m)| k == "unregion" && m["addr"] == leak), "{calls:?}");
     assert_eq!(calls.iter().filter(|c| is_gone(c)).count(), 1, "{calls:?}");
 }
+
+/// A memory checker in the process that took no NVTX memory tool (what
+/// compute-sanitizer is without `--nvtx yes`) would see only segments: the
+/// pool then stays out of its way and every allocation goes to CUDA.
+#[test]
+fn a_checker_that_cannot_hear_of_pooled_blocks_turns_the_pool_off() {
+    let checker =
+        compile_c("libfake-sanitizer-collection.so", "int fake_checker_loaded;\n", &["-shared".into(), "-fPIC".into()]);
+    let preload = format!("{}:{}", shim_path().display(), checker.display());
+    let (out, dir, calls) = run("", None, &[("LD_PRELOAD", preload.as_str())]);
+    assert!(calls.is_empty(), "{calls:?}");
+    let stats = fake_stats(&dir);
+    assert_eq!(stats[0]["frees"], 4, "every allocation went to CUDA: {stats:?}\n{}", stderr_of(&out));
+    let log = &read_logs(&dir)[0];
+    assert!(
+        log["end"]["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("cannot see pooled blocks")),
+        "notes: {}",
+        log["end"]["notes"]
+    );
+    // With an NVTX memory tool the checker hears of every block: the pool stays.
+    let tool = fake_tool();
+    let (_, dir, calls) = run("", Some(&tool), &[("LD_PRELOAD", preload.as_str())]);
+    assert_eq!(of(&calls, "heap").len(), 2, "the tool heard of both segments: {calls:?}");
+    assert_eq!(fake_stats(&dir)[0]["allocs"], 2, "the driver saw only the pool's two segments");
+}
