@@ -1590,14 +1590,20 @@ EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
     CUresult r = check_init();
     if (r)
         return r;
+    if (!ctx) {
+        /* The current context's id without a lock, as the real driver reads
+         * it (a shim asks on every pooled allocation). */
+        struct CUctx_st *c = cur_ctx_raw();
+        if (!c || !__atomic_load_n(&c->active, __ATOMIC_ACQUIRE))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *ctxId = __atomic_load_n(&c->id, __ATOMIC_ACQUIRE);
+        return CUDA_SUCCESS;
+    }
     pthread_mutex_lock(&g_lock);
-    struct CUctx_st *c = ctx;
-    if (!c)
-        r = need_ctx(&c);
-    else if (!ctx_valid(c))
+    if (!ctx_valid(ctx))
         r = CUDA_ERROR_INVALID_CONTEXT;
-    if (!r)
-        *ctxId = c->id;
+    else
+        *ctxId = ctx->id;
     pthread_mutex_unlock(&g_lock);
     return r;
 }
