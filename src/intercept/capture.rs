@@ -9,7 +9,6 @@
 use crate::cuda::{Status, SUCCESS};
 use crate::pool;
 use crate::runtime::diag;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 pub fn begin(stream: u64, per_thread: bool, real: impl FnOnce() -> Status) -> Status {
     let r = real();
@@ -27,9 +26,6 @@ pub fn end(stream: u64, per_thread: bool, real: impl FnOnce() -> Status) -> Stat
     r
 }
 
-/// Stream-ordered allocations left to a graph, for the end record's notes.
-pub static GRAPH_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
 /// Is this stream-ordered allocation being captured into a graph?
 #[inline]
 pub fn into_graph(stream: u64, per_thread: bool) -> bool {
@@ -38,7 +34,7 @@ pub fn into_graph(stream: u64, per_thread: bool) -> bool {
     }
     let captured = diag::shielded(|| pool::is_capturing(stream, per_thread)).unwrap_or(false);
     if captured {
-        GRAPH_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        crate::observe::incidents::graph_allocation();
     }
     captured
 }

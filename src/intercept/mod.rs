@@ -62,7 +62,7 @@ pub unsafe fn out_ptr<T: Copy + Into<u64>>(out: *const T, result: Status) -> u64
     }
 }
 
-pub use capture::{begin as capture_begin, end as capture_end, GRAPH_ALLOCATIONS};
+pub use capture::{begin as capture_begin, end as capture_end};
 
 /// An allocation CUDA makes itself.
 #[inline]

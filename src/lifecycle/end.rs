@@ -51,7 +51,7 @@ pub fn write(how: ExitInfo) {
 fn notes() -> Vec<String> {
     let mut notes = crate::observe::sites::notes();
     notes.extend(incidents::remarks());
-    let graph = crate::intercept::GRAPH_ALLOCATIONS.load(Ordering::Relaxed);
+    let graph = incidents::graph_allocations();
     if graph > 0 {
         notes.push(format!(
             "{graph} stream-ordered allocation(s) were captured into CUDA graphs: the graphs own them, so they are not tracked"

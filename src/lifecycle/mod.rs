@@ -75,7 +75,7 @@ pub fn note_exit_status(status: i32) {
 fn release_for_tools() {
     let Some(_guard) = crate::runtime::guard::Guard::enter() else { return };
     diag::shielded(|| {
-        for (device, bytes) in crate::pool::tools::release_idle() {
+        for (device, bytes) in crate::pool::release_idle_for_tools() {
             crate::observe::reserved_changed(device, -(bytes as i64));
         }
     });

@@ -36,6 +36,17 @@ pub fn remarks() -> Vec<String> {
     REMARKS.try_lock().map(|r| r.clone()).unwrap_or_default()
 }
 
+/// Stream-ordered allocations captured into graphs (the graphs own them).
+static GRAPH_ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn graph_allocation() {
+    GRAPH_ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn graph_allocations() -> u64 {
+    GRAPH_ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// OOM snapshots (the first few are the telling ones).
 const MAX_OOMS: usize = 16;
 static OOMS: Mutex<Vec<OomRecord>> = Mutex::new(Vec::new());

@@ -10,8 +10,8 @@ mod streams;
 pub mod tools;
 
 pub use registry::{
-    allocate, drop_context, exported, find, free, give_back_free_segments, lock_for_fork, owns, pool_of, reset_peaks,
-    stream_created, unlock_after_fork, Found,
+    allocate, drop_context, exported, find, free, give_back_free_segments, lock_for_fork, owns, pool_of,
+    release_idle_for_tools, reset_peaks, stream_created, unlock_after_fork, Found,
 };
 pub use streams::{
     any_capture, capture_begun, capture_ended, driver_allocation, is_capturing, note_work, remove as stream_destroyed,

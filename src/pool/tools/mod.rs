@@ -10,9 +10,7 @@
 
 mod nvtx;
 
-use super::registry;
 use crate::runtime::diag;
-use cupool_core::pool::Backend;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -154,31 +152,6 @@ pub fn context_died(ctx: u64) {
     for handle in handles {
         mem.unregister_heap(handle);
     }
-}
-
-/// The program is done. A tool's leak check at exit would report every
-/// segment the pool still caches, so with a tool attached the wholly free
-/// ones go back to CUDA now, before the runtime's exit handlers tear the
-/// context down. A segment holding a block the program never freed stays,
-/// registered: compute-sanitizer then reports that block at its own size,
-/// not the segment (BENCHMARKS.md, section 10).
-/// Returns (device, bytes given back) per pool.
-pub fn release_idle() -> Vec<(i32, u64)> {
-    if !attached() {
-        return Vec::new();
-    }
-    let pools = registry::all();
-    pools
-        .into_iter()
-        .map(|p| {
-            let mut pool = p.pool.lock();
-            // Blocks still waiting for the GPU would keep their segments.
-            if pool.pending_blocks() > 0 {
-                pool.backend_mut().synchronize();
-            }
-            (p.device, pool.empty_cache())
-        })
-        .collect()
 }
 
 pub fn lock_for_fork() {
