@@ -4,25 +4,10 @@
 //! `cargo test --test check`
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
-use std::sync::OnceLock;
 
 use support::*;
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-/// The training loop of `tests/fake/check_loop.c`.
-fn check_loop() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let mut args = link_fake_cudart();
-        args.push("-ldl".into());
-        compile_fake_program("check_loop", "check_loop.c", &args)
-    })
-}
 
 /// `cupool check --log-dir <dir> [flags] -- <argv>`.
 fn check(dir: &Path, flags: &[&str], argv: &[&str]) -> Output {

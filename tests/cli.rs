@@ -11,10 +11,6 @@ use std::time::Duration;
 use serde_json::Value;
 use support::*;
 
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
 /// `cupool run --log-dir <dir> [flags] -- <prog> <args>`, run to completion.
 fn cupool_run(dir: &Path, flags: &[&str], prog: &Path, args: &[&str]) -> Output {
     let mut v: Vec<&str> = vec!["run", "--log-dir", path_str(dir)];

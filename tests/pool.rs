@@ -181,20 +181,6 @@ fn assert_end_consistent(log: &Value) {
     }
 }
 
-/// Compiles the test-local program `tests/fake/<file>`, which uses the fake
-/// runtime and driver, as `name`.
-fn compile_rt(name: &str, file: &str) -> PathBuf {
-    let mut args = link_fake_cudart();
-    args.extend(link_fake_cuda());
-    compile_fake_program(name, file, &args)
-}
-
-/// Compiles the test-local program `tests/fake/<file>`, which uses the fake
-/// driver only, as `name`.
-fn compile_drv(name: &str, file: &str) -> PathBuf {
-    compile_fake_program(name, file, &link_fake_cuda())
-}
-
 // ---------------------------------------------------------------------------
 // 1. Every fake program runs correctly in pool mode, and the pool serves it.
 
@@ -469,7 +455,7 @@ fn pool_prog_fork() {
 
 #[test]
 fn reuse_without_streams_is_immediate() {
-    let prog = compile_rt("reuse", "pool_reuse.c");
+    let prog = compile_runtime_program("reuse", "pool_reuse.c");
     let r = run_prog(&prog, &[], POOL);
     assert_eq!(r.stats["allocs"], 1, "10000 cudaMalloc(4096) must make one driver allocation: {:?}", r.stats);
     assert_eq!(value(&r, "same_as_first"), 10_000, "the freed block is handed out again at once");
@@ -490,7 +476,7 @@ fn reuse_without_streams_is_immediate() {
 fn reuse_after_a_stream_exists_goes_through_fences() {
     // Fences start as soon as a stream exists: the runtime's own kernel
     // launches cannot be observed, so a created stream counts as in use.
-    let prog = compile_rt("reuse", "pool_reuse.c");
+    let prog = compile_runtime_program("reuse", "pool_reuse.c");
     let r = run_prog(&prog, &["stream"], POOL);
     let p = &pools(&r.log)[0];
     assert_eq!(p["multi_stream"], true, "{p}");
@@ -512,7 +498,7 @@ fn reuse_after_a_stream_exists_goes_through_fences() {
 
 #[test]
 fn limit_caps_the_pool_and_shapes_mem_get_info() {
-    let prog = compile_rt("limit", "pool_limit.c");
+    let prog = compile_runtime_program("limit", "pool_limit.c");
     let r = run_prog(&prog, &[], &format!("{POOL}:limit=64m"));
     assert_eq!(r.log["options"]["limit"].as_u64(), Some(64 * MIB), "{}", r.log["options"]);
     // Nothing held yet: the device looks 64 MiB large and empty.
@@ -567,7 +553,7 @@ fn limit_caps_the_pool_and_shapes_mem_get_info() {
 /// cap the pool shrinks its segments to what fits instead of failing.
 #[test]
 fn limit_is_one_cap_in_every_mode() {
-    let prog = compile_rt("limit_modes", "limit_modes.c");
+    let prog = compile_runtime_program("limit_modes", "limit_modes.c");
     for mode in [PASSTHROUGH, POOL] {
         let r = run_prog(&prog, &[], &format!("{mode}:limit=64m"));
         let got: Vec<u64> =
@@ -669,7 +655,7 @@ fn phases_from_the_c_api_are_in_the_log() {
 
 #[test]
 fn oom_events_name_the_allocating_api() {
-    let prog = compile_rt("limit", "pool_limit.c");
+    let prog = compile_runtime_program("limit", "pool_limit.c");
     let r = run_prog(&prog, &[], &format!("{POOL}:limit=64m"));
     // Each pool OOM follows the alloc_failed event of the call it failed, and
     // names that call like every other event (the validator requires it).
@@ -688,7 +674,7 @@ fn oom_events_name_the_allocating_api() {
 
 #[test]
 fn without_limit_mem_get_info_is_the_drivers() {
-    let prog = compile_rt("limit", "pool_limit.c");
+    let prog = compile_runtime_program("limit", "pool_limit.c");
     let r = run_prog(&prog, &[], POOL);
     // The fake has 1 GiB; no cap: total is the device's, and the 100 MiB request fits.
     assert_eq!(value(&r, "total0"), 1 << 30);
@@ -703,7 +689,7 @@ fn without_limit_mem_get_info_is_the_drivers() {
 
 #[test]
 fn pointer_range_queries_describe_the_pooled_block() {
-    let prog = compile_drv("ptrquery", "pool_ptr_query.c");
+    let prog = compile_driver_program("ptrquery", "pool_ptr_query.c");
     let r = run_prog(&prog, &[], POOL);
     let (a, p, m) = (value(&r, "a"), value(&r, "p"), value(&r, "m"));
     // p is the second 1000 B block of one small segment: 512-byte rounding puts it 1024 B after a.
@@ -758,7 +744,7 @@ fn invalid_frees(log: &Value) -> Vec<(u64, i64)> {
 
 #[test]
 fn error_codes_are_cudas_own() {
-    let prog = compile_rt("errors", "pool_errors.c");
+    let prog = compile_runtime_program("errors", "pool_errors.c");
     let plain = run_prog(&prog, &[], PASSTHROUGH);
     let pool = run_prog(&prog, &[], POOL);
     let (a, b) = (value(&pool, "a"), value(&pool, "b"));
@@ -799,7 +785,7 @@ fn error_codes_are_cudas_own() {
 
 #[test]
 fn double_free_of_the_block_at_a_segment_start_is_refused() {
-    let prog = compile_rt("errors", "pool_errors.c");
+    let prog = compile_runtime_program("errors", "pool_errors.c");
     let plain = run_prog(&prog, &["segment_start"], PASSTHROUGH);
     assert_eq!(value(&plain, "double_free"), 1, "passthrough: the fake refuses a double free");
     let r = run_prog(&prog, &["segment_start"], POOL);
@@ -830,7 +816,7 @@ fn double_free_of_the_block_at_a_segment_start_is_refused() {
 
 #[test]
 fn zero_byte_malloc_is_not_recorded_as_an_allocation() {
-    let prog = compile_rt("errors", "pool_errors.c");
+    let prog = compile_runtime_program("errors", "pool_errors.c");
     let r = run_prog(&prog, &[], POOL);
     assert_eq!((value(&r, "zero"), value(&r, "zero_ptr")), (0, 0));
     // cudaMalloc(&p, 0) succeeds with p = NULL and allocates nothing: there is
@@ -871,7 +857,7 @@ fn pool_context_destroy_reports_the_checkpoint_leak() {
 
 #[test]
 fn pool_context_destroy_leaves_the_primary_context_working() {
-    let prog = compile_drv("ctxdestroy", "pool_ctx_destroy.c");
+    let prog = compile_driver_program("ctxdestroy", "pool_ctx_destroy.c");
     let r = run_prog(&prog, &[], POOL);
     assert_eq!(value(&r, "x_intact"), 1, "a primary-context block after another context died");
     assert_eq!(value(&r, "new_blocks_ok"), 21, "new primary-context blocks after another context died");
@@ -921,7 +907,7 @@ fn checkpoints(log: &Value) -> Vec<(String, i64, u64, u64)> {
 
 #[test]
 fn primary_context_reset_leaves_other_contexts_pools_alone() {
-    let prog = compile_drv("reset", "pool_primary_reset.c");
+    let prog = compile_driver_program("reset", "pool_primary_reset.c");
     let r = run_prog(&prog, &["wc"], POOL);
     let (x, a, b) = (value(&r, "x"), value(&r, "a"), value(&r, "b"));
     assert_eq!(b, a + 1024, "a and b share one segment of the second context's pool");
@@ -952,7 +938,7 @@ fn primary_context_reset_leaves_other_contexts_pools_alone() {
 
 #[test]
 fn primary_context_reset_reports_the_processs_first_allocation() {
-    let prog = compile_drv("reset", "pool_primary_reset.c");
+    let prog = compile_driver_program("reset", "pool_primary_reset.c");
     let r = run_prog(&prog, &[], POOL);
     let x = value(&r, "x");
     assert_eq!(value(&r, "y_works"), 1, "the primary context after its reset");
@@ -1096,7 +1082,7 @@ fn nvtx_ranges_are_phases() {
 /// freed pooled memory cannot be exported (CUDA refuses freed memory).
 #[test]
 fn ipc_export_keeps_exactly_the_exported_blocks_out_of_reuse() {
-    let prog = compile_rt("ipc_export_rules", "ipc_export_rules.c");
+    let prog = compile_runtime_program("ipc_export_rules", "ipc_export_rules.c");
     let r = run_prog(&prog, &[], POOL);
     let got = ["freed_export", "b_reused", "a_export", "a_kept"].map(|k| value(&r, k));
     assert_eq!(got, [1, 1, 0, 1], "freed_export b_reused a_export a_kept");

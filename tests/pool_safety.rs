@@ -6,22 +6,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 use support::*;
 
 const MIB: u64 = 1 << 20;
-
-fn compile_rt(name: &str, file: &str) -> PathBuf {
-    let mut args = link_fake_cudart();
-    args.extend(link_fake_cuda());
-    compile_fake_program(name, file, &args)
-}
-
-fn compile_drv(name: &str, file: &str) -> PathBuf {
-    compile_fake_program(name, file, &link_fake_cuda())
-}
 
 /// The `key=value` lines a program printed, in order of key.
 fn printed(stdout: &str) -> BTreeMap<String, String> {
@@ -54,6 +44,14 @@ fn both_ways(prog: &Path, options: &str) -> (String, String, Value) {
     (stdout_of(&plain), stdout_of(&shim), logs.remove(0))
 }
 
+/// Runs `prog` preloaded with the default options; returns its one log.
+fn run_default(prog: &Path, args: &[&str]) -> Value {
+    let dir = scratch_dir("safety-default");
+    let out = run_preloaded(prog, args, &dir, "");
+    assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+    read_logs(&dir).remove(0)
+}
+
 fn notes(log: &Value) -> Vec<String> {
     log["end"]["notes"]
         .as_array()
@@ -72,7 +70,7 @@ fn leak_sizes(log: &Value) -> Vec<(u64, String)> {
 
 #[test]
 fn the_pool_is_the_default() {
-    let prog = compile_drv("giveback", "pool_give_back.c");
+    let prog = compile_driver_program("giveback", "pool_give_back.c");
     let (_, _, log) = both_ways(&prog, "");
     assert_eq!(log["options"]["mode"], "pool", "default options: {}", log["options"]);
     let (_, _, log) = both_ways(&prog, "mode=passthrough");
@@ -81,7 +79,7 @@ fn the_pool_is_the_default() {
 
 #[test]
 fn capture_gets_cudas_own_answers_under_the_pool() {
-    let prog = compile_rt("capture", "pool_capture.c");
+    let prog = compile_runtime_program("capture", "pool_capture.c");
     let (plain, shim, log) = both_ways(&prog, "");
     // With empty segments kept, asking for free memory during the capture
     // must not give them back (a cuMemFree would break the capture).
@@ -130,7 +128,7 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
 
 #[test]
 fn a_context_reset_behind_the_shims_back_takes_its_pool_with_it() {
-    let prog = compile_drv("unseenreset", "pool_unseen_reset.c");
+    let prog = compile_driver_program("unseenreset", "pool_unseen_reset.c");
     let (plain, shim, log) = both_ways(&prog, "");
     assert_eq!(stdout_value(&plain, "x_works"), Some(1), "plainly:\n{plain}");
     assert_eq!(stdout_value(&shim, "same_handle"), Some(1), "the fake keeps the primary context's handle");
@@ -146,7 +144,7 @@ fn a_context_reset_behind_the_shims_back_takes_its_pool_with_it() {
 
 #[test]
 fn memory_freed_in_bulk_goes_back_to_the_device() {
-    let prog = compile_drv("giveback", "pool_give_back.c");
+    let prog = compile_driver_program("giveback", "pool_give_back.c");
     let used = |out: &str| {
         ["used_after_bulk_free", "used_after_churn", "used_after_other_bulk_free", "used_after_meminfo"]
             .map(|k| stdout_value(out, k).unwrap_or_else(|| panic!("no {k} in:\n{out}")))
@@ -171,14 +169,9 @@ fn memory_freed_in_bulk_goes_back_to_the_device() {
 
 #[test]
 fn kernels_on_per_thread_default_streams_make_reuse_wait_for_fences() {
-    let prog = compile_rt("ptds", "pool_ptds.c");
-    let multi_stream = |args: &[&str]| {
-        let dir = scratch_dir("safety-ptds");
-        let out = run_preloaded(&prog, args, &dir, "");
-        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
-        let logs = read_logs(&dir);
-        logs[0]["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record")
-    };
+    let prog = compile_runtime_program("ptds", "pool_ptds.c");
+    let multi_stream =
+        |args: &[&str]| run_default(&prog, args)["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record");
     // Kernels of two threads on the legacy stream run in the order queued:
     // a freed block may be reused at once.
     assert!(!multi_stream(&[]), "legacy stream");
@@ -205,7 +198,7 @@ fn a_program_that_cycles_keeps_its_segment_cached() {
 
 #[test]
 fn the_run_summary_says_what_the_pool_did_differently() {
-    let prog = compile_rt("capture", "pool_capture.c");
+    let prog = compile_runtime_program("capture", "pool_capture.c");
     let dir = scratch_dir("safety-summary");
     let logs = dir.join("logs");
     let out = run_cupool(&["run", "--log-dir", logs.to_str().unwrap(), "--", prog.to_str().unwrap()], &dir);
@@ -219,13 +212,8 @@ fn the_run_summary_says_what_the_pool_did_differently() {
 
 #[test]
 fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
-    let prog = compile_drv("drvthreads", "pool_driver_threads.c");
-    let run = |args: &[&str]| {
-        let dir = scratch_dir("safety-drvthreads");
-        let out = run_preloaded(&prog, args, &dir, "");
-        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
-        read_logs(&dir).remove(0)
-    };
+    let prog = compile_driver_program("drvthreads", "pool_driver_threads.c");
+    let run = |args: &[&str]| run_default(&prog, args);
     let one = run(&["one"]);
     assert_eq!(one["end"]["pools"][0]["multi_stream"], false, "one thread: reuse at once");
     let two = run(&[]);

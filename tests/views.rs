@@ -11,20 +11,6 @@ use std::sync::OnceLock;
 use serde_json::Value;
 use support::*;
 
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-/// The training loop of `tests/fake/check_loop.c`.
-fn check_loop() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let mut args = link_fake_cudart();
-        args.push("-ldl".into());
-        compile_fake_program("check_loop", "check_loop.c", &args)
-    })
-}
-
 /// `tests/fake/pool_limit.c`: refused allocations under `limit=64m`.
 fn pool_limit() -> &'static Path {
     static PROG: OnceLock<PathBuf> = OnceLock::new();

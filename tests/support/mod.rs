@@ -890,3 +890,30 @@ pub fn run_ok(cmd: &mut Command, what: &str) -> Output {
     );
     out
 }
+
+/// A path as the `&str` a command line takes.
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// The training loop of `tests/fake/check_loop.c` (shared fake runtime), built once.
+pub fn check_loop() -> &'static Path {
+    static PROG: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PROG.get_or_init(|| {
+        let mut args = link_fake_cudart();
+        args.push("-ldl".into());
+        compile_fake_program("check_loop", "check_loop.c", &args)
+    })
+}
+
+/// Compiles `tests/fake/<file>`, which uses the fake runtime (shared) and driver, as `name`.
+pub fn compile_runtime_program(name: &str, file: &str) -> PathBuf {
+    let mut args = link_fake_cudart();
+    args.extend(link_fake_cuda());
+    compile_fake_program(name, file, &args)
+}
+
+/// Compiles `tests/fake/<file>`, which uses the fake driver only, as `name`.
+pub fn compile_driver_program(name: &str, file: &str) -> PathBuf {
+    compile_fake_program(name, file, &link_fake_cuda())
+}
