@@ -65,12 +65,12 @@ run_case torch-caching -- python3 $src/torch_count.py
 run_case cupy -- python3 $src/cupy_count.py
 XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform run_case jax-platform -- python3 $src/jax_count.py
 run_case jax-default -- python3 $src/jax_count.py
-# The same checks with device allocations served by cupool's pool.
-CUPOOL_FLAGS="--mode pool" run_case pool-cudart-shared --sanitize -- $work/leaks_shared
-CUPOOL_FLAGS="--mode pool" run_case pool-cudart-static --sanitize -- $work/leaks_static
-CUPOOL_FLAGS="--mode pool" run_case pool-driver-api --sanitize -- $work/driver
-PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUPOOL_FLAGS="--mode pool" run_case pool-torch-no-caching -- python3 $src/torch_count.py
-CUPOOL_FLAGS="--mode pool" run_case pool-cupy -- python3 $src/cupy_count.py
+# The same checks with cupool only observing (the rows above run in pool mode, the default).
+CUPOOL_FLAGS="--mode passthrough" run_case passthrough-cudart-shared --sanitize -- $work/leaks_shared
+CUPOOL_FLAGS="--mode passthrough" run_case passthrough-cudart-static --sanitize -- $work/leaks_static
+CUPOOL_FLAGS="--mode passthrough" run_case passthrough-driver-api --sanitize -- $work/driver
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUPOOL_FLAGS="--mode passthrough" run_case passthrough-torch-no-caching -- python3 $src/torch_count.py
+CUPOOL_FLAGS="--mode passthrough" run_case passthrough-cupy -- python3 $src/cupy_count.py
 
 # The memory cap means one thing in both modes, for the runtime and the driver API.
 expect="result: total_mib=64 a=0 b=2 driver=2 near_cap=0 wrote=1"
