@@ -209,7 +209,7 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
             let pooled = Pooled {
                 pool: NonZeroUsize::new(pool as *const _ as usize)?,
                 block: block.id.to_raw(),
-                buffer_id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed),
+                buffer_id: next_buffer_id(),
             };
             observe::allocated(
                 Space::Pointer,
@@ -393,8 +393,28 @@ pub fn work_queued(stream: u64, per_thread_api: bool) {
 }
 
 /// Buffer ids of pooled allocations, far above the driver's own (which count
-/// its allocations from 1).
-static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1 << 48);
+/// its allocations from 1). Each thread takes a range of them at a time, so
+/// that allocating threads do not share one counter's cache line.
+static NEXT_BUFFER_IDS: AtomicU64 = AtomicU64::new(1 << 48);
+const BUFFER_IDS_AT_A_TIME: u64 = 1 << 16;
+
+thread_local! {
+    /// (next id, end of this thread's range).
+    static BUFFER_IDS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+#[inline]
+fn next_buffer_id() -> u64 {
+    BUFFER_IDS.with(|ids| {
+        let (mut next, mut end) = ids.get();
+        if next == end {
+            next = NEXT_BUFFER_IDS.fetch_add(BUFFER_IDS_AT_A_TIME, Ordering::Relaxed);
+            end = next + BUFFER_IDS_AT_A_TIME;
+        }
+        ids.set((next + 1, end));
+        next
+    })
+}
 
 /// What a pointer is to the pools: pooled blocks answer pointer queries as
 /// the allocations they are to the program.
