@@ -378,14 +378,29 @@ impl<B: PageBackend> VmmPool<B> {
         Some(handle)
     }
 
+    /// A new page of `size` bytes. When the device or the limit refuses it,
+    /// every idle page is given back first (pages of another size, or all of
+    /// them without `remap_idle`) and the device asked again, as PyTorch
+    /// empties its cache before an out-of-memory error.
     fn create_page(&mut self, size: u64) -> Option<u64> {
-        if self.stats.reserved_bytes.current.saturating_add(size) > self.config.limit {
-            return None;
-        }
-        let h = self.backend.create_page(size)?;
+        let h = match self.try_create_page(size) {
+            Some(h) => h,
+            None if self.stats.idle_bytes.current > 0 => {
+                self.trim_idle(0);
+                self.try_create_page(size)?
+            }
+            None => return None,
+        };
         self.stats.num_page_creates += 1;
         self.stats.reserved_bytes.inc(size);
         Some(h)
+    }
+
+    fn try_create_page(&mut self, size: u64) -> Option<u64> {
+        if self.stats.reserved_bytes.current.saturating_add(size) > self.config.limit {
+            return None;
+        }
+        self.backend.create_page(size)
     }
 
     /// Takes the block off every mapped page under it; pages left with no
