@@ -30,12 +30,18 @@
 //!   anywhere, and no live data moves: a page holding a live byte is never
 //!   unmapped. With one page size for both kinds, the pool never holds more
 //!   pages than the peak of pages that live blocks touched.
-//! * **Giving back (the high-water rule).** After a free, idle pages beyond
-//!   `keep_free` bytes are unmapped and released, highest address first;
-//!   [`VmmPool::empty_cache`] releases every idle page. Idle pages are
-//!   already counted in the peak (a page is created only when none is idle),
-//!   so keeping up to `keep_free` of them costs no peak and saves the page
-//!   creation and mapping of the next churn.
+//! * **Giving back (the high-water rule).** After a free, idle pages are
+//!   unmapped and released, highest address first, while the pool holds
+//!   more than the larger of (a) the high-water mark of in-use bytes over the
+//!   last one to two `window_ns` and (b) the in-use bytes now plus
+//!   `keep_free`. A program that cycles (a training loop) reaches its peak
+//!   again within the window, so its pages stay and are not created and
+//!   mapped anew every iteration; memory it stopped using for longer goes
+//!   back to the device. Idle pages cost no peak: a page is created only when
+//!   none is idle. [`VmmPool::empty_cache`] releases every idle page. The
+//!   clock is the backend's ([`PageBackend::now_ns`]); one that stands still
+//!   (the simulated device's, so trace replay) keeps the all-time high-water
+//!   mark, and a `window_ns` of 0 keeps just `keep_free`.
 //!
 //! Not here yet (the shim's part): fencing frees against queued GPU work.
 //! A freed block's pages may be unmapped or remapped at once, which on a GPU
@@ -70,6 +76,10 @@ pub trait PageBackend {
     fn unmap(&mut self, addr: u64, size: u64);
     /// Release an unmapped page (`cuMemRelease`).
     fn release_page(&mut self, handle: u64);
+    /// A monotonic clock in nanoseconds, for the high-water window.
+    fn now_ns(&mut self) -> u64 {
+        0
+    }
 }
 
 /// Tunables of a [`VmmPool`]. Every size is in bytes; [`VmmPool::new`] applies
@@ -88,9 +98,12 @@ pub struct VmmConfig {
     /// Take an idle page from elsewhere before creating one (on). Off, every
     /// page stays where it was first mapped until it is given back.
     pub remap_idle: bool,
-    /// Idle page bytes kept after a free; beyond this they are given back
-    /// (64 MiB; `u64::MAX`: only `empty_cache` gives pages back).
+    /// Idle page bytes always kept after a free (64 MiB; `u64::MAX`: only
+    /// `empty_cache` gives pages back).
     pub keep_free: u64,
+    /// Idle pages up to the high-water mark of in-use bytes over the last
+    /// one to two windows of this length are kept too (5 s; 0: off).
+    pub window_ns: u64,
     /// Cap on physical bytes; a page that would pass it is treated as a
     /// device out-of-memory (`u64::MAX`: no cap).
     pub limit: u64,
@@ -105,6 +118,7 @@ impl Default for VmmConfig {
             va_chunk: 64 << 30,
             remap_idle: true,
             keep_free: 64 * MIB,
+            window_ns: 5_000_000_000,
             limit: u64::MAX,
         }
     }
@@ -206,6 +220,10 @@ pub struct VmmPool<B: PageBackend> {
     pages: BTreeMap<u64, (u64, u32, bool)>,
     /// Idle pages by address: `[large, small]`.
     idle: [BTreeSet<u64>; 2],
+    /// High-water marks of in-use bytes in the current and the previous
+    /// window, and when the current one began.
+    high_water: (u64, u64),
+    window_start: u64,
     stats: VmmStats,
 }
 
@@ -220,6 +238,8 @@ impl<B: PageBackend> VmmPool<B> {
             free: [FreeIndex::new(), FreeIndex::new()],
             pages: BTreeMap::new(),
             idle: [BTreeSet::new(), BTreeSet::new()],
+            high_water: (0, 0),
+            window_start: 0,
             stats: VmmStats::default(),
         }
     }
@@ -288,6 +308,7 @@ impl<B: PageBackend> VmmPool<B> {
         s.allocated_bytes.inc(b.size);
         s.requested_bytes.inc(requested);
         s.allocation.inc(1);
+        self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
         Ok(Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
     }
 
@@ -305,7 +326,23 @@ impl<B: PageBackend> VmmPool<B> {
         s.allocation.dec(1);
         self.unback(b.seg, b.addr, b.size);
         self.make_free(i);
-        self.trim_idle(self.config.keep_free);
+        let in_use = self.stats.in_use_bytes.current;
+        let keep = self.recent_high_water().saturating_sub(in_use).max(self.config.keep_free);
+        self.trim_idle(keep);
+    }
+
+    /// The high-water mark of in-use bytes over the current window and the
+    /// one before it, after moving the windows on to now.
+    fn recent_high_water(&mut self) -> u64 {
+        let w = self.config.window_ns;
+        let now = self.backend.now_ns();
+        let elapsed = now.saturating_sub(self.window_start);
+        if elapsed >= w {
+            let prev = if elapsed >= w.saturating_mul(2) { 0 } else { self.high_water.0 };
+            self.high_water = (self.stats.in_use_bytes.current, prev);
+            self.window_start = now;
+        }
+        self.high_water.0.max(self.high_water.1)
     }
 
     /// Gives every idle page back. Returns the bytes released.

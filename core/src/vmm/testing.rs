@@ -20,6 +20,8 @@ pub const BASE_ADDR: u64 = 1 << 44;
 pub struct SimulatedPages {
     /// Most bytes of pages held at once; `None`: unbounded.
     pub capacity: Option<u64>,
+    /// What `now_ns` answers (0 unless a test moves it).
+    pub now: u64,
     next_addr: u64,
     next_handle: u64,
     /// Reserved ranges: start -> size.
@@ -103,5 +105,9 @@ impl PageBackend for SimulatedPages {
         let (size, at) = self.pages.remove(&handle).expect("release of a page not held");
         assert_eq!(at, None, "release of page {handle} while mapped");
         self.held -= size;
+    }
+
+    fn now_ns(&mut self) -> u64 {
+        self.now
     }
 }

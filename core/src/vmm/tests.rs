@@ -62,7 +62,8 @@ fn small_requests_pack_into_their_own_pages() {
 
 #[test]
 fn idle_pages_beyond_keep_free_are_given_back() {
-    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { keep_free: 4 * MIB, ..VmmConfig::default() });
+    let cfg = VmmConfig { keep_free: 4 * MIB, window_ns: 0, ..VmmConfig::default() };
+    let mut p = VmmPool::new(SimulatedPages::new(), cfg);
     let a = p.allocate(10 * MIB).unwrap();
     p.free(a.id);
     assert_eq!(p.stats().idle_bytes.current, 4 * MIB);
@@ -111,4 +112,29 @@ fn double_free_is_ignored() {
     p.free(a.id);
     p.free(a.id);
     assert_eq!(p.stats().allocation.current, 0);
+}
+
+#[test]
+fn idle_pages_up_to_the_recent_high_water_mark_stay() {
+    let s = 1_000_000_000;
+    let cfg = VmmConfig { keep_free: 2 * MIB, window_ns: s, ..VmmConfig::default() };
+    let mut p = VmmPool::new(SimulatedPages::new(), cfg);
+    let a = p.allocate(20 * MIB).unwrap();
+    let small = p.allocate(MIB).unwrap();
+    // A loop: the same 20 MiB every half second. Its pages stay.
+    for i in 1..6 {
+        p.free(a.id);
+        assert_eq!(p.stats().reserved_bytes.current, 22 * MIB, "iteration {i}");
+        p.backend_mut().now = i * s / 2;
+        let b = p.allocate(20 * MIB).unwrap();
+        assert_eq!(b.addr, a.addr);
+    }
+    assert_eq!(p.stats().num_page_creates, 11);
+    let a = p.live_blocks().into_iter().find(|b| b.size == 20 * MIB).unwrap();
+    // The loop ends: within two windows, the pages beyond keep_free go back.
+    p.free(a.id);
+    p.backend_mut().now += 2 * s;
+    p.free(small.id);
+    assert_eq!(p.stats().idle_bytes.current, 2 * MIB);
+    assert_eq!(p.stats().reserved_bytes.current, 2 * MIB);
 }
