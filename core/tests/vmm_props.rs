@@ -126,12 +126,13 @@ impl Harness {
         let pool = &self.pool;
         let s = pool.stats();
         // Live blocks.
-        let blocks = pool.live_blocks();
+        let blocks: Vec<Block> = pool.live_blocks().collect();
         assert_eq!(blocks.len(), self.live.len());
         let mut end = 0;
         for b in &blocks {
             let (m, _, handles) = &self.live[&b.addr];
             assert_eq!(b, m);
+            assert_eq!(pool.lookup(b.addr + b.size - 1), Some(*b));
             assert!(b.addr >= end, "blocks overlap at {:#x}", b.addr);
             end = b.addr + b.size;
             assert_eq!(&self.handles_under(b.addr, b.size, self.page_of(b.size)), handles, "live data moved");

@@ -47,12 +47,15 @@
 //! A freed block's pages may be unmapped or remapped at once, which on a GPU
 //! is safe only after the work queued before the free has finished.
 
+mod pages;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use pages::{PageTable, Slot};
 
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
 use crate::pool::free_index::FreeIndex;
@@ -216,8 +219,10 @@ pub struct VmmPool<B: PageBackend> {
     ranges: Vec<Range>,
     /// Free virtual blocks: `[large, small]`.
     free: [FreeIndex; 2],
-    /// Mapped pages by address: (handle, allocated blocks on it, small).
-    pages: BTreeMap<u64, (u64, u32, bool)>,
+    /// Mapped pages.
+    pages: PageTable,
+    /// Allocated blocks by address.
+    live: BTreeMap<u64, u32>,
     /// Idle pages by address: `[large, small]`.
     idle: [BTreeSet<u64>; 2],
     /// High-water marks of in-use bytes in the current and the previous
@@ -236,7 +241,8 @@ impl<B: PageBackend> VmmPool<B> {
             blocks: BlockSlab::new(),
             ranges: Vec::new(),
             free: [FreeIndex::new(), FreeIndex::new()],
-            pages: BTreeMap::new(),
+            pages: PageTable::default(),
+            live: BTreeMap::new(),
             idle: [BTreeSet::new(), BTreeSet::new()],
             high_water: (0, 0),
             window_start: 0,
@@ -263,24 +269,24 @@ impl<B: PageBackend> VmmPool<B> {
 
     /// Every mapped page, by address.
     pub fn pages(&self) -> impl Iterator<Item = PageInfo> + '_ {
-        self.pages.iter().map(|(&addr, &(handle, refs, small))| PageInfo {
-            addr,
-            size: self.config.page(small),
-            handle,
-            refs,
-        })
+        self.pages.iter().map(|(addr, size, s)| PageInfo { addr, size, handle: s.handle, refs: s.refs })
     }
 
     /// Every allocated block, by address.
-    pub fn live_blocks(&self) -> Vec<Block> {
-        let mut v: Vec<Block> = self
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.state == State::Allocated)
-            .map(|(i, b)| Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
-            .collect();
-        v.sort_by_key(|b| b.addr);
-        v
+    pub fn live_blocks(&self) -> impl Iterator<Item = Block> + '_ {
+        self.live.values().map(|&i| self.block(i))
+    }
+
+    /// The allocated block containing `addr`, or `None` (free by pointer).
+    pub fn lookup(&self, addr: u64) -> Option<Block> {
+        let (_, &i) = self.live.range(..=addr).next_back()?;
+        let b = self.block(i);
+        (addr - b.addr < b.size).then_some(b)
+    }
+
+    fn block(&self, i: u32) -> Block {
+        let b = &self.blocks[i];
+        Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size }
     }
 
     /// Allocates a block of at least `requested` bytes (0 is served as 1).
@@ -309,6 +315,7 @@ impl<B: PageBackend> VmmPool<B> {
         s.requested_bytes.inc(requested);
         s.allocation.inc(1);
         self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
+        self.live.insert(b.addr, i);
         Ok(Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
     }
 
@@ -324,6 +331,7 @@ impl<B: PageBackend> VmmPool<B> {
         s.allocated_bytes.dec(b.size);
         s.requested_bytes.dec(b.requested);
         s.allocation.dec(1);
+        self.live.remove(&b.addr);
         self.unback(b.seg, b.addr, b.size);
         self.make_free(i);
         let in_use = self.stats.in_use_bytes.current;
@@ -371,10 +379,10 @@ impl<B: PageBackend> VmmPool<B> {
         // for another page of the same block.
         let mut missing = Vec::new();
         for a in self.page_span(seg, addr, size) {
-            match self.pages.get_mut(&a) {
+            match self.pages.get_mut(a) {
                 Some(pg) => {
-                    pg.1 += 1;
-                    if pg.1 == 1 {
+                    pg.refs += 1;
+                    if pg.refs == 1 {
                         self.idle[small as usize].remove(&a);
                         self.stats.idle_bytes.dec(p);
                         self.stats.in_use_bytes.inc(p);
@@ -392,7 +400,7 @@ impl<B: PageBackend> VmmPool<B> {
             };
             self.backend.map(a, p, handle);
             self.stats.num_maps += 1;
-            self.pages.insert(a, (handle, 1, small));
+            self.pages.insert(a, Slot { handle, refs: 1 });
             self.stats.in_use_bytes.inc(p);
         }
         true
@@ -407,7 +415,7 @@ impl<B: PageBackend> VmmPool<B> {
             self.idle[s as usize].last().copied().unwrap_or(0) // the highest idle page of either kind
         })?;
         let a = self.idle[kind as usize].pop_last()?;
-        let (handle, _, _) = self.pages.remove(&a).expect("an idle page is mapped");
+        let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
         self.backend.unmap(a, size);
         self.stats.num_unmaps += 1;
         self.stats.num_remaps += 1;
@@ -448,9 +456,9 @@ impl<B: PageBackend> VmmPool<B> {
         let span: Vec<u64> = self.page_span(seg, addr, size).collect();
         for a in span {
             // Absent only when `back` failed before it reached this page.
-            let Some(pg) = self.pages.get_mut(&a) else { continue };
-            pg.1 -= 1;
-            if pg.1 == 0 {
+            let Some(pg) = self.pages.get_mut(a) else { continue };
+            pg.refs -= 1;
+            if pg.refs == 0 {
                 self.idle[small as usize].insert(a);
                 self.stats.in_use_bytes.dec(p);
                 self.stats.idle_bytes.inc(p);
@@ -472,7 +480,7 @@ impl<B: PageBackend> VmmPool<B> {
             };
             let a = self.idle[small as usize].pop_last().expect("checked above");
             let p = self.config.page(small);
-            let (handle, _, _) = self.pages.remove(&a).expect("an idle page is mapped");
+            let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
             self.backend.unmap(a, p);
             self.backend.release_page(handle);
             let s = &mut self.stats;
@@ -496,6 +504,7 @@ impl<B: PageBackend> VmmPool<B> {
             self.stats.va_reserved_bytes += size;
             let seg = self.ranges.len() as u32;
             self.ranges.push(Range { addr, small });
+            self.pages.add_range(addr, p);
             let i = self.blocks.insert(BlockRec {
                 addr,
                 size,

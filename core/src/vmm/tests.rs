@@ -106,6 +106,21 @@ fn pytorch_expandable_keeps_pages_where_they_were() {
 }
 
 #[test]
+fn lookup_finds_the_block_containing_an_address() {
+    let mut p = pool();
+    let a = p.allocate(3 * MIB).unwrap();
+    let b = p.allocate(1000).unwrap();
+    assert_eq!(p.lookup(a.addr), Some(a));
+    assert_eq!(p.lookup(a.addr + 3 * MIB - 1), Some(a));
+    assert_eq!(p.lookup(a.addr + 3 * MIB), None);
+    assert_eq!(p.lookup(b.addr + 512), Some(b));
+    assert_eq!(p.lookup(0), None);
+    p.free(a.id);
+    assert_eq!(p.lookup(a.addr), None);
+    assert_eq!(p.live_blocks().collect::<Vec<_>>(), [b]);
+}
+
+#[test]
 fn double_free_is_ignored() {
     let mut p = pool();
     let a = p.allocate(100).unwrap();
@@ -130,7 +145,7 @@ fn idle_pages_up_to_the_recent_high_water_mark_stay() {
         assert_eq!(b.addr, a.addr);
     }
     assert_eq!(p.stats().num_page_creates, 11);
-    let a = p.live_blocks().into_iter().find(|b| b.size == 20 * MIB).unwrap();
+    let a = p.live_blocks().find(|b| b.size == 20 * MIB).unwrap();
     // The loop ends: within two windows, the pages beyond keep_free go back.
     p.free(a.id);
     p.backend_mut().now += 2 * s;
