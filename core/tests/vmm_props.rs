@@ -132,7 +132,8 @@ impl Harness {
         for b in &blocks {
             let (m, _, handles) = &self.live[&b.addr];
             assert_eq!(b, m);
-            assert_eq!(pool.lookup(b.addr + b.size - 1), Some(*b));
+            let info = pool.lookup(b.addr + b.size - 1).expect("a live block is found by address");
+            assert_eq!((info.id, info.addr, info.size, info.requested), (b.id, b.addr, b.size, self.live[&b.addr].1));
             assert!(b.addr >= end, "blocks overlap at {:#x}", b.addr);
             end = b.addr + b.size;
             assert_eq!(&self.handles_under(b.addr, b.size, self.page_of(b.size)), handles, "live data moved");

@@ -59,7 +59,7 @@ use pages::{PageTable, Slot};
 
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
 use crate::pool::free_index::FreeIndex;
-use crate::pool::{round_size, Block, BlockId, OutOfMemory, Stat, SEGMENT_ALIGN};
+use crate::pool::{round_size, Block, BlockId, BlockInfo, OutOfMemory, Stat, SEGMENT_ALIGN};
 
 const MIB: u64 = 1 << 20;
 
@@ -206,6 +206,7 @@ pub struct PageInfo {
 struct Range {
     /// Start; pages are counted from here.
     addr: u64,
+    size: u64,
     small: bool,
 }
 
@@ -277,11 +278,21 @@ impl<B: PageBackend> VmmPool<B> {
         self.live.values().map(|&i| self.block(i))
     }
 
-    /// The allocated block containing `addr`, or `None` (free by pointer).
-    pub fn lookup(&self, addr: u64) -> Option<Block> {
+    /// The allocated block containing `addr`, or `None` (free by pointer),
+    /// as [`crate::pool::Pool::lookup`] answers it; its segment is the
+    /// virtual range it lies in.
+    pub fn lookup(&self, addr: u64) -> Option<BlockInfo> {
         let (_, &i) = self.live.range(..=addr).next_back()?;
-        let b = self.block(i);
-        (addr - b.addr < b.size).then_some(b)
+        let b = &self.blocks[i];
+        let r = &self.ranges[b.seg as usize];
+        (addr - b.addr < b.size).then_some(BlockInfo {
+            id: BlockId::from_raw(i),
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+            segment_addr: r.addr,
+            segment_size: r.size,
+        })
     }
 
     fn block(&self, i: u32) -> Block {
@@ -362,7 +373,7 @@ impl<B: PageBackend> VmmPool<B> {
 
     /// Pages overlapping `[addr, addr + size)` of range `seg`, by address.
     fn page_span(&self, seg: u32, addr: u64, size: u64) -> impl Iterator<Item = u64> {
-        let Range { addr: base, small } = self.ranges[seg as usize];
+        let Range { addr: base, small, .. } = self.ranges[seg as usize];
         let p = self.config.page(small);
         let first = base + (addr - base) / p * p;
         let last = base + (addr + size - 1 - base) / p * p;
@@ -503,7 +514,7 @@ impl<B: PageBackend> VmmPool<B> {
             let addr = self.backend.reserve(size, SEGMENT_ALIGN)?;
             self.stats.va_reserved_bytes += size;
             let seg = self.ranges.len() as u32;
-            self.ranges.push(Range { addr, small });
+            self.ranges.push(Range { addr, size, small });
             self.pages.add_range(addr, p);
             let i = self.blocks.insert(BlockRec {
                 addr,
