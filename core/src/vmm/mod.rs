@@ -12,11 +12,12 @@
 //!   so that small churn packs into few pages instead of pinning pages all
 //!   over the large ranges. Each kind reserves ranges of `va_chunk` bytes (or
 //!   the request, if larger) as needed. Inside its ranges a request takes the
-//!   exact best fit among the free virtual blocks (the pool's
-//!   [`FreeIndex`](crate::pool): smallest big enough, lowest address among
+//!   exact best fit among the free virtual blocks (the segment pool's free
+//!   index, `pool/free_index.rs`: smallest big enough, lowest address among
 //!   equals) and is always split: a virtual remainder costs nothing. Freed
 //!   virtual blocks merge with free neighbours of their range at once.
-//!   Ranges are kept until the pool is dropped.
+//!   Ranges stay reserved for the pool's life; as with `Pool`, dropping the
+//!   pool tells the backend nothing.
 //! * **Physical pages.** Memory comes in pages of `small_page` / `large_page`
 //!   bytes (2 MiB each by default, CUDA's usual granularity). A page of a
 //!   range is mapped while some allocated block overlaps it; neighbouring
@@ -29,7 +30,8 @@
 //!   memory gets a fresh virtual range backed by pages gathered from
 //!   anywhere, and no live data moves: a page holding a live byte is never
 //!   unmapped. With one page size for both kinds, the pool never holds more
-//!   pages than the peak of pages that live blocks touched.
+//!   pages than the peak of pages that live blocks touched (a property test
+//!   holds it to that).
 //! * **Giving back (the high-water rule).** After a free, idle pages are
 //!   unmapped and released, highest address first, while the pool holds
 //!   more than the larger of (a) the high-water mark of in-use bytes over the
@@ -64,7 +66,8 @@ use crate::pool::{round_size, Block, BlockId, BlockInfo, OutOfMemory, Stat, SEGM
 const MIB: u64 = 1 << 20;
 
 /// What the VMM pool needs from the device: address ranges and physical pages.
-/// Sizes and addresses are multiples of the page size in use.
+/// A mapping is always one whole page of a reserved range, pages counted from
+/// the range's start.
 pub trait PageBackend {
     /// Reserve `size` bytes of virtual addresses aligned to `align`
     /// (`cuMemAddressReserve`). None: no address space left.
@@ -105,7 +108,7 @@ pub struct VmmConfig {
     /// `empty_cache` gives pages back).
     pub keep_free: u64,
     /// Idle pages up to the high-water mark of in-use bytes over the last
-    /// one to two windows of this length are kept too (5 s; 0: off).
+    /// one to two windows of this length are kept too (5 s; 0: only `keep_free`).
     pub window_ns: u64,
     /// Cap on physical bytes; a page that would pass it is treated as a
     /// device out-of-memory (`u64::MAX`: no cap).
@@ -135,7 +138,8 @@ impl VmmConfig {
     pub fn pytorch_expandable() -> VmmConfig {
         VmmConfig {
             large_page: 20 * MIB,
-            va_chunk: 1 << 40,
+            // PyTorch reserves 1⅛ of the device memory per segment: 90 GiB on 80 GiB.
+            va_chunk: 90 << 30,
             remap_idle: false,
             keep_free: u64::MAX,
             ..VmmConfig::default()

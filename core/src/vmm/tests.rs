@@ -156,3 +156,14 @@ fn idle_pages_up_to_the_recent_high_water_mark_stay() {
     assert_eq!(p.stats().idle_bytes.current, 2 * MIB);
     assert_eq!(p.stats().reserved_bytes.current, 2 * MIB);
 }
+
+#[test]
+fn validate_clamps() {
+    let c = VmmConfig { small_max: 0, small_page: 1, large_page: 20 * MIB + 1, va_chunk: 0, ..VmmConfig::default() }
+        .validate();
+    assert_eq!((c.small_max, c.small_page, c.large_page), (512, 64 << 10, 20 * MIB + (64 << 10)));
+    assert_eq!(c.va_chunk % c.large_page, 0);
+    assert!(c.va_chunk >= 1 << 30);
+    assert_eq!(VmmConfig::default().validate(), VmmConfig::default());
+    assert_eq!(VmmConfig::pytorch_expandable().validate(), VmmConfig::pytorch_expandable());
+}
