@@ -13,35 +13,76 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// The row printed for `file`: (ops, ratio, segments).
-fn row(stdout: &str, file: &str) -> (u64, f64, u64) {
-    let line = stdout.lines().find(|l| l.starts_with(file)).unwrap_or_else(|| panic!("no row for {file}:\n{stdout}"));
+const POLICIES: [&str; 4] = ["cupool-segments", "cupool-vmm", "pytorch-caching", "pytorch-expandable"];
+
+/// The row printed for `file` and `policy`: (ops, ratio).
+fn row(stdout: &str, file: &str, policy: &str) -> (u64, f64) {
+    let line = stdout
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq([file, policy]))
+        .unwrap_or_else(|| panic!("no row for {file} {policy}:\n{stdout}"));
     let f: Vec<&str> = line.split_whitespace().collect();
-    // name, ops, live (2 words), reserved (2 words), ratio, segments, ns/op
-    (f[1].parse().unwrap(), f[6].parse().unwrap(), f[7].parse().unwrap())
+    // name, policy, ops, live (2 words), reserved (2 words), ratio, ns/op
+    assert_eq!(f.len(), 9, "{line}");
+    (f[2].parse().unwrap(), f[7].parse().unwrap())
 }
 
+/// Two 1 MiB blocks live at once, then a 512 B one after both are freed:
+/// everything fits one 2 MiB small-pool segment, or one 2 MiB page.
+const CSV: &str = "Thread,Time,Action,Pointer,Size,Stream\n\
+                   1,0.1,allocate,0x1000,1048576,0x0\n\
+                   1,0.2,allocate,0x2000,1048576,0x0\n\
+                   1,0.3,free,0x1000,1048576,0x0\n\
+                   1,0.4,free,0x2000,1048576,0x0\n\
+                   1,0.5,allocate,0x3000,512,0x0\n\
+                   1,0.6,free,0x3000,512,0x0\n";
+
 #[test]
-fn rmm_csv_trace_is_replayed() {
+fn rmm_csv_trace_is_replayed_by_every_policy() {
     let dir = scratch("csv");
-    // Two 1 MiB blocks live at once, then a 512 B one after both are freed:
-    // everything fits one 2 MiB small-pool segment.
-    let csv = "Thread,Time,Action,Pointer,Size,Stream\n\
-               1,0.1,allocate,0x1000,1048576,0x0\n\
-               1,0.2,allocate,0x2000,1048576,0x0\n\
-               1,0.3,free,0x1000,1048576,0x0\n\
-               1,0.4,free,0x2000,1048576,0x0\n\
-               1,0.5,allocate,0x3000,512,0x0\n\
-               1,0.6,free,0x3000,512,0x0\n";
     let path = dir.join("rmm.csv");
-    std::fs::write(&path, csv).unwrap();
+    std::fs::write(&path, CSV).unwrap();
     let out = Command::new(cli()).arg("replay").arg(&path).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let (ops, ratio, segments) = row(&stdout, "rmm.csv");
-    assert_eq!(ops, 6);
-    assert_eq!(segments, 1, "two 1 MiB blocks share one 2 MiB small segment:\n{stdout}");
-    assert!((ratio - 1.0).abs() < 1e-9, "2 MiB live in a 2 MiB segment: ratio {ratio}\n{stdout}");
+    assert_eq!(stdout.lines().count(), 1 + POLICIES.len(), "a header and one row per policy:\n{stdout}");
+    for policy in POLICIES {
+        let (ops, ratio) = row(&stdout, "rmm.csv", policy);
+        assert_eq!(ops, 6);
+        assert!((ratio - 1.0).abs() < 1e-9, "{policy}: 2 MiB live in 2 MiB: ratio {ratio}\n{stdout}");
+    }
+}
+
+#[test]
+fn json_has_one_object_per_trace_and_policy() {
+    let dir = scratch("json");
+    std::fs::write(dir.join("rmm.csv"), CSV).unwrap();
+    // A 3 MiB block alone: two 2 MiB pages of the VMM pool, a 20 MiB segment
+    // (a large request below 10 MiB) or a 20 MiB expandable page otherwise.
+    std::fs::write(dir.join("big.csv"), "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,3145728,0x0\n")
+        .unwrap();
+    let out = Command::new(cli()).args(["replay", "--json"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2 * POLICIES.len(), "{stdout}");
+    let mib = 1u64 << 20;
+    for (i, r) in rows.iter().enumerate() {
+        let obj = r.as_object().unwrap();
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["peak_live", "peak_reserved", "policy", "ratio", "trace"]);
+        assert_eq!(r["policy"], POLICIES[i % POLICIES.len()]);
+        let (live, reserved) = (r["peak_live"].as_u64().unwrap(), r["peak_reserved"].as_u64().unwrap());
+        assert!((r["ratio"].as_f64().unwrap() - reserved as f64 / live as f64).abs() < 1e-9, "{r}");
+        let want = match (r["trace"].as_str().unwrap(), r["policy"].as_str().unwrap()) {
+            ("rmm.csv", _) => (2 * mib, 2 * mib),
+            ("big.csv", "cupool-vmm") => (3 * mib, 4 * mib),
+            ("big.csv", _) => (3 * mib, 20 * mib),
+            other => panic!("unexpected row {other:?}"),
+        };
+        assert_eq!((live, reserved), want, "{r}");
+    }
 }
 
 #[test]
@@ -50,10 +91,17 @@ fn bundled_traces_replay_with_sane_figures() {
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     for trace in ["torch-transformer.json.gz", "resnet18.json.gz", "gpt2.json.gz", "cupy.json.gz"] {
-        let (ops, ratio, segments) = row(&stdout, trace);
-        assert!(ops > 100, "{trace}: {ops} ops");
-        assert!(segments > 0);
-        assert!((1.0..2.0).contains(&ratio), "{trace}: reserved/live {ratio}");
+        let ratios: Vec<f64> = POLICIES
+            .iter()
+            .map(|policy| {
+                let (ops, ratio) = row(&stdout, trace, policy);
+                assert!(ops > 100, "{trace}: {ops} ops");
+                assert!((1.0..3.0).contains(&ratio), "{trace} {policy}: reserved/live {ratio}");
+                ratio
+            })
+            .collect();
+        // Pages that move to the live data beat fixed segments.
+        assert!(ratios[1] <= ratios[0], "{trace}: cupool-vmm {} > cupool-segments {}", ratios[1], ratios[0]);
     }
 }
 

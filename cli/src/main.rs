@@ -109,13 +109,23 @@ enum Command {
         complete new one). Each problem gets one line naming the file."
     )]
     Export(views::export::ExportArgs),
-    /// Replay recorded allocation traces through cupool's pool on the CPU
-    #[command(long_about = "Replay recorded allocation traces through cupool's pool on the CPU.\n\n\
-        For each trace, prints the number of operations, the peak of live bytes, the peak of \
-        bytes the pool reserved from the device, their ratio (the pool's overhead), the number of \
-        segments and the time per operation. Only device memory the pool would serve (kind \
-        device and pitched) is replayed. No GPU is needed.")]
+    /// Replay recorded allocation traces through cupool's pools and models of PyTorch's on the CPU
+    #[command(long_about = "Replay recorded allocation traces through cupool's pools and models of \
+        PyTorch's allocator on the CPU.\n\n\
+        Each trace goes through four policies: cupool-segments (cupool's pool of fixed segments, \
+        as the shim runs it), cupool-vmm (cupool's VMM pool: 2 MiB physical pages mapped into \
+        virtual ranges, idle pages remapped where needed), pytorch-caching (PyTorch's caching \
+        allocator: the segment pool with PyTorch's defaults) and pytorch-expandable (PyTorch's \
+        expandable_segments: one growing virtual segment per pool kind, 2 MiB / 20 MiB pages, \
+        never unmapped without empty_cache). For each trace and policy, prints the number of \
+        operations, the peak of live bytes, the peak of bytes reserved from the device, their \
+        ratio (the allocator's overhead) and the time per operation. Only device memory the pool \
+        would serve (kind device and pitched) is replayed. No GPU is needed.")]
     Replay {
+        /// One JSON object per line, per trace and policy: {"trace", "policy", "peak_live",
+        /// "peak_reserved", "ratio"}
+        #[arg(long)]
+        json: bool,
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
         /// plain or gzipped, or directories of them (*.json, *.csv, also .gz). None: the traces
         /// bundled in this binary (recorded from the repository's traces/), or every file in the
@@ -145,7 +155,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::check(args),
         Command::Merge(args) => check::merge(args),
-        Command::Replay { traces } => replay::run(traces),
+        Command::Replay { json, traces } => replay::run(traces, json),
         Command::Export(args) => views::export::run(args),
         Command::Report { json, sites, paths } => views::report::run(&paths, json, sites),
     }

@@ -1,9 +1,13 @@
-//! `cupool replay`: runs recorded allocation traces through the pool core on
-//! the CPU and reports how much memory it would reserve for them.
+//! `cupool replay`: runs recorded allocation traces through the pool cores on
+//! the CPU (cupool's segment pool and VMM pool, and models of PyTorch's
+//! caching allocator with and without expandable segments) and reports how
+//! much memory each would reserve for them.
 
 use cupool_core::log::{maybe_gunzip, read_log_from, EventKind, MemKind, ReadErrorKind};
 use cupool_core::pool::testing::SimulatedDevice;
 use cupool_core::pool::{BlockId, Pool, PoolConfig};
+use cupool_core::vmm::testing::SimulatedPages;
+use cupool_core::vmm::{VmmConfig, VmmPool};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -102,25 +106,105 @@ fn load_rmm_csv(text: &str) -> Result<Vec<Op>, (usize, String)> {
     Ok(ops)
 }
 
+/// An allocator a trace is replayed through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// cupool's fixed-segment pool with the shim's settings (`PoolConfig::shim_default`).
+    Segments,
+    /// cupool's VMM pool (`VmmConfig::default`): 2 MiB pages, idle pages remapped.
+    Vmm,
+    /// PyTorch's caching allocator: the segment pool with PyTorch's defaults
+    /// (`PoolConfig::default`: no release before growing, nothing given back).
+    PytorchCaching,
+    /// PyTorch's `expandable_segments:True` (`VmmConfig::pytorch_expandable`):
+    /// one growing virtual segment per pool kind (one stream), 2 MiB pages for
+    /// the small pool and 20 MiB for the large, unmapped only by `empty_cache`
+    /// (which the traces do not call).
+    PytorchExpandable,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 4] = [Policy::Segments, Policy::Vmm, Policy::PytorchCaching, Policy::PytorchExpandable];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Segments => "cupool-segments",
+            Policy::Vmm => "cupool-vmm",
+            Policy::PytorchCaching => "pytorch-caching",
+            Policy::PytorchExpandable => "pytorch-expandable",
+        }
+    }
+}
+
+/// What replay needs of an allocator.
+trait Replayable {
+    fn alloc(&mut self, size: u64) -> Option<BlockId>;
+    fn release(&mut self, id: BlockId);
+    fn peak_reserved(&self) -> u64;
+}
+
+impl Replayable for Pool<SimulatedDevice> {
+    fn alloc(&mut self, size: u64) -> Option<BlockId> {
+        self.allocate(size).ok().map(|b| b.id)
+    }
+    fn release(&mut self, id: BlockId) {
+        self.free(id)
+    }
+    fn peak_reserved(&self) -> u64 {
+        self.stats().reserved_bytes.peak
+    }
+}
+
+impl Replayable for VmmPool<SimulatedPages> {
+    fn alloc(&mut self, size: u64) -> Option<BlockId> {
+        self.allocate(size).ok().map(|b| b.id)
+    }
+    fn release(&mut self, id: BlockId) {
+        self.free(id)
+    }
+    fn peak_reserved(&self) -> u64 {
+        self.stats().reserved_bytes.peak
+    }
+}
+
 struct Outcome {
-    ops: usize,
     peak_live: u64,
     peak_reserved: u64,
-    segments: u64,
     ns_per_op: f64,
 }
 
-fn replay(ops: &[Op]) -> Outcome {
-    let mut pool = Pool::new(SimulatedDevice::new(), PoolConfig::shim_default());
+impl Outcome {
+    /// Peak reserved / peak live; 1 when nothing was live.
+    fn ratio(&self) -> f64 {
+        if self.peak_live == 0 {
+            1.0
+        } else {
+            self.peak_reserved as f64 / self.peak_live as f64
+        }
+    }
+}
+
+fn replay(ops: &[Op], policy: Policy) -> Outcome {
+    match policy {
+        Policy::Segments => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::shim_default())),
+        Policy::PytorchCaching => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::default())),
+        Policy::Vmm => replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::default())),
+        Policy::PytorchExpandable => {
+            replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::pytorch_expandable()))
+        }
+    }
+}
+
+fn replay_on(ops: &[Op], mut pool: impl Replayable) -> Outcome {
     let mut live: HashMap<u64, (BlockId, u64)> = HashMap::with_capacity(ops.len() / 2);
     let (mut live_bytes, mut peak_live) = (0u64, 0u64);
     let start = Instant::now();
     for op in ops {
         match *op {
             Op::Alloc(key, size) => {
-                if let Ok(b) = pool.allocate(size) {
-                    if let Some((old, old_size)) = live.insert(key, (b.id, size)) {
-                        pool.free(old); // a free the trace lost (cut short): keep the books straight
+                if let Some(id) = pool.alloc(size) {
+                    if let Some((old, old_size)) = live.insert(key, (id, size)) {
+                        pool.release(old); // a free the trace lost (cut short): keep the books straight
                         live_bytes -= old_size;
                     }
                     live_bytes += size;
@@ -129,19 +213,16 @@ fn replay(ops: &[Op]) -> Outcome {
             }
             Op::Free(key) => {
                 if let Some((id, size)) = live.remove(&key) {
-                    pool.free(id);
+                    pool.release(id);
                     live_bytes -= size;
                 }
             }
         }
     }
     let elapsed = start.elapsed();
-    let s = pool.stats();
     Outcome {
-        ops: ops.len(),
         peak_live,
-        peak_reserved: s.reserved_bytes.peak,
-        segments: s.segment.peak,
+        peak_reserved: pool.peak_reserved(),
         ns_per_op: elapsed.as_nanos() as f64 / ops.len().max(1) as f64,
     }
 }
@@ -188,7 +269,9 @@ fn traces_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-pub fn run(paths: Vec<PathBuf>) -> ExitCode {
+/// Replays every trace through every [`Policy`]: a table, or with `json`
+/// one JSON object per line and per trace and policy.
+pub fn run(paths: Vec<PathBuf>, json: bool) -> ExitCode {
     let bad_input = ExitCode::from(crate::summary::EXIT_BAD_INPUT);
     let mut failed = false;
     let paths = if paths.is_empty() {
@@ -215,30 +298,42 @@ pub fn run(paths: Vec<PathBuf>) -> ExitCode {
     let mut header = false;
     for p in &paths {
         let name = p.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        match load(p) {
-            Ok(ops) => {
-                if !std::mem::replace(&mut header, true) {
-                    println!(
-                        "{:<40} {:>9} {:>12} {:>14} {:>8} {:>9} {:>8}",
-                        "trace", "ops", "peak live", "peak reserved", "ratio", "segments", "ns/op"
-                    );
-                }
-                let o = replay(&ops);
-                let ratio = if o.peak_live == 0 { 1.0 } else { o.peak_reserved as f64 / o.peak_live as f64 };
-                println!(
-                    "{:<40} {:>9} {:>12} {:>14} {:>8.3} {:>9} {:>8.1}",
-                    name,
-                    o.ops,
-                    crate::units::human_bytes(o.peak_live),
-                    crate::units::human_bytes(o.peak_reserved),
-                    ratio,
-                    o.segments,
-                    o.ns_per_op
-                );
-            }
+        let ops = match load(p) {
+            Ok(ops) => ops,
             Err(e) => {
                 eprintln!("cupool replay: {e}");
                 failed = true;
+                continue;
+            }
+        };
+        if !json && !std::mem::replace(&mut header, true) {
+            println!(
+                "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7} {:>7}",
+                "trace", "policy", "ops", "peak live", "peak reserved", "ratio", "ns/op"
+            );
+        }
+        for policy in Policy::ALL {
+            let o = replay(&ops, policy);
+            if json {
+                let row = serde_json::json!({
+                    "trace": name,
+                    "policy": policy.name(),
+                    "peak_live": o.peak_live,
+                    "peak_reserved": o.peak_reserved,
+                    "ratio": o.ratio(),
+                });
+                println!("{row}");
+            } else {
+                println!(
+                    "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7.3} {:>7.1}",
+                    name,
+                    policy.name(),
+                    ops.len(),
+                    crate::units::human_bytes(o.peak_live),
+                    crate::units::human_bytes(o.peak_reserved),
+                    o.ratio(),
+                    o.ns_per_op
+                );
             }
         }
     }

@@ -4,3 +4,4 @@
 pub mod log;
 pub mod options;
 pub mod pool;
+pub mod vmm;

@@ -15,10 +15,12 @@
 //! Everything is deterministic and there is no `unsafe`.
 
 mod api;
-mod block;
+// The VMM pool (`crate::vmm`) keeps its virtual blocks in the same records
+// and the same best-fit index.
+pub(crate) mod block;
 mod config;
 mod cycles;
-mod free_index;
+pub(crate) mod free_index;
 mod inspect;
 mod size;
 mod stats;

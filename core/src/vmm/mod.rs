@@ -1,0 +1,603 @@
+//! The VMM pool: blocks in reserved virtual ranges, backed by physical pages
+//! that move to wherever live data needs them (issue 12).
+//!
+//! CUDA's virtual memory management (`cuMemAddressReserve`, `cuMemCreate`,
+//! `cuMemMap`, `cuMemUnmap`, `cuMemRelease`) separates addresses from memory.
+//! This pool uses that split; what it asks of the device is the
+//! [`PageBackend`] trait, so the core stays pure Rust (a simulated backend is
+//! in [`testing`]).
+//!
+//! * **Virtual ranges.** Requests are rounded to 512 B. Rounded sizes up to
+//!   `small_max` are placed in the small ranges, all others in the large ones,
+//!   so that small churn packs into few pages instead of pinning pages all
+//!   over the large ranges. Each kind reserves ranges of `va_chunk` bytes (or
+//!   the request, if larger) as needed. Inside its ranges a request takes the
+//!   exact best fit among the free virtual blocks (the segment pool's free
+//!   index, `pool/free_index.rs`: smallest big enough, lowest address among
+//!   equals) and is always split: a virtual remainder costs nothing. Freed
+//!   virtual blocks merge with free neighbours of their range at once.
+//!   Ranges stay reserved for the pool's life; as with `Pool`, dropping the
+//!   pool tells the backend nothing.
+//! * **Physical pages.** Memory comes in pages of `small_page` / `large_page`
+//!   bytes (2 MiB each by default, CUDA's usual granularity). A page of a
+//!   range is mapped while some allocated block overlaps it; neighbouring
+//!   blocks share the pages they both touch. When the last block on a page is
+//!   freed the page becomes *idle*: still mapped, holding no live byte.
+//! * **Stitching.** A block needs a page where none is mapped: the pool takes
+//!   an idle page of the same size first (the highest-addressed one), unmaps
+//!   it there and maps it here, and creates a new page only when no idle page
+//!   is left (`remap_idle`). So a large request that fits no hole of mapped
+//!   memory gets a fresh virtual range backed by pages gathered from
+//!   anywhere, and no live data moves: a page holding a live byte is never
+//!   unmapped. With one page size for both kinds, the pool never holds more
+//!   pages than the peak of pages that live blocks touched (a property test
+//!   holds it to that).
+//! * **Giving back (the high-water rule).** After a free, idle pages are
+//!   unmapped and released, highest address first, while the pool holds
+//!   more than the larger of (a) the high-water mark of in-use bytes over the
+//!   last one to two `window_ns` and (b) the in-use bytes now plus
+//!   `keep_free`. A program that cycles (a training loop) reaches its peak
+//!   again within the window, so its pages stay and are not created and
+//!   mapped anew every iteration; memory it stopped using for longer goes
+//!   back to the device. Idle pages cost no peak: a page is created only when
+//!   none is idle. [`VmmPool::empty_cache`] releases every idle page. The
+//!   clock is the backend's ([`PageBackend::now_ns`]); one that stands still
+//!   (the simulated device's, so trace replay) keeps the all-time high-water
+//!   mark, and a `window_ns` of 0 keeps just `keep_free`.
+//!
+//! Not here yet (the shim's part): fencing frees against queued GPU work.
+//! A freed block's pages may be unmapped or remapped at once, which on a GPU
+//! is safe only after the work queued before the free has finished.
+
+mod pages;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use pages::{PageTable, Slot};
+
+use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
+use crate::pool::free_index::FreeIndex;
+use crate::pool::{round_size, Block, BlockId, BlockInfo, OutOfMemory, Stat, SEGMENT_ALIGN};
+
+const MIB: u64 = 1 << 20;
+
+/// What the VMM pool needs from the device: address ranges and physical pages.
+/// A mapping is always one whole page of a reserved range, pages counted from
+/// the range's start.
+pub trait PageBackend {
+    /// Reserve `size` bytes of virtual addresses aligned to `align`
+    /// (`cuMemAddressReserve`). None: no address space left.
+    fn reserve(&mut self, size: u64, align: u64) -> Option<u64>;
+    /// Create a physical page of `size` bytes and return its handle
+    /// (`cuMemCreate`). None: the device is out of memory.
+    fn create_page(&mut self, size: u64) -> Option<u64>;
+    /// Map page `handle` of `size` bytes at `addr`, inside a reserved range,
+    /// readable and writable by the device (`cuMemMap` + `cuMemSetAccess`).
+    fn map(&mut self, addr: u64, size: u64, handle: u64);
+    /// Unmap the page of `size` bytes mapped at `addr` (`cuMemUnmap`).
+    fn unmap(&mut self, addr: u64, size: u64);
+    /// Release an unmapped page (`cuMemRelease`).
+    fn release_page(&mut self, handle: u64);
+    /// A monotonic clock in nanoseconds, for the high-water window.
+    fn now_ns(&mut self) -> u64 {
+        0
+    }
+}
+
+/// Tunables of a [`VmmPool`]. Every size is in bytes; [`VmmPool::new`] applies
+/// [`VmmConfig::validate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmmConfig {
+    /// Requests whose rounded size is at most this go to the small ranges (1 MiB).
+    pub small_max: u64,
+    /// Page size of the small ranges (2 MiB).
+    pub small_page: u64,
+    /// Page size of the large ranges (2 MiB).
+    pub large_page: u64,
+    /// Size of each virtual range reserved (64 GiB; a larger request gets a
+    /// range of its own size).
+    pub va_chunk: u64,
+    /// Take an idle page from elsewhere before creating one (on). Off, every
+    /// page stays where it was first mapped until it is given back.
+    pub remap_idle: bool,
+    /// Idle page bytes always kept after a free (64 MiB; `u64::MAX`: only
+    /// `empty_cache` gives pages back).
+    pub keep_free: u64,
+    /// Idle pages up to the high-water mark of in-use bytes over the last
+    /// one to two windows of this length are kept too (5 s; 0: only `keep_free`).
+    pub window_ns: u64,
+    /// Cap on physical bytes; a page that would pass it is treated as a
+    /// device out-of-memory (`u64::MAX`: no cap).
+    pub limit: u64,
+}
+
+impl Default for VmmConfig {
+    fn default() -> Self {
+        VmmConfig {
+            small_max: MIB,
+            small_page: 2 * MIB,
+            large_page: 2 * MIB,
+            va_chunk: 64 << 30,
+            remap_idle: true,
+            keep_free: 64 * MIB,
+            window_ns: 5_000_000_000,
+            limit: u64::MAX,
+        }
+    }
+}
+
+impl VmmConfig {
+    /// A model of PyTorch's `expandable_segments:True` for one stream: the
+    /// small pool maps 2 MiB pages and the large pool 20 MiB pages into one
+    /// growing range each; a page stays where it was mapped, and pages are
+    /// given back only by `empty_cache`.
+    pub fn pytorch_expandable() -> VmmConfig {
+        VmmConfig {
+            large_page: 20 * MIB,
+            // PyTorch reserves 1⅛ of the device memory per segment: 90 GiB on 80 GiB.
+            va_chunk: 90 << 30,
+            remap_idle: false,
+            keep_free: u64::MAX,
+            ..VmmConfig::default()
+        }
+    }
+
+    /// Returns a copy with page sizes rounded up to multiples of 64 KiB
+    /// (between 64 KiB and 1 TiB), `small_max` a multiple of 512 B between
+    /// 512 B and the small page, and `va_chunk` a multiple of both page sizes
+    /// of at least 1 GiB (at most 2^48).
+    pub fn validate(self) -> VmmConfig {
+        let page = |p: u64| p.clamp(64 << 10, 1 << 40).next_multiple_of(64 << 10);
+        let (small_page, large_page) = (page(self.small_page), page(self.large_page));
+        let small_max = self.small_max.clamp(512, small_page).next_multiple_of(512);
+        let va_chunk = self.va_chunk.clamp(1 << 30, 1 << 48).next_multiple_of(small_page.max(large_page));
+        VmmConfig { small_max, small_page, large_page, va_chunk, ..self }
+    }
+
+    fn page(&self, small: bool) -> u64 {
+        if small {
+            self.small_page
+        } else {
+            self.large_page
+        }
+    }
+}
+
+/// Counters of a [`VmmPool`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmmStats {
+    /// Rounded sizes of the blocks handed out and not yet freed.
+    pub allocated_bytes: Stat,
+    /// Sizes as requested by the caller of the blocks handed out.
+    pub requested_bytes: Stat,
+    /// Bytes of physical pages held (mapped, live or idle).
+    pub reserved_bytes: Stat,
+    /// Bytes of pages that some allocated block overlaps.
+    pub in_use_bytes: Stat,
+    /// Bytes of idle pages: mapped, no allocated block on them.
+    pub idle_bytes: Stat,
+    /// Number of blocks handed out and not yet freed.
+    pub allocation: Stat,
+    /// Bytes of virtual ranges reserved.
+    pub va_reserved_bytes: u64,
+    /// Pages created / released.
+    pub num_page_creates: u64,
+    pub num_page_releases: u64,
+    /// Page mappings / unmappings.
+    pub num_maps: u64,
+    pub num_unmaps: u64,
+    /// Idle pages unmapped from one place and mapped at another (stitching).
+    pub num_remaps: u64,
+    /// Allocations that failed.
+    pub num_ooms: u64,
+}
+
+/// A mapped page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageInfo {
+    pub addr: u64,
+    pub size: u64,
+    pub handle: u64,
+    /// Allocated blocks overlapping it (0: idle).
+    pub refs: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    /// Start; pages are counted from here.
+    addr: u64,
+    size: u64,
+    small: bool,
+}
+
+/// A pool over virtual ranges and physical pages from a [`PageBackend`]. The
+/// allocate/free shape is that of [`crate::pool::Pool`]. Not thread-safe by
+/// itself: wrap it in a mutex.
+pub struct VmmPool<B: PageBackend> {
+    backend: B,
+    config: VmmConfig,
+    blocks: BlockSlab,
+    ranges: Vec<Range>,
+    /// Free virtual blocks: `[large, small]`.
+    free: [FreeIndex; 2],
+    /// Mapped pages.
+    pages: PageTable,
+    /// Allocated blocks by address.
+    live: BTreeMap<u64, u32>,
+    /// Idle pages by address: `[large, small]`.
+    idle: [BTreeSet<u64>; 2],
+    /// High-water marks of in-use bytes in the current and the previous
+    /// window, and when the current one began.
+    high_water: (u64, u64),
+    window_start: u64,
+    stats: VmmStats,
+}
+
+impl<B: PageBackend> VmmPool<B> {
+    /// A pool with nothing reserved; `config` is passed through [`VmmConfig::validate`].
+    pub fn new(backend: B, config: VmmConfig) -> Self {
+        VmmPool {
+            backend,
+            config: config.validate(),
+            blocks: BlockSlab::new(),
+            ranges: Vec::new(),
+            free: [FreeIndex::new(), FreeIndex::new()],
+            pages: PageTable::default(),
+            live: BTreeMap::new(),
+            idle: [BTreeSet::new(), BTreeSet::new()],
+            high_water: (0, 0),
+            window_start: 0,
+            stats: VmmStats::default(),
+        }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// The configuration in force (after validation).
+    pub fn config(&self) -> &VmmConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &VmmStats {
+        &self.stats
+    }
+
+    /// Every mapped page, by address.
+    pub fn pages(&self) -> impl Iterator<Item = PageInfo> + '_ {
+        self.pages.iter().map(|(addr, size, s)| PageInfo { addr, size, handle: s.handle, refs: s.refs })
+    }
+
+    /// Every allocated block, by address.
+    pub fn live_blocks(&self) -> impl Iterator<Item = Block> + '_ {
+        self.live.values().map(|&i| self.block(i))
+    }
+
+    /// The allocated block containing `addr`, or `None` (free by pointer),
+    /// as [`crate::pool::Pool::lookup`] answers it; its segment is the
+    /// virtual range it lies in.
+    pub fn lookup(&self, addr: u64) -> Option<BlockInfo> {
+        let (_, &i) = self.live.range(..=addr).next_back()?;
+        let b = &self.blocks[i];
+        let r = &self.ranges[b.seg as usize];
+        (addr - b.addr < b.size).then_some(BlockInfo {
+            id: BlockId::from_raw(i),
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+            segment_addr: r.addr,
+            segment_size: r.size,
+        })
+    }
+
+    fn block(&self, i: u32) -> Block {
+        let b = &self.blocks[i];
+        Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size }
+    }
+
+    /// Allocates a block of at least `requested` bytes (0 is served as 1).
+    pub fn allocate(&mut self, requested: u64) -> Result<Block, OutOfMemory> {
+        let Some(rounded) = round_size(requested).filter(|&r| r <= self.config.limit) else {
+            self.stats.num_ooms += 1;
+            return Err(OutOfMemory);
+        };
+        let small = rounded <= self.config.small_max;
+        let Some(i) = self.find_virtual(small, rounded) else {
+            self.stats.num_ooms += 1;
+            return Err(OutOfMemory);
+        };
+        self.split(i, rounded);
+        let b = self.blocks[i];
+        if !self.back(b.seg, b.addr, b.size) {
+            self.make_free(i);
+            self.stats.num_ooms += 1;
+            return Err(OutOfMemory);
+        }
+        let r = &mut self.blocks[i];
+        r.state = State::Allocated;
+        r.requested = requested;
+        let s = &mut self.stats;
+        s.allocated_bytes.inc(b.size);
+        s.requested_bytes.inc(requested);
+        s.allocation.inc(1);
+        self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
+        self.live.insert(b.addr, i);
+        Ok(Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
+    }
+
+    /// Frees a block returned by [`VmmPool::allocate`]. An id that does not
+    /// name an allocated block (a double free) is ignored.
+    pub fn free(&mut self, id: BlockId) {
+        let i = id.to_raw();
+        let b = match self.blocks.get(i) {
+            Some(b) if b.state == State::Allocated => *b,
+            _ => return,
+        };
+        let s = &mut self.stats;
+        s.allocated_bytes.dec(b.size);
+        s.requested_bytes.dec(b.requested);
+        s.allocation.dec(1);
+        self.live.remove(&b.addr);
+        self.unback(b.seg, b.addr, b.size);
+        self.make_free(i);
+        let in_use = self.stats.in_use_bytes.current;
+        let keep = self.recent_high_water().saturating_sub(in_use).max(self.config.keep_free);
+        self.trim_idle(keep);
+    }
+
+    /// The high-water mark of in-use bytes over the current window and the
+    /// one before it, after moving the windows on to now.
+    fn recent_high_water(&mut self) -> u64 {
+        let w = self.config.window_ns;
+        let now = self.backend.now_ns();
+        let elapsed = now.saturating_sub(self.window_start);
+        if elapsed >= w {
+            let prev = if elapsed >= w.saturating_mul(2) { 0 } else { self.high_water.0 };
+            self.high_water = (self.stats.in_use_bytes.current, prev);
+            self.window_start = now;
+        }
+        self.high_water.0.max(self.high_water.1)
+    }
+
+    /// Gives every idle page back. Returns the bytes released.
+    pub fn empty_cache(&mut self) -> u64 {
+        self.trim_idle(0)
+    }
+
+    // ---- internals -------------------------------------------------------
+
+    /// Pages overlapping `[addr, addr + size)` of range `seg`, by address.
+    fn page_span(&self, seg: u32, addr: u64, size: u64) -> impl Iterator<Item = u64> {
+        let Range { addr: base, small, .. } = self.ranges[seg as usize];
+        let p = self.config.page(small);
+        let first = base + (addr - base) / p * p;
+        let last = base + (addr + size - 1 - base) / p * p;
+        (first..=last).step_by(p as usize)
+    }
+
+    /// Maps every page under `[addr, addr + size)` that is not mapped and
+    /// counts the block on each. False (nothing counted) when a page could
+    /// not be had.
+    fn back(&mut self, seg: u32, addr: u64, size: u64) -> bool {
+        let small = self.ranges[seg as usize].small;
+        let p = self.config.page(small);
+        // Pages already mapped first, so that none of them is taken as idle
+        // for another page of the same block.
+        let mut missing = Vec::new();
+        for a in self.page_span(seg, addr, size) {
+            match self.pages.get_mut(a) {
+                Some(pg) => {
+                    pg.refs += 1;
+                    if pg.refs == 1 {
+                        self.idle[small as usize].remove(&a);
+                        self.stats.idle_bytes.dec(p);
+                        self.stats.in_use_bytes.inc(p);
+                    }
+                }
+                None => missing.push(a),
+            }
+        }
+        for &a in &missing {
+            let Some(handle) = self.idle_page(p).or_else(|| self.create_page(p)) else {
+                // Undo the counts: the pages of the span mapped so far (here
+                // or before) lose this block; those it alone held become idle.
+                self.unback(seg, addr, size);
+                return false;
+            };
+            self.backend.map(a, p, handle);
+            self.stats.num_maps += 1;
+            self.pages.insert(a, Slot { handle, refs: 1 });
+            self.stats.in_use_bytes.inc(p);
+        }
+        true
+    }
+
+    /// Takes an idle page of `size` bytes from where it is mapped.
+    fn idle_page(&mut self, size: u64) -> Option<u64> {
+        if !self.config.remap_idle {
+            return None;
+        }
+        let kind = [false, true].into_iter().filter(|&s| self.config.page(s) == size).max_by_key(|&s| {
+            self.idle[s as usize].last().copied().unwrap_or(0) // the highest idle page of either kind
+        })?;
+        let a = self.idle[kind as usize].pop_last()?;
+        let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
+        self.backend.unmap(a, size);
+        self.stats.num_unmaps += 1;
+        self.stats.num_remaps += 1;
+        self.stats.idle_bytes.dec(size);
+        Some(handle)
+    }
+
+    /// A new page of `size` bytes. When the device or the limit refuses it,
+    /// every idle page is given back first (pages of another size, or all of
+    /// them without `remap_idle`) and the device asked again, as PyTorch
+    /// empties its cache before an out-of-memory error.
+    fn create_page(&mut self, size: u64) -> Option<u64> {
+        let h = match self.try_create_page(size) {
+            Some(h) => h,
+            None if self.stats.idle_bytes.current > 0 => {
+                self.trim_idle(0);
+                self.try_create_page(size)?
+            }
+            None => return None,
+        };
+        self.stats.num_page_creates += 1;
+        self.stats.reserved_bytes.inc(size);
+        Some(h)
+    }
+
+    fn try_create_page(&mut self, size: u64) -> Option<u64> {
+        if self.stats.reserved_bytes.current.saturating_add(size) > self.config.limit {
+            return None;
+        }
+        self.backend.create_page(size)
+    }
+
+    /// Takes the block off every mapped page under it; pages left with no
+    /// block become idle.
+    fn unback(&mut self, seg: u32, addr: u64, size: u64) {
+        let small = self.ranges[seg as usize].small;
+        let p = self.config.page(small);
+        let span: Vec<u64> = self.page_span(seg, addr, size).collect();
+        for a in span {
+            // Absent only when `back` failed before it reached this page.
+            let Some(pg) = self.pages.get_mut(a) else { continue };
+            pg.refs -= 1;
+            if pg.refs == 0 {
+                self.idle[small as usize].insert(a);
+                self.stats.in_use_bytes.dec(p);
+                self.stats.idle_bytes.inc(p);
+            }
+        }
+    }
+
+    /// Gives idle pages back, highest address first, while more than `keep`
+    /// bytes of them are held. Returns the bytes released.
+    fn trim_idle(&mut self, keep: u64) -> u64 {
+        let mut released = 0;
+        while self.stats.idle_bytes.current > keep {
+            let last = |s: bool| self.idle[s as usize].last().copied();
+            let small = match (last(false), last(true)) {
+                (Some(l), Some(s)) => s > l,
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (None, None) => break,
+            };
+            let a = self.idle[small as usize].pop_last().expect("checked above");
+            let p = self.config.page(small);
+            let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
+            self.backend.unmap(a, p);
+            self.backend.release_page(handle);
+            let s = &mut self.stats;
+            s.num_unmaps += 1;
+            s.num_page_releases += 1;
+            s.idle_bytes.dec(p);
+            s.reserved_bytes.dec(p);
+            released += p;
+        }
+        released
+    }
+
+    /// Best-fit free virtual block for `rounded` bytes, removed from the
+    /// index; reserves a new range when none fits.
+    fn find_virtual(&mut self, small: bool, rounded: u64) -> Option<u32> {
+        let k = small as usize;
+        if self.free[k].best_fit(rounded).is_none() {
+            let p = self.config.page(small);
+            let size = rounded.checked_next_multiple_of(p)?.max(self.config.va_chunk);
+            let addr = self.backend.reserve(size, SEGMENT_ALIGN)?;
+            self.stats.va_reserved_bytes += size;
+            let seg = self.ranges.len() as u32;
+            self.ranges.push(Range { addr, size, small });
+            self.pages.add_range(addr, p);
+            let i = self.blocks.insert(BlockRec {
+                addr,
+                size,
+                requested: 0,
+                prev: NIL,
+                next: NIL,
+                seg,
+                state: State::Free,
+            });
+            self.free[k].insert(size, addr, i);
+        }
+        let e = self.free[k].best_fit(rounded)?;
+        self.free[k].remove(e.size, e.addr);
+        Some(e.idx)
+    }
+
+    /// Cuts block `i` (free, not indexed) to `rounded` bytes; the rest is a
+    /// free block of its own.
+    fn split(&mut self, i: u32, rounded: u64) {
+        let b = self.blocks[i];
+        if b.size == rounded {
+            return;
+        }
+        let rest = self.blocks.insert(BlockRec {
+            addr: b.addr + rounded,
+            size: b.size - rounded,
+            requested: 0,
+            prev: i,
+            next: b.next,
+            seg: b.seg,
+            state: State::Free,
+        });
+        if b.next != NIL {
+            self.blocks[b.next].prev = rest;
+        }
+        let r = &mut self.blocks[i];
+        r.next = rest;
+        r.size = rounded;
+        self.index(rest);
+    }
+
+    /// Makes block `i` (allocated, or free and not indexed) free, merged with
+    /// free neighbours, and indexes it.
+    fn make_free(&mut self, mut i: u32) {
+        let b = self.blocks[i];
+        if b.prev != NIL && self.blocks[b.prev].state == State::Free {
+            self.unindex(b.prev);
+            self.absorb_next(b.prev);
+            i = b.prev;
+        }
+        let n = self.blocks[i].next;
+        if n != NIL && self.blocks[n].state == State::Free {
+            self.unindex(n);
+            self.absorb_next(i);
+        }
+        self.blocks[i].state = State::Free;
+        self.index(i);
+    }
+
+    fn absorb_next(&mut self, i: u32) {
+        let n = self.blocks[i].next;
+        let nr = self.blocks[n];
+        let r = &mut self.blocks[i];
+        r.size += nr.size;
+        r.next = nr.next;
+        if nr.next != NIL {
+            self.blocks[nr.next].prev = i;
+        }
+        self.blocks.remove(n);
+    }
+
+    fn index(&mut self, i: u32) {
+        let b = self.blocks[i];
+        self.free[self.ranges[b.seg as usize].small as usize].insert(b.size, b.addr, i);
+    }
+
+    fn unindex(&mut self, i: u32) {
+        let b = self.blocks[i];
+        self.free[self.ranges[b.seg as usize].small as usize].remove(b.size, b.addr);
+    }
+}

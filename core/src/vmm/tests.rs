@@ -1,0 +1,169 @@
+//! Unit tests of the VMM pool's rules on the simulated device.
+
+use super::testing::SimulatedPages;
+use super::*;
+
+fn pool() -> VmmPool<SimulatedPages> {
+    VmmPool::new(SimulatedPages::new(), VmmConfig::default())
+}
+
+#[test]
+fn neighbours_share_pages() {
+    let mut p = pool();
+    let a = p.allocate(3 * MIB).unwrap();
+    let b = p.allocate(3 * MIB).unwrap();
+    assert_eq!(b.addr, a.addr + 3 * MIB, "packed end to end");
+    // 6 MiB over 2 MiB pages: 3 pages, not 4.
+    assert_eq!(p.stats().reserved_bytes.current, 6 * MIB);
+    assert_eq!(p.backend().held(), 6 * MIB);
+    p.free(a.id);
+    // The first page held only `a`: idle, kept (below keep_free).
+    assert_eq!(p.stats().idle_bytes.current, 2 * MIB);
+    assert_eq!(p.stats().in_use_bytes.current, 4 * MIB);
+    assert_eq!(p.empty_cache(), 2 * MIB);
+    assert_eq!(p.backend().held(), 4 * MIB);
+}
+
+#[test]
+fn a_large_request_is_stitched_from_idle_pages() {
+    let mut p = pool();
+    // Four 4 MiB blocks, then every other one freed: 8 MiB idle, in two holes.
+    let blocks: Vec<Block> = (0..4).map(|_| p.allocate(4 * MIB).unwrap()).collect();
+    p.free(blocks[0].id);
+    p.free(blocks[2].id);
+    let live_handles: Vec<_> = [blocks[1], blocks[3]].iter().map(|b| p.backend().handle_at(b.addr).unwrap()).collect();
+    // 8 MiB fits no hole: a new virtual block, backed by the four idle pages.
+    let big = p.allocate(8 * MIB).unwrap();
+    assert!(big.addr >= blocks[3].addr + 4 * MIB);
+    assert_eq!(p.stats().reserved_bytes.peak, 16 * MIB, "no page created");
+    assert_eq!(p.stats().num_remaps, 4);
+    assert_eq!(p.stats().idle_bytes.current, 0);
+    // The live blocks kept their pages.
+    for (b, h) in [blocks[1], blocks[3]].iter().zip(live_handles) {
+        assert_eq!(p.backend().handle_at(b.addr), Some(h));
+    }
+}
+
+#[test]
+fn small_requests_pack_into_their_own_pages() {
+    let mut p = pool();
+    let large = p.allocate(5 * MIB).unwrap();
+    let small: Vec<Block> = (0..64).map(|_| p.allocate(32 << 10).unwrap()).collect();
+    // 64 x 32 KiB = 2 MiB: one small page, away from the large ranges.
+    assert_eq!(p.stats().reserved_bytes.current, 6 * MIB + 2 * MIB);
+    assert!(small.iter().all(|b| b.addr.abs_diff(large.addr) >= p.config().va_chunk));
+    for b in &small {
+        p.free(b.id);
+    }
+    p.free(large.id);
+    assert_eq!(p.stats().allocated_bytes.current, 0);
+    assert_eq!(p.stats().in_use_bytes.current, 0);
+}
+
+#[test]
+fn idle_pages_beyond_keep_free_are_given_back() {
+    let cfg = VmmConfig { keep_free: 4 * MIB, window_ns: 0, ..VmmConfig::default() };
+    let mut p = VmmPool::new(SimulatedPages::new(), cfg);
+    let a = p.allocate(10 * MIB).unwrap();
+    p.free(a.id);
+    assert_eq!(p.stats().idle_bytes.current, 4 * MIB);
+    assert_eq!(p.stats().reserved_bytes.current, 4 * MIB);
+    assert_eq!(p.stats().num_page_releases, 3);
+    assert_eq!(p.backend().held(), 4 * MIB);
+}
+
+#[test]
+fn out_of_memory_undoes_the_attempt() {
+    let dev = SimulatedPages::new().with_capacity(Some(6 * MIB));
+    let mut p = VmmPool::new(dev, VmmConfig::default());
+    let a = p.allocate(3 * MIB).unwrap();
+    assert_eq!(p.allocate(6 * MIB), Err(OutOfMemory));
+    assert_eq!(p.stats().num_ooms, 1);
+    assert_eq!(p.stats().allocation.current, 1);
+    assert_eq!(p.stats().in_use_bytes.current, 4 * MIB);
+    // What the failed attempt mapped is idle now and serves the next request.
+    let b = p.allocate(MIB + 512).unwrap();
+    p.free(a.id);
+    p.free(b.id);
+    assert_eq!(p.stats().in_use_bytes.current, 0);
+    assert!(p.backend().held() <= 6 * MIB);
+}
+
+#[test]
+fn pytorch_expandable_keeps_pages_where_they_were() {
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::pytorch_expandable());
+    let a = p.allocate(30 * MIB).unwrap();
+    assert_eq!(p.stats().reserved_bytes.current, 40 * MIB, "two 20 MiB pages");
+    p.free(a.id);
+    let b = p.allocate(50 * MIB).unwrap();
+    // The hole is at the start of the range: the block takes it and grows it.
+    assert_eq!(b.addr, a.addr);
+    assert_eq!(p.stats().reserved_bytes.current, 60 * MIB);
+    assert_eq!(p.stats().num_remaps, 0);
+    p.free(b.id);
+    assert_eq!(p.stats().reserved_bytes.current, 60 * MIB, "only empty_cache gives back");
+    assert_eq!(p.empty_cache(), 60 * MIB);
+}
+
+#[test]
+fn lookup_finds_the_block_containing_an_address() {
+    let mut p = pool();
+    let a = p.allocate(3 * MIB).unwrap();
+    let b = p.allocate(1000).unwrap();
+    let found = |p: &VmmPool<SimulatedPages>, addr| p.lookup(addr).map(|i| (i.id, i.addr, i.size, i.requested));
+    assert_eq!(found(&p, a.addr), Some((a.id, a.addr, a.size, 3 * MIB)));
+    assert_eq!(found(&p, a.addr + 3 * MIB - 1), Some((a.id, a.addr, a.size, 3 * MIB)));
+    assert_eq!(found(&p, a.addr + 3 * MIB), None);
+    assert_eq!(found(&p, b.addr + 512), Some((b.id, b.addr, 1024, 1000)));
+    assert_eq!(found(&p, 0), None);
+    let info = p.lookup(b.addr).unwrap();
+    assert_eq!((info.segment_size, b.addr - info.segment_addr < info.segment_size), (p.config().va_chunk, true));
+    p.free(a.id);
+    assert_eq!(p.lookup(a.addr), None);
+    assert_eq!(p.live_blocks().collect::<Vec<_>>(), [b]);
+}
+
+#[test]
+fn double_free_is_ignored() {
+    let mut p = pool();
+    let a = p.allocate(100).unwrap();
+    p.free(a.id);
+    p.free(a.id);
+    assert_eq!(p.stats().allocation.current, 0);
+}
+
+#[test]
+fn idle_pages_up_to_the_recent_high_water_mark_stay() {
+    let s = 1_000_000_000;
+    let cfg = VmmConfig { keep_free: 2 * MIB, window_ns: s, ..VmmConfig::default() };
+    let mut p = VmmPool::new(SimulatedPages::new(), cfg);
+    let a = p.allocate(20 * MIB).unwrap();
+    let small = p.allocate(MIB).unwrap();
+    // A loop: the same 20 MiB every half second. Its pages stay.
+    for i in 1..6 {
+        p.free(a.id);
+        assert_eq!(p.stats().reserved_bytes.current, 22 * MIB, "iteration {i}");
+        p.backend_mut().now = i * s / 2;
+        let b = p.allocate(20 * MIB).unwrap();
+        assert_eq!(b.addr, a.addr);
+    }
+    assert_eq!(p.stats().num_page_creates, 11);
+    let a = p.live_blocks().find(|b| b.size == 20 * MIB).unwrap();
+    // The loop ends: within two windows, the pages beyond keep_free go back.
+    p.free(a.id);
+    p.backend_mut().now += 2 * s;
+    p.free(small.id);
+    assert_eq!(p.stats().idle_bytes.current, 2 * MIB);
+    assert_eq!(p.stats().reserved_bytes.current, 2 * MIB);
+}
+
+#[test]
+fn validate_clamps() {
+    let c = VmmConfig { small_max: 0, small_page: 1, large_page: 20 * MIB + 1, va_chunk: 0, ..VmmConfig::default() }
+        .validate();
+    assert_eq!((c.small_max, c.small_page, c.large_page), (512, 64 << 10, 20 * MIB + (64 << 10)));
+    assert_eq!(c.va_chunk % c.large_page, 0);
+    assert!(c.va_chunk >= 1 << 30);
+    assert_eq!(VmmConfig::default().validate(), VmmConfig::default());
+    assert_eq!(VmmConfig::pytorch_expandable().validate(), VmmConfig::pytorch_expandable());
+}

@@ -1,0 +1,219 @@
+//! The VMM pool against a simple model, over long random sequences of
+//! allocate / free / empty_cache / clock ticks, with and without a device capacity, for
+//! cupool's settings, for giving every idle page back at once, and for the
+//! PyTorch expandable-segments model.
+//!
+//! The model is the set of live blocks (address, size, requested) and, for
+//! each, the page handles under it when it was allocated. The simulated
+//! device panics on a page mapped twice, an address mapped twice, an unmap of
+//! nothing and a release of a mapped page. After every operation:
+//!
+//! * live blocks are the model's, none overlap, and all lie in page-aligned
+//!   ranges of 512 B multiples;
+//! * every byte of every live block is mapped, by the same handle as when the
+//!   block was allocated (no live byte unmapped, stitching never moves live
+//!   data);
+//! * each mapped page counts exactly the live blocks over it; pages with
+//!   none are idle, and (without the high-water window) idle bytes stay
+//!   within `keep_free` after a free;
+//! * the stats agree: allocated, requested and allocation with the model;
+//!   reserved with the device's pages held and with in-use + idle; in-use
+//!   with the pages that live blocks touch; with one page size and idle
+//!   pages remapped, the peak of reserved is the peak of in-use;
+//! * an out-of-memory happens only when the device capacity leaves no room
+//!   for the pages the request could need.
+
+use std::collections::BTreeMap;
+
+use cupool_core::pool::Block;
+use cupool_core::vmm::testing::SimulatedPages;
+use cupool_core::vmm::{VmmConfig, VmmPool};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(u64),
+    Free(usize),
+    EmptyCache,
+    /// The device clock moves on by this many tenths of a second.
+    Tick(u8),
+}
+
+/// A live block as the model keeps it: the block, its requested size, and
+/// (page start, handle) of every page under it when it was allocated.
+type Live = (Block, u64, Vec<(u64, u64)>);
+
+struct Harness {
+    pool: VmmPool<SimulatedPages>,
+    /// Live blocks by address.
+    live: BTreeMap<u64, Live>,
+    capacity: Option<u64>,
+}
+
+impl Harness {
+    fn new(cfg: VmmConfig, capacity: Option<u64>) -> Self {
+        let pool = VmmPool::new(SimulatedPages::new().with_capacity(capacity), cfg);
+        Harness { pool, live: BTreeMap::new(), capacity }
+    }
+
+    fn page_of(&self, size: u64) -> u64 {
+        let c = self.pool.config();
+        if size <= c.small_max {
+            c.small_page
+        } else {
+            c.large_page
+        }
+    }
+
+    /// (page start, handle) of every page under `[addr, addr + size)`; panics
+    /// on an unmapped byte.
+    fn handles_under(&self, addr: u64, size: u64, page: u64) -> Vec<(u64, u64)> {
+        let dev = self.pool.backend();
+        let mut out = Vec::new();
+        let mut x = addr;
+        while x < addr + size {
+            let (start, handle) = dev.handle_at(x).unwrap_or_else(|| panic!("live byte {x:#x} unmapped"));
+            out.push((start, handle));
+            x = start + page;
+        }
+        out
+    }
+
+    fn apply(&mut self, op: &Op) {
+        match *op {
+            Op::Alloc(req) => {
+                let before = self.pool.stats().clone();
+                match self.pool.allocate(req) {
+                    Ok(b) => {
+                        assert!(b.size >= req.max(1) && b.size.is_multiple_of(512) && b.size - req.max(1) < 512);
+                        let handles = self.handles_under(b.addr, b.size, self.page_of(b.size));
+                        assert!(self.live.insert(b.addr, (b, req, handles)).is_none(), "address handed out twice");
+                    }
+                    Err(_) => {
+                        let p = self.page_of(req.max(1).next_multiple_of(512));
+                        let need = (req.max(1).div_ceil(p) + 1) * p;
+                        let room = self.capacity.map(|c| c.saturating_sub(before.in_use_bytes.current));
+                        assert!(room.is_some_and(|r| r < need), "out of memory with room {room:?} for {req}");
+                        let s = self.pool.stats();
+                        assert_eq!(s.allocation.current, before.allocation.current);
+                        assert_eq!(s.in_use_bytes.current, before.in_use_bytes.current);
+                    }
+                }
+            }
+            Op::Free(sel) if !self.live.is_empty() => {
+                let addr = *self.live.keys().nth(sel % self.live.len()).unwrap();
+                let (b, _, _) = self.live.remove(&addr).unwrap();
+                self.pool.free(b.id);
+                self.pool.free(b.id); // a double free changes nothing
+                if self.pool.config().window_ns == 0 {
+                    assert!(self.pool.stats().idle_bytes.current <= self.pool.config().keep_free);
+                }
+            }
+            Op::Free(_) => {}
+            Op::Tick(t) => self.pool.backend_mut().now += t as u64 * 100_000_000,
+            Op::EmptyCache => {
+                let idle = self.pool.stats().idle_bytes.current;
+                assert_eq!(self.pool.empty_cache(), idle);
+                assert_eq!(self.pool.stats().idle_bytes.current, 0);
+            }
+        }
+        self.check();
+    }
+
+    fn check(&self) {
+        let pool = &self.pool;
+        let s = pool.stats();
+        // Live blocks.
+        let blocks: Vec<Block> = pool.live_blocks().collect();
+        assert_eq!(blocks.len(), self.live.len());
+        let mut end = 0;
+        for b in &blocks {
+            let (m, _, handles) = &self.live[&b.addr];
+            assert_eq!(b, m);
+            let info = pool.lookup(b.addr + b.size - 1).expect("a live block is found by address");
+            assert_eq!((info.id, info.addr, info.size, info.requested), (b.id, b.addr, b.size, self.live[&b.addr].1));
+            assert!(b.addr >= end, "blocks overlap at {:#x}", b.addr);
+            end = b.addr + b.size;
+            assert_eq!(&self.handles_under(b.addr, b.size, self.page_of(b.size)), handles, "live data moved");
+        }
+        // Pages: each counts the live blocks over it.
+        let mut refs: BTreeMap<u64, u32> = BTreeMap::new();
+        for (_, _, handles) in self.live.values() {
+            for &(start, _) in handles {
+                *refs.entry(start).or_default() += 1;
+            }
+        }
+        let (mut in_use, mut idle) = (0, 0);
+        for pg in pool.pages() {
+            assert_eq!(pg.refs, refs.get(&pg.addr).copied().unwrap_or(0), "page {:#x}", pg.addr);
+            assert_eq!(pool.backend().pages()[&pg.handle], (pg.size, Some(pg.addr)));
+            if pg.refs > 0 {
+                in_use += pg.size;
+            } else {
+                idle += pg.size;
+            }
+        }
+        assert_eq!(refs.len(), pool.pages().filter(|p| p.refs > 0).count());
+        // Stats.
+        assert_eq!(s.in_use_bytes.current, in_use);
+        assert_eq!(s.idle_bytes.current, idle);
+        assert_eq!(s.reserved_bytes.current, in_use + idle);
+        assert_eq!(s.reserved_bytes.current, pool.backend().held());
+        assert_eq!(s.allocation.current, self.live.len() as u64);
+        assert_eq!(s.allocated_bytes.current, self.live.values().map(|(b, _, _)| b.size).sum::<u64>());
+        assert_eq!(s.requested_bytes.current, self.live.values().map(|(_, r, _)| r).sum::<u64>());
+        assert_eq!(s.num_page_creates - s.num_page_releases, pool.backend().pages().len() as u64);
+        assert_eq!(s.num_maps - s.num_unmaps, pool.pages().count() as u64);
+        let c = pool.config();
+        if c.remap_idle && c.small_page == c.large_page {
+            assert_eq!(s.reserved_bytes.peak, s.in_use_bytes.peak, "a page created while one was idle");
+        }
+    }
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u64..=MIB).prop_map(Op::Alloc),
+        3 => (MIB..12 * MIB).prop_map(Op::Alloc),
+        1 => (12 * MIB..48 * MIB).prop_map(Op::Alloc),
+        5 => any::<usize>().prop_map(Op::Free),
+        1 => Just(Op::EmptyCache),
+        1 => (0u8..30).prop_map(Op::Tick),
+    ]
+}
+
+fn config() -> impl Strategy<Value = VmmConfig> {
+    prop_oneof![
+        Just(VmmConfig::default()),
+        Just(VmmConfig { keep_free: 0, window_ns: 0, ..VmmConfig::default() }),
+        Just(VmmConfig { keep_free: 4 * MIB, window_ns: 0, ..VmmConfig::default() }),
+        Just(VmmConfig { small_max: 64 << 10, large_page: 4 * MIB, ..VmmConfig::default() }),
+        Just(VmmConfig { keep_free: 0, window_ns: 1_000_000_000, ..VmmConfig::default() }),
+        Just(VmmConfig::pytorch_expandable()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn vmm_pool_keeps_live_data_mapped_in_place(
+        cfg in config(),
+        capacity in prop_oneof![Just(None), (16u64..160).prop_map(|m| Some(m * MIB))],
+        ops in prop::collection::vec(op(), 1..300),
+    ) {
+        let mut h = Harness::new(cfg, capacity);
+        for o in &ops {
+            h.apply(o);
+        }
+        let ids: Vec<Block> = h.live.values().map(|(b, _, _)| *b).collect();
+        for b in ids {
+            h.pool.free(b.id);
+        }
+        h.live.clear();
+        h.check();
+        prop_assert_eq!(h.pool.stats().in_use_bytes.current, 0);
+    }
+}
