@@ -9,6 +9,7 @@ use cupool_core::pool::{BlockId, Pool, PoolConfig};
 use cupool_core::vmm::testing::SimulatedPages;
 use cupool_core::vmm::{VmmConfig, VmmPool};
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -19,13 +20,18 @@ enum Op {
     Free(u64),
 }
 
+/// An operation at its time in the trace (ns; 0 where the trace has none):
+/// what the allocators' clocks answer during a replay, so that rules in time
+/// (giving segments back, the VMM high-water window) act as they did in the run.
+type Timed = (u64, Op);
+
 /// The header of an RMM logging CSV (`rmm::mr::logging_resource_adaptor`).
 const RMM_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 
 /// Device-memory operations of a cupool log, or of an RMM logging CSV
 /// (`Thread,Time,Action,Pointer,Size,Stream`); either may be gzipped.
 /// Errors name the file, and the line where one is at fault.
-fn load(trace: &Trace) -> Result<Vec<Op>, String> {
+fn load(trace: &Trace) -> Result<Vec<Timed>, String> {
     let path = trace.path();
     let in_file = |e: std::io::Error| format!("{}: {e}", path.display());
     let raw = match trace {
@@ -53,8 +59,8 @@ fn load(trace: &Trace) -> Result<Vec<Op>, String> {
         }
         let ptr = e.ptr.unwrap_or(0);
         match e.ev.known() {
-            Some(EventKind::Alloc) => ops.push(Op::Alloc(ptr, e.size.unwrap_or(0))),
-            Some(EventKind::Free) => ops.push(Op::Free(ptr)),
+            Some(EventKind::Alloc) => ops.push((e.t_ns, Op::Alloc(ptr, e.size.unwrap_or(0)))),
+            Some(EventKind::Free) => ops.push((e.t_ns, Op::Free(ptr))),
             _ => {}
         }
     }
@@ -64,7 +70,7 @@ fn load(trace: &Trace) -> Result<Vec<Op>, String> {
 /// The rows of an RMM logging CSV; an error is (1-based line, what is wrong).
 /// Rows of `allocate failure` are skipped; any row that is not an
 /// `allocate` or `free` with a hex pointer and a byte count is an error.
-fn load_rmm_csv(text: &str) -> Result<Vec<Op>, (usize, String)> {
+fn load_rmm_csv(text: &str) -> Result<Vec<Timed>, (usize, String)> {
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end_matches('\r')));
     let (_, header) = lines.next().unwrap_or((1, ""));
     let columns: Vec<&str> = header.split(',').map(str::trim).collect();
@@ -75,6 +81,7 @@ fn load_rmm_csv(text: &str) -> Result<Vec<Op>, (usize, String)> {
             .ok_or_else(|| (1, format!("the header has no {name} column (expected {RMM_HEADER})")))
     };
     let (action, pointer, size) = (column("Action")?, column("Pointer")?, column("Size")?);
+    let time = columns.iter().position(|c| *c == "Time");
     let mut ops = Vec::new();
     for (n, line) in lines {
         if line.trim().is_empty() {
@@ -94,9 +101,10 @@ fn load_rmm_csv(text: &str) -> Result<Vec<Op>, (usize, String)> {
         };
         let bytes =
             || f[size].parse::<u64>().map_err(|_| (n, format!("bad size '{}' (expected a number of bytes)", f[size])));
+        let t = time.and_then(|c| rmm_time_ns(f[c])).unwrap_or(0);
         match f[action] {
-            "allocate" => ops.push(Op::Alloc(ptr()?, bytes()?)),
-            "free" => ops.push(Op::Free(ptr()?)),
+            "allocate" => ops.push((t, Op::Alloc(ptr()?, bytes()?))),
+            "free" => ops.push((t, Op::Free(ptr()?))),
             "allocate failure" => {}
             other => {
                 return Err((n, format!("unknown action '{other}' (expected allocate, free or allocate failure)")))
@@ -104,6 +112,17 @@ fn load_rmm_csv(text: &str) -> Result<Vec<Op>, (usize, String)> {
         }
     }
     Ok(ops)
+}
+
+/// RMM's `Time` column, `HH:MM:SS.ffffff` (a time of day), in ns; `None`
+/// when it is not in that form.
+fn rmm_time_ns(text: &str) -> Option<u64> {
+    let mut parts = text.split(':');
+    let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+    let (whole, frac) = s.split_once('.').unwrap_or((s, "0"));
+    let frac_ns = format!("{frac:0<9}").get(..9)?.parse::<u64>().ok()?;
+    let secs = h.parse::<u64>().ok()? * 3600 + m.parse::<u64>().ok()? * 60 + whole.parse::<u64>().ok()?;
+    Some(secs * 1_000_000_000 + frac_ns)
 }
 
 /// An allocator a trace is replayed through.
@@ -138,12 +157,32 @@ impl Policy {
 
 /// What replay needs of an allocator.
 trait Replayable {
+    /// The trace's clock reads `t_ns` now.
+    fn at(&mut self, t_ns: u64);
     fn alloc(&mut self, size: u64) -> Option<BlockId>;
     fn release(&mut self, id: BlockId);
     fn peak_reserved(&self) -> u64;
 }
 
+impl<T: Replayable> Replayable for &mut T {
+    fn at(&mut self, t_ns: u64) {
+        (**self).at(t_ns)
+    }
+    fn alloc(&mut self, size: u64) -> Option<BlockId> {
+        (**self).alloc(size)
+    }
+    fn release(&mut self, id: BlockId) {
+        (**self).release(id)
+    }
+    fn peak_reserved(&self) -> u64 {
+        (**self).peak_reserved()
+    }
+}
+
 impl Replayable for Pool<SimulatedDevice> {
+    fn at(&mut self, t_ns: u64) {
+        self.backend_mut().now = t_ns;
+    }
     fn alloc(&mut self, size: u64) -> Option<BlockId> {
         self.allocate(size).ok().map(|b| b.id)
     }
@@ -156,6 +195,9 @@ impl Replayable for Pool<SimulatedDevice> {
 }
 
 impl Replayable for VmmPool<SimulatedPages> {
+    fn at(&mut self, t_ns: u64) {
+        self.backend_mut().now = t_ns;
+    }
     fn alloc(&mut self, size: u64) -> Option<BlockId> {
         self.allocate(size).ok().map(|b| b.id)
     }
@@ -184,7 +226,7 @@ impl Outcome {
     }
 }
 
-fn replay(ops: &[Op], policy: Policy) -> Outcome {
+fn replay(ops: &[Timed], policy: Policy) -> Outcome {
     match policy {
         Policy::Segments => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::shim_default())),
         Policy::PytorchCaching => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::default())),
@@ -195,11 +237,12 @@ fn replay(ops: &[Op], policy: Policy) -> Outcome {
     }
 }
 
-fn replay_on(ops: &[Op], mut pool: impl Replayable) -> Outcome {
+fn replay_on(ops: &[Timed], mut pool: impl Replayable) -> Outcome {
     let mut live: HashMap<u64, (BlockId, u64)> = HashMap::with_capacity(ops.len() / 2);
     let (mut live_bytes, mut peak_live) = (0u64, 0u64);
     let start = Instant::now();
-    for op in ops {
+    for (t_ns, op) in ops {
+        pool.at(*t_ns);
         match *op {
             Op::Alloc(key, size) => {
                 if let Some(id) = pool.alloc(size) {
@@ -296,6 +339,15 @@ pub fn run(paths: Vec<PathBuf>, json: bool) -> ExitCode {
         return bad_input;
     }
     let mut header = false;
+    // A reader that stops early (`| head`) ends the replay quietly.
+    let mut out = std::io::stdout().lock();
+    macro_rules! line {
+        ($($arg:tt)*) => {
+            if writeln!(out, $($arg)*).is_err() {
+                return if failed { bad_input } else { ExitCode::SUCCESS };
+            }
+        };
+    }
     for p in &paths {
         let name = p.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let ops = match load(p) {
@@ -307,9 +359,15 @@ pub fn run(paths: Vec<PathBuf>, json: bool) -> ExitCode {
             }
         };
         if !json && !std::mem::replace(&mut header, true) {
-            println!(
+            line!(
                 "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7} {:>7}",
-                "trace", "policy", "ops", "peak live", "peak reserved", "ratio", "ns/op"
+                "trace",
+                "policy",
+                "ops",
+                "peak live",
+                "peak reserved",
+                "ratio",
+                "ns/op"
             );
         }
         for policy in Policy::ALL {
@@ -322,9 +380,9 @@ pub fn run(paths: Vec<PathBuf>, json: bool) -> ExitCode {
                     "peak_reserved": o.peak_reserved,
                     "ratio": o.ratio(),
                 });
-                println!("{row}");
+                line!("{row}");
             } else {
-                println!(
+                line!(
                     "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7.3} {:>7.1}",
                     name,
                     policy.name(),
@@ -341,5 +399,40 @@ pub fn run(paths: Vec<PathBuf>, json: bool) -> ExitCode {
         bad_input
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rmm_times_read_as_nanoseconds_of_the_day() {
+        assert_eq!(rmm_time_ns("00:00:01.5"), Some(1_500_000_000));
+        assert_eq!(rmm_time_ns("10:15:30.000123"), Some((10 * 3600 + 15 * 60 + 30) * 1_000_000_000 + 123_000));
+        assert_eq!(rmm_time_ns("12:00:00"), Some(12 * 3600 * 1_000_000_000));
+        assert_eq!(rmm_time_ns("1700000000.5"), None);
+        assert_eq!(rmm_time_ns("aa:bb:cc"), None);
+    }
+
+    #[test]
+    fn the_allocators_clock_follows_the_trace() {
+        // A 64 MiB buffer freed and allocated again 10 ms later: cupool's pool
+        // keeps that size cached (it cycles) and reserves 64 MiB at most;
+        // 2 s later it would have gone back and come again, still 64 MiB.
+        let cycle = |gap_ns: u64| {
+            let ops: Vec<Timed> = vec![
+                (0, Op::Alloc(1, 64 << 20)),
+                (1, Op::Free(1)),
+                (1 + gap_ns, Op::Alloc(2, 64 << 20)),
+                (2 + gap_ns, Op::Free(2)),
+                (3 + gap_ns, Op::Alloc(3, 64 << 20)),
+            ];
+            let mut pool = Pool::new(SimulatedDevice::new(), PoolConfig::shim_default());
+            replay_on(&ops, &mut pool);
+            pool.backend().segment_requests()
+        };
+        assert_eq!(cycle(10_000_000), 2, "regrown within a second: kept from then on");
+        assert_eq!(cycle(2_000_000_000), 3, "regrown after two seconds: given back each time");
     }
 }

@@ -66,6 +66,8 @@ pub struct SimulatedDevice {
     pub queued: u64,
     /// Newest finished GPU work: tags up to it are complete.
     pub completed: u64,
+    /// What `now_ns` answers (0 unless a caller moves it, e.g. a replay by its trace's times).
+    pub now: u64,
     next: u64,
     outstanding: u64,
     live: BTreeMap<u64, u64>,
@@ -89,6 +91,7 @@ impl SimulatedDevice {
             capturing: false,
             queued: 0,
             completed: 0,
+            now: 0,
             next: BASE_ADDR,
             outstanding: 0,
             live: BTreeMap::new(),
@@ -164,6 +167,10 @@ impl Backend for SimulatedDevice {
         self.outstanding += size;
         self.live.insert(addr, size);
         Some(addr)
+    }
+
+    fn now_ns(&mut self) -> u64 {
+        self.now
     }
 
     fn release_segment(&mut self, addr: u64, size: u64) {
