@@ -82,8 +82,14 @@ enum Command {
         line naming the file (and line).")]
     Report {
         /// Print the summary as JSON (one object per log) instead of text.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "html")]
         json: bool,
+        /// Write the report as one self-contained HTML page into FILE instead of printing it: per
+        /// device, a plot of the bytes allocated and reserved over time (zoom, and the allocation
+        /// nearest in time with its site on hover), the phases, top sites, OOMs and leaks. Exits
+        /// with status 73 when FILE cannot be written (checked before anything is read).
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
         /// Show the N allocation sites with the largest peak, the N with the most allocations and
         /// the N holding the most bytes at the end, with their frames (0: none). Logs written with
         /// trace=0 have no sites.
@@ -147,6 +153,6 @@ fn main() -> ExitCode {
         Command::Merge(args) => check::merge(args),
         Command::Replay { traces } => replay::run(traces),
         Command::Export(args) => views::export::run(args),
-        Command::Report { json, sites, paths } => views::report::run(&paths, json, sites),
+        Command::Report { json, html, sites, paths } => views::report::run(&paths, json, html.as_deref(), sites),
     }
 }
