@@ -76,10 +76,10 @@ enum Command {
         the allocation sizes; reserved against allocated over the run; each phase's peak and growth; \
         out-of-memory refusals with the pool's snapshot; the top allocation sites by peak, by count and \
         by bytes still live; then the leaks as cupool check judges them. docs/report.md describes the \
-        text and the --json form. \
+        text, the --json form and the --html page (one self-contained file with interactive plots). \
         Exits with status 2 if a path does not exist, a file cannot be read as a cupool log, or a \
         directory holds no cupool logs (the others are reported all the same); each problem gets one \
-        line naming the file (and line).")]
+        line naming the file (and line). Exits with status 73 when the --html page cannot be written.")]
     Report {
         /// Print the summary as JSON (one object per log) instead of text.
         #[arg(long, conflicts_with = "html")]
