@@ -475,11 +475,11 @@ fn html_blob(page: &str) -> Value {
     serde_json::from_str(&page[start..start + len]).expect("the blob parses")
 }
 
-/// The maximum of a series written as `[dt0, v0, dt1, v1, ...]`, and its times in order.
-fn series_max(flat: &Value) -> (u64, bool) {
+/// The maximum of a series written as `[dt0, v0, dt1, v1, ...]`.
+fn series_max(flat: &Value) -> u64 {
     let v: Vec<u64> = flat.as_array().unwrap().iter().map(u64_of).collect();
     assert_eq!(v.len() % 2, 0);
-    (v.chunks(2).map(|c| c[1]).max().unwrap_or(0), true)
+    v.chunks(2).map(|c| c[1]).max().unwrap_or(0)
 }
 
 #[test]
@@ -505,8 +505,8 @@ fn html_report_is_one_self_contained_page_whose_plot_peaks_at_the_recorded_peak(
     let p = &data["processes"][0];
     let dev = &p["devices"][0];
     // The series' maximum is the end record's peak (allocated and reserved).
-    assert_eq!(series_max(&dev["allocated"]).0, u64_of(&end["peak_bytes"]), "{}", dev["peak_allocated"]);
-    assert_eq!(series_max(&dev["reserved"]).0, u64_of(&end["peak_reserved_bytes"]));
+    assert_eq!(series_max(&dev["allocated"]), u64_of(&end["peak_bytes"]), "{}", dev["peak_allocated"]);
+    assert_eq!(series_max(&dev["reserved"]), u64_of(&end["peak_reserved_bytes"]));
     assert_eq!(dev["peak_allocated"]["bytes"], end["peak_bytes"]);
     // Phases, sites with frames, leaks.
     assert_eq!(p["phases"].as_array().unwrap().len(), 30);

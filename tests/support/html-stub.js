@@ -2,7 +2,8 @@
 // against a minimal DOM and canvas written here (no browser, no npm package),
 // then drives the plots as a user would (hover, drag to zoom, wheel, reset).
 // Prints one JSON line: the markers the script set on <body> and on each
-// canvas, the number of canvas calls, and what the first tooltip said.
+// canvas, the number of canvas calls, how long the script took to parse its
+// data and draw the page (script_ms), and what the first tooltip said.
 //   node tests/support/html-stub.js PAGE.html
 // Exits non-zero if the script throws. It checks that the script runs and what
 // it computes, not what a browser would show.
@@ -58,7 +59,9 @@ const document = {
   getElementById: (id) => (id === "app" ? app : id === "cupool-data" ? data : null),
 };
 const window = { devicePixelRatio: 2, addEventListener() {} };
+const started = process.hrtime.bigint();
 vm.runInNewContext(scripts[0], { document, window, Math, JSON, String, Number, Array, Object, Float64Array });
+const scriptMs = Number(process.hrtime.bigint() - started) / 1e6;
 
 // Drive the first plot: hover, drag to zoom, wheel, reset.
 let tip = null;
@@ -84,6 +87,7 @@ console.log(JSON.stringify({
   body: body.attributes,
   canvases: canvases.map((c) => c.attributes),
   calls,
+  script_ms: Math.round(scriptMs),
   tip: tip ? tip.textContent : null,
   text: app.textContent.length,
 }));
