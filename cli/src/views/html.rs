@@ -188,9 +188,20 @@ fn finding(f: &Finding) -> Value {
 
 /// The page's data: every process, then the leak findings.
 pub fn data(logs: &[(&Log, &ProcessView, &SitesReport)], findings: &Findings, w: &mut Written) -> Value {
+    data_within(logs, findings, SERIES_POINTS, ALLOC_POINTS, w)
+}
+
+/// The page's data with about `series_points` series points and `alloc_points` allocations in all.
+fn data_within(
+    logs: &[(&Log, &ProcessView, &SitesReport)],
+    findings: &Findings,
+    series_points: usize,
+    alloc_points: usize,
+    w: &mut Written,
+) -> Value {
     let n_devices: usize = logs.iter().map(|(_, v, _)| v.devices.len()).sum::<usize>().max(1);
-    let per_series = (SERIES_POINTS / (2 * n_devices)).max(MIN_POINTS);
-    let per_allocs = (ALLOC_POINTS / n_devices).max(MIN_POINTS);
+    let per_series = (series_points / (2 * n_devices)).max(MIN_POINTS);
+    let per_allocs = (alloc_points / n_devices).max(MIN_POINTS);
     let processes: Vec<Value> =
         logs.iter().map(|(log, view, sites)| process(log, view, sites, per_series, per_allocs, w)).collect();
     let shown: Vec<Value> = findings.findings.iter().filter(|f| f.suppressed_by.is_none()).map(finding).collect();
@@ -228,6 +239,69 @@ mod tests {
     #[test]
     fn times_are_written_as_steps() {
         assert_eq!(series(&[(5, 1), (7, 3), (7, 2)]), vec![5, 1, 2, 3, 0, 2]);
+    }
+
+    /// A passthrough log of `n` allocations in a saw tooth, one of them a spike.
+    fn saw_log(n: u64) -> Log {
+        use cupool_core::log::{Header, Named, ProcessInfo};
+        use cupool_core::options::{Mode, Options};
+        let mut events = Vec::new();
+        let mut push = |ev, ptr, size| {
+            let mut e = cupool_core::log::EventRecord::new(events.len() as u64, 1000 * events.len() as u64, ev);
+            e.api = Some(Named::from_name("cudaMalloc"));
+            e.kind = Some(Named::from_name("device"));
+            (e.device, e.ptr, e.size, e.tid, e.stack) = (Some(0), Some(ptr), Some(size), Some(1), Some(3));
+            events.push(e);
+        };
+        for i in 0..n {
+            let size = if i == n / 3 { 1 << 30 } else { 4096 * (i % 17 + 1) };
+            push(EventKind::Alloc, 0x1000 + i, size);
+            if i % 4 != 3 {
+                push(EventKind::Free, 0x1000 + i, size);
+            }
+        }
+        let header = Header {
+            schema: cupool_core::log::SCHEMA.into(),
+            version: cupool_core::log::VERSION,
+            process: ProcessInfo {
+                pid: 9,
+                cmdline: vec!["prog".into(), "</script><script>alert(1)</script>".into()],
+                ..Default::default()
+            },
+            options: Options { mode: Mode::Passthrough, ..Options::default() },
+        };
+        Log { path: "cupool.9.json".into(), header, events, definitions: Vec::new(), end: None }
+    }
+
+    #[test]
+    fn long_series_are_cut_down_with_the_peak_kept() {
+        let log = saw_log(20_000);
+        let view = super::super::model::build(&log, &mut |_| {});
+        let sites = SitesReport::default();
+        let mut w = Written::default();
+        let data = data_within(&[(&log, &view, &sites)], &Findings::default(), 4000, 1000, &mut w);
+        let dev = &data["processes"][0]["devices"][0];
+        let values = |key: &str| -> Vec<u64> {
+            dev[key].as_array().unwrap().chunks(2).map(|c| c[1].as_u64().unwrap()).collect()
+        };
+        let allocated = values("allocated");
+        assert!(allocated.len() <= 2001 && w.points < w.points_seen, "{} of {}", allocated.len(), w.points_seen);
+        assert_eq!(allocated.iter().max(), Some(&view.devices[0].peak_allocated.bytes));
+        assert!(view.devices[0].peak_allocated.bytes >= 1 << 30);
+        assert_eq!(values("reserved").iter().max(), Some(&view.devices[0].peak_reserved.bytes));
+        // Times as steps add up to the last sample's time.
+        let t: u64 = dev["allocated"].as_array().unwrap().chunks(2).map(|c| c[0].as_u64().unwrap()).sum();
+        assert_eq!(t, view.devices[0].samples.last().unwrap().t_ns);
+        // Allocations for hovering: bounded, the spike among them.
+        let allocs = dev["alloc_events"].as_array().unwrap();
+        assert!(allocs.len() / 3 <= 1001, "{}", allocs.len() / 3);
+        assert!(allocs.chunks(3).any(|a| a[1] == 1u64 << 30));
+        // A name with `</script>` in it cannot end the data early.
+        let mut page = Vec::new();
+        write(&[(&log, &view, &sites)], &Findings::default(), &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert_eq!(page.matches("</script>").count(), 2, "the blob's end and the script's");
+        assert!(page.contains("\\u003c/script>\\u003cscript>alert(1)"));
     }
 
     #[test]
