@@ -575,3 +575,37 @@ fn html_report_names_an_unwritable_page_in_one_line_before_reading() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[test]
+fn html_report_of_several_processes_has_a_plot_each_and_the_ooms() {
+    let dir = scratch_dir("views-html-oom");
+    let (oom_log, oom) = logged(&dir.join("a"), pool_limit(), &[], "limit=64m");
+    let (loop_log, looped) = logged(&dir.join("b"), check_loop(), &["5", "clean"], "");
+    let page_path = dir.join("both.html");
+    let out = run_cupool(&["report", "--html", path_str(&page_path), path_str(&oom), path_str(&looped)], &dir);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let page = std::fs::read_to_string(&page_path).unwrap();
+    let data = html_blob(&page);
+    let procs = data["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2);
+    let with_ooms = procs.iter().find(|p| !p["ooms"].as_array().unwrap().is_empty()).expect("the OOMs");
+    assert!(with_ooms["ooms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o["requested"] == 100 << 20 && !o["snapshot"].is_null()));
+    if std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let stub = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/html-stub.js");
+        let out = std::process::Command::new("node").arg(&stub).arg(&page_path).output().unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        let seen: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        assert_eq!(seen["body"]["data-cupool-plots"], "2", "{seen}");
+        let mut plotted: Vec<String> =
+            seen["body"]["data-cupool-plot-max"].as_str().unwrap().split(',').map(String::from).collect();
+        let mut peaks: Vec<String> =
+            [&oom_log, &loop_log].iter().map(|l| l["end"]["devices"][0]["peak_bytes"].to_string()).collect();
+        plotted.sort();
+        peaks.sort();
+        assert_eq!(plotted, peaks, "{seen}");
+    }
+}
