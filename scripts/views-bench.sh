@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How long cupool report and cupool export take on a log of about a million
+# How long cupool report (text, --json, --html) and cupool export take on a log of about a million
 # events, on one core (taskset -c 0), no GPU needed. The log is a real one:
 # tests/fake/check_loop.c run under the shim against the fake CUDA runtime
 # (built by the test suite), 167,000 steps of a training loop that names each
@@ -38,6 +38,7 @@ best() {  # best of 3 wall-clock times of "$@", stdout discarded
 printf '%-58s %s s\n' "cupool report (text)" "$(best $cupool report "$log")"
 printf '%-58s %s s\n' "cupool report --json" "$(best $cupool report --json "$log")"
 printf '%-58s %s s\n' "cupool report (text), gzipped log" "$(best $cupool report "$log.gz")"
+printf '%-58s %s s\n' "cupool report --html" "$(best $cupool report --html "$out/report.html" "$log")"
 printf '%-58s %s s\n' "cupool export --perfetto" "$(best $cupool export --perfetto "$out/trace.json" "$log")"
 printf '%-58s %s s\n' "cupool export --memory-viz" "$(best $cupool export --memory-viz "$out/snap.pickle" "$log")"
-ls -la "$out/trace.json" "$out/snap.pickle" | awk '{print $5, $9}'
+ls -la "$out/report.html" "$out/trace.json" "$out/snap.pickle" | awk '{print $5, $9}'

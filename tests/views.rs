@@ -462,3 +462,150 @@ fn export_names_bad_inputs_and_outputs_in_one_line_and_loses_nothing() {
     assert!(!stderr_of(&out).contains('\r') && !stderr_of(&out).contains('\u{1b}'), "{}", stderr_of(&out));
     assert_eq!(stderr_of(&out).lines().count(), 1, "{}", stderr_of(&out));
 }
+
+// ---------------------------------------------------------------------------
+// cupool report --html
+
+/// The inline JSON blob of a page, parsed.
+fn html_blob(page: &str) -> Value {
+    let open = "<script type=\"application/json\" id=\"cupool-data\">";
+    assert_eq!(page.matches(open).count(), 1, "one data blob");
+    let start = page.find(open).unwrap() + open.len();
+    let len = page[start..].find("</script>").unwrap();
+    serde_json::from_str(&page[start..start + len]).expect("the blob parses")
+}
+
+/// The maximum of a series written as `[dt0, v0, dt1, v1, ...]`.
+fn series_max(flat: &Value) -> u64 {
+    let v: Vec<u64> = flat.as_array().unwrap().iter().map(u64_of).collect();
+    assert_eq!(v.len() % 2, 0);
+    v.chunks(2).map(|c| c[1]).max().unwrap_or(0)
+}
+
+#[test]
+fn html_report_is_one_self_contained_page_whose_plot_peaks_at_the_recorded_peak() {
+    let dir = scratch_dir("views-html");
+    let (log, file) = logged(&dir, check_loop(), &["30", "leak", "mark"], "");
+    let end = &log["end"]["devices"][0];
+    let page_path = dir.join("report.html");
+    let out = run_cupool(&["report", "--html", path_str(&page_path), path_str(&file)], &dir);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).is_empty(), "the page, not the text: {}", stdout_of(&out));
+    let stderr = stderr_of(&out);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with(&format!("cupool report: {}: 1 process(es), ", page_path.display())), "{stderr}");
+    let page = std::fs::read_to_string(&page_path).unwrap();
+
+    // Self-contained: nothing fetched from outside, one inline script besides the data.
+    for outside in ["http://", "https://", "src=", "href=", "@import", "url("] {
+        assert!(!page.contains(outside), "{outside} in the page");
+    }
+    assert_eq!(page.matches("<script").count(), 2);
+    let data = html_blob(&page);
+    let p = &data["processes"][0];
+    let dev = &p["devices"][0];
+    // The series' maximum is the end record's peak (allocated and reserved).
+    assert_eq!(series_max(&dev["allocated"]), u64_of(&end["peak_bytes"]), "{}", dev["peak_allocated"]);
+    assert_eq!(series_max(&dev["reserved"]), u64_of(&end["peak_reserved_bytes"]));
+    assert_eq!(dev["peak_allocated"]["bytes"], end["peak_bytes"]);
+    // Phases, sites with frames, leaks.
+    assert_eq!(p["phases"].as_array().unwrap().len(), 30);
+    assert_eq!(p["phase_groups"][0]["name"], "step #");
+    let by_peak = p["sites"]["by_peak"].as_array().unwrap();
+    assert!(!by_peak.is_empty() && !by_peak[0]["frames"].as_array().unwrap().is_empty(), "{by_peak:?}");
+    let text =
+        by_peak.iter().flat_map(|s| s["frames"].as_array().unwrap()).map(|f| f.as_str().unwrap()).collect::<Vec<_>>();
+    assert!(text.iter().any(|f| f.contains("leak_one_buffer (check_loop+")), "{text:?}");
+    // Allocations for hovering, each with a site whose frames are in the page.
+    let allocs = dev["alloc_events"].as_array().unwrap();
+    assert_eq!(allocs.len() / 3, u64_of(&dev["alloc_events_seen"]) as usize);
+    let stack = allocs[2].as_u64().expect("a site");
+    assert!(!p["stacks"][stack.to_string()].as_array().unwrap().is_empty());
+    let kinds: Vec<&str> = data["findings"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"exit") && kinds.contains(&"growth"), "{kinds:?}");
+
+    // The page's own script, run under node against a stub DOM (where node is).
+    if std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let stub = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/html-stub.js");
+        let out = std::process::Command::new("node").arg(&stub).arg(&page_path).output().unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        let seen: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        assert_eq!(seen["body"]["data-cupool-drawn"], "1", "{seen}");
+        assert_eq!(seen["body"]["data-cupool-plots"], "1", "{seen}");
+        assert_eq!(seen["body"]["data-cupool-plot-max"], end["peak_bytes"].to_string(), "{seen}");
+        let c = &seen["canvases"][0];
+        assert_eq!(c["data-plot-max"], c["data-peak"], "{seen}");
+        assert_eq!(c["data-plot-max-reserved"], end["peak_reserved_bytes"].to_string(), "{seen}");
+        assert!(u64_of(&seen["calls"]) > 100, "{seen}");
+        let tip = seen["tip"].as_str().unwrap();
+        assert!(
+            tip.contains("allocated ") && tip.contains("nearest allocation: ") && tip.contains("(check_loop+"),
+            "{tip}"
+        );
+    } else {
+        eprintln!("no node here: the page's script was not run");
+    }
+}
+
+#[test]
+fn html_report_names_an_unwritable_page_in_one_line_before_reading() {
+    let dir = scratch_dir("views-html-bad");
+    let (_, good) = logged(&dir.join("logs"), check_loop(), &["2", "clean"], "");
+    let page = dir.join("page.html");
+    std::fs::write(&page, "old").unwrap();
+    for bad in [Path::new("/proc/nope/page.html").to_path_buf(), dir.clone()] {
+        let out = run_cupool(&["report", "--html", path_str(&bad), path_str(&good)], &dir);
+        assert_eq!(out.status.code(), Some(73), "{}: {}", bad.display(), stderr_of(&out));
+        let stderr = stderr_of(&out);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with(&format!("cupool report: {}: ", bad.display())), "{stderr}");
+    }
+    // Nothing readable: status 2, and the page already there is kept.
+    let out = run_cupool(&["report", "--html", path_str(&page), path_str(&dir.join("nope.json"))], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert_eq!(std::fs::read_to_string(&page).unwrap(), "old");
+    assert_eq!(
+        run_cupool(&["report", "--html", path_str(&page), "--json", path_str(&good)], &dir).status.code(),
+        Some(2)
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn html_report_of_several_processes_has_a_plot_each_and_the_ooms() {
+    let dir = scratch_dir("views-html-oom");
+    let (oom_log, oom) = logged(&dir.join("a"), pool_limit(), &[], "limit=64m");
+    let (loop_log, looped) = logged(&dir.join("b"), check_loop(), &["5", "clean"], "");
+    let page_path = dir.join("both.html");
+    let out = run_cupool(&["report", "--html", path_str(&page_path), path_str(&oom), path_str(&looped)], &dir);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let page = std::fs::read_to_string(&page_path).unwrap();
+    let data = html_blob(&page);
+    let procs = data["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2);
+    let with_ooms = procs.iter().find(|p| !p["ooms"].as_array().unwrap().is_empty()).expect("the OOMs");
+    assert!(with_ooms["ooms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o["requested"] == 100 << 20 && !o["snapshot"].is_null()));
+    if std::process::Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let stub = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/html-stub.js");
+        let out = std::process::Command::new("node").arg(&stub).arg(&page_path).output().unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        let seen: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        assert_eq!(seen["body"]["data-cupool-plots"], "2", "{seen}");
+        let mut plotted: Vec<String> =
+            seen["body"]["data-cupool-plot-max"].as_str().unwrap().split(',').map(String::from).collect();
+        let mut peaks: Vec<String> =
+            [&oom_log, &loop_log].iter().map(|l| l["end"]["devices"][0]["peak_bytes"].to_string()).collect();
+        plotted.sort();
+        peaks.sort();
+        assert_eq!(plotted, peaks, "{seen}");
+    }
+}

@@ -76,14 +76,20 @@ enum Command {
         the allocation sizes; reserved against allocated over the run; each phase's peak and growth; \
         out-of-memory refusals with the pool's snapshot; the top allocation sites by peak, by count and \
         by bytes still live; then the leaks as cupool check judges them. docs/report.md describes the \
-        text and the --json form. \
+        text, the --json form and the --html page (one self-contained file with interactive plots). \
         Exits with status 2 if a path does not exist, a file cannot be read as a cupool log, or a \
         directory holds no cupool logs (the others are reported all the same); each problem gets one \
-        line naming the file (and line).")]
+        line naming the file (and line). Exits with status 73 when the --html page cannot be written.")]
     Report {
         /// Print the summary as JSON (one object per log) instead of text.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "html")]
         json: bool,
+        /// Write the report as one self-contained HTML page into FILE instead of printing it: per
+        /// device, a plot of the bytes allocated and reserved over time (zoom, and the allocation
+        /// nearest in time with its site on hover), the phases, top sites, OOMs and leaks. Exits
+        /// with status 73 when FILE cannot be written (checked before anything is read).
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
         /// Show the N allocation sites with the largest peak, the N with the most allocations and
         /// the N holding the most bytes at the end, with their frames (0: none). Logs written with
         /// trace=0 have no sites.
@@ -157,6 +163,6 @@ fn main() -> ExitCode {
         Command::Merge(args) => check::merge(args),
         Command::Replay { json, traces } => replay::run(traces, json),
         Command::Export(args) => views::export::run(args),
-        Command::Report { json, sites, paths } => views::report::run(&paths, json, sites),
+        Command::Report { json, html, sites, paths } => views::report::run(&paths, json, html.as_deref(), sites),
     }
 }

@@ -44,14 +44,14 @@ pub struct ExportArgs {
 }
 
 /// A file being written: a temporary beside `path`, renamed into place by `commit`.
-struct Output {
+pub(super) struct Output {
     path: PathBuf,
     tmp: PathBuf,
 }
 
 impl Output {
     /// Opens the temporary file, or says why `path` cannot be written.
-    fn create(path: &Path) -> Result<(Output, File), String> {
+    pub(super) fn create(path: &Path) -> Result<(Output, File), String> {
         if path.is_dir() {
             return Err(format!("{}: is a directory, not a file to write into", path.display()));
         }
@@ -64,14 +64,14 @@ impl Output {
         }
     }
 
-    fn commit(self) -> Result<(), String> {
+    pub(super) fn commit(self) -> Result<(), String> {
         std::fs::rename(&self.tmp, &self.path).map_err(|e| {
             let _ = std::fs::remove_file(&self.tmp);
             format!("{}: cannot write there: {e}", self.path.display())
         })
     }
 
-    fn abandon(self) {
+    pub(super) fn abandon(self) {
         let _ = std::fs::remove_file(&self.tmp);
     }
 }

@@ -1,10 +1,11 @@
 //! Views of logs for people and tools: `cupool report` in the terminal,
-//! `cupool export` for Perfetto and PyTorch's memory_viz. Every view is
+//! `cupool report --html` as one page, `cupool export` for Perfetto and PyTorch's memory_viz. Every view is
 //! drawn from one model of each process (`model`), built in one pass over
 //! its timeline, with the pool's segments rebuilt where the log was written
 //! in pool mode (`pool`).
 
 pub mod export;
+pub mod html;
 pub mod load;
 pub mod memviz;
 pub mod model;

@@ -5,8 +5,10 @@
 //! allocated, reserved against allocated over time, the phases' peaks and
 //! growth, out-of-memory refusals with the pool's snapshot, checkpoints and
 //! notes, and the top allocation sites; last, the leaks as `cupool check`
-//! judges them. `--json` gives the same per process (docs/report.md).
+//! judges them. `--json` gives the same per process (docs/report.md);
+//! `--html` writes it as one page with plots (`super::html`).
 
+use super::export::{Output, EXIT_CANNOT_WRITE};
 use super::load::{load, Loaded};
 use super::model::{self, DeviceView, Peak, PhaseSpan, ProcessView, Sample};
 use super::progress::Progress;
@@ -18,7 +20,7 @@ use cupool_core::log::{summarize, Log, Summary};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Points of the reserved-against-allocated table (and of its JSON).
@@ -405,10 +407,24 @@ fn print_findings(f: &Findings, out: &mut dyn Write) {
 
 /// `cupool report PATHS`: exit status 0, or 2 when a path could not be read
 /// (the others are reported all the same).
-pub fn run(paths: &[PathBuf], as_json: bool, n_sites: usize) -> ExitCode {
+pub fn run(paths: &[PathBuf], as_json: bool, html: Option<&Path>, n_sites: usize) -> ExitCode {
+    // The page's path first: a long read is not wasted on a path that cannot be written.
+    if let Some(path) = html {
+        match Output::create(path) {
+            Ok((out, _)) => out.abandon(),
+            Err(e) => {
+                eprintln!("cupool report: {e}; nothing was written");
+                return ExitCode::from(EXIT_CANNOT_WRITE);
+            }
+        }
+    }
     let mut progress = Progress::new("reading logs", 0);
     let Loaded { logs, problems } = load(paths, &mut progress);
     let status = Loaded { logs: Vec::new(), problems }.report_problems("cupool report");
+    if html.is_some() && logs.is_empty() {
+        eprintln!("cupool report: no log could be read, so no page was written");
+        return ExitCode::from(status);
+    }
     let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
     progress.stage("summarising", events);
     let mut views = Vec::with_capacity(logs.len());
@@ -421,6 +437,39 @@ pub fn run(paths: &[PathBuf], as_json: bool, n_sites: usize) -> ExitCode {
     }
     progress.stage("judging leaks", 1);
     let findings = if logs.is_empty() { Findings::default() } else { crate::check::findings_of(&logs) };
+    if let Some(path) = html {
+        progress.stage("writing the page", 1);
+        let pages: Vec<_> = logs.iter().zip(&views).zip(&site_reports).map(|((l, v), s)| (l, v, s)).collect();
+        let result = Output::create(path).and_then(|(out, file)| match super::html::write(&pages, &findings, file) {
+            Ok(w) => out.commit().map(|_| w),
+            Err(e) => {
+                out.abandon();
+                Err(format!("{}: cannot write there: {e}", path.display()))
+            }
+        });
+        progress.finish();
+        return match result {
+            Ok(w) => {
+                let sampled = if w.points < w.points_seen {
+                    format!(" (downsampled from {}, peaks kept)", w.points_seen)
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "cupool report: {}: {} process(es), {} point(s){sampled}, {}; open it in a browser",
+                    path.display(),
+                    logs.len(),
+                    w.points,
+                    human_bytes(w.bytes)
+                );
+                ExitCode::from(status)
+            }
+            Err(e) => {
+                eprintln!("cupool report: {e}");
+                ExitCode::from(EXIT_CANNOT_WRITE)
+            }
+        };
+    }
     progress.finish();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -1,0 +1,314 @@
+//! `cupool report --html`: one self-contained page (no network, opens from
+//! file://) with the memory of every process: per device, a plot of the bytes
+//! allocated and reserved over time (zoom by drag or wheel; hovering shows the
+//! time, the bytes and the allocation nearest in time with its site), the
+//! phases as bands, then the phase groups, the top sites, out-of-memory
+//! refusals and the leaks as `cupool check` judges them.
+//!
+//! The page is `html.template.html` with its data as one inline JSON blob,
+//! drawn from the same model as the other views. The series are downsampled as
+//! the Perfetto export's counters are ([`super::model::downsample`]): each run
+//! keeps its lowest and highest point, so the plot's maximum is the peak.
+
+use super::model::{downsample, PhaseSpan, ProcessView};
+use super::report::phase_groups;
+use crate::check::finding::{Finding, Findings};
+use crate::sites::{Resolver, SitesReport};
+use crate::summary::short_cmdline;
+use cupool_core::log::{EventKind, Log, MemKind};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+/// Points of the allocated and reserved series, all devices and processes together (about).
+pub const SERIES_POINTS: usize = 400_000;
+/// Allocations kept for hovering, all devices and processes together (about).
+pub const ALLOC_POINTS: usize = 100_000;
+/// Phases drawn as bands per process; more are thinned evenly (the groups table has them all).
+pub const PHASES: usize = 5_000;
+/// Frames kept per site.
+const FRAMES: usize = 8;
+/// The least points one series keeps, whatever the budget.
+const MIN_POINTS: usize = 1000;
+
+const TEMPLATE: &str = include_str!("html.template.html");
+/// Where the data goes in the template.
+const SLOT: &str = "/*CUPOOL_DATA*/";
+
+/// What one page holds.
+#[derive(Default)]
+pub struct Written {
+    pub points: usize,
+    pub points_seen: usize,
+    pub bytes: u64,
+}
+
+/// `[t0, v0, t1, v1, ...]` with each time as the step from the one before (smaller text).
+fn series(points: &[(u64, u64)]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(2 * points.len());
+    let mut last = 0;
+    for &(t, v) in points {
+        out.push(t.saturating_sub(last));
+        out.push(v);
+        last = t;
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct Phase<'a> {
+    name: &'a str,
+    begin_ns: u64,
+    end_ns: Option<u64>,
+}
+
+fn phases(spans: &[PhaseSpan]) -> Vec<Phase<'_>> {
+    let step = spans.len().div_ceil(PHASES).max(1);
+    spans.iter().step_by(step).map(|s| Phase { name: &s.name, begin_ns: s.begin_ns, end_ns: s.end_ns }).collect()
+}
+
+/// Frames as the text report writes them, innermost first.
+fn frame_texts(frames: &[crate::sites::ShownFrame]) -> Vec<String> {
+    frames.iter().take(FRAMES).enumerate().map(|(i, f)| f.text(i)).collect()
+}
+
+/// The data of one process.
+fn process(
+    log: &Log,
+    view: &ProcessView,
+    sites: &SitesReport,
+    per_series: usize,
+    per_allocs: usize,
+    w: &mut Written,
+) -> Value {
+    // Device allocations in order: (t, size, stack).
+    let mut order: Vec<_> = log.events.iter().collect();
+    if !order.is_sorted_by_key(|e| e.seq) {
+        order.sort_by_key(|e| e.seq);
+    }
+    let mut allocs: BTreeMap<i32, Vec<(u64, u64, Option<u32>)>> = BTreeMap::new();
+    for e in order {
+        let mem = e.kind.as_ref().and_then(|k| k.known());
+        if e.ev.known() == Some(EventKind::Alloc) && mem != Some(MemKind::Host) && e.ptr.is_some() {
+            allocs.entry(e.device.unwrap_or(-1)).or_default().push((e.t_ns, e.size.unwrap_or(0), e.stack));
+        }
+    }
+    let mut resolver = None;
+    let mut stacks: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut devices = Vec::new();
+    for d in &view.devices {
+        let mut one = |value: fn(&super::model::Sample) -> u64| {
+            let pts: Vec<(u64, u64)> = d.samples.iter().map(|s| (s.t_ns, value(s))).collect();
+            let kept = downsample(&pts, per_series, |p| p.1);
+            w.points_seen += pts.len();
+            w.points += kept.len();
+            series(&kept)
+        };
+        let allocated = one(|s| s.allocated);
+        let reserved = one(|s| s.reserved);
+        let mine = allocs.remove(&d.device).unwrap_or_default();
+        let kept = downsample(&mine, per_allocs, |a| a.1);
+        let mut at = Vec::with_capacity(kept.len() * 3);
+        let mut last = 0;
+        for &(t, size, stack) in &kept {
+            at.push(json!(t.saturating_sub(last)));
+            at.push(json!(size));
+            at.push(json!(stack));
+            last = t;
+            if let Some(id) = stack {
+                if let std::collections::btree_map::Entry::Vacant(slot) = stacks.entry(id) {
+                    let r = resolver.get_or_insert_with(|| Resolver::new(log));
+                    slot.insert(frame_texts(&r.frames(id)));
+                }
+            }
+        }
+        devices.push(json!({
+            "device": d.device,
+            "allocs": d.allocs,
+            "frees": d.frees,
+            "failures": d.failures,
+            "peak_allocated": d.peak_allocated,
+            "peak_reserved": d.peak_reserved,
+            "recorded_peak_reserved": d.recorded_peak_reserved,
+            "allocated": allocated,
+            "reserved": reserved,
+            "alloc_events": at,
+            "alloc_events_seen": mine.len(),
+        }));
+    }
+    let shown = |s: &crate::sites::ShownSite| {
+        json!({
+            "stack": s.figures.stack,
+            "allocs": s.figures.allocs,
+            "total_bytes": s.figures.total_bytes,
+            "peak_bytes": s.figures.peak_bytes,
+            "live_bytes": s.figures.live_bytes,
+            "frames": frame_texts(&s.frames),
+        })
+    };
+    let p = &log.header.process;
+    let rank = view.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
+    json!({
+        "title": format!("pid {}{rank}: {}", p.pid, short_cmdline(&p.cmdline, 80)),
+        "pid": view.pid,
+        "rank": view.rank,
+        "mode": view.mode,
+        "complete": log.end.is_some(),
+        "duration_ns": view.duration_ns,
+        "devices": devices,
+        "phases": phases(&view.phases),
+        "phases_total": view.phases.len(),
+        "phase_groups": phase_groups(view),
+        "sites": {
+            "by_peak": sites.by_peak.iter().map(shown).collect::<Vec<_>>(),
+            "by_count": sites.by_count.iter().map(shown).collect::<Vec<_>>(),
+            "by_live": sites.by_live.iter().map(shown).collect::<Vec<_>>(),
+        },
+        "stacks": stacks,
+        "ooms": view.ooms,
+        "checkpoints": view.checkpoints,
+        "notes": view.notes,
+        "rebuilt": view.rebuilt,
+    })
+}
+
+fn finding(f: &Finding) -> Value {
+    json!({
+        "kind": f.kind,
+        "bytes": f.bytes,
+        "count": f.count,
+        "what": f.what,
+        "test": f.test,
+        "growth": f.growth,
+        "pids": f.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        "frames": frame_texts(&f.frames),
+    })
+}
+
+/// The page's data: every process, then the leak findings.
+pub fn data(logs: &[(&Log, &ProcessView, &SitesReport)], findings: &Findings, w: &mut Written) -> Value {
+    data_within(logs, findings, SERIES_POINTS, ALLOC_POINTS, w)
+}
+
+/// The page's data with about `series_points` series points and `alloc_points` allocations in all.
+fn data_within(
+    logs: &[(&Log, &ProcessView, &SitesReport)],
+    findings: &Findings,
+    series_points: usize,
+    alloc_points: usize,
+    w: &mut Written,
+) -> Value {
+    let n_devices: usize = logs.iter().map(|(_, v, _)| v.devices.len()).sum::<usize>().max(1);
+    let per_series = (series_points / (2 * n_devices)).max(MIN_POINTS);
+    let per_allocs = (alloc_points / n_devices).max(MIN_POINTS);
+    let processes: Vec<Value> =
+        logs.iter().map(|(log, view, sites)| process(log, view, sites, per_series, per_allocs, w)).collect();
+    let shown: Vec<Value> = findings.findings.iter().filter(|f| f.suppressed_by.is_none()).map(finding).collect();
+    let held: u64 = findings.findings.iter().filter(|f| f.suppressed_by.is_some()).map(|f| f.bytes).sum();
+    json!({
+        "generator": "cupool report --html",
+        "version": env!("CARGO_PKG_VERSION"),
+        "processes": processes,
+        "findings": shown,
+        "held_by_caches": held,
+    })
+}
+
+/// Writes the page of `logs` into `out`.
+pub fn write(logs: &[(&Log, &ProcessView, &SitesReport)], findings: &Findings, out: impl Write) -> io::Result<Written> {
+    let mut w = Written::default();
+    let data = data(logs, findings, &mut w);
+    // `<` only occurs inside JSON strings, where `\u003c` reads the same:
+    // no `</script>` can end the blob early.
+    let text = serde_json::to_string(&data)?.replace('<', "\\u003c");
+    let (head, tail) = TEMPLATE.split_once(SLOT).expect("the template has a data slot");
+    let mut out = io::BufWriter::new(out);
+    out.write_all(head.as_bytes())?;
+    out.write_all(text.as_bytes())?;
+    out.write_all(tail.as_bytes())?;
+    out.flush()?;
+    w.bytes = (head.len() + text.len() + tail.len()) as u64;
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_written_as_steps() {
+        assert_eq!(series(&[(5, 1), (7, 3), (7, 2)]), vec![5, 1, 2, 3, 0, 2]);
+    }
+
+    /// A passthrough log of `n` allocations in a saw tooth, one of them a spike.
+    fn saw_log(n: u64) -> Log {
+        use cupool_core::log::{Header, Named, ProcessInfo};
+        use cupool_core::options::{Mode, Options};
+        let mut events = Vec::new();
+        let mut push = |ev, ptr, size| {
+            let mut e = cupool_core::log::EventRecord::new(events.len() as u64, 1000 * events.len() as u64, ev);
+            e.api = Some(Named::from_name("cudaMalloc"));
+            e.kind = Some(Named::from_name("device"));
+            (e.device, e.ptr, e.size, e.tid, e.stack) = (Some(0), Some(ptr), Some(size), Some(1), Some(3));
+            events.push(e);
+        };
+        for i in 0..n {
+            let size = if i == n / 3 { 1 << 30 } else { 4096 * (i % 17 + 1) };
+            push(EventKind::Alloc, 0x1000 + i, size);
+            if i % 4 != 3 {
+                push(EventKind::Free, 0x1000 + i, size);
+            }
+        }
+        let header = Header {
+            schema: cupool_core::log::SCHEMA.into(),
+            version: cupool_core::log::VERSION,
+            process: ProcessInfo {
+                pid: 9,
+                cmdline: vec!["prog".into(), "</script><script>alert(1)</script>".into()],
+                ..Default::default()
+            },
+            options: Options { mode: Mode::Passthrough, ..Options::default() },
+        };
+        Log { path: "cupool.9.json".into(), header, events, definitions: Vec::new(), end: None }
+    }
+
+    #[test]
+    fn long_series_are_cut_down_with_the_peak_kept() {
+        let log = saw_log(20_000);
+        let view = super::super::model::build(&log, &mut |_| {});
+        let sites = SitesReport::default();
+        let mut w = Written::default();
+        let data = data_within(&[(&log, &view, &sites)], &Findings::default(), 4000, 1000, &mut w);
+        let dev = &data["processes"][0]["devices"][0];
+        let values = |key: &str| -> Vec<u64> {
+            dev[key].as_array().unwrap().chunks(2).map(|c| c[1].as_u64().unwrap()).collect()
+        };
+        let allocated = values("allocated");
+        assert!(allocated.len() <= 2001 && w.points < w.points_seen, "{} of {}", allocated.len(), w.points_seen);
+        assert_eq!(allocated.iter().max(), Some(&view.devices[0].peak_allocated.bytes));
+        assert!(view.devices[0].peak_allocated.bytes >= 1 << 30);
+        assert_eq!(values("reserved").iter().max(), Some(&view.devices[0].peak_reserved.bytes));
+        // Times as steps add up to the last sample's time.
+        let t: u64 = dev["allocated"].as_array().unwrap().chunks(2).map(|c| c[0].as_u64().unwrap()).sum();
+        assert_eq!(t, view.devices[0].samples.last().unwrap().t_ns);
+        // Allocations for hovering: bounded, the spike among them.
+        let allocs = dev["alloc_events"].as_array().unwrap();
+        assert!(allocs.len() / 3 <= 1001, "{}", allocs.len() / 3);
+        assert!(allocs.chunks(3).any(|a| a[1] == 1u64 << 30));
+        // A name with `</script>` in it cannot end the data early.
+        let mut page = Vec::new();
+        write(&[(&log, &view, &sites)], &Findings::default(), &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert_eq!(page.matches("</script>").count(), 2, "the blob's end and the script's");
+        assert!(page.contains("\\u003c/script>\\u003cscript>alert(1)"));
+    }
+
+    #[test]
+    fn the_template_has_one_slot_and_nothing_from_outside() {
+        assert_eq!(TEMPLATE.matches(SLOT).count(), 1);
+        for bad in ["http://", "https://", " src=", "@import", "url("] {
+            assert!(!TEMPLATE.contains(bad), "{bad}");
+        }
+    }
+}
