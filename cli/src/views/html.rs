@@ -10,8 +10,8 @@
 //! the Perfetto export's counters are ([`super::model::downsample`]): each run
 //! keeps its lowest and highest point, so the plot's maximum is the peak.
 
+use super::model::phase_groups;
 use super::model::{downsample, PhaseSpan, ProcessView};
-use super::report::phase_groups;
 use crate::check::finding::{Finding, Findings};
 use crate::sites::{Resolver, SitesReport};
 use crate::summary::short_cmdline;

@@ -708,3 +708,57 @@ mod tests {
         assert_eq!(downsample(&points[..50], 100, |p| p.1), points[..50].to_vec());
     }
 }
+
+/// Every phase of one name (digits read as `#`: `epoch 1`, `epoch 2`, ... are one).
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseGroup {
+    pub name: String,
+    pub family: Family,
+    pub device: i32,
+    pub count: u64,
+    /// The highest peak of allocated bytes in any of them, and that one's name.
+    pub peak_allocated: u64,
+    pub peak_in: String,
+    pub peak_reserved: u64,
+    /// Allocated bytes at the end less at the beginning, summed over them, and the largest.
+    pub growth: i64,
+    pub max_growth: i64,
+}
+
+/// `epoch 12` -> `epoch #`.
+fn group_name(name: &str) -> String {
+    crate::check::growth_phase_name(name)
+}
+
+pub fn phase_groups(p: &ProcessView) -> Vec<PhaseGroup> {
+    let mut groups: BTreeMap<(String, String, i32), PhaseGroup> = BTreeMap::new();
+    for span in &p.phases {
+        for d in &span.devices {
+            let name = group_name(&span.name);
+            let g =
+                groups.entry((name.clone(), format!("{:?}", span.family), d.device)).or_insert_with(|| PhaseGroup {
+                    name,
+                    family: span.family,
+                    device: d.device,
+                    count: 0,
+                    peak_allocated: 0,
+                    peak_in: String::new(),
+                    peak_reserved: 0,
+                    growth: 0,
+                    max_growth: i64::MIN,
+                });
+            g.count += 1;
+            if d.peak_allocated > g.peak_allocated || g.peak_in.is_empty() {
+                g.peak_allocated = d.peak_allocated;
+                g.peak_in = span.name.clone();
+            }
+            g.peak_reserved = g.peak_reserved.max(d.peak_reserved);
+            let growth = d.growth().unwrap_or(0);
+            g.growth += growth;
+            g.max_growth = g.max_growth.max(growth);
+        }
+    }
+    let mut out: Vec<PhaseGroup> = groups.into_values().collect();
+    out.sort_by_key(|g| (std::cmp::Reverse(g.peak_allocated), g.name.clone(), g.device));
+    out
+}

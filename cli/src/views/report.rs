@@ -10,7 +10,7 @@
 
 use super::export::{Output, EXIT_CANNOT_WRITE};
 use super::load::{load, Loaded};
-use super::model::{self, DeviceView, Peak, PhaseSpan, ProcessView, Sample};
+use super::model::{self, phase_groups, DeviceView, Peak, PhaseGroup, PhaseSpan, ProcessView, Sample};
 use super::progress::Progress;
 use crate::check::finding::{Finding, Findings, LeakKind};
 use crate::sites::{self, SitesReport};
@@ -18,7 +18,6 @@ use crate::summary::short_cmdline;
 use crate::units::human_bytes;
 use cupool_core::log::{summarize, Log, Summary};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -46,22 +45,6 @@ pub struct Fragmentation {
     pub points: Vec<FragmentationPoint>,
     /// The most bytes reserved but not allocated at one moment, when, and in which phase.
     pub most_unused: Peak,
-}
-
-/// Every phase of one name (digits read as `#`: `epoch 1`, `epoch 2`, ... are one).
-#[derive(Clone, Debug, Serialize)]
-pub struct PhaseGroup {
-    pub name: String,
-    pub family: model::Family,
-    pub device: i32,
-    pub count: u64,
-    /// The highest peak of allocated bytes in any of them, and that one's name.
-    pub peak_allocated: u64,
-    pub peak_in: String,
-    pub peak_reserved: u64,
-    /// Allocated bytes at the end less at the beginning, summed over them, and the largest.
-    pub growth: i64,
-    pub max_growth: i64,
 }
 
 /// One entry of `cupool report --json`: one log.
@@ -113,44 +96,6 @@ pub fn fragmentation(p: &ProcessView, d: &DeviceView) -> Fragmentation {
 /// The innermost phase open at `t` (the latest begun that had not ended).
 fn phase_at(phases: &[PhaseSpan], t: u64) -> Option<String> {
     phases.iter().rev().find(|s| s.begin_ns <= t && s.end_ns.is_none_or(|e| e >= t)).map(|s| s.name.clone())
-}
-
-/// `epoch 12` -> `epoch #`.
-fn group_name(name: &str) -> String {
-    crate::check::growth_phase_name(name)
-}
-
-pub fn phase_groups(p: &ProcessView) -> Vec<PhaseGroup> {
-    let mut groups: BTreeMap<(String, String, i32), PhaseGroup> = BTreeMap::new();
-    for span in &p.phases {
-        for d in &span.devices {
-            let name = group_name(&span.name);
-            let g =
-                groups.entry((name.clone(), format!("{:?}", span.family), d.device)).or_insert_with(|| PhaseGroup {
-                    name,
-                    family: span.family,
-                    device: d.device,
-                    count: 0,
-                    peak_allocated: 0,
-                    peak_in: String::new(),
-                    peak_reserved: 0,
-                    growth: 0,
-                    max_growth: i64::MIN,
-                });
-            g.count += 1;
-            if d.peak_allocated > g.peak_allocated || g.peak_in.is_empty() {
-                g.peak_allocated = d.peak_allocated;
-                g.peak_in = span.name.clone();
-            }
-            g.peak_reserved = g.peak_reserved.max(d.peak_reserved);
-            let growth = d.growth().unwrap_or(0);
-            g.growth += growth;
-            g.max_growth = g.max_growth.max(growth);
-        }
-    }
-    let mut out: Vec<PhaseGroup> = groups.into_values().collect();
-    out.sort_by_key(|g| (std::cmp::Reverse(g.peak_allocated), g.name.clone(), g.device));
-    out
 }
 
 fn seconds(t_ns: u64) -> String {

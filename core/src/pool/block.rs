@@ -82,6 +82,43 @@ impl BlockSlab {
         }
     }
 
+    /// Cuts block `i` at `at` bytes: the rest becomes a free block of its own
+    /// (not indexed), linked after `i`; returns the rest's slot.
+    #[inline]
+    pub fn split_off(&mut self, i: u32, at: u64) -> u32 {
+        let b = self[i];
+        let rest = self.insert(BlockRec {
+            addr: b.addr + at,
+            size: b.size - at,
+            requested: 0,
+            prev: i,
+            next: b.next,
+            seg: b.seg,
+            state: State::Free,
+        });
+        if b.next != NIL {
+            self[b.next].prev = rest;
+        }
+        let r = &mut self[i];
+        r.next = rest;
+        r.size = at;
+        rest
+    }
+
+    /// Merges the block after `i` into `i`, which keeps its address.
+    #[inline]
+    pub fn absorb_next(&mut self, i: u32) {
+        let n = self[i].next;
+        let nr = self[n];
+        let r = &mut self[i];
+        r.size += nr.size;
+        r.next = nr.next;
+        if nr.next != NIL {
+            self[nr.next].prev = i;
+        }
+        self.remove(n);
+    }
+
     /// Puts slot `i` on the vacant list.
     #[inline]
     pub fn remove(&mut self, i: u32) {

@@ -285,21 +285,7 @@ impl<B: Backend> Pool<B> {
     fn take(&mut self, i: u32, small: bool, rounded: u64, requested: u64) -> Block {
         let b = self.blocks[i];
         let size = if self.config.should_split(small, b.size, rounded) {
-            let rest = self.blocks.insert(BlockRec {
-                addr: b.addr + rounded,
-                size: b.size - rounded,
-                requested: 0,
-                prev: i,
-                next: b.next,
-                seg: b.seg,
-                state: State::Free,
-            });
-            if b.next != NIL {
-                self.blocks[b.next].prev = rest;
-            }
-            let r = &mut self.blocks[i];
-            r.next = rest;
-            r.size = rounded;
+            let rest = self.blocks.split_off(i, rounded);
             self.index(rest);
             rounded
         } else {
@@ -327,30 +313,16 @@ impl<B: Backend> Pool<B> {
         self.stats.active.dec(1);
         if b.prev != NIL && self.blocks[b.prev].state == State::Free {
             self.unindex(b.prev);
-            self.absorb_next(b.prev);
+            self.blocks.absorb_next(b.prev);
             i = b.prev;
         }
         let n = self.blocks[i].next;
         if n != NIL && self.blocks[n].state == State::Free {
             self.unindex(n);
-            self.absorb_next(i);
+            self.blocks.absorb_next(i);
         }
         self.blocks[i].state = State::Free;
         self.index(i);
-    }
-
-    /// Merges the block after `i` into `i`, which keeps its address.
-    #[inline]
-    fn absorb_next(&mut self, i: u32) {
-        let n = self.blocks[i].next;
-        let nr = self.blocks[n];
-        let r = &mut self.blocks[i];
-        r.size += nr.size;
-        r.next = nr.next;
-        if nr.next != NIL {
-            self.blocks[nr.next].prev = i;
-        }
-        self.blocks.remove(n);
     }
 
     /// Adds free block `i` to its pool's index.

@@ -539,25 +539,10 @@ impl<B: PageBackend> VmmPool<B> {
     /// Cuts block `i` (free, not indexed) to `rounded` bytes; the rest is a
     /// free block of its own.
     fn split(&mut self, i: u32, rounded: u64) {
-        let b = self.blocks[i];
-        if b.size == rounded {
+        if self.blocks[i].size == rounded {
             return;
         }
-        let rest = self.blocks.insert(BlockRec {
-            addr: b.addr + rounded,
-            size: b.size - rounded,
-            requested: 0,
-            prev: i,
-            next: b.next,
-            seg: b.seg,
-            state: State::Free,
-        });
-        if b.next != NIL {
-            self.blocks[b.next].prev = rest;
-        }
-        let r = &mut self.blocks[i];
-        r.next = rest;
-        r.size = rounded;
+        let rest = self.blocks.split_off(i, rounded);
         self.index(rest);
     }
 
@@ -567,28 +552,16 @@ impl<B: PageBackend> VmmPool<B> {
         let b = self.blocks[i];
         if b.prev != NIL && self.blocks[b.prev].state == State::Free {
             self.unindex(b.prev);
-            self.absorb_next(b.prev);
+            self.blocks.absorb_next(b.prev);
             i = b.prev;
         }
         let n = self.blocks[i].next;
         if n != NIL && self.blocks[n].state == State::Free {
             self.unindex(n);
-            self.absorb_next(i);
+            self.blocks.absorb_next(i);
         }
         self.blocks[i].state = State::Free;
         self.index(i);
-    }
-
-    fn absorb_next(&mut self, i: u32) {
-        let n = self.blocks[i].next;
-        let nr = self.blocks[n];
-        let r = &mut self.blocks[i];
-        r.size += nr.size;
-        r.next = nr.next;
-        if nr.next != NIL {
-            self.blocks[nr.next].prev = i;
-        }
-        self.blocks.remove(n);
     }
 
     fn index(&mut self, i: u32) {
