@@ -105,9 +105,30 @@ impl BlockSlab {
         rest
     }
 
+    /// Makes block `i` free, merged with its free neighbours; `unindex` is
+    /// shown each neighbour (as it is, before its links change) so that the
+    /// caller can take it out of its free index. Returns the merged block's
+    /// slot (not indexed).
+    #[inline]
+    pub fn merge_free(&mut self, mut i: u32, mut unindex: impl FnMut(&BlockRec)) -> u32 {
+        let b = self[i];
+        if b.prev != NIL && self[b.prev].state == State::Free {
+            unindex(&self[b.prev]);
+            self.absorb_next(b.prev);
+            i = b.prev;
+        }
+        let n = self[i].next;
+        if n != NIL && self[n].state == State::Free {
+            unindex(&self[n]);
+            self.absorb_next(i);
+        }
+        self[i].state = State::Free;
+        i
+    }
+
     /// Merges the block after `i` into `i`, which keeps its address.
     #[inline]
-    pub fn absorb_next(&mut self, i: u32) {
+    fn absorb_next(&mut self, i: u32) {
         let n = self[i].next;
         let nr = self[n];
         let r = &mut self[i];

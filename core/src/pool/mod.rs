@@ -307,21 +307,12 @@ impl<B: Backend> Pool<B> {
     /// Turns an allocated or pending block into a free one, merging it with
     /// free neighbours, and indexes the result.
     #[inline]
-    fn make_free(&mut self, mut i: u32) {
+    fn make_free(&mut self, i: u32) {
         let b = self.blocks[i];
         self.stats.active_bytes.dec(b.size);
         self.stats.active.dec(1);
-        if b.prev != NIL && self.blocks[b.prev].state == State::Free {
-            self.unindex(b.prev);
-            self.blocks.absorb_next(b.prev);
-            i = b.prev;
-        }
-        let n = self.blocks[i].next;
-        if n != NIL && self.blocks[n].state == State::Free {
-            self.unindex(n);
-            self.blocks.absorb_next(i);
-        }
-        self.blocks[i].state = State::Free;
+        let (free, segs, stats) = (&mut self.free, &self.segs, &mut self.stats);
+        let i = self.blocks.merge_free(i, |n| remove_from_index(free, segs, stats, n));
         self.index(i);
     }
 
@@ -340,13 +331,7 @@ impl<B: Backend> Pool<B> {
     /// Removes free block `i` from its pool's index (before its links change).
     #[inline]
     fn unindex(&mut self, i: u32) {
-        let b = &self.blocks[i];
-        let small = self.segs[b.seg].small;
-        self.free[small as usize].remove(b.size, b.addr);
-        if b.is_split() {
-            self.stats.inactive_split_bytes.dec(b.size);
-            self.stats.inactive_split.dec(1);
-        }
+        remove_from_index(&mut self.free, &self.segs, &mut self.stats, &self.blocks[i]);
     }
 
     /// Frees the pending blocks whose tags are complete, oldest first.
@@ -446,5 +431,15 @@ impl<B: Backend> Pool<B> {
         self.seg_by_addr.remove(&addr);
         self.stats.segment_removed(size, small);
         self.backend.release_segment(addr, size);
+    }
+}
+
+/// Takes free block `b` out of its pool's index (before its links change).
+#[inline]
+fn remove_from_index(free: &mut [FreeIndex; 2], segs: &SegSlab, stats: &mut PoolStats, b: &BlockRec) {
+    free[segs[b.seg].small as usize].remove(b.size, b.addr);
+    if b.is_split() {
+        stats.inactive_split_bytes.dec(b.size);
+        stats.inactive_split.dec(1);
     }
 }

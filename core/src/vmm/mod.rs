@@ -548,29 +548,14 @@ impl<B: PageBackend> VmmPool<B> {
 
     /// Makes block `i` (allocated, or free and not indexed) free, merged with
     /// free neighbours, and indexes it.
-    fn make_free(&mut self, mut i: u32) {
-        let b = self.blocks[i];
-        if b.prev != NIL && self.blocks[b.prev].state == State::Free {
-            self.unindex(b.prev);
-            self.blocks.absorb_next(b.prev);
-            i = b.prev;
-        }
-        let n = self.blocks[i].next;
-        if n != NIL && self.blocks[n].state == State::Free {
-            self.unindex(n);
-            self.blocks.absorb_next(i);
-        }
-        self.blocks[i].state = State::Free;
+    fn make_free(&mut self, i: u32) {
+        let (free, ranges) = (&mut self.free, &self.ranges);
+        let i = self.blocks.merge_free(i, |n| free[ranges[n.seg as usize].small as usize].remove(n.size, n.addr));
         self.index(i);
     }
 
     fn index(&mut self, i: u32) {
         let b = self.blocks[i];
         self.free[self.ranges[b.seg as usize].small as usize].insert(b.size, b.addr, i);
-    }
-
-    fn unindex(&mut self, i: u32) {
-        let b = self.blocks[i];
-        self.free[self.ranges[b.seg as usize].small as usize].remove(b.size, b.addr);
     }
 }
