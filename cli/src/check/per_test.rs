@@ -157,12 +157,7 @@ fn add(out: &mut Vec<Finding>, f: Finding) {
 
 /// `cupool-tests.<pid>.json` and `cupool-tests.<pid>.<n>.json` in `dir`, sorted.
 pub fn results_files(dir: &Path) -> Vec<PathBuf> {
-    let is_results = |name: &str| {
-        name.strip_prefix("cupool-tests.").and_then(|r| r.strip_suffix(".json")).is_some_and(|r| {
-            !r.is_empty() && r.split('.').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-    };
-    crate::summary::files_in(dir, is_results).unwrap_or_default()
+    crate::summary::sidecar_files(dir, "cupool-tests")
 }
 
 /// Reads one results file, whole or cut short (the plugin writes a line per

@@ -70,12 +70,7 @@ pub struct TraceEvent(pub String, pub u64, pub u64, pub i64, pub Option<u32>);
 
 /// `cupool-torch.<pid>.json` and `cupool-torch.<pid>.<n>.json` in `dir`, sorted.
 pub fn files(dir: &Path) -> Vec<PathBuf> {
-    let is_history = |name: &str| {
-        name.strip_prefix("cupool-torch.").and_then(|r| r.strip_suffix(".json")).is_some_and(|r| {
-            !r.is_empty() && r.split('.').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-    };
-    crate::summary::files_in(dir, is_history).unwrap_or_default()
+    crate::summary::sidecar_files(dir, "cupool-torch")
 }
 
 /// Reads one history file (written whole, then renamed into place).
