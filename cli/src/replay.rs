@@ -179,35 +179,26 @@ impl<T: Replayable> Replayable for &mut T {
     }
 }
 
-impl Replayable for Pool<SimulatedDevice> {
-    fn at(&mut self, t_ns: u64) {
-        self.backend_mut().now = t_ns;
-    }
-    fn alloc(&mut self, size: u64) -> Option<BlockId> {
-        self.allocate(size).ok().map(|b| b.id)
-    }
-    fn release(&mut self, id: BlockId) {
-        self.free(id)
-    }
-    fn peak_reserved(&self) -> u64 {
-        self.stats().reserved_bytes.peak
-    }
+/// The segment pool and the VMM core answer a replay the same way.
+macro_rules! replayable {
+    ($($pool:ty),*) => {$(
+        impl Replayable for $pool {
+            fn at(&mut self, t_ns: u64) {
+                self.backend_mut().now = t_ns;
+            }
+            fn alloc(&mut self, size: u64) -> Option<BlockId> {
+                self.allocate(size).ok().map(|b| b.id)
+            }
+            fn release(&mut self, id: BlockId) {
+                self.free(id)
+            }
+            fn peak_reserved(&self) -> u64 {
+                self.stats().reserved_bytes.peak
+            }
+        }
+    )*};
 }
-
-impl Replayable for VmmPool<SimulatedPages> {
-    fn at(&mut self, t_ns: u64) {
-        self.backend_mut().now = t_ns;
-    }
-    fn alloc(&mut self, size: u64) -> Option<BlockId> {
-        self.allocate(size).ok().map(|b| b.id)
-    }
-    fn release(&mut self, id: BlockId) {
-        self.free(id)
-    }
-    fn peak_reserved(&self) -> u64 {
-        self.stats().reserved_bytes.peak
-    }
-}
+replayable!(Pool<SimulatedDevice>, VmmPool<SimulatedPages>);
 
 struct Outcome {
     peak_live: u64,
