@@ -11,6 +11,16 @@ use std::sync::OnceLock;
 use serde_json::Value;
 use support::*;
 
+/// A failed or finished write leaves no temporary file behind in `dir`.
+fn assert_no_temporary_files(dir: &Path) {
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
 /// `tests/fake/pool_limit.c`: refused allocations under `limit=64m`.
 fn pool_limit() -> &'static Path {
     static PROG: OnceLock<PathBuf> = OnceLock::new();
@@ -452,12 +462,7 @@ fn export_names_bad_inputs_and_outputs_in_one_line_and_loses_nothing() {
     // Neither a format nor a path: clap's usage error.
     assert_eq!(export(&[path_str(&good)], &dir).status.code(), Some(2));
     // No temporary file is left behind, and stderr (a pipe) carries no progress bar.
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_no_temporary_files(&dir);
     let out = export(&["--perfetto", path_str(&trace), path_str(&good)], &dir);
     assert!(!stderr_of(&out).contains('\r') && !stderr_of(&out).contains('\u{1b}'), "{}", stderr_of(&out));
     assert_eq!(stderr_of(&out).lines().count(), 1, "{}", stderr_of(&out));
@@ -568,12 +573,7 @@ fn html_report_names_an_unwritable_page_in_one_line_before_reading() {
         run_cupool(&["report", "--html", path_str(&page), "--json", path_str(&good)], &dir).status.code(),
         Some(2)
     );
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_no_temporary_files(&dir);
 }
 
 #[test]
