@@ -114,11 +114,26 @@ fn current_device(call: AllocCall) -> i32 {
 /// exactly as the runtime call being made would. 0 when none.
 fn ensure_context(call: AllocCall) -> u64 {
     let ctx = context::current_only();
-    if ctx != 0 || !call.api.as_str().starts_with("cuda") {
+    if ctx != 0 || !start_context(call) {
         return ctx;
     }
-    unsafe { real!(cudaFree(std::ptr::null_mut())) };
     context::current_only()
+}
+
+/// A runtime call with no usable context starts one first, as the real call
+/// would (`cudaFree(NULL)`, the runtime's idiom; after a reset too); a driver
+/// call does not. Returns whether it tried.
+fn start_context(call: AllocCall) -> bool {
+    if !is_runtime(call.api) {
+        return false;
+    }
+    unsafe { real!(cudaFree(std::ptr::null_mut())) };
+    true
+}
+
+#[inline]
+fn is_runtime(api: Api) -> bool {
+    api.as_str().starts_with("cuda")
 }
 
 fn allocation_record(call: AllocCall, ctx: u64, device: i32, size: u64, pooled: Option<Pooled>) -> Allocation {
@@ -166,20 +181,12 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl Fn
 fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     let bytes = call.request;
     lifecycle::recording();
-    let runtime_api = call.api.as_str().starts_with("cuda");
     let id = match context::current_id() {
         Some(id) => id,
-        None => {
-            // No usable context: a runtime call starts one first, as the
-            // real call would (after a reset, too).
-            if !runtime_api {
-                return None;
-            }
-            unsafe { real!(cudaFree(std::ptr::null_mut())) };
-            context::current_id()?
-        }
+        None if start_context(call) => context::current_id()?,
+        None => return None,
     };
-    if !runtime_api && pool::driver_allocation(crate::runtime::guard::tid() as u64) {
+    if !is_runtime(call.api) && pool::driver_allocation(crate::runtime::guard::tid() as u64) {
         observe::remark(
             "pooled allocations through the driver API from several threads (a static runtime's launches are \
              invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for fences",
@@ -328,11 +335,7 @@ pub fn primary_reset(api: Api, device: impl FnOnce() -> i32, real: impl FnOnce()
 
 /// Context `ctx` died, and with it its pool and everything it held.
 fn context_died(api: Api, device: i32, ctx: u64) {
-    pool::tools::context_died(ctx);
-    for (device, reserved) in pool::drop_context(|p| p.ctx == ctx) {
-        observe::reserved_changed(device, -(reserved as i64));
-    }
-    observe::context_died(api, device, |a| a.ctx == ctx);
+    retire_context(api, device, ctx, |p| p.ctx == ctx);
 }
 
 /// Handle `ctx` now names a new context (id `id`): the one it named before
@@ -341,12 +344,19 @@ fn context_died(api: Api, device: i32, ctx: u64) {
 /// dying in that reset.
 #[cold]
 fn context_reborn(ctx: u64, id: u64) {
-    pool::tools::context_died(ctx); // the new context has no segment yet
-    for (device, reserved) in pool::drop_context(|p| p.ctx == ctx && p.id != id) {
+    // The new context has no segment yet: every heap of `ctx` is the dead one's.
+    retire_context(Api::CudaDeviceReset, -1, ctx, |p| p.ctx == ctx && p.id != id);
+    observe::remark("a context was destroyed and created again behind cupool's back (a static runtime's cudaDeviceReset): its pool was dropped when the new one was first used");
+}
+
+/// The memory of context `ctx` died at `api`: the tools hear first, the
+/// pools that `dies` picks are retired, and its allocations die.
+fn retire_context(api: Api, device: i32, ctx: u64, dies: impl Fn(&pool::ContextPool) -> bool) {
+    pool::tools::context_died(ctx);
+    for (device, reserved) in pool::drop_context(dies) {
         observe::reserved_changed(device, -(reserved as i64));
     }
-    observe::context_died(Api::CudaDeviceReset, -1, |a| a.ctx == ctx);
-    observe::remark("a context was destroyed and created again behind cupool's back (a static runtime's cudaDeviceReset): its pool was dropped when the new one was first used");
+    observe::context_died(api, device, |a| a.ctx == ctx);
 }
 
 /// `cudaMemGetInfo`/`cuMemGetInfo`: the real answer, seen through the `limit`.
