@@ -220,3 +220,23 @@ fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
     assert_eq!(two["end"]["pools"][0]["multi_stream"], true, "two threads: fences");
     assert!(notes(&two).iter().any(|n| n.contains("from several threads")), "notes: {:?}", notes(&two));
 }
+
+#[test]
+fn a_block_freed_while_another_device_is_current_is_fenced_in_its_own_context() {
+    let prog = compile_runtime_program("crossdev", "pool_cross_device.c");
+    let dir = scratch_dir("safety-crossdev");
+    let out = run_preloaded(&prog, &[], &dir, "give_back=never");
+    assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let log = &read_logs(&dir)[0];
+    let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
+    // CUDA refuses an event recorded on a stream of another context; a fence
+    // made that way would leave the block's own streams unfenced.
+    assert_eq!(stats["cross_context_records"], 0, "{stats:?}");
+    let pools = log["end"]["pools"].as_array().expect("pools");
+    assert_eq!(pools.len(), 2, "one pool per device: {pools:?}");
+    for p in pools {
+        let fences = &p["fences"];
+        assert!(fences["recorded"].as_u64().unwrap() > 0, "fences recorded: {p}");
+        assert_eq!(fences["record_errors"], 0, "{p}");
+    }
+}

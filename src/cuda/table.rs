@@ -106,6 +106,8 @@ table! {
         cuMemGetAddressRange_v2: fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> Status;
         // Contexts.
         cuCtxGetCurrent: fn(*mut CUcontext) -> Status;
+        cuCtxPushCurrent_v2: fn(CUcontext) -> Status;
+        cuCtxPopCurrent_v2: fn(*mut CUcontext) -> Status;
         cuCtxGetDevice: fn(*mut CUdevice) -> Status;
         cuCtxGetId: fn(CUcontext, *mut c_ulonglong) -> Status;
         cuCtxSynchronize: fn() -> Status;

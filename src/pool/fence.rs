@@ -5,9 +5,14 @@
 //! blocks wait for a *fence* (an event on every live stream of the context,
 //! recorded after the free) to complete; the pool synchronises the context
 //! only when memory is short, and never while a stream is being captured.
+//!
+//! A block may be freed while another device is current (`cudaFree` takes
+//! any device's pointer). Events belong to a context and record only on its
+//! streams, and the legacy stream and `cuCtxSynchronize` are the current
+//! context's: so every step here runs with the pool's own context current.
 
 use super::{streams, tools};
-use crate::cuda::{CUdeviceptr, CUevent, CUstream, CUstreamCaptureStatus, SUCCESS};
+use crate::cuda::{CUcontext, CUdeviceptr, CUevent, CUstream, CUstreamCaptureStatus, SUCCESS};
 use crate::real;
 use crate::runtime::{clock, options};
 use cupool_core::log::FenceCounters;
@@ -63,6 +68,7 @@ impl CudaBackend {
 
     /// Closes the current epoch with an event on every live stream.
     fn record_fence(&mut self) -> bool {
+        let Some(_current) = InContext::enter(self.ctx) else { return false };
         let list = streams::locked();
         let streams = streams::of_context(&list, self.ctx);
         if streams.iter().any(|&s| capturing(s)) {
@@ -102,6 +108,7 @@ impl CudaBackend {
         if streams::PER_THREAD_STREAMS.load(Ordering::Relaxed) {
             return false;
         }
+        let Some(_current) = InContext::enter(self.ctx) else { return false };
         let list = streams::locked();
         let streams = streams::of_context(&list, self.ctx);
         if streams.len() > MAX_BARRIER_STREAMS || streams.iter().any(|&s| capturing(s)) {
@@ -215,6 +222,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&mut self) -> bool {
+        let Some(_current) = InContext::enter(self.ctx) else { return false };
         if self.any_capturing() {
             return false;
         }
@@ -228,6 +236,30 @@ impl Backend for CudaBackend {
             self.spare_events.extend(events);
         }
         true
+    }
+}
+
+/// Makes a context current for as long as it lives (when it is not already)
+/// and then restores the caller's.
+struct InContext(bool);
+
+impl InContext {
+    /// `None` when `ctx` cannot be made current (it died).
+    fn enter(ctx: u64) -> Option<InContext> {
+        let mut current: CUcontext = std::ptr::null_mut();
+        if unsafe { real!(cuCtxGetCurrent(&mut current)) } == SUCCESS && current as u64 == ctx {
+            return Some(InContext(false));
+        }
+        (unsafe { real!(cuCtxPushCurrent_v2(ctx as CUcontext)) } == SUCCESS).then_some(InContext(true))
+    }
+}
+
+impl Drop for InContext {
+    fn drop(&mut self) {
+        if self.0 {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            unsafe { real!(cuCtxPopCurrent_v2(&mut popped)) };
+        }
     }
 }
 

@@ -13,6 +13,8 @@
  *   FAKE_CUDA_STATS      file to which the destructor appends one line:
  *                        pid allocs frees host_allocs host_frees vmm_creates
  *                        vmm_releases live live_bytes ipc_opens ipc_closes
+ *                        cross_context_records (events recorded on a stream
+ *                        of another context: refused, as CUDA does)
  *
  * Device allocations of cuMemAlloc_v2 / cuMemAllocPitch_v2 of at least
  * FAKE_MMAP_THRESHOLD bytes live in a memfd file mapped MAP_SHARED, so that
@@ -112,7 +114,8 @@ static size_t g_ntab, g_captab;
 
 /* Counters for FAKE_CUDA_STATS (successful calls only). */
 static struct {
-    unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases, ipc_opens, ipc_closes;
+    unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases, ipc_opens, ipc_closes,
+        cross_context_records;
 } g_stats;
 
 #define CTX_MAGIC 0xC0C0C7A1u
@@ -135,6 +138,7 @@ static __thread struct CUctx_st *t_stack[FAKE_CTX_STACK];
 static __thread int t_depth;
 
 struct CUstream_st {
+    struct CUctx_st *ctx; /* the context current when it was created */
     unsigned flags;
     int priority;
     int capture; /* CU_STREAM_CAPTURE_STATUS_* */
@@ -142,6 +146,7 @@ struct CUstream_st {
     pthread_t capture_thread;
 };
 struct CUevent_st {
+    struct CUctx_st *ctx;
     unsigned flags;
 };
 struct vmm_handle {
@@ -1446,7 +1451,7 @@ static CUresult stream_create(CUstream *ph, unsigned int flags, int priority)
             free(s);
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            *s = (struct CUstream_st){.flags = flags, .priority = priority};
+            *s = (struct CUstream_st){.ctx = c, .flags = flags, .priority = priority};
             *ph = s;
         }
     }
@@ -1624,7 +1629,7 @@ EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
             free(e);
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            e->flags = Flags;
+            *e = (struct CUevent_st){.ctx = c, .flags = Flags};
             *phEvent = e;
         }
     }
@@ -1643,7 +1648,21 @@ static CUresult check_event(CUevent e, CUstream s)
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return check_event(hEvent, hStream); }
+/* As CUDA: the event and the stream it is recorded on belong to one
+ * context (an implicit stream is the current context's). */
+EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    CUresult r = check_event(hEvent, hStream);
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    struct CUctx_st *stream_ctx = (uintptr_t)hStream <= 2 ? cur_ctx_raw() : hStream->ctx;
+    int same = stream_ctx == hEvent->ctx;
+    pthread_mutex_unlock(&g_lock);
+    if (!same)
+        __atomic_fetch_add(&g_stats.cross_context_records, 1, __ATOMIC_RELAXED);
+    return same ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
 EXPORT CUresult cuEventQuery(CUevent hEvent) { return check_event(hEvent, NULL); }
 EXPORT CUresult cuEventSynchronize(CUevent hEvent) { return check_event(hEvent, NULL); }
 
@@ -1946,10 +1965,10 @@ __attribute__((destructor)) static void fake_cuda_dtor(void)
         char line[512];
         int n = snprintf(line, sizeof(line),
                          "pid=%d allocs=%llu frees=%llu host_allocs=%llu host_frees=%llu vmm_creates=%llu "
-                         "vmm_releases=%llu live=%llu live_bytes=%llu ipc_opens=%llu ipc_closes=%llu\n",
+                         "vmm_releases=%llu live=%llu live_bytes=%llu ipc_opens=%llu ipc_closes=%llu cross_context_records=%llu\n",
                          (int)getpid(), g_stats.allocs, g_stats.frees, g_stats.host_allocs, g_stats.host_frees,
                          g_stats.vmm_creates, g_stats.vmm_releases, live, live_bytes, g_stats.ipc_opens,
-                         g_stats.ipc_closes);
+                         g_stats.ipc_closes, g_stats.cross_context_records);
         pthread_mutex_unlock(&g_lock);
         int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
         if (fd >= 0) {
