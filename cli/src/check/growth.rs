@@ -118,14 +118,30 @@ pub fn analyse_events(
             }
             return Ok(found);
         };
-        let boundaries = every_nth(&replay.starts_of(clock), MAX_SAMPLES + 1);
+        let starts = replay.starts_of(clock);
+        if !runs_most_of_the_time(events, &starts) {
+            // Allocations that repeat in a burst and then stop (a library
+            // setting up a buffer per channel) are set-up, not the loop the
+            // program spends its time in: what they keep is an exit leak if
+            // it is never freed, judged there.
+            return Ok(found);
+        }
+        let boundaries = every_nth(&starts, MAX_SAMPLES + 1);
         let series = replay.floors(&boundaries.items);
         let from = Source { from: "repetition", phase: replay.what(clock), stride: boundaries.stride };
         merge(&mut found, evaluate(&replay, &series, &from));
     } else {
         for (name, from, instances) in groups {
             let samples = every_nth(&instances, MAX_SAMPLES);
-            let series = replay.at(&samples.items);
+            // The least each site held in each phase, not what it held at
+            // the phase's end: a phase that ends more than once per
+            // iteration (a collective per gradient bucket) ends at different
+            // points of the iteration, and what lives only part of it must
+            // not show as rises and falls.
+            let mut boundaries = Vec::with_capacity(samples.items.len() + 1);
+            boundaries.push(0);
+            boundaries.extend(samples.items.iter().map(|&i| i + 1));
+            let series = replay.floors(&boundaries);
             let from = Source { from, phase: name, stride: samples.stride };
             merge(&mut found, evaluate(&replay, &series, &from));
         }
@@ -178,7 +194,7 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
     let mut explained = 0u64;
     let mut gains: Vec<(u64, usize)> = Vec::new();
     for (&k, series) in &s.by_site {
-        let last = series.last().copied().unwrap_or(0);
+        let last = s.last_bytes.get(&k).copied().unwrap_or(0);
         let count = s.last_counts.get(&k).copied().unwrap_or(0);
         if let Some(fit) = grows(series) {
             explained += fit.gain;
@@ -194,7 +210,7 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
         if explained < fit.gain / 2 {
             gains.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             if let Some(&(_, top)) = gains.first() {
-                let bytes = gains.iter().map(|(_, k)| s.by_site[k].last().copied().unwrap_or(0)).sum();
+                let bytes = gains.iter().map(|(_, k)| s.last_bytes.get(k).copied().unwrap_or(0)).sum();
                 let count = gains.iter().map(|(_, k)| s.last_counts.get(k).copied().unwrap_or(0)).sum();
                 out.retain(|g| g.key != replay.keys[top]);
                 out.push(grown(top, &fit, gains.len() as u64, bytes, count));
@@ -297,15 +313,19 @@ fn family(e: &EventRecord) -> &'static str {
 type PhaseGroup = (String, &'static str, Vec<usize>);
 
 /// The repeated phases, each that ended at least `min` times, and whether
-/// any phase was skipped. A phase edge is written once per device; the
-/// copies, with nothing allocated or freed between them, count once.
+/// any phase was skipped. A phase edge is written once per device: an end
+/// of the phase that just ended, on a device it has not yet ended on, is a
+/// copy and counts once. Two ends on one device are two instances, also with
+/// nothing allocated or freed between them (a loop whose memory is all
+/// cached, inside a cache cupool does not see).
 fn phase_groups(events: &[&EventRecord], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<PhaseGroup>, bool) {
     let mut skipped = false;
     let mut groups: Vec<PhaseGroup> = Vec::new();
-    let mut last: Option<(&str, &str)> = None;
+    // The phase that just ended, and the devices its end was written for.
+    let mut last: Option<(&str, &str, Vec<Option<i32>>)> = None;
     for (i, e) in events.iter().enumerate() {
         match e.ev.known() {
-            Some(EventKind::Alloc | EventKind::Free) => last = None,
+            Some(EventKind::Alloc | EventKind::Free | EventKind::PhaseBegin) => last = None,
             Some(EventKind::PhaseEnd) => {
                 let name = e.name.as_deref().unwrap_or("");
                 let fam = family(e);
@@ -313,10 +333,13 @@ fn phase_groups(events: &[&EventRecord], min: usize, skip: &dyn Fn(&str) -> bool
                     skipped = true;
                     continue;
                 }
-                if last == Some((fam, name)) {
-                    continue;
+                if let Some((f, n, devices)) = &mut last {
+                    if (*f, *n) == (fam, name) && !devices.contains(&e.device) {
+                        devices.push(e.device);
+                        continue;
+                    }
                 }
-                last = Some((fam, name));
+                last = Some((fam, name, vec![e.device]));
                 let norm = phase_name(name);
                 match groups.iter_mut().find(|g| g.0 == norm && g.1 == fam) {
                     Some(g) => g.2.push(i),
@@ -328,6 +351,17 @@ fn phase_groups(events: &[&EventRecord], min: usize, skip: &dyn Fn(&str) -> bool
     }
     groups.retain(|g| g.2.len() >= min);
     (groups, skipped)
+}
+
+/// Whether the periods begun at `starts` (indices in `events`) last at least
+/// half of the time from the first of them to the timeline's last event
+/// (the end of what the program did with memory: a process's exit work
+/// does not count against a short loop).
+fn runs_most_of_the_time(events: &[&EventRecord], starts: &[usize]) -> bool {
+    let (Some(&first), Some(&last)) = (starts.first(), starts.last()) else { return false };
+    let end = events.last().map_or(0, |e| e.t_ns);
+    let (from, to) = (events[first].t_ns, events[last].t_ns);
+    2 * to.saturating_sub(from) >= end.saturating_sub(from)
 }
 
 /// The loop's clock: the site whose allocations start the loop's periods.
@@ -378,8 +412,9 @@ struct Replay<'a> {
 struct Series {
     by_site: HashMap<usize, Vec<u64>>,
     total: Vec<u64>,
-    /// Allocations live per site at the last sample.
+    /// Allocations and bytes live per site at the last sample.
     last_counts: HashMap<usize, u64>,
+    last_bytes: HashMap<usize, u64>,
 }
 
 impl Series {
@@ -490,30 +525,16 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// Live bytes per site just after each event of `at` (ascending indices).
-    fn at(&self, at: &[usize]) -> Series {
-        let mut ledger = Ledger::new(self.keys.len());
-        let mut s = Series::default();
-        let mut next = at.iter().peekable();
-        for i in 0..self.events.len() {
-            ledger.apply(self, i);
-            if next.peek() == Some(&&i) {
-                next.next();
-                self.sample(&ledger, &mut s, None, next.peek().is_none());
-            }
-        }
-        s.finish();
-        s
-    }
-
-    /// The least each site held during each period `[boundaries[p], boundaries[p + 1])`.
+    /// The least each site held during each period `[boundaries[p], boundaries[p + 1])`
+    /// (indices in the timeline; its length ends the last period at its end).
     fn floors(&self, boundaries: &[usize]) -> Series {
         let mut ledger = Ledger::new(self.keys.len());
         let mut s = Series::default();
         let mut floor: HashMap<usize, u64> = HashMap::new();
         let mut total_floor = 0u64;
         let mut b = 0;
-        for i in 0..self.events.len() {
+        // A boundary may be the end of the timeline (a phase's last end is its last event).
+        for i in 0..=self.events.len() {
             if b < boundaries.len() && boundaries[b] == i {
                 if b > 0 {
                     let last = b + 1 == boundaries.len();
@@ -525,6 +546,9 @@ impl<'a> Replay<'a> {
                 if b == boundaries.len() {
                     break; // what follows the last period's start is no whole period
                 }
+            }
+            if i == self.events.len() {
+                break;
             }
             let changed = ledger.site_changed_by(self, i).map(|site| (site, ledger.bytes[site]));
             ledger.apply(self, i);
@@ -553,6 +577,7 @@ impl<'a> Replay<'a> {
             }
             if last && ledger.counts[site] > 0 {
                 s.last_counts.insert(site, ledger.counts[site]);
+                s.last_bytes.insert(site, now);
             }
         }
         s.total.push(floors.map_or(ledger.total, |(_, t)| t));

@@ -213,6 +213,47 @@ fn repeated_nvtx_ranges_are_phases() {
 }
 
 #[test]
+fn a_phase_written_for_each_device_is_one_phase() {
+    let mut b = LogBuilder::new(15, "python train.py");
+    for _ in 0..10 {
+        b.nvtx_on("ncclAllReduce", &[0, 1], |b| {
+            b.alloc(512, Some(3));
+        });
+    }
+    let found = check(&b.exit(0));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!((found[0].growth.phase.as_str(), found[0].growth.phases), ("ncclAllReduce", 10));
+}
+
+/// A communication library's set-up: a buffer per channel, allocated in a
+/// burst and kept; then a loop whose memory is all in a cache cupool does
+/// not see, so that nothing is allocated between its phases.
+fn set_up_then_cached_loop(nvtx: bool) -> Log {
+    let mut b = LogBuilder::new(16, "python ddp.py");
+    let buffers: Vec<u64> = (0..24).map(|_| b.alloc(2 * MIB, Some(7))).collect();
+    for _ in 0..100 {
+        b.idle(5_000_000);
+        if nvtx {
+            b.nvtx("ncclAllReduce", |_| {});
+        }
+    }
+    // The communicator is destroyed at the end.
+    for p in buffers {
+        b.free(p);
+    }
+    b.exit(0)
+}
+
+#[test]
+fn a_burst_of_set_up_allocations_is_not_a_loop_that_grows() {
+    // The phases of the loop count, though nothing is allocated between them.
+    assert_eq!(check(&set_up_then_cached_loop(true)), vec![]);
+    // Without phases, the burst repeats regularly, but it is over long
+    // before the run is: set-up, not the loop the program spends its time in.
+    assert_eq!(check(&set_up_then_cached_loop(false)), vec![]);
+}
+
+#[test]
 fn phases_of_the_pytest_plugin_are_not_repetitions() {
     let mut b = LogBuilder::new(15, "python -m pytest");
     for t in 0..10 {

@@ -17,6 +17,8 @@ pub struct LogBuilder {
     /// ptr -> (alloc event index)
     live: BTreeMap<u64, usize>,
     mark: Option<String>,
+    /// Time spent outside events (see `idle`).
+    idle_ns: u64,
 }
 
 impl LogBuilder {
@@ -41,7 +43,15 @@ impl LogBuilder {
             definitions: Vec::new(),
             end: None,
         };
-        LogBuilder { log, seq: 1, next_ptr: 0x7f00_0000_0000, next_string: 1, live: BTreeMap::new(), mark: None }
+        LogBuilder {
+            log,
+            seq: 1,
+            next_ptr: 0x7f00_0000_0000,
+            next_string: 1,
+            live: BTreeMap::new(),
+            mark: None,
+            idle_ns: 0,
+        }
     }
 
     pub fn rank(mut self, rank: u32) -> LogBuilder {
@@ -86,7 +96,7 @@ impl LogBuilder {
     }
 
     fn event(&mut self, ev: EventKind) -> EventRecord {
-        let mut e = EventRecord::new(self.seq, self.seq * 1000, ev);
+        let mut e = EventRecord::new(self.seq, self.seq * 1000 + self.idle_ns, ev);
         e.tid = Some(1);
         self.seq += 1;
         e
@@ -96,7 +106,12 @@ impl LogBuilder {
     /// one: its `t_ns` (for records made beside the log, such as PyTorch's history).
     pub fn now_ns(&mut self) -> u64 {
         self.seq += 1;
-        (self.seq - 1) * 1000
+        (self.seq - 1) * 1000 + self.idle_ns
+    }
+
+    /// The program computes for `ns` without allocating or freeing.
+    pub fn idle(&mut self, ns: u64) {
+        self.idle_ns += ns;
     }
 
     pub fn alloc(&mut self, size: u64, stack: Option<u32>) -> u64 {
@@ -131,10 +146,14 @@ impl LogBuilder {
     }
 
     fn edge(&mut self, ev: EventKind, api: &str, name: &str) {
+        self.edge_on(ev, api, name, 0);
+    }
+
+    fn edge_on(&mut self, ev: EventKind, api: &str, name: &str, device: i32) {
         let mut e = self.event(ev);
         e.api = Some(Named::from_name(api));
         e.name = Some(name.into());
-        e.device = Some(0);
+        e.device = Some(device);
         e.live = Some(0);
         e.reserved = Some(0);
         self.log.events.push(e);
@@ -153,6 +172,18 @@ impl LogBuilder {
         self.edge(EventKind::PhaseBegin, "nvtxRangePushA", name);
         body(self);
         self.edge(EventKind::PhaseEnd, "nvtxRangePop", name);
+    }
+
+    /// An NVTX push/pop range around `body`, its edges written once for each
+    /// of `devices`, as the shim writes them.
+    pub fn nvtx_on(&mut self, name: &str, devices: &[i32], body: impl FnOnce(&mut LogBuilder)) {
+        for &d in devices {
+            self.edge_on(EventKind::PhaseBegin, "nvtxRangePushA", name, d);
+        }
+        body(self);
+        for &d in devices {
+            self.edge_on(EventKind::PhaseEnd, "nvtxRangePop", name, d);
+        }
     }
 
     /// The process exits with `status`: the end record lists what is live.
