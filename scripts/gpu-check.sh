@@ -5,7 +5,8 @@
 # device tool from the repository root, with the built shim and CLI in .gpu/:
 #   cargo build --release && mkdir -p .gpu && cp target/release/{libcupool.so,cupool} .gpu/
 #   (and the wheel: maturin build --release && cp target/wheels/cupool-*.whl .gpu/)
-#   bash scripts/gpu-check.sh            (prints a table last)
+#   bash scripts/gpu-check.sh            (prints a table last; ends with scripts/gpu-multi.sh,
+#                                         the two-GPU section, skipped with one GPU)
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 root=$(pwd)
@@ -132,6 +133,12 @@ rows+=("exit-status            | $([ $? = 7 ] && echo PASS || echo FAIL)        
 $bin/cupool run -q --log-dir $work/term -- python3 -c "import torch,os,signal; torch.zeros(1, device='cuda'); os.kill(os.getpid(), signal.SIGTERM)"
 rc=$?
 rows+=("sigterm                | $([ $rc = 143 ] && python3 -c "import json,glob,sys; l=json.load(open(glob.glob('$work/term/cupool.*.json')[0])); sys.exit(0 if l['end']['exit']['name']=='SIGTERM' else 1)" && echo PASS || echo FAIL)                                     | rc=$rc, log ends with exit.signal SIGTERM")
+
+# Two GPUs: peer access, NCCL, torchrun with NCCL and one verdict per job
+# (scripts/gpu-multi.sh prints a line and nothing else with fewer than two
+# GPUs). MULTI_PARTS picks its parts (default: all of them).
+multi_rows=$(OUT=$out bash $root/scripts/gpu-multi.sh ${MULTI_PARTS:-} 2>&1 | tee $work/multi.out | grep -E '^[a-z0-9-]+ +\| (PASS|FAIL|MISS|SKIP)|^two-GPU section skipped')
+while read -r line; do [ -n "$line" ] && rows+=("$line"); done <<< "$multi_rows"
 
 cp -r $work/*/shim.err $out/ 2>/dev/null
 tar czf $out/gpu-check-logs.tgz -C $work . 2>/dev/null

@@ -37,7 +37,7 @@ elif expect.startswith("growth:"):
         f for f in failing
         if f["kind"] == "growth" and any((fr.get("file") or "").endswith(file) and fr.get("line") == int(line) for fr in f["frames"])
     ]
-    ranked = not ranks or all(set(map(str, (p.get("rank") for p in f["processes"]))) >= set(ranks[0].split(",")) for f in hits)
+    ranked = not ranks or all(set(map(str, (p.get("rank") for p in f["processes"]))) == set(ranks[0].split(",")) for f in hits)
     row(rc == 23 and bool(hits) and ranked, f"growth at {file}:{line}: {len(hits)} finding(s); all: {desc}")
 elif expect.startswith("test:"):
     want = expect[5:]
