@@ -5,10 +5,11 @@
 #     PYTORCH_NO_CUDA_MEMORY_CACHING=1 raw, and the same under cupool's pool
 #  3. stream safety: a freed block still written by a slow kernel on another stream
 #  4. allocation traces for `cupool replay` (recorded in passthrough mode), written to $OUT
-#  5. the cost of allocation sites: the transformer with PyTorch's cache off under
+#  5. scaling: pairs per second over 1, 2, 4 and 8 threads, each on its own stream
+#  6. the cost of allocation sites: the transformer with PyTorch's cache off under
 #     cupool's pool, stacks (native + Python) on vs off, beside the caching allocator
 # Run from the repository root with the built shim and CLI in .gpu/.
-# SECTIONS="pair torch safety stress traces sites" (the default: all) picks sections.
+# SECTIONS="pair torch safety stress scaling traces sites" (the default: all) picks sections.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 bin=$(pwd)/.gpu
@@ -19,8 +20,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nvcc -O2 -arch=native -cudart shared -o $work/bench_pair $src/bench_pair.cu
 nvcc -O2 -arch=native -cudart shared -o $work/stream_safety $src/stream_safety.cu
 nvcc -O2 -arch=native -cudart shared -o $work/stress $src/stress.cu
+nvcc -O2 -arch=native -cudart shared -o $work/scaling $src/scaling.cu
 pool="$bin/cupool run -q --log-dir $work/logs --mode pool"
-sections=" ${SECTIONS:-pair torch safety stress traces sites} "
+sections=" ${SECTIONS:-pair torch safety stress scaling traces sites} "
 want() { [[ $sections == *" $1 "* ]]; }
 
 if want pair; then
@@ -57,6 +59,14 @@ echo "== multi-thread multi-stream stress (10^6 allocations+frees)"
 /usr/bin/time -f "cupool pool: %e s" $pool --no-trace -- $work/stress 1000000
 fi
 
+if want scaling; then
+echo "== scaling: pairs/s (cudaMalloc 4 KiB + kernel on the thread's stream + cudaFree), best of 3"
+best() { for r in 1 2 3; do "$@" | sed -n 's/.*pairs_per_s=\([0-9]*\).*/\1/p'; done | sort -n | tail -1; }
+echo "threads  plain  pool(sites off)  pool(default)"
+for t in 1 2 4 8; do
+  echo "$t  $(best $work/scaling $t 20000)  $(best $pool --no-trace -o stack_depth=0 -o python_depth=0 -- $work/scaling $t 20000)  $(best $pool -- $work/scaling $t 20000)"
+done
+fi
 if want traces; then
 echo "== traces"
 mkdir -p $work/traces

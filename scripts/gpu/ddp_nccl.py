@@ -1,4 +1,5 @@
-# A two-rank DDP job with NCCL, one GPU per rank (scripts/gpu-multi.sh).
+# A two-rank DDP job with NCCL, one GPU per rank (scripts/gpu-multi.sh); with
+# BACKEND=gloo, both ranks on GPU 0 (what a one-GPU machine can run).
 # Prints every rank's loss bits (runs must agree exactly) and ms/iter.
 # LEAK_RANK=R keeps every step's output alive on rank R only (the line
 # marked ALLOCATED is where it is allocated).
@@ -8,9 +9,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-dist.init_process_group("nccl")
+backend = os.environ.get("BACKEND", "nccl")
+dist.init_process_group(backend)
 rank = dist.get_rank()
-torch.cuda.set_device(rank)
+torch.cuda.set_device(rank if backend == "nccl" else 0)
 torch.manual_seed(0)
 leak = os.environ.get("LEAK_RANK") == str(rank)
 steps, warmup = int(os.environ.get("STEPS", "120")), 20
