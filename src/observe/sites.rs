@@ -31,8 +31,15 @@ impl Hasher for WordHasher {
     fn finish(&self) -> u64 {
         self.0
     }
+    /// A `[u64]` key arrives here as its bytes in one piece: mixed a word at a time.
     fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut word = [0; 8];
+            word.copy_from_slice(w);
+            self.write_u64(u64::from_ne_bytes(word));
+        }
+        for b in words.remainder() {
             self.write_u64(u64::from(*b));
         }
     }
