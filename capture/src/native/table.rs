@@ -66,6 +66,16 @@ pub(super) struct Table {
     spans: Vec<Span>,
 }
 
+impl Span {
+    /// Contains no address.
+    pub const NONE: Span = Span { start: 0, end: 0, trim: false };
+
+    #[inline]
+    pub fn contains(&self, addr: u64) -> bool {
+        (self.start..self.end).contains(&addr)
+    }
+}
+
 impl Table {
     pub fn span(&self, addr: u64) -> Option<&Span> {
         let i = self.spans.partition_point(|s| s.start <= addr).checked_sub(1)?;

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
-use super::table::{read_table, rescan, rescan_due};
+use super::table::{read_table, rescan, rescan_due, Span, Table};
 
 /// Registers read at the capture point, inside the function whose frame is
 /// live while the walk runs.
@@ -27,6 +27,27 @@ struct ThreadState {
     cache: Cache,
     stack_bottom: u64,
     stack_top: u64,
+    /// Spans this thread's walks met last. A registered module is never
+    /// unmapped and its span never changes (`table.rs`), so they stay right
+    /// across tables; the walks of one call site meet the same few modules
+    /// every time, and this spares each frame a search of the whole table.
+    recent: [Span; RECENT_SPANS],
+    next_recent: usize,
+}
+
+const RECENT_SPANS: usize = 8;
+
+impl ThreadState {
+    #[inline]
+    fn span(&mut self, table: &Table, pc: u64) -> Option<Span> {
+        if let Some(s) = self.recent.iter().find(|s| s.contains(pc)) {
+            return Some(*s);
+        }
+        let s = *table.span(pc)?;
+        self.recent[self.next_recent] = s;
+        self.next_recent = (self.next_recent + 1) % RECENT_SPANS;
+        Some(s)
+    }
 }
 
 enum Slot {
@@ -75,9 +96,13 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
             let Ok(mut slot) = slot.try_borrow_mut() else { return 0 };
             if let Slot::Unset = *slot {
                 *slot = match stack_bounds() {
-                    Some((bottom, top)) => {
-                        Slot::Ready(ThreadState { cache: Cache::new_in(), stack_bottom: bottom, stack_top: top })
-                    }
+                    Some((bottom, top)) => Slot::Ready(ThreadState {
+                        cache: Cache::new_in(),
+                        stack_bottom: bottom,
+                        stack_top: top,
+                        recent: [Span::NONE; RECENT_SPANS],
+                        next_recent: 0,
+                    }),
                     None => Slot::NoStack,
                 };
             }
@@ -147,7 +172,7 @@ fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) 
             break;
         }
         // framehop passes a zero return address through on one path.
-        let Some(span) = ra.checked_sub(1).and_then(|pc| table.span(pc)) else {
+        let Some(span) = ra.checked_sub(1).and_then(|pc| state.span(table, pc)) else {
             return (n, Stop::UnknownAddress);
         };
         if !(leading && span.trim) {
