@@ -54,7 +54,7 @@ enum Slot {
     Unset,
     /// This thread's stack bounds are unknown: nothing can be read safely.
     NoStack,
-    Ready(ThreadState),
+    Ready(Box<ThreadState>),
 }
 
 thread_local! {
@@ -96,13 +96,13 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
             let Ok(mut slot) = slot.try_borrow_mut() else { return 0 };
             if let Slot::Unset = *slot {
                 *slot = match stack_bounds() {
-                    Some((bottom, top)) => Slot::Ready(ThreadState {
+                    Some((bottom, top)) => Slot::Ready(Box::new(ThreadState {
                         cache: Cache::new_in(),
                         stack_bottom: bottom,
                         stack_top: top,
                         recent: [Span::NONE; RECENT_SPANS],
                         next_recent: 0,
-                    }),
+                    })),
                     None => Slot::NoStack,
                 };
             }
