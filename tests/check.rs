@@ -444,6 +444,19 @@ fn with_allocation_sites_leaks_show_their_frames_and_known_caches_pass() {
         "{err}"
     );
     assert!(err.contains("libtorch_cuda.so (default)"), "{err}");
+
+    // `cupool run` lists the cache's memory as not freed, and says whose it is.
+    let logs = dir.join("run-logs");
+    let out = run_cupool(&["run", "--log-dir", path_str(&logs), "--", path_str(&prog)], &dir);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains(
+            "    of which 2.0 MiB in 1 allocation(s) held by known caches (libtorch_cuda.so): not leaks, and cupool \
+             check leaves them out"
+        ),
+        "{err}"
+    );
 }
 
 /// Native frames as the shim will record them, written by hand: the sites

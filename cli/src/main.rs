@@ -158,7 +158,7 @@ fn main() -> ExitCode {
     let matches = Cli::command().version(version()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(args, check::known_caches_line),
         Command::Check(args) => check::check(args),
         Command::Merge(args) => check::merge(args),
         Command::Replay { json, traces } => replay::run(traces, json),

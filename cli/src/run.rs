@@ -302,7 +302,10 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
     Ok(Launched { code, log_dir, opts, started })
 }
 
-pub fn run(args: RunArgs) -> ExitCode {
+/// `known_caches` adds a line to the summary about memory that known caches
+/// held at exit (the check's rules, given by the caller: the check runs
+/// programs through this module, not the other way round).
+pub fn run(args: RunArgs, known_caches: fn(&[cupool_core::log::Log]) -> Option<String>) -> ExitCode {
     let launched = options(&args.launch, "cupool run").and_then(|opts| launch(&args.launch, opts, "cupool run", &[]));
     let l = match launched {
         Ok(l) => l,
@@ -312,6 +315,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         if l.opts.log {
             let logs = summary::logs_of_run(&l.log_dir, &l.opts.run_id);
             summary::print_text(&logs, Some(&l.log_dir), &mut std::io::stderr());
+            if let Some(line) = known_caches(&logs) {
+                eprintln!("{line}");
+            }
         } else {
             eprintln!("cupool: log=0, so no logs were written and there is nothing to summarise");
         }

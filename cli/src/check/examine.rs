@@ -135,6 +135,27 @@ fn tensor_site(h: &History, g: &Grown) -> Site {
 
 /// Allocations still live when their context died or the process ended:
 /// the end record's list, or for a log cut short, what its timeline leaves live.
+/// What of the exit leaks of `logs` the shipped suppressions class as held
+/// by known caches (PyTorch's, NCCL's, ...): (bytes, allocations, the
+/// libraries named). Exit leaks only: `cupool run`'s summary says it without
+/// the price of a whole check.
+pub fn held_by_known_caches(logs: &[Log]) -> Option<(u64, u64, Vec<String>)> {
+    let mut groups = Groups::default();
+    for log in logs {
+        exit_leaks(log, &ProcessRef::of(log), &mut Namer::new(log), &mut groups);
+    }
+    let mut used = Vec::new();
+    groups.judge(&Suppressions::load(&[]).ok()?, &mut used);
+    let known: Vec<&SuppressionUse> = used.iter().filter(|u| u.source == super::suppress::DEFAULT_SOURCE).collect();
+    (!known.is_empty()).then(|| {
+        (
+            known.iter().map(|u| u.bytes).sum(),
+            known.iter().map(|u| u.allocations).sum(),
+            known.iter().map(|u| u.pattern.clone()).collect(),
+        )
+    })
+}
+
 fn exit_leaks(log: &Log, process: &ProcessRef, namer: &mut Namer, groups: &mut Groups) {
     for leak in summarize(log).leaks {
         let site = namer.site(leak.stack, leak.api.as_str(), leak.kind.as_str(), leak.size);

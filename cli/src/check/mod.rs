@@ -279,6 +279,19 @@ pub fn findings_of(logs: &[cupool_core::log::Log]) -> Findings {
     examine::examine(logs, &histories, tests, &supp, &opts, notes)
 }
 
+/// The line `cupool run`'s summary ends with when known caches (PyTorch's,
+/// NCCL's, ...) held memory at exit: the list above it calls that "not
+/// freed", which a new user would take for leaks.
+pub fn known_caches_line(logs: &[cupool_core::log::Log]) -> Option<String> {
+    let (bytes, allocations, names) = examine::held_by_known_caches(logs)?;
+    Some(format!(
+        "    of which {} in {allocations} allocation(s) held by known caches ({}): not leaks, and {CHECK} leaves \
+         them out",
+        crate::units::human_bytes(bytes),
+        names.join(", ")
+    ))
+}
+
 const MERGE: &str = "cupool merge";
 
 /// The inherited `CUPOOL_OPTIONS` (a run's, so any option), then `-o`, which
