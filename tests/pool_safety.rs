@@ -240,3 +240,15 @@ fn a_block_freed_while_another_device_is_current_is_fenced_in_its_own_context() 
         assert_eq!(fences["record_errors"], 0, "{p}");
     }
 }
+
+#[test]
+fn a_segment_emptied_on_a_thread_without_a_context_goes_back_to_its_device() {
+    let prog = compile_runtime_program("crossdev", "pool_cross_device.c");
+    let dir = scratch_dir("safety-nocontext");
+    let out = run_preloaded(&prog, &["thread"], &dir, "give_back=always");
+    assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let log = &read_logs(&dir)[0];
+    let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
+    // The driver freed the segment: the pool's books and the device agree.
+    assert_eq!((stats["allocs"], stats["frees"], stats["live"]), (1, 1, 0), "{stats:?}");
+}

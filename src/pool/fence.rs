@@ -7,9 +7,12 @@
 //! only when memory is short, and never while a stream is being captured.
 //!
 //! A block may be freed while another device is current (`cudaFree` takes
-//! any device's pointer). Events belong to a context and record only on its
-//! streams, and the legacy stream and `cuCtxSynchronize` are the current
-//! context's: so every step here runs with the pool's own context current.
+//! any device's pointer), or on a thread with no current context. Events
+//! belong to a context and record only on its streams, and the legacy stream,
+//! `cuCtxSynchronize` and `cuMemAlloc` are the current context's: so every
+//! step that records, waits on the GPU, synchronises or allocates or releases
+//! a segment runs with the pool's own context current (querying and waiting
+//! for an event works from any context).
 
 use super::{streams, tools};
 use crate::cuda::{CUcontext, CUdeviceptr, CUevent, CUstream, CUstreamCaptureStatus, SUCCESS};
@@ -158,6 +161,7 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn allocate_segment(&mut self, size: u64) -> Option<u64> {
+        let _current = InContext::enter(self.ctx)?;
         let mut p: CUdeviceptr = 0;
         if unsafe { real!(cuMemAlloc_v2(&mut p, size as usize)) } != SUCCESS {
             return None;
@@ -167,6 +171,9 @@ impl Backend for CudaBackend {
     }
 
     fn release_segment(&mut self, addr: u64, _size: u64) {
+        // A pooled free may come from a thread with no current context (the
+        // shim answers `cudaFree` before the runtime binds one).
+        let _current = InContext::enter(self.ctx);
         tools::segment_released(addr);
         unsafe { real!(cuMemFree_v2(addr)) };
     }

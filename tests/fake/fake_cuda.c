@@ -1652,13 +1652,15 @@ static CUresult check_event(CUevent e, CUstream s)
  * context (an implicit stream is the current context's). */
 EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
-    CUresult r = check_event(hEvent, hStream);
+    CUresult r = check_init();
     if (r)
         return r;
     pthread_mutex_lock(&g_lock);
-    struct CUctx_st *stream_ctx = (uintptr_t)hStream <= 2 ? cur_ctx_raw() : hStream->ctx;
-    int same = stream_ctx == hEvent->ctx;
+    int valid = set_has(&g_events, hEvent) && stream_valid(hStream);
+    int same = valid && ((uintptr_t)hStream <= 2 ? cur_ctx_raw() : hStream->ctx) == hEvent->ctx;
     pthread_mutex_unlock(&g_lock);
+    if (!valid)
+        return CUDA_ERROR_INVALID_HANDLE;
     if (!same)
         __atomic_fetch_add(&g_stats.cross_context_records, 1, __ATOMIC_RELAXED);
     return same ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
