@@ -133,8 +133,6 @@ fn tensor_site(h: &History, g: &Grown) -> Site {
     }
 }
 
-/// Allocations still live when their context died or the process ended:
-/// the end record's list, or for a log cut short, what its timeline leaves live.
 /// What of the exit leaks of `logs` the shipped suppressions class as held
 /// by known caches (PyTorch's, NCCL's, ...): (bytes, allocations, the
 /// libraries named). Exit leaks only: `cupool run`'s summary says it without
@@ -156,6 +154,8 @@ pub fn held_by_known_caches(logs: &[Log]) -> Option<(u64, u64, Vec<String>)> {
     })
 }
 
+/// Allocations still live when their context died or the process ended:
+/// the end record's list, or for a log cut short, what its timeline leaves live.
 fn exit_leaks(log: &Log, process: &ProcessRef, namer: &mut Namer, groups: &mut Groups) {
     for leak in summarize(log).leaks {
         let site = namer.site(leak.stack, leak.api.as_str(), leak.kind.as_str(), leak.size);

@@ -5,7 +5,7 @@
 //! Phases: when the program names phases (NVTX ranges, `cupool_mark`,
 //! `cupool_phase_begin`), those whose names repeat (digits ignored: `epoch 1`,
 //! `epoch 2`, ... are one phase) at least `growth_phases` times; a site's
-//! sample is its live bytes at the end of each. Without such phases the loop
+//! sample is the least it held during each. Without such phases the loop
 //! is found from its allocations (see [`clock`]): each allocation of the
 //! loop's clock site starts a period, and a site's sample is the least it held
 //! during the period (its floor, which what an iteration allocates and frees
@@ -112,21 +112,15 @@ pub fn analyse_events(
         let min_count = (min_phases + 1).max(8);
         let Some(clock) = clock(&replay, min_count) else {
             if replay.allocs.len() >= 4 * min_phases {
-                return Err("no repeated phases and no allocation repeating regularly: growth was not checked \
+                return Err(
+                    "no repeated phases and no allocation repeating regularly through the run: growth was not checked \
                      (name the loop's iterations with cupool_mark or NVTX ranges)"
-                    .into());
+                        .into(),
+                );
             }
             return Ok(found);
         };
-        let starts = replay.starts_of(clock);
-        if !runs_most_of_the_time(events, &starts) {
-            // Allocations that repeat in a burst and then stop (a library
-            // setting up a buffer per channel) are set-up, not the loop the
-            // program spends its time in: what they keep is an exit leak if
-            // it is never freed, judged there.
-            return Ok(found);
-        }
-        let boundaries = every_nth(&starts, MAX_SAMPLES + 1);
+        let boundaries = every_nth(&replay.starts_of(clock), MAX_SAMPLES + 1);
         let series = replay.floors(&boundaries.items);
         let from = Source { from: "repetition", phase: replay.what(clock), stride: boundaries.stride };
         merge(&mut found, evaluate(&replay, &series, &from));
@@ -353,17 +347,6 @@ fn phase_groups(events: &[&EventRecord], min: usize, skip: &dyn Fn(&str) -> bool
     (groups, skipped)
 }
 
-/// Whether the periods begun at `starts` (indices in `events`) last at least
-/// half of the time from the first of them to the timeline's last event
-/// (the end of what the program did with memory: a process's exit work
-/// does not count against a short loop).
-fn runs_most_of_the_time(events: &[&EventRecord], starts: &[usize]) -> bool {
-    let (Some(&first), Some(&last)) = (starts.first(), starts.last()) else { return false };
-    let end = events.last().map_or(0, |e| e.t_ns);
-    let (from, to) = (events[first].t_ns, events[last].t_ns);
-    2 * to.saturating_sub(from) >= end.saturating_sub(from)
-}
-
 /// The loop's clock: the site whose allocations start the loop's periods.
 /// Candidates allocate at least `min_count` times at regular intervals
 /// (counted in allocations: at least 80% of the gaps between two of its
@@ -371,14 +354,26 @@ fn runs_most_of_the_time(events: &[&EventRecord], starts: &[usize]) -> bool {
 /// loop allocate once per iteration, so the count shared by the most
 /// candidates is the number of iterations (a site inside an inner loop
 /// allocates a multiple of it); of the sites with that count, the first to
-/// allocate is the clock.
+/// allocate is the clock. A candidate's allocations must also span at least
+/// half of the time from its first one to the timeline's last event:
+/// allocations that repeat in a burst and then stop (a library setting up a
+/// buffer per channel, a model's weights layer by layer) are set-up, not the
+/// loop the program spends its time in (what they keep is an exit leak if it
+/// is never freed, judged there).
 fn clock(replay: &Replay, min_count: usize) -> Option<usize> {
     let mut positions: Vec<Vec<usize>> = vec![Vec::new(); replay.keys.len()];
     for (ordinal, &(_, k)) in replay.allocs.iter().enumerate() {
         positions[k].push(ordinal);
     }
+    let end = replay.events.last().map_or(0, |e| e.t_ns);
+    let time_of = |ordinal: usize| replay.events[replay.allocs[ordinal].0].t_ns;
+    let lasts = |k: usize| {
+        let (from, to) = (time_of(positions[k][0]), time_of(*positions[k].last().unwrap_or(&positions[k][0])));
+        2 * to.saturating_sub(from) >= end.saturating_sub(from)
+    };
     let regular: Vec<usize> = (0..positions.len())
         .filter(|&k| positions[k].len() >= min_count)
+        .filter(|&k| lasts(k))
         .filter(|&k| {
             let mut gaps: Vec<usize> = positions[k].windows(2).map(|w| w[1] - w[0]).collect();
             gaps.sort_unstable();
