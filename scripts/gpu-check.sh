@@ -139,6 +139,7 @@ rows+=("sigterm                | $([ $rc = 143 ] && python3 -c "import json,glob
 # GPUs). MULTI_PARTS picks its parts (default: all of them).
 multi_rows=$(OUT=$out bash $root/scripts/gpu-multi.sh ${MULTI_PARTS:-} 2>&1 | tee $work/multi.out | grep -E '^[a-z0-9-]+ +\| (PASS|FAIL|MISS|SKIP)|^two-GPU section skipped')
 while read -r line; do [ -n "$line" ] && rows+=("$line"); done <<< "$multi_rows"
+[ -n "$multi_rows" ] || rows+=("two-GPU section         | FAIL | scripts/gpu-multi.sh printed no row (see $work/multi.out)")
 
 cp -r $work/*/shim.err $out/ 2>/dev/null
 tar czf $out/gpu-check-logs.tgz -C $work . 2>/dev/null

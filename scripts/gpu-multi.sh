@@ -13,7 +13,8 @@ work=$(mktemp -d /tmp/cupool-multi.XXXX)
 rows=()
 parts=${*:-peer nccl ddp check}
 want() { [[ " $parts " == *" $1 "* ]]; }
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
 if [ "$gpus" -lt 2 ]; then
   echo "two-GPU section skipped: this machine has $gpus GPU(s)"
   exit 0
@@ -50,7 +51,7 @@ fi
 
 if want nccl; then
   # NCCL's headers and library come with PyTorch's wheels (nvidia-nccl).
-  nccl=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) or list(nvidia.nccl.__path__)[0])" 2>/dev/null)
+  nccl=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
   [ -f "$nccl/include/nccl.h" ] || nccl=$(dirname "$(dirname "$(find / -name nccl.h -path '*include*' 2>/dev/null | head -1)")")
   if [ -f "$nccl/include/nccl.h" ]; then
     nvcc -O2 -arch=native -cudart shared -I$nccl/include -o $work/nccl_reg $src/nccl_reg.cu -L$nccl/lib -l:libnccl.so.2 -Xlinker -rpath=$nccl/lib
@@ -62,6 +63,8 @@ fi
 
 # losses NAME FILE...: every rank's loss bits from the runs' outputs, one line per run.
 loss_of() { grep -ho 'rank=[0-9]* loss_sum=[^ ]*' "$1" | sort | tr '\n' ' '; }
+# both_ranks LOSSES: the losses name rank 0 and rank 1 (a run that lost a rank is no match).
+both_ranks() { [[ "$1" == *"rank=0 "* && "$1" == *"rank=1 "* ]]; }
 ms_of() { grep -ho 'ms_iter=[0-9.]*' "$1" | sed 's/ms_iter=//' | sort -n | tail -1; }
 tr_run() { timeout 300 torchrun --standalone --nproc_per_node 2 $src/ddp_nccl.py; }
 
@@ -81,10 +84,10 @@ if want ddp; then
   for r in 1 2 3; do
     [ "$(loss_of $work/ddp-plain-$r.out)" = "$base" ] && [ "$(loss_of $work/ddp-pool-$r.out)" = "$base" ] || same_losses=FAIL
   done
-  [ -n "$base" ] || same_losses=FAIL
+  both_ranks "$base" || same_losses=FAIL
   row ddp-nccl-losses $same_losses "$base"
   ratio=$(python3 -c "print(f'{$pool_ms/$plain_ms:.3f}')" 2>/dev/null)
-  row ddp-nccl-ms-iter "$(python3 -c "print('PASS' if $ratio <= 1.02 else 'MISS')" 2>/dev/null)" \
+  row ddp-nccl-ms-iter "$(python3 -c "print('PASS' if $ratio <= 1.02 else 'MISS')" 2>/dev/null || echo FAIL)" \
     "median of 3: plain $plain_ms ms, cupool $pool_ms ms, ratio $ratio (target <= 1.02)"
   # NCCL's variants: legacy IPC buffers, PyTorch registering its segments with NCCL, cache off with the pool.
   variant() {
@@ -93,7 +96,7 @@ if want ddp; then
     env "$@" timeout 300 $bin/cupool run -q --log-dir $work/$name -- torchrun --standalone --nproc_per_node 2 \
       $src/ddp_nccl.py > $work/$name-pool.out 2>$work/$name-pool.err
     local a b; a=$(loss_of $work/$name-plain.out); b=$(loss_of $work/$name-pool.out)
-    row $name "$([ -n "$a" ] && [ "$a" = "$b" ] && echo PASS || echo FAIL)" "plain: $a| cupool: $b"
+    row $name "$(both_ranks "$a" && [ "$a" = "$b" ] && echo PASS || echo FAIL)" "plain: $a| cupool: $b"
     tail -n 3 $work/$name-pool.err | sed "s/^/[$name] /"
   }
   variant ddp-nccl-cumem0 NCCL_CUMEM_ENABLE=0

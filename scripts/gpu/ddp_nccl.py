@@ -15,7 +15,8 @@ rank = dist.get_rank()
 torch.cuda.set_device(rank if backend == "nccl" else 0)
 torch.manual_seed(0)
 leak = os.environ.get("LEAK_RANK") == str(rank)
-steps, warmup = int(os.environ.get("STEPS", "120")), 20
+steps = int(os.environ.get("STEPS", "120"))
+warmup = min(20, steps // 2)  # timed from here
 model = DDP(torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 2048)).cuda())
 opt = torch.optim.SGD(model.parameters(), 1e-3)
 gen = torch.Generator(device="cuda").manual_seed(rank)
