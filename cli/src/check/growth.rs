@@ -355,12 +355,14 @@ fn phase_groups(events: &[&EventRecord], min: usize, skip: &dyn Fn(&str) -> bool
 /// candidates is the number of iterations (a site inside an inner loop
 /// allocates a multiple of it); of the sites with that count, the first to
 /// allocate is the clock. A candidate's allocations must also span at least
-/// half of the time from its first one to the timeline's last event:
+/// half of the time from its first one to the timeline's last event (when
+/// more than a second follows them):
 /// allocations that repeat in a burst and then stop (a library setting up a
 /// buffer per channel, a model's weights layer by layer) are set-up, not the
 /// loop the program spends its time in (what they keep is an exit leak if it
 /// is never freed, judged there).
 fn clock(replay: &Replay, min_count: usize) -> Option<usize> {
+    const SET_UP_AFTER_NS: u64 = 1_000_000_000;
     let mut positions: Vec<Vec<usize>> = vec![Vec::new(); replay.keys.len()];
     for (ordinal, &(_, k)) in replay.allocs.iter().enumerate() {
         positions[k].push(ordinal);
@@ -369,7 +371,10 @@ fn clock(replay: &Replay, min_count: usize) -> Option<usize> {
     let time_of = |ordinal: usize| replay.events[replay.allocs[ordinal].0].t_ns;
     let lasts = |k: usize| {
         let (from, to) = (time_of(positions[k][0]), time_of(*positions[k].last().unwrap_or(&positions[k][0])));
-        2 * to.saturating_sub(from) >= end.saturating_sub(from)
+        let rest = end.saturating_sub(to);
+        // Less than a second after it proves nothing: a short run's exit work
+        // (an interpreter tearing down, a busy machine) can take that long.
+        rest <= to.saturating_sub(from) || rest < SET_UP_AFTER_NS
     };
     let regular: Vec<usize> = (0..positions.len())
         .filter(|&k| positions[k].len() >= min_count)

@@ -232,7 +232,7 @@ fn set_up_then_cached_loop(nvtx: bool) -> Log {
     let mut b = LogBuilder::new(16, "python ddp.py");
     let buffers: Vec<u64> = (0..24).map(|_| b.alloc(2 * MIB, Some(7))).collect();
     for _ in 0..100 {
-        b.idle(5_000_000);
+        b.idle(20_000_000);
         if nvtx {
             b.nvtx("ncclAllReduce", |_| {});
         }
@@ -266,7 +266,7 @@ fn a_loop_after_a_bigger_burst_of_set_up_is_still_the_loop() {
         }
     }
     for _ in 0..100 {
-        b.idle(1_000_000);
+        b.idle(20_000_000);
         let t = b.alloc(64 * KIB, Some(2));
         b.alloc(1000, Some(3));
         b.free(t);
