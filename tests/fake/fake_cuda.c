@@ -1637,27 +1637,17 @@ EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return r;
 }
 
-static CUresult check_event(CUevent e, CUstream s)
+/* An event used with stream `s` (NULL: none). A record (`record`) must be
+ * on a stream of the event's own context, as in CUDA (an implicit stream is
+ * the current context's); one that is not is refused and counted. */
+static CUresult check_event(CUevent e, CUstream s, int record)
 {
     CUresult r = check_init();
     if (r)
         return r;
     pthread_mutex_lock(&g_lock);
-    int ok = set_has(&g_events, e) && stream_valid(s);
-    pthread_mutex_unlock(&g_lock);
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-}
-
-/* As CUDA: the event and the stream it is recorded on belong to one
- * context (an implicit stream is the current context's). */
-EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
-{
-    CUresult r = check_init();
-    if (r)
-        return r;
-    pthread_mutex_lock(&g_lock);
-    int valid = set_has(&g_events, hEvent) && stream_valid(hStream);
-    int same = valid && ((uintptr_t)hStream <= 2 ? cur_ctx_raw() : hStream->ctx) == hEvent->ctx;
+    int valid = set_has(&g_events, e) && stream_valid(s);
+    int same = !record || (valid && ((uintptr_t)s <= 2 ? cur_ctx_raw() : s->ctx) == e->ctx);
     pthread_mutex_unlock(&g_lock);
     if (!valid)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -1665,8 +1655,10 @@ EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
         __atomic_fetch_add(&g_stats.cross_context_records, 1, __ATOMIC_RELAXED);
     return same ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
-EXPORT CUresult cuEventQuery(CUevent hEvent) { return check_event(hEvent, NULL); }
-EXPORT CUresult cuEventSynchronize(CUevent hEvent) { return check_event(hEvent, NULL); }
+
+EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return check_event(hEvent, hStream, 1); }
+EXPORT CUresult cuEventQuery(CUevent hEvent) { return check_event(hEvent, NULL, 0); }
+EXPORT CUresult cuEventSynchronize(CUevent hEvent) { return check_event(hEvent, NULL, 0); }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
 {

@@ -143,11 +143,7 @@ pub fn run(args: ExportArgs) -> ExitCode {
         progress.set(1);
         match result {
             Ok(w) => {
-                let sampled = if w.counter_points < w.counter_points_seen {
-                    format!(" (downsampled from {}, peaks kept)", w.counter_points_seen)
-                } else {
-                    String::new()
-                };
+                let sampled = super::downsampled_note(w.counter_points, w.counter_points_seen);
                 eprintln!(
                     "{WHO}: {}: {} event(s), {} counter point(s){sampled}, {} process(es); open it in ui.perfetto.dev",
                     path.display(),

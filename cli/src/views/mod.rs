@@ -14,3 +14,12 @@ pub mod pickle;
 pub mod pool;
 pub mod progress;
 pub mod report;
+
+/// What an export says when it kept fewer points than it saw: `kept` of `seen`.
+pub fn downsampled_note(kept: usize, seen: usize) -> String {
+    if kept < seen {
+        format!(" (downsampled from {seen}, peaks kept)")
+    } else {
+        String::new()
+    }
+}

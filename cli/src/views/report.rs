@@ -395,11 +395,7 @@ pub fn run(paths: &[PathBuf], as_json: bool, html: Option<&Path>, n_sites: usize
         progress.finish();
         return match result {
             Ok(w) => {
-                let sampled = if w.points < w.points_seen {
-                    format!(" (downsampled from {}, peaks kept)", w.points_seen)
-                } else {
-                    String::new()
-                };
+                let sampled = super::downsampled_note(w.points, w.points_seen);
                 eprintln!(
                     "cupool report: {}: {} process(es), {} point(s){sampled}, {}; open it in a browser",
                     path.display(),
