@@ -81,7 +81,7 @@ impl Harness {
                 assert!(self.pool.stats().reserved_bytes.current <= target || self.no_whole_free());
             }
             Op::Deferred(on) => self.both(|f| f.fences = if on { Fences::AtQueued } else { Fences::Off }),
-            Op::Launch => self.both(SimulatedDevice::launch),
+            Op::Launch => self.both(|f| f.launch()),
             Op::Complete(n) => self.both(|f| f.complete(n as u64)),
             Op::Capture(on) => self.both(|f| f.capturing = on),
         }

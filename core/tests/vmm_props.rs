@@ -22,9 +22,16 @@
 //!   pages remapped, the peak of reserved is the peak of in-use;
 //! * an out-of-memory happens only when the device capacity leaves no room
 //!   for the pages the request could need.
+//!
+//! With fences on (frees wait for simulated GPU work, which completes only
+//! when the test says so or the pool synchronizes), a freed block is
+//! *pending* in the model until the pool reclaims it (in free order): until
+//! then its pages stay mapped under it by the same handles, and the pool may
+//! reclaim it only once its work completed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
+use cupool_core::pool::testing::Fences;
 use cupool_core::pool::Block;
 use cupool_core::vmm::testing::SimulatedPages;
 use cupool_core::vmm::{VmmConfig, VmmPool};
@@ -39,6 +46,12 @@ enum Op {
     EmptyCache,
     /// The device clock moves on by this many tenths of a second.
     Tick(u8),
+    /// Frees from now on wait for the newest queued GPU work (or not).
+    Deferred(bool),
+    /// GPU work is queued.
+    Launch,
+    /// This many pieces of queued work complete.
+    Complete(u8),
 }
 
 /// A live block as the model keeps it: the block, its requested size, and
@@ -49,13 +62,15 @@ struct Harness {
     pool: VmmPool<SimulatedPages>,
     /// Live blocks by address.
     live: BTreeMap<u64, Live>,
+    /// Freed blocks the pool has not reclaimed yet, with their tags, oldest first.
+    pending: VecDeque<(Live, u64)>,
     capacity: Option<u64>,
 }
 
 impl Harness {
     fn new(cfg: VmmConfig, capacity: Option<u64>) -> Self {
         let pool = VmmPool::new(SimulatedPages::new().with_capacity(capacity), cfg);
-        Harness { pool, live: BTreeMap::new(), capacity }
+        Harness { pool, live: BTreeMap::new(), pending: VecDeque::new(), capacity }
     }
 
     fn page_of(&self, size: u64) -> u64 {
@@ -94,32 +109,63 @@ impl Harness {
                     Err(_) => {
                         let p = self.page_of(req.max(1).next_multiple_of(512));
                         let need = (req.max(1).div_ceil(p) + 1) * p;
-                        let room = self.capacity.map(|c| c.saturating_sub(before.in_use_bytes.current));
+                        // The pool waits for every pending free before it fails.
+                        let room = self.capacity.map(|c| c.saturating_sub(self.live_page_bytes()));
                         assert!(room.is_some_and(|r| r < need), "out of memory with room {room:?} for {req}");
                         let s = self.pool.stats();
                         assert_eq!(s.allocation.current, before.allocation.current);
-                        assert_eq!(s.in_use_bytes.current, before.in_use_bytes.current);
+                        assert!(s.in_use_bytes.current <= before.in_use_bytes.current);
                     }
                 }
             }
             Op::Free(sel) if !self.live.is_empty() => {
                 let addr = *self.live.keys().nth(sel % self.live.len()).unwrap();
-                let (b, _, _) = self.live.remove(&addr).unwrap();
-                self.pool.free(b.id);
-                self.pool.free(b.id); // a double free changes nothing
-                if self.pool.config().window_ns == 0 {
+                let live = self.live.remove(&addr).unwrap();
+                let id = live.0.id;
+                let tag = self.pool.backend().queued;
+                let fenced = self.pool.backend().fences != Fences::Off;
+                if fenced {
+                    self.pending.push_back((live, tag));
+                }
+                self.pool.free(id);
+                self.pool.free(id); // a double free changes nothing
+                if !fenced && self.pool.pending_blocks() == 0 && self.pool.config().window_ns == 0 {
                     assert!(self.pool.stats().idle_bytes.current <= self.pool.config().keep_free);
                 }
             }
             Op::Free(_) => {}
             Op::Tick(t) => self.pool.backend_mut().now += t as u64 * 100_000_000,
+            Op::Deferred(on) => self.pool.backend_mut().fences = if on { Fences::AtQueued } else { Fences::Off },
+            Op::Launch => self.pool.backend_mut().launch(),
+            Op::Complete(n) => self.pool.backend_mut().complete(n as u64),
             Op::EmptyCache => {
-                let idle = self.pool.stats().idle_bytes.current;
-                assert_eq!(self.pool.empty_cache(), idle);
+                self.pool.empty_cache();
                 assert_eq!(self.pool.stats().idle_bytes.current, 0);
             }
         }
+        self.reclaimed();
         self.check();
+    }
+
+    /// Drops from the model the pending blocks the pool reclaimed (oldest
+    /// first); each must have had its work completed.
+    fn reclaimed(&mut self) {
+        while self.pending.len() > self.pool.pending_blocks() {
+            let ((b, _, _), tag) = self.pending.pop_front().unwrap();
+            let done = self.pool.backend().completed;
+            assert!(tag <= done, "block {:#x} reclaimed before its work ({tag}) completed ({done})", b.addr);
+        }
+    }
+
+    /// Bytes of the pages live blocks touch.
+    fn live_page_bytes(&self) -> u64 {
+        let mut pages = BTreeMap::new();
+        for (b, _, handles) in self.live.values() {
+            for &(start, _) in handles {
+                pages.insert(start, self.page_of(b.size));
+            }
+        }
+        pages.values().sum()
     }
 
     fn check(&self) {
@@ -138,9 +184,14 @@ impl Harness {
             end = b.addr + b.size;
             assert_eq!(&self.handles_under(b.addr, b.size, self.page_of(b.size)), handles, "live data moved");
         }
-        // Pages: each counts the live blocks over it.
+        for ((b, _, handles), _) in &self.pending {
+            let under = self.handles_under(b.addr, b.size, self.page_of(b.size));
+            assert_eq!(&under, handles, "a page under queued work was unmapped or moved");
+            assert!(pool.lookup(b.addr).is_none(), "a freed block is still found");
+        }
+        // Pages: each counts the live and pending blocks over it.
         let mut refs: BTreeMap<u64, u32> = BTreeMap::new();
-        for (_, _, handles) in self.live.values() {
+        for (_, _, handles) in self.live.values().chain(self.pending.iter().map(|(l, _)| l)) {
             for &(start, _) in handles {
                 *refs.entry(start).or_default() += 1;
             }
@@ -164,6 +215,7 @@ impl Harness {
         assert_eq!(s.allocation.current, self.live.len() as u64);
         assert_eq!(s.allocated_bytes.current, self.live.values().map(|(b, _, _)| b.size).sum::<u64>());
         assert_eq!(s.requested_bytes.current, self.live.values().map(|(_, r, _)| r).sum::<u64>());
+        assert_eq!(s.pending_bytes.current, self.pending.iter().map(|((b, _, _), _)| b.size).sum::<u64>());
         assert_eq!(s.num_page_creates - s.num_page_releases, pool.backend().pages().len() as u64);
         assert_eq!(s.num_maps - s.num_unmaps, pool.pages().count() as u64);
         let c = pool.config();
@@ -181,6 +233,9 @@ fn op() -> impl Strategy<Value = Op> {
         5 => any::<usize>().prop_map(Op::Free),
         1 => Just(Op::EmptyCache),
         1 => (0u8..30).prop_map(Op::Tick),
+        1 => any::<bool>().prop_map(Op::Deferred),
+        2 => Just(Op::Launch),
+        1 => (0u8..4).prop_map(Op::Complete),
     ]
 }
 
@@ -208,12 +263,17 @@ proptest! {
         for o in &ops {
             h.apply(o);
         }
+        h.pool.backend_mut().fences = Fences::Off;
         let ids: Vec<Block> = h.live.values().map(|(b, _, _)| *b).collect();
         for b in ids {
             h.pool.free(b.id);
         }
         h.live.clear();
+        h.pool.backend_mut().complete_all();
+        h.pool.empty_cache();
+        h.reclaimed();
         h.check();
+        prop_assert_eq!(h.pool.pending_blocks(), 0);
         prop_assert_eq!(h.pool.stats().in_use_bytes.current, 0);
     }
 }

@@ -19,7 +19,7 @@ use crate::cuda::{CUcontext, CUdeviceptr, CUevent, CUstream, CUstreamCaptureStat
 use crate::real;
 use crate::runtime::{clock, options};
 use cupool_core::log::FenceCounters;
-use cupool_core::pool::Backend;
+use cupool_core::pool::{Backend, Timeline};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
@@ -177,7 +177,9 @@ impl Backend for CudaBackend {
         tools::segment_released(addr);
         unsafe { real!(cuMemFree_v2(addr)) };
     }
+}
 
+impl Timeline for CudaBackend {
     fn free_tag(&mut self) -> Option<u64> {
         if !streams::MULTI_STREAM.load(Ordering::Acquire) {
             return None;

@@ -5,7 +5,7 @@ use super::fence::{self, CudaBackend};
 use super::streams;
 use crate::runtime::options;
 use cupool_core::options::GiveBack as Policy;
-use cupool_core::pool::{Backend, Block, BlockId, GiveBack, OutOfMemory, Pool, PoolConfig};
+use cupool_core::pool::{Block, BlockId, GiveBack, OutOfMemory, Pool, PoolConfig, Timeline};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeSet;

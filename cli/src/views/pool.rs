@@ -14,7 +14,7 @@
 
 use cupool_core::log::{EventRecord, MemKind};
 use cupool_core::options::{GiveBack as Policy, Mode, Options};
-use cupool_core::pool::{Backend, BlockId, GiveBack, Pool, PoolConfig, SegmentSnapshot};
+use cupool_core::pool::{Backend, BlockId, GiveBack, Pool, PoolConfig, SegmentSnapshot, Timeline};
 use std::collections::{BTreeMap, HashMap};
 
 /// Where rebuilt segments start: far from where CUDA or a fake driver put memory.
@@ -38,7 +38,9 @@ impl Backend for ReplayDevice {
     fn release_segment(&mut self, addr: u64, size: u64) {
         self.changes.push((false, addr, size));
     }
+}
 
+impl Timeline for ReplayDevice {
     fn now_ns(&mut self) -> u64 {
         self.now_ns
     }

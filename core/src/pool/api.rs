@@ -1,13 +1,8 @@
 //! The public vocabulary of the pool: the backend trait and block handles.
 
-/// Where segments come from (the device) and how freed blocks are fenced.
-pub trait Backend {
-    /// Obtain a fresh segment of exactly `size` bytes (size is a multiple of
-    /// SEGMENT_ALIGN = 2 MiB). None = device out of memory. The address must
-    /// be a multiple of 512.
-    fn allocate_segment(&mut self, size: u64) -> Option<u64>;
-    /// Give a whole, completely free segment back to the device.
-    fn release_segment(&mut self, addr: u64, size: u64);
+/// The GPU timeline as both pools see it: a freed block may still be
+/// touched by work queued before the free, so it waits for a tag.
+pub trait Timeline {
     /// Called when a block is freed. None: the block may be reused at once.
     /// Some(tag): reuse only after `is_complete(tag)` is true (GPU work queued
     /// before the free may still touch it). Tags are non-decreasing over time;
@@ -32,10 +27,21 @@ pub trait Backend {
         let _ = tag;
         self.synchronize()
     }
-    /// A monotonic clock in nanoseconds, for `GiveBack::Auto`.
+    /// A monotonic clock in nanoseconds, for giving memory back by time.
     fn now_ns(&mut self) -> u64 {
         0
     }
+}
+
+/// Where segments come from (the device); freed blocks are fenced by the
+/// [`Timeline`].
+pub trait Backend: Timeline {
+    /// Obtain a fresh segment of exactly `size` bytes (size is a multiple of
+    /// SEGMENT_ALIGN = 2 MiB). None = device out of memory. The address must
+    /// be a multiple of 512.
+    fn allocate_segment(&mut self, size: u64) -> Option<u64>;
+    /// Give a whole, completely free segment back to the device.
+    fn release_segment(&mut self, addr: u64, size: u64);
 }
 
 /// Opaque handle of an allocated block (a slab index). It stays valid until

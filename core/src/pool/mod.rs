@@ -35,7 +35,7 @@ use block::{BlockRec, BlockSlab, SegRec, SegSlab, State, NIL};
 use cycles::Cycles;
 use free_index::FreeIndex;
 
-pub use api::{Backend, Block, BlockId, BlockInfo, OutOfMemory};
+pub use api::{Backend, Block, BlockId, BlockInfo, OutOfMemory, Timeline};
 pub use config::{GiveBack, PoolConfig};
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
 pub use size::{round_size, MIN_BLOCK, SEGMENT_ALIGN};

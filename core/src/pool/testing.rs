@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Backend, SEGMENT_ALIGN};
+use super::{Backend, Timeline, SEGMENT_ALIGN};
 
 /// Address of the first segment: far from null and from small integers, so
 /// that an offset mistaken for an address cannot find a block.
@@ -58,16 +58,9 @@ pub struct SimulatedDevice {
     pub capacity: Option<u64>,
     /// Bytes left unused after each segment (a multiple of 512).
     pub gap: u64,
-    /// How frees are fenced.
-    pub fences: Fences,
-    /// A stream capture is active: waiting for the GPU is impossible.
-    pub capturing: bool,
-    /// Newest queued GPU work (the newest tag).
-    pub queued: u64,
-    /// Newest finished GPU work: tags up to it are complete.
-    pub completed: u64,
-    /// What `now_ns` answers (0 unless a caller moves it, e.g. a replay by its trace's times).
-    pub now: u64,
+    /// The simulated GPU timeline (its fields and methods are reached
+    /// through the device: `dev.fences`, `dev.launch()`).
+    pub gpu: SimulatedTimeline,
     next: u64,
     outstanding: u64,
     live: BTreeMap<u64, u64>,
@@ -87,11 +80,7 @@ impl SimulatedDevice {
         SimulatedDevice {
             capacity: None,
             gap: 0,
-            fences: Fences::Off,
-            capturing: false,
-            queued: 0,
-            completed: 0,
-            now: 0,
+            gpu: SimulatedTimeline::default(),
             next: BASE_ADDR,
             outstanding: 0,
             live: BTreeMap::new(),
@@ -117,21 +106,6 @@ impl SimulatedDevice {
     pub fn with_fences(mut self, fences: Fences) -> Self {
         self.fences = fences;
         self
-    }
-
-    /// Queues GPU work: frees from now on (with [`Fences::AtQueued`]) wait for it.
-    pub fn launch(&mut self) {
-        self.queued += 1;
-    }
-
-    /// Finishes the next `n` pieces of queued work (at most all of them).
-    pub fn complete(&mut self, n: u64) {
-        self.completed = self.queued.min(self.completed.saturating_add(n));
-    }
-
-    /// Finishes all queued work.
-    pub fn complete_all(&mut self) {
-        self.completed = self.queued;
     }
 
     /// Bytes of segments held now.
@@ -169,16 +143,78 @@ impl Backend for SimulatedDevice {
         Some(addr)
     }
 
-    fn now_ns(&mut self) -> u64 {
-        self.now
-    }
-
     fn release_segment(&mut self, addr: u64, size: u64) {
         assert_eq!(self.live.remove(&addr), Some(size), "release of {addr:#x} ({size} bytes): not a live segment");
         self.outstanding -= size;
         self.released.push((addr, size));
     }
+}
 
+impl Timeline for SimulatedDevice {
+    fn free_tag(&mut self) -> Option<u64> {
+        self.gpu.free_tag()
+    }
+    fn is_complete(&mut self, tag: u64) -> bool {
+        self.gpu.is_complete(tag)
+    }
+    fn synchronize(&mut self) -> bool {
+        self.gpu.synchronize()
+    }
+    fn now_ns(&mut self) -> u64 {
+        self.gpu.now
+    }
+}
+
+impl std::ops::Deref for SimulatedDevice {
+    type Target = SimulatedTimeline;
+    fn deref(&self) -> &SimulatedTimeline {
+        &self.gpu
+    }
+}
+
+impl std::ops::DerefMut for SimulatedDevice {
+    fn deref_mut(&mut self) -> &mut SimulatedTimeline {
+        &mut self.gpu
+    }
+}
+
+/// The GPU timeline of a simulated device (both pools' simulated devices
+/// carry one): two numbers, [`queued`](Self::queued), the newest queued
+/// work, and [`completed`](Self::completed), the newest finished; a tag is
+/// complete when it is at most `completed`. Work completes only when the
+/// test says so or when the pool synchronizes outside a capture.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimulatedTimeline {
+    /// How frees are fenced.
+    pub fences: Fences,
+    /// A stream capture is active: waiting for the GPU is impossible.
+    pub capturing: bool,
+    /// Newest queued GPU work (the newest tag).
+    pub queued: u64,
+    /// Newest finished GPU work: tags up to it are complete.
+    pub completed: u64,
+    /// What `now_ns` answers (0 unless a caller moves it, e.g. a replay by its trace's times).
+    pub now: u64,
+}
+
+impl SimulatedTimeline {
+    /// Queues GPU work: frees from now on (with [`Fences::AtQueued`]) wait for it.
+    pub fn launch(&mut self) {
+        self.queued += 1;
+    }
+
+    /// Finishes the next `n` pieces of queued work (at most all of them).
+    pub fn complete(&mut self, n: u64) {
+        self.completed = self.queued.min(self.completed.saturating_add(n));
+    }
+
+    /// Finishes all queued work.
+    pub fn complete_all(&mut self) {
+        self.completed = self.queued;
+    }
+}
+
+impl Timeline for SimulatedTimeline {
     fn free_tag(&mut self) -> Option<u64> {
         match self.fences {
             Fences::Off => None,
@@ -199,5 +235,9 @@ impl Backend for SimulatedDevice {
             self.complete_all();
         }
         !self.capturing
+    }
+
+    fn now_ns(&mut self) -> u64 {
+        self.now
     }
 }

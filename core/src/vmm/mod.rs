@@ -45,9 +45,15 @@
 //!   (the simulated device's, so trace replay) keeps the all-time high-water
 //!   mark, and a `window_ns` of 0 keeps just `keep_free`.
 //!
-//! Not here yet (the shim's part): fencing frees against queued GPU work.
-//! A freed block's pages may be unmapped or remapped at once, which on a GPU
-//! is safe only after the work queued before the free has finished.
+//! * **Fences.** A free that the [`Timeline`] tags (GPU work queued before
+//!   it may still touch the block) leaves the block *pending*: its virtual
+//!   range and its pages stay as they are until the tag completes, so no
+//!   page under queued work is unmapped, remapped or released (on a GPU,
+//!   `cuMemUnmap` does not wait for that work). Pending blocks are reclaimed
+//!   when a request would need pages the idle ones cannot give; when many
+//!   bytes are pending the pool waits for the oldest tag rather than create
+//!   pages (`wait_share`, as in the segment pool), and it synchronizes before
+//!   it reports out of memory.
 
 mod pages;
 #[cfg(any(test, feature = "testing"))]
@@ -55,20 +61,20 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use pages::{PageTable, Slot};
 
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
 use crate::pool::free_index::FreeIndex;
-use crate::pool::{round_size, Block, BlockId, BlockInfo, OutOfMemory, Stat, SEGMENT_ALIGN};
+use crate::pool::{round_size, Block, BlockId, BlockInfo, OutOfMemory, Stat, Timeline, SEGMENT_ALIGN};
 
 const MIB: u64 = 1 << 20;
 
 /// What the VMM pool needs from the device: address ranges and physical pages.
 /// A mapping is always one whole page of a reserved range, pages counted from
 /// the range's start.
-pub trait PageBackend {
+pub trait PageBackend: Timeline {
     /// Reserve `size` bytes of virtual addresses aligned to `align`
     /// (`cuMemAddressReserve`). None: no address space left.
     fn reserve(&mut self, size: u64, align: u64) -> Option<u64>;
@@ -82,9 +88,11 @@ pub trait PageBackend {
     fn unmap(&mut self, addr: u64, size: u64);
     /// Release an unmapped page (`cuMemRelease`).
     fn release_page(&mut self, handle: u64);
-    /// A monotonic clock in nanoseconds, for the high-water window.
-    fn now_ns(&mut self) -> u64 {
-        0
+    /// Pages were just mapped somewhere in `[addr, addr + size)`, a span of
+    /// whole mapped pages: make it accessible (one `cuMemSetAccess` for the
+    /// span costs about what one page costs).
+    fn grant(&mut self, addr: u64, size: u64) {
+        let _ = (addr, size);
     }
 }
 
@@ -113,6 +121,10 @@ pub struct VmmConfig {
     /// Cap on physical bytes; a page that would pass it is treated as a
     /// device out-of-memory (`u64::MAX`: no cap).
     pub limit: u64,
+    /// A request that needs new pages waits for pending frees
+    /// ([`Timeline::wait_for`]) instead, while they cover it and are at
+    /// least 1/`wait_share` of the reserved bytes (4; at least 1).
+    pub wait_share: u64,
 }
 
 impl Default for VmmConfig {
@@ -126,6 +138,7 @@ impl Default for VmmConfig {
             keep_free: 64 * MIB,
             window_ns: 5_000_000_000,
             limit: u64::MAX,
+            wait_share: 4,
         }
     }
 }
@@ -155,7 +168,7 @@ impl VmmConfig {
         let (small_page, large_page) = (page(self.small_page), page(self.large_page));
         let small_max = self.small_max.clamp(512, small_page).next_multiple_of(512);
         let va_chunk = self.va_chunk.clamp(1 << 30, 1 << 48).next_multiple_of(small_page.max(large_page));
-        VmmConfig { small_max, small_page, large_page, va_chunk, ..self }
+        VmmConfig { small_max, small_page, large_page, va_chunk, wait_share: self.wait_share.max(1), ..self }
     }
 
     fn page(&self, small: bool) -> u64 {
@@ -194,6 +207,13 @@ pub struct VmmStats {
     pub num_remaps: u64,
     /// Allocations that failed.
     pub num_ooms: u64,
+    /// Rounded sizes of blocks freed and waiting for their fence.
+    pub pending_bytes: Stat,
+    /// Waits for the oldest pending free, and whole-device synchronisations.
+    pub num_waits: u64,
+    pub num_syncs: u64,
+    /// `grant` calls (one `cuMemSetAccess` each on a GPU).
+    pub num_grants: u64,
 }
 
 /// A mapped page.
@@ -230,6 +250,10 @@ pub struct VmmPool<B: PageBackend> {
     live: BTreeMap<u64, u32>,
     /// Idle pages by address: `[large, small]`.
     idle: [BTreeSet<u64>; 2],
+    /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
+    pending: VecDeque<(u32, u64)>,
+    /// Highest tag known to be complete.
+    completed_upto: Option<u64>,
     /// High-water marks of in-use bytes in the current and the previous
     /// window, and when the current one began.
     high_water: (u64, u64),
@@ -249,6 +273,8 @@ impl<B: PageBackend> VmmPool<B> {
             pages: PageTable::default(),
             live: BTreeMap::new(),
             idle: [BTreeSet::new(), BTreeSet::new()],
+            pending: VecDeque::new(),
+            completed_upto: None,
             high_water: (0, 0),
             window_start: 0,
             stats: VmmStats::default(),
@@ -305,22 +331,41 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// Allocates a block of at least `requested` bytes (0 is served as 1).
+    /// Fails after waiting for the GPU and giving idle pages back failed too.
     pub fn allocate(&mut self, requested: u64) -> Result<Block, OutOfMemory> {
         let Some(rounded) = round_size(requested).filter(|&r| r <= self.config.limit) else {
             self.stats.num_ooms += 1;
             return Err(OutOfMemory);
         };
         let small = rounded <= self.config.small_max;
-        let Some(i) = self.find_virtual(small, rounded) else {
-            self.stats.num_ooms += 1;
-            return Err(OutOfMemory);
-        };
+        if !self.pending.is_empty() {
+            self.make_room(small, rounded);
+        }
+        match self.try_allocate(small, rounded, requested) {
+            Some(b) => Ok(b),
+            // Every pending block back first: waiting costs less than failing.
+            None if !self.pending.is_empty() && self.backend.synchronize() => {
+                self.stats.num_syncs += 1;
+                self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
+                self.reclaim_completed();
+                self.try_allocate(small, rounded, requested).ok_or_else(|| self.oom())
+            }
+            None => Err(self.oom()),
+        }
+    }
+
+    fn oom(&mut self) -> OutOfMemory {
+        self.stats.num_ooms += 1;
+        OutOfMemory
+    }
+
+    fn try_allocate(&mut self, small: bool, rounded: u64, requested: u64) -> Option<Block> {
+        let i = self.find_virtual(small, rounded)?;
         self.split(i, rounded);
         let b = self.blocks[i];
         if !self.back(b.seg, b.addr, b.size) {
             self.make_free(i);
-            self.stats.num_ooms += 1;
-            return Err(OutOfMemory);
+            return None;
         }
         let r = &mut self.blocks[i];
         r.state = State::Allocated;
@@ -331,7 +376,33 @@ impl<B: PageBackend> VmmPool<B> {
         s.allocation.inc(1);
         self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
         self.live.insert(b.addr, i);
-        Ok(Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
+        Some(Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
+    }
+
+    /// Blocks freed before queued GPU work hold their pages: when the idle
+    /// pages could not serve a request, reclaim those whose work is done,
+    /// and wait for the oldest while the pending ones are a large share of
+    /// what is held (new pages would sit idle once they complete).
+    #[cold]
+    fn make_room(&mut self, small: bool, rounded: u64) {
+        let need = rounded + self.config.page(small);
+        if self.stats.idle_bytes.current >= need {
+            return;
+        }
+        self.reclaim_completed();
+        while let Some(&(_, tag)) = self.pending.front() {
+            let pending = self.stats.pending_bytes.current;
+            if self.stats.idle_bytes.current >= need
+                || pending < rounded
+                || pending.saturating_mul(self.config.wait_share) < self.stats.reserved_bytes.current
+                || !self.backend.wait_for(tag)
+            {
+                return;
+            }
+            self.stats.num_waits += 1;
+            self.completed_upto = self.completed_upto.max(Some(tag));
+            self.reclaim_completed();
+        }
     }
 
     /// Frees a block returned by [`VmmPool::allocate`]. An id that does not
@@ -347,11 +418,63 @@ impl<B: PageBackend> VmmPool<B> {
         s.requested_bytes.dec(b.requested);
         s.allocation.dec(1);
         self.live.remove(&b.addr);
+        match self.backend.free_tag() {
+            Some(tag) => {
+                debug_assert!(self.pending.back().is_none_or(|&(_, t)| t <= tag));
+                self.blocks[i].state = State::Pending;
+                self.stats.pending_bytes.inc(b.size);
+                self.pending.push_back((i, tag));
+            }
+            None => {
+                self.release_block(i);
+                self.trim_after_free();
+            }
+        }
+    }
+
+    /// Blocks freed and still waiting for their fence.
+    pub fn pending_blocks(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Is `addr` inside one of the pool's virtual ranges?
+    pub fn owns(&self, addr: u64) -> bool {
+        self.ranges.iter().any(|r| addr.wrapping_sub(r.addr) < r.size)
+    }
+
+    /// Takes block `i` (freed, its work done) off its pages and makes its
+    /// virtual range free.
+    fn release_block(&mut self, i: u32) {
+        let b = self.blocks[i];
         self.unback(b.seg, b.addr, b.size);
         self.make_free(i);
+    }
+
+    fn trim_after_free(&mut self) {
         let in_use = self.stats.in_use_bytes.current;
         let keep = self.recent_high_water().saturating_sub(in_use).max(self.config.keep_free);
         self.trim_idle(keep);
+    }
+
+    /// Frees the pending blocks whose tags are complete, oldest first.
+    fn reclaim_completed(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(&(i, tag)) = self.pending.front() {
+            if !self.completed_upto.is_some_and(|c| tag <= c) {
+                if !self.backend.is_complete(tag) {
+                    break;
+                }
+                self.completed_upto = Some(tag);
+            }
+            self.pending.pop_front();
+            self.stats.pending_bytes.dec(self.blocks[i].size);
+            self.release_block(i);
+            n += 1;
+        }
+        if n > 0 {
+            self.trim_after_free();
+        }
+        n
     }
 
     /// The high-water mark of in-use bytes over the current window and the
@@ -368,8 +491,10 @@ impl<B: PageBackend> VmmPool<B> {
         self.high_water.0.max(self.high_water.1)
     }
 
-    /// Gives every idle page back. Returns the bytes released.
+    /// Reclaims the pending blocks whose work is done, then gives every
+    /// idle page back. Returns the bytes released.
     pub fn empty_cache(&mut self) -> u64 {
+        self.reclaim_completed();
         self.trim_idle(0)
     }
 
@@ -392,7 +517,7 @@ impl<B: PageBackend> VmmPool<B> {
         let p = self.config.page(small);
         // Pages already mapped first, so that none of them is taken as idle
         // for another page of the same block.
-        let mut missing = Vec::new();
+        let mut missing = 0;
         for a in self.page_span(seg, addr, size) {
             match self.pages.get_mut(a) {
                 Some(pg) => {
@@ -403,22 +528,40 @@ impl<B: PageBackend> VmmPool<B> {
                         self.stats.in_use_bytes.inc(p);
                     }
                 }
-                None => missing.push(a),
+                None => missing += 1,
             }
         }
-        for &a in &missing {
+        if missing == 0 {
+            return true;
+        }
+        // The span from the first page mapped here to the last is mapped
+        // throughout once they are: it is granted access in one call.
+        let mut granted: Option<(u64, u64)> = None;
+        let mut ok = true;
+        for a in self.page_span(seg, addr, size) {
+            if self.pages.get(a).is_some() {
+                continue;
+            }
             let Some(handle) = self.idle_page(p).or_else(|| self.create_page(p)) else {
-                // Undo the counts: the pages of the span mapped so far (here
-                // or before) lose this block; those it alone held become idle.
-                self.unback(seg, addr, size);
-                return false;
+                ok = false;
+                break;
             };
             self.backend.map(a, p, handle);
             self.stats.num_maps += 1;
             self.pages.insert(a, Slot { handle, refs: 1 });
             self.stats.in_use_bytes.inc(p);
+            granted = Some((granted.map_or(a, |g| g.0), a + p));
         }
-        true
+        if let Some((from, to)) = granted {
+            self.backend.grant(from, to - from);
+            self.stats.num_grants += 1;
+        }
+        if !ok {
+            // Undo the counts: the pages of the span mapped so far (here or
+            // before) lose this block; those it alone held become idle.
+            self.unback(seg, addr, size);
+        }
+        ok
     }
 
     /// Takes an idle page of `size` bytes from where it is mapped.
@@ -468,8 +611,7 @@ impl<B: PageBackend> VmmPool<B> {
     fn unback(&mut self, seg: u32, addr: u64, size: u64) {
         let small = self.ranges[seg as usize].small;
         let p = self.config.page(small);
-        let span: Vec<u64> = self.page_span(seg, addr, size).collect();
-        for a in span {
+        for a in self.page_span(seg, addr, size) {
             // Absent only when `back` failed before it reached this page.
             let Some(pg) = self.pages.get_mut(a) else { continue };
             pg.refs -= 1;

@@ -45,6 +45,12 @@ impl PageTable {
     }
 
     /// The page mapped at `addr`, if any.
+    pub fn get(&self, addr: u64) -> Option<&Slot> {
+        let (r, n) = self.locate(addr);
+        self.ranges[r].slots.get(n).filter(|s| **s != UNMAPPED)
+    }
+
+    /// The page mapped at `addr`, if any.
     pub fn get_mut(&mut self, addr: u64) -> Option<&mut Slot> {
         let (r, n) = self.locate(addr);
         self.ranges[r].slots.get_mut(n).filter(|s| **s != UNMAPPED)

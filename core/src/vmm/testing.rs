@@ -12,6 +12,8 @@
 use std::collections::BTreeMap;
 
 use super::PageBackend;
+use crate::pool::testing::SimulatedTimeline;
+use crate::pool::Timeline;
 
 /// Address of the first range, far from null.
 pub const BASE_ADDR: u64 = 1 << 44;
@@ -20,8 +22,11 @@ pub const BASE_ADDR: u64 = 1 << 44;
 pub struct SimulatedPages {
     /// Most bytes of pages held at once; `None`: unbounded.
     pub capacity: Option<u64>,
-    /// What `now_ns` answers (0 unless a test moves it).
-    pub now: u64,
+    /// The simulated GPU timeline (fences, clock), reached through the
+    /// device as `dev.fences`, `dev.launch()`, `dev.now`.
+    pub gpu: SimulatedTimeline,
+    /// Spans granted access, in order.
+    pub granted: Vec<(u64, u64)>,
     next_addr: u64,
     next_handle: u64,
     /// Reserved ranges: start -> size.
@@ -107,7 +112,41 @@ impl PageBackend for SimulatedPages {
         self.held -= size;
     }
 
+    fn grant(&mut self, addr: u64, size: u64) {
+        assert!(size > 0, "an empty grant");
+        let mut a = addr;
+        while a < addr + size {
+            let (start, handle) = self.handle_at(a).unwrap_or_else(|| panic!("grant over {a:#x}: not mapped"));
+            a = start + self.pages[&handle].0;
+        }
+        self.granted.push((addr, size));
+    }
+}
+
+impl Timeline for SimulatedPages {
+    fn free_tag(&mut self) -> Option<u64> {
+        self.gpu.free_tag()
+    }
+    fn is_complete(&mut self, tag: u64) -> bool {
+        self.gpu.is_complete(tag)
+    }
+    fn synchronize(&mut self) -> bool {
+        self.gpu.synchronize()
+    }
     fn now_ns(&mut self) -> u64 {
-        self.now
+        self.gpu.now
+    }
+}
+
+impl std::ops::Deref for SimulatedPages {
+    type Target = SimulatedTimeline;
+    fn deref(&self) -> &SimulatedTimeline {
+        &self.gpu
+    }
+}
+
+impl std::ops::DerefMut for SimulatedPages {
+    fn deref_mut(&mut self) -> &mut SimulatedTimeline {
+        &mut self.gpu
     }
 }

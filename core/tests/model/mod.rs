@@ -9,7 +9,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use cupool_core::pool::testing::SimulatedDevice;
-use cupool_core::pool::{Backend, BlockSnapshot, BlockState, GiveBack, PoolConfig, PoolStats, SegmentSnapshot};
+use cupool_core::pool::{
+    Backend, BlockSnapshot, BlockState, GiveBack, PoolConfig, PoolStats, SegmentSnapshot, Timeline,
+};
 
 pub const MIB: u64 = 1 << 20;
 pub const ALIGN: u64 = 2 * MIB;
