@@ -460,7 +460,7 @@ impl<B: PageBackend> VmmPool<B> {
     fn reclaim_completed(&mut self) -> usize {
         let mut n = 0;
         while let Some(&(i, tag)) = self.pending.front() {
-            if !self.completed_upto.is_some_and(|c| tag <= c) {
+            if self.completed_upto.is_none_or(|c| tag > c) {
                 if !self.backend.is_complete(tag) {
                     break;
                 }
