@@ -57,6 +57,27 @@ impl GiveBack {
     }
 }
 
+/// What pooled blocks are carved from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backing {
+    /// Fixed segments from `cuMemAlloc`.
+    #[default]
+    Segments,
+    /// Physical pages (`cuMemCreate`) mapped into reserved virtual ranges;
+    /// segments where the device has no VMM support.
+    Vmm,
+}
+
+impl Backing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backing::Segments => "segments",
+            Backing::Vmm => "vmm",
+        }
+    }
+}
+
 /// The options in force. Also the `options` record of the log header: an
 /// option missing from an older log reads as its default, and a key this
 /// build does not know (an option since removed) is ignored.
@@ -83,6 +104,8 @@ pub struct Options {
     pub fence_us: u64,
     /// Pool mode: when completely free segments go back to the device.
     pub give_back: GiveBack,
+    /// Pool mode: fixed segments or VMM pages.
+    pub backing: Backing,
     /// Take NVTX ranges as phases (cupool attaches as the NVTX tool).
     pub nvtx: bool,
     /// Native frames kept per allocation site; 0 = no native stacks.
@@ -123,6 +146,7 @@ impl Default for Options {
             verbosity: 1,
             fence_us: 500,
             give_back: GiveBack::Auto,
+            backing: Backing::Segments,
             nvtx: true,
             stack_depth: 32,
             python_depth: 16,
@@ -158,6 +182,12 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "give_back",
         "auto",
         "pool mode: auto | always | never: when segments that frees leave empty go back to the device (auto: at once, but a size the program regrows within a second of one going back stays cached)",
+    ),
+    (
+        "backing",
+        "segments",
+        "pool mode: segments | vmm: carve blocks from fixed cuMemAlloc segments, or from physical pages mapped \
+         into reserved address ranges (cuMemCreate/cuMemMap; segments where the device has no VMM)",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),
@@ -373,6 +403,7 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "verbosity" => opts.verbosity.to_string(),
         "fence_us" => opts.fence_us.to_string(),
         "give_back" => opts.give_back.as_str().to_string(),
+        "backing" => opts.backing.as_str().to_string(),
         "nvtx" => u8::from(opts.nvtx).to_string(),
         "stack_depth" => opts.stack_depth.to_string(),
         "python_depth" => opts.python_depth.to_string(),
@@ -407,6 +438,13 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
                 "always" => GiveBack::Always,
                 "never" => GiveBack::Never,
                 _ => return Err(bad("auto, always or never")),
+            }
+        }
+        "backing" => {
+            opts.backing = match value {
+                "segments" => Backing::Segments,
+                "vmm" => Backing::Vmm,
+                _ => return Err(bad("segments or vmm")),
             }
         }
         "log_dir" if value.is_empty() => return Err(bad("a directory")),
@@ -623,6 +661,7 @@ mod tests {
             fence_us in 10u64..=100_000,
             nvtx in any::<bool>(),
             give_back in proptest::sample::select(vec![GiveBack::Auto, GiveBack::Always, GiveBack::Never]),
+            backing in proptest::sample::select(vec![Backing::Segments, Backing::Vmm]),
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
@@ -632,8 +671,8 @@ mod tests {
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
-                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, nvtx, stack_depth,
-                python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, nvtx,
+                stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

@@ -27,7 +27,10 @@
 //! when the test says so or the pool synchronizes), a freed block is
 //! *pending* in the model until the pool reclaims it (in free order): until
 //! then its pages stay mapped under it by the same handles, and the pool may
-//! reclaim it only once its work completed.
+//! reclaim it only once its work completed. The pool may reuse a page at
+//! once where it is mapped (work on it is ordered), but it may unmap a page
+//! only once the work queued before its last block was freed completed
+//! (checked against every unmap the simulated device saw).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -65,12 +68,26 @@ struct Harness {
     /// Freed blocks the pool has not reclaimed yet, with their tags, oldest first.
     pending: VecDeque<(Live, u64)>,
     capacity: Option<u64>,
+    /// Page start -> the newest work queued when a block over it was freed.
+    last_free: BTreeMap<u64, u64>,
+    /// Unmaps of the simulated device already checked.
+    unmaps_seen: usize,
+    /// Work was ever queued (pages may then cool instead of being remapped).
+    launched: bool,
 }
 
 impl Harness {
     fn new(cfg: VmmConfig, capacity: Option<u64>) -> Self {
         let pool = VmmPool::new(SimulatedPages::new().with_capacity(capacity), cfg);
-        Harness { pool, live: BTreeMap::new(), pending: VecDeque::new(), capacity }
+        Harness {
+            pool,
+            live: BTreeMap::new(),
+            pending: VecDeque::new(),
+            capacity,
+            last_free: BTreeMap::new(),
+            unmaps_seen: 0,
+            launched: false,
+        }
     }
 
     fn page_of(&self, size: u64) -> u64 {
@@ -123,20 +140,28 @@ impl Harness {
                 let live = self.live.remove(&addr).unwrap();
                 let id = live.0.id;
                 let tag = self.pool.backend().queued;
+                for &(start, _) in &live.2 {
+                    let t = self.last_free.entry(start).or_default();
+                    *t = (*t).max(tag);
+                }
                 let fenced = self.pool.backend().fences != Fences::Off;
                 if fenced {
                     self.pending.push_back((live, tag));
                 }
                 self.pool.free(id);
                 self.pool.free(id); // a double free changes nothing
-                if !fenced && self.pool.pending_blocks() == 0 && self.pool.config().window_ns == 0 {
+                let all_done = self.pool.backend().queued == self.pool.backend().completed;
+                if !fenced && all_done && self.pool.pending_blocks() == 0 && self.pool.config().window_ns == 0 {
                     assert!(self.pool.stats().idle_bytes.current <= self.pool.config().keep_free);
                 }
             }
             Op::Free(_) => {}
             Op::Tick(t) => self.pool.backend_mut().now += t as u64 * 100_000_000,
             Op::Deferred(on) => self.pool.backend_mut().fences = if on { Fences::AtQueued } else { Fences::Off },
-            Op::Launch => self.pool.backend_mut().launch(),
+            Op::Launch => {
+                self.launched = true;
+                self.pool.backend_mut().launch()
+            }
             Op::Complete(n) => self.pool.backend_mut().complete(n as u64),
             Op::EmptyCache => {
                 self.pool.empty_cache();
@@ -144,7 +169,21 @@ impl Harness {
             }
         }
         self.reclaimed();
+        self.unmaps_checked();
         self.check();
+    }
+
+    /// No page was unmapped before the work queued when its last block was freed completed.
+    fn unmaps_checked(&mut self) {
+        let unmapped = &self.pool.backend().unmapped;
+        for &(addr, done) in &unmapped[self.unmaps_seen..] {
+            let freed = self.last_free.get(&addr).copied().unwrap_or(0);
+            assert!(
+                freed <= done,
+                "page {addr:#x} unmapped with work {freed} queued before its free, {done} completed"
+            );
+        }
+        self.unmaps_seen = unmapped.len();
     }
 
     /// Drops from the model the pending blocks the pool reclaimed (oldest
@@ -219,7 +258,7 @@ impl Harness {
         assert_eq!(s.num_page_creates - s.num_page_releases, pool.backend().pages().len() as u64);
         assert_eq!(s.num_maps - s.num_unmaps, pool.pages().count() as u64);
         let c = pool.config();
-        if c.remap_idle && c.small_page == c.large_page {
+        if c.remap_idle && c.small_page == c.large_page && !self.launched {
             assert_eq!(s.reserved_bytes.peak, s.in_use_bytes.peak, "a page created while one was idle");
         }
     }

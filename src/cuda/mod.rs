@@ -14,9 +14,9 @@ pub use table::{real, sig, MainFn};
 
 pub use cudarc::driver::sys::{
     cudaError_enum as DriverError, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraphExec, CUhostFn,
-    CUipcMemHandle, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemLocationType, CUmemoryPool,
-    CUpointer_attribute, CUstream, CUstreamBatchMemOpParams, CUstreamCaptureStatus, CUDA_MEMCPY2D, CUDA_MEMCPY3D,
-    CUDA_MEMCPY3D_PEER,
+    CUipcMemHandle, CUlaunchConfig, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUmemLocationType, CUmemoryPool, CUpointer_attribute, CUstream, CUstreamBatchMemOpParams, CUstreamCaptureStatus,
+    CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER,
 };
 pub use cudarc::runtime::sys::{cudaExtent, cudaIpcMemHandle_t, cudaMemPool_t, cudaPitchedPtr, cudaStream_t, dim3};
 

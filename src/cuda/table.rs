@@ -94,6 +94,13 @@ table! {
         cuMemRelease: fn(CUmemGenericAllocationHandle) -> Status;
         cuMemMap: fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, c_ulonglong) -> Status;
         cuMemUnmap: fn(CUdeviceptr, usize) -> Status;
+        // The VMM-backed pool's own calls (not hooked).
+        cuMemAddressReserve: fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> Status;
+        cuMemAddressFree: fn(CUdeviceptr, usize) -> Status;
+        cuMemSetAccess: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> Status;
+        cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, c_int) -> Status;
+        cuDeviceGetCount: fn(*mut c_int) -> Status;
+        cuDeviceCanAccessPeer: fn(*mut c_int, CUdevice, CUdevice) -> Status;
         cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> Status;
         // IPC. The handle is passed by value (64 bytes).
         cuIpcGetMemHandle: fn(*mut CUipcMemHandle, CUdeviceptr) -> Status;

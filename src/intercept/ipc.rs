@@ -44,6 +44,18 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
         Some(pool::Found::Freed) => return INVALID_VALUE,
         _ => return real(ptr),
     };
+    if block.vmm {
+        // Legacy IPC cannot name memory mapped from cuMemCreate pages: CUDA
+        // answers such a pointer with this error too. Never a wrong handle.
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            crate::observe::remark(
+                "backing=vmm: a pooled block was exported through CUDA IPC, which cannot name VMM pages: the \
+                 export failed with CUDA_ERROR_INVALID_VALUE (use backing=segments for programs that share memory)",
+            )
+        });
+        return INVALID_VALUE;
+    }
     let offset = block.addr - block.segment;
     let r = real(block.segment);
     if r != SUCCESS || handle.is_null() {

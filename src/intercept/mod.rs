@@ -210,6 +210,13 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
     let (result, reserved_delta) = pool::allocate(pool, bytes, cap);
     observe::reserved_changed(pool.device, reserved_delta);
+    let Ok(result) = result else {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            observe::remark("backing=vmm: the driver refused a page mapping: allocations of that context go to CUDA")
+        });
+        return None;
+    };
     match result {
         Ok(block) => {
             pool::tools::block_handed_out(block.addr, bytes);

@@ -30,6 +30,9 @@ pub struct CudaBackend {
     epoch: u64,
     /// Every tag up to this is safe to reuse.
     completed: u64,
+    /// The GPU finished every tag up to this (a GPU-side barrier makes
+    /// blocks safe to reuse, not pages safe to unmap).
+    finished: u64,
     fences: VecDeque<(u64, Vec<u64>)>,
     spare_events: Vec<u64>,
     /// When the last fence was recorded (monotonic ns).
@@ -50,6 +53,7 @@ impl CudaBackend {
             ctx,
             epoch: 1,
             completed: 0,
+            finished: 0,
             fences: VecDeque::new(),
             spare_events: Vec::new(),
             last_fence_ns: 0,
@@ -152,6 +156,7 @@ impl CudaBackend {
                 return;
             }
             self.completed = self.completed.max(*epoch);
+            self.finished = self.finished.max(*epoch);
             self.counters.completed += 1;
             let (_, events) = self.fences.pop_front().unwrap_or_default();
             self.spare_events.extend(events);
@@ -197,12 +202,31 @@ impl Timeline for CudaBackend {
         Some(tag)
     }
 
+    /// Unmapping is not ordered behind queued work on any stream, the legacy
+    /// one included: every page that goes idle waits for a fence, with one
+    /// stream or many.
+    fn unmap_tag(&mut self) -> Option<u64> {
+        let tag = self.epoch;
+        if clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
+            self.record_fence();
+        }
+        Some(tag)
+    }
+
     fn is_complete(&mut self, tag: u64) -> bool {
         self.poll();
         if tag > self.completed && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
             self.poll();
         }
         tag <= self.completed
+    }
+
+    fn is_finished(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag > self.finished && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
+            self.poll();
+        }
+        tag <= self.finished
     }
 
     fn wait_for(&mut self, tag: u64) -> bool {
@@ -240,6 +264,7 @@ impl Timeline for CudaBackend {
         }
         self.counters.syncs += 1;
         self.completed = self.epoch;
+        self.finished = self.epoch;
         self.epoch += 1;
         while let Some((_, events)) = self.fences.pop_front() {
             self.spare_events.extend(events);
@@ -250,16 +275,18 @@ impl Timeline for CudaBackend {
 
 /// Makes a context current for as long as it lives (when it is not already)
 /// and then restores the caller's.
-struct InContext(bool);
+pub(super) struct InContext(bool);
 
 impl InContext {
     /// `None` when `ctx` cannot be made current (it died).
-    fn enter(ctx: u64) -> Option<InContext> {
+    pub(super) fn enter(ctx: u64) -> Option<InContext> {
         let mut current: CUcontext = std::ptr::null_mut();
         if unsafe { real!(cuCtxGetCurrent(&mut current)) } == SUCCESS && current as u64 == ctx {
             return Some(InContext(false));
         }
-        (unsafe { real!(cuCtxPushCurrent_v2(ctx as CUcontext)) } == SUCCESS).then_some(InContext(true))
+        // Lazily: an InContext made and dropped for a failed push would pop
+        // the caller's context.
+        (unsafe { real!(cuCtxPushCurrent_v2(ctx as CUcontext)) } == SUCCESS).then(|| InContext(true))
     }
 }
 

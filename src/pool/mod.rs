@@ -2,8 +2,10 @@
 //! pool per CUDA context (`registry`), over the real driver with reuse made
 //! safe by stream tracking (`streams`) and fences (`fence`).
 
+mod engine;
 mod fence;
 pub mod ipc;
+mod pages;
 pub mod records;
 mod registry;
 mod streams;

@@ -1,11 +1,10 @@
 //! One pool per CUDA context, found from any thread without a lock on the
 //! hot path (a per-thread cache invalidated by a generation counter).
 
-use super::fence::{self, CudaBackend};
+use super::engine::{Engine, Unusable};
+use super::fence;
 use super::streams;
-use crate::runtime::options;
-use cupool_core::options::GiveBack as Policy;
-use cupool_core::pool::{Block, BlockId, GiveBack, OutOfMemory, Pool, PoolConfig, Timeline};
+use cupool_core::pool::{Block, BlockId, OutOfMemory, Timeline};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeSet;
@@ -17,7 +16,7 @@ pub struct ContextPool {
     /// The context's unique id (`cuCtxGetId`): the handle outlives a reset.
     pub id: u64,
     pub device: i32,
-    pub pool: Mutex<Pool<CudaBackend>>,
+    pub pool: Mutex<Engine>,
 }
 
 /// Pools are leaked on purpose: a thread may still hold a reference while a
@@ -30,17 +29,6 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static CACHED: Cell<(u64, u64, *const ContextPool)> = const { Cell::new((0, 0, std::ptr::null())) };
-}
-
-fn config() -> PoolConfig {
-    let opts = options::get();
-    let defaults = PoolConfig::shim_default();
-    let give_back = match opts.give_back {
-        Policy::Auto => defaults.give_back,
-        Policy::Always => GiveBack::Always,
-        Policy::Never => GiveBack::Never,
-    };
-    PoolConfig { limit: if opts.limit == 0 { u64::MAX } else { opts.limit }, give_back, ..defaults }
 }
 
 /// The pool of the context with unique id `id`, created on first use with
@@ -62,12 +50,8 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
         None => {
             let (ctx, device) = current();
             let stale = pools.iter().any(|p| p.ctx == ctx).then_some(ctx);
-            let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
-                ctx,
-                id,
-                device,
-                pool: Mutex::new(Pool::new(CudaBackend::new(ctx), config())),
-            }));
+            let p: &'static ContextPool =
+                Box::leak(Box::new(ContextPool { ctx, id, device, pool: Mutex::new(Engine::new(ctx, device)) }));
             pools.push(p);
             (p, stale)
         }
@@ -78,17 +62,21 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
 
 /// A block of `size` bytes from `pool`, which may reserve at most
 /// `cap(what it reserves now)` bytes in all; with it, how much the pool's
-/// reserved bytes changed on the way.
+/// reserved bytes changed on the way. `Unusable`: the call goes to CUDA.
 #[inline]
-pub fn allocate(pool: &ContextPool, size: u64, cap: impl FnOnce(u64) -> u64) -> (Result<Block, OutOfMemory>, i64) {
+pub fn allocate(
+    pool: &ContextPool,
+    size: u64,
+    cap: impl FnOnce(u64) -> u64,
+) -> (Result<Result<Block, OutOfMemory>, Unusable>, i64) {
     let mut pool = pool.pool.lock();
-    let before = pool.stats().reserved_bytes.current;
+    let before = pool.reserved();
     let cap = cap(before);
-    if pool.config().limit != cap {
+    if pool.limit() != cap {
         pool.set_limit(cap);
     }
     let result = pool.allocate(size);
-    (result, pool.stats().reserved_bytes.current as i64 - before as i64)
+    (result, pool.reserved() as i64 - before as i64)
 }
 
 /// Returns `block` to the pool at `pool` (a `ContextPool` address kept with
@@ -104,9 +92,9 @@ pub fn free(pool: usize, block: BlockId) -> (i32, u64) {
         return (pool_ref.device, 0);
     }
     let mut p = pool_ref.pool.lock();
-    let before = p.stats().reserved_bytes.current;
+    let before = p.reserved();
     p.free(block);
-    (pool_ref.device, before - p.stats().reserved_bytes.current)
+    (pool_ref.device, before.saturating_sub(p.reserved()))
 }
 
 /// Blocks exported through IPC, as (pool address, block id).
@@ -119,6 +107,8 @@ pub struct PooledBlock {
     /// The size the program asked for.
     pub size: u64,
     pub segment: u64,
+    /// Carved from VMM pages (legacy IPC cannot name it).
+    pub vmm: bool,
     pool: usize,
     block: u32,
 }
@@ -142,6 +132,7 @@ pub fn find(ptr: u64) -> Found {
                 addr: b.addr,
                 size: b.requested,
                 segment: b.segment_addr,
+                vmm: pool.is_vmm(),
                 pool: pool_addr,
                 block: b.id.to_raw(),
             });
@@ -165,7 +156,7 @@ pub fn exported(b: &PooledBlock) {
 pub fn stream_created(ctx: u64, stream: u64) {
     streams::add(ctx, stream);
     if let Some(pool) = all().into_iter().find(|p| p.ctx == ctx) {
-        for &e in &pool.pool.lock().backend().barrier {
+        for &e in &pool.pool.lock().timeline().barrier {
             fence::wait(stream, e);
         }
     }
@@ -181,7 +172,9 @@ pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {
         let dead = dies(p);
         if dead {
             retired.push(p);
-            gone.push((p.device, p.pool.lock().stats().reserved_bytes.current));
+            let mut pool = p.pool.lock();
+            gone.push((p.device, pool.reserved()));
+            pool.context_died();
         }
         !dead
     });
@@ -218,7 +211,7 @@ pub fn release_idle_for_tools() -> Vec<(i32, u64)> {
             let mut pool = p.pool.lock();
             // Blocks still waiting for the GPU would keep their segments.
             if pool.pending_blocks() > 0 {
-                pool.backend_mut().synchronize();
+                pool.timeline_mut().synchronize();
             }
             (p.device, pool.empty_cache())
         })

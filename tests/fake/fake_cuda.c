@@ -15,6 +15,10 @@
  *                        vmm_releases live live_bytes ipc_opens ipc_closes
  *                        cross_context_records (events recorded on a stream
  *                        of another context: refused, as CUDA does)
+ *                        vmm_maps vmm_unmaps vmm_grants (cuMemSetAccess calls)
+ *
+ * VMM memory (cuMemCreate + cuMemMap) is inaccessible until cuMemSetAccess
+ * grants it, as on a GPU: a mapping without a grant faults when touched.
  *
  * Device allocations of cuMemAlloc_v2 / cuMemAllocPitch_v2 of at least
  * FAKE_MMAP_THRESHOLD bytes live in a memfd file mapped MAP_SHARED, so that
@@ -115,7 +119,7 @@ static size_t g_ntab, g_captab;
 /* Counters for FAKE_CUDA_STATS (successful calls only). */
 static struct {
     unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases, ipc_opens, ipc_closes,
-        cross_context_records;
+        cross_context_records, vmm_maps, vmm_unmaps, vmm_grants;
 } g_stats;
 
 #define CTX_MAGIC 0xC0C0C7A1u
@@ -1082,8 +1086,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
         r = CUDA_ERROR_INVALID_VALUE;
         goto out;
     }
-    void *m = mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, h->fd,
-                   (off_t)offset);
+    /* Inaccessible until cuMemSetAccess grants it. */
+    void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset);
     if (m == MAP_FAILED) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -1092,6 +1096,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     if (tab_insert(&a) != 0) {
         mmap(m, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
         r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        g_stats.vmm_maps++;
     }
 out:
     pthread_mutex_unlock(&g_lock);
@@ -1130,11 +1136,77 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     }
     uintptr_t range[2] = {ptr, size};
     tab_drop_if(inside_range, range);
+    g_stats.vmm_unmaps += found;
     /* Put the reservation back to inaccessible. */
     mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
 out:
     pthread_mutex_unlock(&g_lock);
     return r;
+}
+
+/* Every byte of [ptr, ptr + size) mapped?  (g_lock held) */
+static int all_mapped(uintptr_t ptr, size_t size)
+{
+    uintptr_t at = ptr;
+    while (at < ptr + size) {
+        size_t i = tab_upper(at);
+        if (i == 0)
+            return 0;
+        const struct alloc *a = &g_tab[i - 1];
+        if (a->kind != K_VMM_MAP || a->base + a->size <= at)
+            return 0;
+        at = a->base + a->size;
+    }
+    return 1;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    if (size == 0 || !desc || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (desc[i].location.id < 0 || desc[i].location.id >= g_ndev)
+            return CUDA_ERROR_INVALID_DEVICE;
+    }
+    pthread_mutex_lock(&g_lock);
+    if (!resv_containing(ptr, size) || !all_mapped(ptr, size) ||
+        mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) != 0)
+        r = CUDA_ERROR_INVALID_VALUE;
+    else
+        g_stats.vmm_grants++;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option)
+{
+    if (!granularity || !prop || (option != 0 && option != 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 || prop->location.id >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *granularity = 2u << 20;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    if (!canAccessPeer)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    if (dev < 0 || dev >= g_ndev || peerDev < 0 || peerDev >= g_ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *canAccessPeer = dev != peerDev;
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1784,6 +1856,9 @@ LOCAL_ALIAS(cuMemAddressReserve);
 LOCAL_ALIAS(cuMemAddressFree);
 LOCAL_ALIAS(cuMemMap);
 LOCAL_ALIAS(cuMemUnmap);
+LOCAL_ALIAS(cuMemSetAccess);
+LOCAL_ALIAS(cuMemGetAllocationGranularity);
+LOCAL_ALIAS(cuDeviceCanAccessPeer);
 LOCAL_ALIAS(cuMemGetInfo_v2);
 LOCAL_ALIAS(cuMemGetAddressRange_v2);
 LOCAL_ALIAS(cuPointerGetAttribute);
@@ -1859,6 +1934,9 @@ static const struct proc_entry g_procs[] = {
     P("cuMemAddressFree", 10020, cuMemAddressFree),
     P("cuMemMap", 10020, cuMemMap),
     P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuMemSetAccess", 10020, cuMemSetAccess),
+    P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    P("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
     P("cuMemGetInfo", 2000, cuMemGetInfo_v2),
     P("cuMemGetAddressRange", 2000, cuMemGetAddressRange_v2),
     P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
@@ -1959,10 +2037,12 @@ __attribute__((destructor)) static void fake_cuda_dtor(void)
         char line[512];
         int n = snprintf(line, sizeof(line),
                          "pid=%d allocs=%llu frees=%llu host_allocs=%llu host_frees=%llu vmm_creates=%llu "
-                         "vmm_releases=%llu live=%llu live_bytes=%llu ipc_opens=%llu ipc_closes=%llu cross_context_records=%llu\n",
+                         "vmm_releases=%llu live=%llu live_bytes=%llu ipc_opens=%llu ipc_closes=%llu cross_context_records=%llu "
+                         "vmm_maps=%llu vmm_unmaps=%llu vmm_grants=%llu\n",
                          (int)getpid(), g_stats.allocs, g_stats.frees, g_stats.host_allocs, g_stats.host_frees,
                          g_stats.vmm_creates, g_stats.vmm_releases, live, live_bytes, g_stats.ipc_opens,
-                         g_stats.ipc_closes, g_stats.cross_context_records);
+                         g_stats.ipc_closes, g_stats.cross_context_records, g_stats.vmm_maps, g_stats.vmm_unmaps,
+                         g_stats.vmm_grants);
         pthread_mutex_unlock(&g_lock);
         int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
         if (fd >= 0) {

@@ -83,6 +83,15 @@ typedef struct CUmemAllocationProp_st {
     } allocFlags;
 } CUmemAllocationProp;
 
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+typedef struct CUmemAccessDesc_st {
+    struct {
+        int type; /* CUmemLocationType */
+        int id;
+    } location;
+    int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
 CUresult cuInit(unsigned int flags);
 CUresult cuDriverGetVersion(int *driverVersion);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
@@ -126,6 +135,9 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags);
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option);
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);

@@ -146,6 +146,9 @@ int main(void)
         FAIL("cuMemCreate(%zu) changed free memory by %zu", vsz, free0 - free1);
     CHECK(cuMemAddressReserve(&va, vsz, vsz, 0, 0));
     CHECK(cuMemMap(va, vsz, 0, handle, 0));
+    CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK(cuMemSetAccess(va, vsz, &access, 1));
     if (roundtrip(va, vsz))
         FAIL("mapped memory does not hold data");
     CHECK(cuMemUnmap(va, vsz));

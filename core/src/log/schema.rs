@@ -9,7 +9,7 @@
 //! is kept as a string rather than making the whole log unreadable.
 
 use super::{Api, Event, EventKind, MemKind, Named};
-use crate::options::Options;
+use crate::options::{Backing, Options};
 use serde::{Deserialize, Serialize};
 
 /// The `schema` of every cupool log.
@@ -362,6 +362,46 @@ pub struct PoolRecord {
     #[serde(deserialize_with = "fences_v1_or_v2")]
     pub fences: FenceCounters,
     pub peak_reserved_over_peak_requested: f64,
+    /// What its blocks were carved from (logs before it: segments).
+    #[serde(default)]
+    pub backing: Backing,
+    /// A VMM-backed pool's pages (only then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pages: Option<PagesRecord>,
+}
+
+/// `end.pools[].pages`: a VMM-backed pool's physical pages, its mappings
+/// and what the driver calls cost.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PagesRecord {
+    /// Bytes per page.
+    pub page_bytes: u64,
+    /// Bytes of virtual address ranges reserved.
+    pub va_reserved_bytes: u64,
+    /// Pages mapped with no block on them.
+    pub idle_bytes: Stat,
+    /// Blocks freed and waiting for queued GPU work.
+    pub pending_bytes: Stat,
+    pub creates: u64,
+    pub releases: u64,
+    pub maps: u64,
+    pub unmaps: u64,
+    /// Idle pages moved to where a new block needed them.
+    pub remaps: u64,
+    /// Access grants (`cuMemSetAccess`), one per span of pages mapped together.
+    pub grants: u64,
+    pub costs: PageCosts,
+}
+
+/// `end.pools[].pages.costs`: nanoseconds spent in each driver call of the
+/// VMM backing, in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageCosts {
+    pub create_ns: u64,
+    pub map_ns: u64,
+    pub access_ns: u64,
+    pub unmap_ns: u64,
+    pub release_ns: u64,
 }
 
 fn fences_v1_or_v2<'de, D: serde::Deserializer<'de>>(d: D) -> Result<FenceCounters, D::Error> {

@@ -134,6 +134,20 @@ fn full_end() -> End {
                 syncs: 7,
             },
             peak_reserved_over_peak_requested: 1.25,
+            backing: crate::options::Backing::Vmm,
+            pages: Some(PagesRecord {
+                page_bytes: 2 << 20,
+                va_reserved_bytes: 64 << 30,
+                idle_bytes: stat(14),
+                pending_bytes: stat(15),
+                creates: 16,
+                releases: 17,
+                maps: 18,
+                unmaps: 19,
+                remaps: 20,
+                grants: 21,
+                costs: PageCosts { create_ns: 22, map_ns: 23, access_ns: 24, unmap_ns: 25, release_ns: 26 },
+            }),
         }],
         ooms: vec![OomRecord {
             t_ns: 1,
@@ -264,6 +278,8 @@ fn record_fields() -> BTreeMap<&'static str, BTreeSet<String>> {
     m.insert("end.pools[]", keys(&e["pools"][0]));
     m.insert("end.pools[].segment", keys(&e["pools"][0]["segment"]));
     m.insert("end.pools[].fences", keys(&e["pools"][0]["fences"]));
+    m.insert("end.pools[].pages", keys(&e["pools"][0]["pages"]));
+    m.insert("end.pools[].pages.costs", keys(&e["pools"][0]["pages"]["costs"]));
     m.insert("end.ooms[]", keys(&e["ooms"][0]));
     m.insert("module", def("module"));
     m.insert("string", def("string"));

@@ -10,14 +10,26 @@ pub trait Timeline {
     fn free_tag(&mut self) -> Option<u64> {
         None
     }
+    /// Memory stopped being used by any block: before it may be unmapped
+    /// (which, unlike reuse, the GPU does not order behind queued work),
+    /// the work queued so far must finish. Some(tag): unmap only once
+    /// `is_complete(tag)`; None: at once.
+    fn unmap_tag(&mut self) -> Option<u64> {
+        None
+    }
     /// Has all GPU work queued before the free that produced `tag` finished?
     fn is_complete(&mut self, tag: u64) -> bool {
         let _ = tag;
         true
     }
-    /// Wait until every tag handed out so far is complete. Returns false if
-    /// waiting is impossible now (e.g. a stream capture is active); then
-    /// pending blocks stay pending.
+    /// Has the GPU *finished* the work before `tag` (not merely ordered later
+    /// work behind it, which makes reuse safe but not an unmap)?
+    fn is_finished(&mut self, tag: u64) -> bool {
+        self.is_complete(tag)
+    }
+    /// Wait until every tag handed out so far is complete and finished.
+    /// Returns false if waiting is impossible now (e.g. a stream capture is
+    /// active); then pending blocks stay pending.
     fn synchronize(&mut self) -> bool {
         true
     }

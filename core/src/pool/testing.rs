@@ -154,6 +154,9 @@ impl Timeline for SimulatedDevice {
     fn free_tag(&mut self) -> Option<u64> {
         self.gpu.free_tag()
     }
+    fn unmap_tag(&mut self) -> Option<u64> {
+        self.gpu.unmap_tag()
+    }
     fn is_complete(&mut self, tag: u64) -> bool {
         self.gpu.is_complete(tag)
     }
@@ -224,6 +227,11 @@ impl Timeline for SimulatedTimeline {
                 Some(self.queued)
             }
         }
+    }
+
+    /// The newest queued work must finish before an unmap.
+    fn unmap_tag(&mut self) -> Option<u64> {
+        Some(self.queued)
     }
 
     fn is_complete(&mut self, tag: u64) -> bool {

@@ -54,6 +54,13 @@
 //!   bytes are pending the pool waits for the oldest tag rather than create
 //!   pages (`wait_share`, as in the segment pool), and it synchronizes before
 //!   it reports out of memory.
+//! * **Cooling.** Reuse in place is ordered behind queued work by the GPU
+//!   (one stream) or by the fences above (several); unmapping is not ordered
+//!   at all. So a page that goes idle *cools*: it may be used again where it
+//!   is at once, but it is unmapped (remapped elsewhere or given back) only
+//!   once [`Timeline::unmap_tag`], taken when it went idle, completes. A
+//!   request that finds no cooled idle page creates one; one that cannot
+//!   waits for the GPU first.
 
 mod pages;
 #[cfg(any(test, feature = "testing"))]
@@ -67,7 +74,7 @@ use pages::{PageTable, Slot};
 
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
 use crate::pool::free_index::FreeIndex;
-use crate::pool::{round_size, Block, BlockId, BlockInfo, OutOfMemory, Stat, Timeline, SEGMENT_ALIGN};
+use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Stat, Timeline, SEGMENT_ALIGN};
 
 const MIB: u64 = 1 << 20;
 
@@ -81,18 +88,24 @@ pub trait PageBackend: Timeline {
     /// Create a physical page of `size` bytes and return its handle
     /// (`cuMemCreate`). None: the device is out of memory.
     fn create_page(&mut self, size: u64) -> Option<u64>;
-    /// Map page `handle` of `size` bytes at `addr`, inside a reserved range,
-    /// readable and writable by the device (`cuMemMap` + `cuMemSetAccess`).
-    fn map(&mut self, addr: u64, size: u64, handle: u64);
+    /// Map page `handle` of `size` bytes at `addr`, inside a reserved range
+    /// (`cuMemMap`); false when the device refused.
+    fn map(&mut self, addr: u64, size: u64, handle: u64) -> bool;
     /// Unmap the page of `size` bytes mapped at `addr` (`cuMemUnmap`).
     fn unmap(&mut self, addr: u64, size: u64);
     /// Release an unmapped page (`cuMemRelease`).
     fn release_page(&mut self, handle: u64);
+    /// Give a reserved range back (`cuMemAddressFree`); only when the pool
+    /// is discarded.
+    fn free_range(&mut self, addr: u64, size: u64) {
+        let _ = (addr, size);
+    }
     /// Pages were just mapped somewhere in `[addr, addr + size)`, a span of
     /// whole mapped pages: make it accessible (one `cuMemSetAccess` for the
-    /// span costs about what one page costs).
-    fn grant(&mut self, addr: u64, size: u64) {
+    /// span costs about what one page costs); false when the device refused.
+    fn grant(&mut self, addr: u64, size: u64) -> bool {
         let _ = (addr, size);
+        true
     }
 }
 
@@ -209,6 +222,8 @@ pub struct VmmStats {
     pub num_ooms: u64,
     /// Rounded sizes of blocks freed and waiting for their fence.
     pub pending_bytes: Stat,
+    /// Allocated and pending blocks' rounded sizes (PyTorch's "active").
+    pub active_bytes: Stat,
     /// Waits for the oldest pending free, and whole-device synchronisations.
     pub num_waits: u64,
     pub num_syncs: u64,
@@ -248,12 +263,21 @@ pub struct VmmPool<B: PageBackend> {
     pages: PageTable,
     /// Allocated blocks by address.
     live: BTreeMap<u64, u32>,
-    /// Idle pages by address: `[large, small]`.
+    /// Idle pages that may be unmapped, by address: `[large, small]`.
     idle: [BTreeSet<u64>; 2],
+    /// Idle pages that work queued before they went idle may still touch,
+    /// as (tag, address, small), oldest first: used again in place at once,
+    /// unmapped only once the tag completes. Entries of pages used since
+    /// are dropped when they come to the front.
+    cooling: VecDeque<(u64, u64, bool)>,
     /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
     pending: VecDeque<(u32, u64)>,
-    /// Highest tag known to be complete.
+    /// [`VmmPool::discard`]ed: nothing is held, nothing is handed out.
+    discarded: bool,
+    /// Highest tag known to be complete (reuse is safe).
     completed_upto: Option<u64>,
+    /// Highest unmap tag known to be finished (unmapping is safe).
+    finished_upto: Option<u64>,
     /// High-water marks of in-use bytes in the current and the previous
     /// window, and when the current one began.
     high_water: (u64, u64),
@@ -273,8 +297,11 @@ impl<B: PageBackend> VmmPool<B> {
             pages: PageTable::default(),
             live: BTreeMap::new(),
             idle: [BTreeSet::new(), BTreeSet::new()],
+            cooling: VecDeque::new(),
             pending: VecDeque::new(),
+            discarded: false,
             completed_upto: None,
+            finished_upto: None,
             high_water: (0, 0),
             window_start: 0,
             stats: VmmStats::default(),
@@ -296,6 +323,54 @@ impl<B: PageBackend> VmmPool<B> {
 
     pub fn stats(&self) -> &VmmStats {
         &self.stats
+    }
+
+    /// Sets the cap on physical bytes (a request that would need more fails).
+    pub fn set_limit(&mut self, limit: u64) {
+        self.config.limit = limit;
+    }
+
+    /// Resets the peaks of every [`Stat`] to their current values.
+    pub fn reset_peak_stats(&mut self) {
+        let s = &mut self.stats;
+        for st in [
+            &mut s.allocated_bytes,
+            &mut s.requested_bytes,
+            &mut s.reserved_bytes,
+            &mut s.in_use_bytes,
+            &mut s.idle_bytes,
+            &mut s.allocation,
+            &mut s.pending_bytes,
+            &mut s.active_bytes,
+        ] {
+            st.reset_peak();
+        }
+    }
+
+    /// The memory picture, as [`crate::pool::Pool::fragmentation`] gives it:
+    /// free bytes are the idle pages (what a request can have without
+    /// creating one), the largest free block the idle bytes too, since idle
+    /// pages back any virtual block.
+    pub fn fragmentation(&self) -> Fragmentation {
+        let s = &self.stats;
+        let (reserved, allocated) = (s.reserved_bytes.current, s.allocated_bytes.current);
+        Fragmentation {
+            largest_free_block: s.idle_bytes.current,
+            free_bytes: s.idle_bytes.current,
+            reserved,
+            allocated,
+            ratio: if allocated == 0 { 1.0 } else { reserved as f64 / allocated as f64 },
+        }
+    }
+
+    /// Virtual ranges reserved.
+    pub fn ranges(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Requested sizes of the allocated blocks.
+    pub fn live_requests(&self) -> impl Iterator<Item = u64> + '_ {
+        self.live.values().map(|&i| self.blocks[i].requested)
     }
 
     /// Every mapped page, by address.
@@ -333,7 +408,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// Allocates a block of at least `requested` bytes (0 is served as 1).
     /// Fails after waiting for the GPU and giving idle pages back failed too.
     pub fn allocate(&mut self, requested: u64) -> Result<Block, OutOfMemory> {
-        let Some(rounded) = round_size(requested).filter(|&r| r <= self.config.limit) else {
+        let Some(rounded) = round_size(requested).filter(|&r| r <= self.config.limit && !self.discarded) else {
             self.stats.num_ooms += 1;
             return Err(OutOfMemory);
         };
@@ -372,6 +447,7 @@ impl<B: PageBackend> VmmPool<B> {
         r.requested = requested;
         let s = &mut self.stats;
         s.allocated_bytes.inc(b.size);
+        s.active_bytes.inc(b.size);
         s.requested_bytes.inc(requested);
         s.allocation.inc(1);
         self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
@@ -446,6 +522,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// virtual range free.
     fn release_block(&mut self, i: u32) {
         let b = self.blocks[i];
+        self.stats.active_bytes.dec(b.size);
         self.unback(b.seg, b.addr, b.size);
         self.make_free(i);
     }
@@ -491,10 +568,40 @@ impl<B: PageBackend> VmmPool<B> {
         self.high_water.0.max(self.high_water.1)
     }
 
+    /// The memory is gone (its CUDA context died): every page is unmapped and
+    /// released, live or not, and every range given back. The pool keeps its
+    /// books (frees of its blocks still count) but holds nothing.
+    pub fn discard(&mut self) {
+        let mapped: Vec<PageInfo> = self.pages().collect();
+        for pg in mapped {
+            self.pages.remove(pg.addr);
+            self.backend.unmap(pg.addr, pg.size);
+            self.backend.release_page(pg.handle);
+            self.stats.num_unmaps += 1;
+            self.stats.num_page_releases += 1;
+        }
+        self.idle = [BTreeSet::new(), BTreeSet::new()];
+        self.cooling.clear();
+        let s = &mut self.stats;
+        for st in [&mut s.reserved_bytes, &mut s.in_use_bytes, &mut s.idle_bytes] {
+            st.dec(st.current);
+        }
+        for i in 0..self.ranges.len() {
+            let Range { addr, size, .. } = self.ranges[i];
+            self.backend.free_range(addr, size);
+        }
+        self.discarded = true;
+    }
+
     /// Reclaims the pending blocks whose work is done, then gives every
     /// idle page back. Returns the bytes released.
     pub fn empty_cache(&mut self) -> u64 {
         self.reclaim_completed();
+        self.promote();
+        if !self.cooling.is_empty() {
+            // What is given back must be usable by others now: wait for the GPU.
+            self.cool_down();
+        }
         self.trim_idle(0)
     }
 
@@ -523,6 +630,8 @@ impl<B: PageBackend> VmmPool<B> {
                 Some(pg) => {
                     pg.refs += 1;
                     if pg.refs == 1 {
+                        // Idle, cooling or not: used in place, no unmap.
+                        pg.cooling = None;
                         self.idle[small as usize].remove(&a);
                         self.stats.idle_bytes.dec(p);
                         self.stats.in_use_bytes.inc(p);
@@ -546,22 +655,37 @@ impl<B: PageBackend> VmmPool<B> {
                 ok = false;
                 break;
             };
-            self.backend.map(a, p, handle);
+            if !self.backend.map(a, p, handle) {
+                self.release_unmapped(handle, p);
+                ok = false;
+                break;
+            }
             self.stats.num_maps += 1;
-            self.pages.insert(a, Slot { handle, refs: 1 });
+            self.pages.insert(a, Slot { handle, refs: 1, cooling: None });
             self.stats.in_use_bytes.inc(p);
             granted = Some((granted.map_or(a, |g| g.0), a + p));
         }
         if let Some((from, to)) = granted {
-            self.backend.grant(from, to - from);
             self.stats.num_grants += 1;
+            ok &= self.backend.grant(from, to - from);
         }
         if !ok {
             // Undo the counts: the pages of the span mapped so far (here or
             // before) lose this block; those it alone held become idle.
             self.unback(seg, addr, size);
+            if granted.is_some() {
+                // Pages mapped here may not be accessible: none may stay idle.
+                self.trim_idle(0);
+            }
         }
         ok
+    }
+
+    /// Gives back a page held but mapped nowhere.
+    fn release_unmapped(&mut self, handle: u64, size: u64) {
+        self.backend.release_page(handle);
+        self.stats.num_page_releases += 1;
+        self.stats.reserved_bytes.dec(size);
     }
 
     /// Takes an idle page of `size` bytes from where it is mapped.
@@ -569,6 +693,7 @@ impl<B: PageBackend> VmmPool<B> {
         if !self.config.remap_idle {
             return None;
         }
+        self.promote();
         let kind = [false, true].into_iter().filter(|&s| self.config.page(s) == size).max_by_key(|&s| {
             self.idle[s as usize].last().copied().unwrap_or(0) // the highest idle page of either kind
         })?;
@@ -590,7 +715,14 @@ impl<B: PageBackend> VmmPool<B> {
             Some(h) => h,
             None if self.stats.idle_bytes.current > 0 => {
                 self.trim_idle(0);
-                self.try_create_page(size)?
+                match self.try_create_page(size) {
+                    Some(h) => h,
+                    None if self.cool_down() => {
+                        self.trim_idle(0);
+                        self.try_create_page(size)?
+                    }
+                    None => return None,
+                }
             }
             None => return None,
         };
@@ -611,22 +743,79 @@ impl<B: PageBackend> VmmPool<B> {
     fn unback(&mut self, seg: u32, addr: u64, size: u64) {
         let small = self.ranges[seg as usize].small;
         let p = self.config.page(small);
+        let mut tag = None;
         for a in self.page_span(seg, addr, size) {
             // Absent only when `back` failed before it reached this page.
             let Some(pg) = self.pages.get_mut(a) else { continue };
             pg.refs -= 1;
-            if pg.refs == 0 {
-                self.idle[small as usize].insert(a);
-                self.stats.in_use_bytes.dec(p);
-                self.stats.idle_bytes.inc(p);
+            if pg.refs > 0 {
+                continue;
+            }
+            self.stats.in_use_bytes.dec(p);
+            self.stats.idle_bytes.inc(p);
+            // Work queued for any block that lived on the page may still run
+            // (a pending block's fence covers only its own frees): the page
+            // cools until everything queued by now is done.
+            let cool = *tag.get_or_insert_with(|| self.backend.unmap_tag());
+            let cool = cool.filter(|&t| self.finished_upto.is_none_or(|c| t > c));
+            self.pages.get_mut(a).expect("looked up above").cooling = cool;
+            match cool {
+                Some(t) => self.cooling.push_back((t, a, small)),
+                None => {
+                    self.idle[small as usize].insert(a);
+                }
             }
         }
+    }
+
+    /// Cooling pages whose work is done become idle pages that may be unmapped.
+    fn promote(&mut self) {
+        while let Some(&(tag, a, small)) = self.cooling.front() {
+            if !self.tag_done(tag) {
+                return;
+            }
+            self.cooling.pop_front();
+            // The page may have been used again (or given back) since.
+            if let Some(pg) = self.pages.get_mut(a).filter(|pg| pg.refs == 0 && pg.cooling == Some(tag)) {
+                pg.cooling = None;
+                self.idle[small as usize].insert(a);
+            }
+        }
+    }
+
+    /// Has the GPU finished what was queued before `tag` (an unmap tag)?
+    fn tag_done(&mut self, tag: u64) -> bool {
+        if self.finished_upto.is_some_and(|c| tag <= c) {
+            return true;
+        }
+        if !self.backend.is_finished(tag) {
+            return false;
+        }
+        self.finished_upto = Some(tag);
+        true
+    }
+
+    /// Waits for the GPU so that every cooling page may be unmapped; false
+    /// when waiting is impossible now (a capture).
+    fn cool_down(&mut self) -> bool {
+        let newest = self.cooling.back().map(|&(t, _, _)| t);
+        if newest.is_none() || !self.backend.synchronize() {
+            return false;
+        }
+        self.stats.num_syncs += 1;
+        self.finished_upto = self.finished_upto.max(newest);
+        self.promote();
+        true
     }
 
     /// Gives idle pages back, highest address first, while more than `keep`
     /// bytes of them are held. Returns the bytes released.
     fn trim_idle(&mut self, keep: u64) -> u64 {
         let mut released = 0;
+        if self.stats.idle_bytes.current > keep {
+            self.promote();
+        }
+        // Cooling pages count as idle but stay until their work is done.
         while self.stats.idle_bytes.current > keep {
             let last = |s: bool| self.idle[s as usize].last().copied();
             let small = match (last(false), last(true)) {

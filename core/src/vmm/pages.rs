@@ -9,10 +9,12 @@ use std::collections::BTreeMap;
 pub(super) struct Slot {
     pub handle: u64,
     pub refs: u32,
+    /// Idle, and not to be unmapped before this tag completes.
+    pub cooling: Option<u64>,
 }
 
 /// A slot with nothing mapped.
-const UNMAPPED: Slot = Slot { handle: u64::MAX, refs: 0 };
+const UNMAPPED: Slot = Slot { handle: u64::MAX, refs: 0, cooling: None };
 
 struct RangePages {
     base: u64,

@@ -27,6 +27,11 @@ pub struct SimulatedPages {
     pub gpu: SimulatedTimeline,
     /// Spans granted access, in order.
     pub granted: Vec<(u64, u64)>,
+    /// Every unmap as (address, newest completed work then), in order.
+    pub unmapped: Vec<(u64, u64)>,
+    /// `map` / `grant` fail (as a device may refuse them).
+    pub refuse_maps: bool,
+    pub refuse_grants: bool,
     next_addr: u64,
     next_handle: u64,
     /// Reserved ranges: start -> size.
@@ -87,7 +92,10 @@ impl PageBackend for SimulatedPages {
         Some(h)
     }
 
-    fn map(&mut self, addr: u64, size: u64, handle: u64) {
+    fn map(&mut self, addr: u64, size: u64, handle: u64) -> bool {
+        if self.refuse_maps {
+            return false;
+        }
         let (&start, &len) = self.ranges.range(..=addr).next_back().expect("map below every range");
         assert!((addr - start).is_multiple_of(size), "map at {addr:#x}: not a page of the range at {start:#x}");
         assert!(addr + size <= start + len, "map at {addr:#x} outside the reserved ranges");
@@ -98,10 +106,12 @@ impl PageBackend for SimulatedPages {
         let page = self.pages.get_mut(&handle).expect("checked above");
         page.1 = Some(addr);
         self.mapped.insert(addr, (size, handle));
+        true
     }
 
     fn unmap(&mut self, addr: u64, size: u64) {
         let (len, handle) = self.mapped.remove(&addr).unwrap_or_else(|| panic!("unmap of {addr:#x}: not mapped"));
+        self.unmapped.push((addr, self.gpu.completed));
         assert_eq!(len, size, "unmap of {addr:#x} with the wrong size");
         self.pages.get_mut(&handle).expect("a mapped page exists").1 = None;
     }
@@ -112,20 +122,27 @@ impl PageBackend for SimulatedPages {
         self.held -= size;
     }
 
-    fn grant(&mut self, addr: u64, size: u64) {
+    fn grant(&mut self, addr: u64, size: u64) -> bool {
         assert!(size > 0, "an empty grant");
+        if self.refuse_grants {
+            return false;
+        }
         let mut a = addr;
         while a < addr + size {
             let (start, handle) = self.handle_at(a).unwrap_or_else(|| panic!("grant over {a:#x}: not mapped"));
             a = start + self.pages[&handle].0;
         }
         self.granted.push((addr, size));
+        true
     }
 }
 
 impl Timeline for SimulatedPages {
     fn free_tag(&mut self) -> Option<u64> {
         self.gpu.free_tag()
+    }
+    fn unmap_tag(&mut self) -> Option<u64> {
+        self.gpu.unmap_tag()
     }
     fn is_complete(&mut self, tag: u64) -> bool {
         self.gpu.is_complete(tag)

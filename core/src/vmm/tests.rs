@@ -167,3 +167,83 @@ fn validate_clamps() {
     assert_eq!(VmmConfig::default().validate(), VmmConfig::default());
     assert_eq!(VmmConfig::pytorch_expandable().validate(), VmmConfig::pytorch_expandable());
 }
+
+#[test]
+fn a_refused_map_or_grant_fails_the_request_and_leaves_no_page_ungranted() {
+    for refuse_maps in [true, false] {
+        let mut p = pool();
+        let a = p.allocate(3 * MIB).unwrap();
+        p.free(a.id); // two idle pages, mapped and granted
+        let before = p.backend().granted.len();
+        p.backend_mut().refuse_maps = refuse_maps;
+        p.backend_mut().refuse_grants = !refuse_maps;
+        assert!(p.allocate(9 * MIB).is_err(), "refuse_maps {refuse_maps}");
+        // Whatever was mapped for the failed request went back: an idle page
+        // is either one granted before or none at all.
+        let s = p.stats().clone();
+        assert_eq!(s.in_use_bytes.current, 0);
+        assert_eq!(s.reserved_bytes.current, p.backend().held());
+        assert_eq!(s.reserved_bytes.current, s.idle_bytes.current);
+        assert_eq!(s.num_maps - s.num_unmaps, p.pages().count() as u64);
+        if !refuse_maps {
+            assert_eq!(s.idle_bytes.current, 0, "pages mapped for a refused grant were kept");
+        }
+        // The device works again: the request is served and granted whole.
+        p.backend_mut().refuse_maps = false;
+        p.backend_mut().refuse_grants = false;
+        let b = p.allocate(9 * MIB).unwrap();
+        let granted = &p.backend().granted[before..];
+        let end = b.addr + b.size;
+        let covered = granted.iter().any(|&(g, n)| g <= b.addr && g + n >= end)
+            || p.pages().filter(|pg| pg.addr < end && pg.addr + pg.size > b.addr).count() as u64 * 2 * MIB >= b.size; // pages that were already granted plus the new span
+        assert!(covered);
+        assert_eq!(p.stats().num_ooms, 1);
+    }
+}
+
+#[test]
+fn pending_blocks_keep_their_pages_until_their_work_completes() {
+    use crate::pool::testing::Fences;
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { keep_free: 0, window_ns: 0, ..VmmConfig::default() });
+    // Live memory beside it, so the pending bytes are too small a share of
+    // what is held to be worth waiting for (`wait_share`).
+    let _live = p.allocate(64 * MIB).unwrap();
+    p.backend_mut().fences = Fences::AtQueued;
+    p.backend_mut().launch();
+    let a = p.allocate(4 * MIB).unwrap();
+    let handles = p.backend().handle_at(a.addr).unwrap();
+    p.free(a.id);
+    assert_eq!(p.pending_blocks(), 1);
+    assert_eq!(p.stats().pending_bytes.current, 4 * MIB);
+    assert_eq!(p.stats().in_use_bytes.current, 68 * MIB, "the pages stay in use");
+    assert!(p.lookup(a.addr).is_none());
+    // Another request cannot take those pages while the work runs: new ones.
+    let b = p.allocate(4 * MIB).unwrap();
+    assert_ne!(b.addr, a.addr);
+    assert_eq!(p.backend().handle_at(a.addr), Some(handles));
+    assert_eq!(p.stats().num_remaps, 0);
+    // Once it completes, the next request that needs pages reclaims them.
+    p.backend_mut().complete_all();
+    p.free(b.id);
+    let c = p.allocate(8 * MIB).unwrap();
+    assert_eq!(p.pending_blocks(), 0, "{:?}", c);
+    assert_eq!(p.stats().reserved_bytes.peak, 72 * MIB, "both blocks' pages were reused");
+    assert_eq!(p.stats().num_waits + p.stats().num_syncs, 0);
+}
+
+#[test]
+fn a_discarded_pool_holds_nothing_and_keeps_its_books() {
+    let mut p = pool();
+    let a = p.allocate(3 * MIB).unwrap();
+    let b = p.allocate(100).unwrap();
+    p.discard();
+    assert_eq!(p.backend().held(), 0, "every page released");
+    assert!(p.backend().pages().is_empty());
+    assert_eq!(p.stats().reserved_bytes.current, 0);
+    assert!(p.allocate(100).is_err());
+    // Frees of its blocks still balance the books.
+    p.free(a.id);
+    p.free(b.id);
+    assert_eq!(p.stats().allocation.current, 0);
+    assert_eq!(p.stats().allocated_bytes.current, 0);
+}

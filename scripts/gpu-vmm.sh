@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The VMM-backed pool (backing=vmm, issue 12) on a real GPU, side by side in one run:
+#  1. pair latency: cudaMalloc+cudaFree per size, plain / cupool segments / cupool vmm
+#  2. the transformer workload (3 alternating rounds): PyTorch's caching allocator,
+#     expandable_segments, and PyTorch without its cache under cupool with segments
+#     and with vmm: ms/iter and peak driver-used memory (nvidia-smi sampled every
+#     20 ms, less the idle reading before the run), and the vmm pool's page counts
+#  3. a workload that fragments fixed segments into an OOM under a 10 GiB cap
+#     (scripts/gpu/frag_oom.py): PyTorch's caching allocator, expandable_segments,
+#     cupool segments and cupool vmm (the last two with PyTorch's cache off, --limit 10g)
+#  4. stream safety and the multi-stream stress (10^6 ops) under vmm
+# The same-output check of every program runs as
+#   CUPOOL_OPTIONS=backing=vmm bash scripts/gpu-check.sh
+# Run from the repository root with the built shim and CLI in .gpu/.
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+bin=$(pwd)/.gpu
+src=$(pwd)/scripts/gpu
+work=$(mktemp -d /tmp/cupool-vmm.XXXX)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+nvcc -O2 -arch=native -cudart shared -o $work/bench_pair $src/bench_pair.cu
+nvcc -O2 -arch=native -cudart shared -o $work/stream_safety $src/stream_safety.cu
+nvcc -O2 -arch=native -cudart shared -o $work/stress $src/stress.cu
+seg="$bin/cupool run -q --log-dir $work/logs -o backing=segments"
+vmm="$bin/cupool run -q --log-dir $work/logs -o backing=vmm"
+sections=" ${SECTIONS:-pair torch frag safety} "
+want() { [[ $sections == *" $1 "* ]]; }
+last_pools() {
+  python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
+}
+# peak_used CMD...: runs CMD, prints its output, then the peak of nvidia-smi's memory.used less the reading before.
+peak_used() {
+  local base
+  base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0)
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 20 > $work/smi.txt &
+  local smi=$!
+  "$@"
+  kill $smi; wait $smi 2>/dev/null
+  echo "    peak_used_MiB=$(( $(sort -n $work/smi.txt | tail -1) - base ))"
+}
+
+if want pair; then
+  echo "== pair latency (us, median of 7 batches): plain, cupool segments, cupool vmm (no trace)"
+  $work/bench_pair > $work/plain.csv
+  $seg --no-trace -- $work/bench_pair > $work/seg.csv
+  $vmm --no-trace -- $work/bench_pair > $work/vmm.csv
+  last_pools
+  paste -d, $work/plain.csv $work/seg.csv $work/vmm.csv | awk -F, 'NR==1{print "size_bytes  plain_us  segments_us  vmm_us"; next} {printf "%10s  %8s  %11s  %6s\n", $1, $2, $4, $6}'
+fi
+
+T=$src/torch_transformer.py
+if want torch; then
+  echo "== transformer: 3 alternating rounds"
+  for round in 1 2 3; do
+    MODE=caching peak_used python3 $T
+    MODE=expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True peak_used python3 $T
+    MODE=nocache-cupool-segments PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $seg --no-trace -- python3 $T
+    MODE=nocache-cupool-vmm PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm --no-trace -- python3 $T
+    [ $round = 1 ] && last_pools
+  done
+fi
+
+if want frag; then
+  echo "== fragmentation into OOM under a 10 GiB cap (scripts/gpu/frag_oom.py)"
+  F=$src/frag_oom.py
+  echo "-- caching"; peak_used python3 $F
+  echo "-- expandable"; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True peak_used python3 $F
+  echo "-- cupool segments"; NO_TORCH_CAP=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $seg --limit 10g -- python3 $F
+  echo "-- cupool vmm"; NO_TORCH_CAP=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm --limit 10g -- python3 $F
+  last_pools
+  echo "-- plain, no cap (the checksum every completed run must print)"; NO_TORCH_CAP=1 python3 $F
+fi
+
+if want safety; then
+  echo "== stream safety"
+  $work/stream_safety | sed 's/^/plain: /'
+  $vmm -- $work/stream_safety | sed 's/^/cupool vmm: /'
+  echo "== multi-thread multi-stream stress (10^6 allocations+frees)"
+  /usr/bin/time -f "plain: %e s" $work/stress 1000000
+  /usr/bin/time -f "cupool segments: %e s" $seg --no-trace -- $work/stress 1000000
+  /usr/bin/time -f "cupool vmm: %e s" $vmm --no-trace -- $work/stress 1000000
+  last_pools
+fi

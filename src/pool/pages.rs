@@ -1,0 +1,173 @@
+//! The device side of a VMM-backed pool (`backing=vmm`): address ranges,
+//! physical pages and their mappings through CUDA's virtual memory
+//! management, fenced like a segment pool (`fence.rs` is its timeline).
+//!
+//! Every mapping is made accessible to the pool's device and to each device
+//! that can reach it as a peer: a `cudaMalloc` block becomes reachable from a
+//! peer as soon as the program enables peer access, and a page mapped before
+//! that cannot learn of it later. A refused map or grant marks the backend
+//! broken: the context's later allocations go to CUDA (`engine.rs`).
+
+use super::fence::{CudaBackend, InContext};
+use crate::cuda::{CUdevice, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, SUCCESS};
+use crate::real;
+use crate::runtime::clock;
+use cudarc::driver::sys::{
+    CUmemAccess_flags, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
+    CUmemLocationType,
+};
+use cupool_core::log::PageCosts;
+use cupool_core::pool::Timeline;
+use cupool_core::vmm::PageBackend;
+use std::ffi::c_int;
+
+pub struct CudaPages {
+    pub timeline: CudaBackend,
+    ctx: u64,
+    device: i32,
+    access: Vec<CUmemAccessDesc>,
+    /// A map or grant was refused: no more blocks from these pages.
+    pub broken: bool,
+    pub costs: PageCosts,
+}
+
+fn location(device: i32) -> CUmemLocation {
+    CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
+}
+
+fn page_properties(device: i32) -> CUmemAllocationProp {
+    // SAFETY: a plain C struct; all-zero is its documented "nothing asked" state.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    prop.location = location(device);
+    prop
+}
+
+impl CudaPages {
+    /// The backend of `ctx`'s pool on `device` and its page size (the
+    /// device's recommended granularity, at least 2 MiB); `None` when the
+    /// device cannot map pages (no VMM support).
+    pub fn new(ctx: u64, device: i32) -> Option<(CudaPages, u64)> {
+        let _current = InContext::enter(ctx)?;
+        let prop = page_properties(device);
+        let mut granularity = 0usize;
+        let recommended = CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED as c_int;
+        if unsafe { real!(cuMemGetAllocationGranularity(&mut granularity, &prop, recommended)) } != SUCCESS
+            || granularity == 0
+        {
+            return None;
+        }
+        let page = (granularity as u64).max(2 << 20).next_multiple_of(granularity as u64);
+        let mut count: c_int = 0;
+        unsafe { real!(cuDeviceGetCount(&mut count)) };
+        let readers = (0..count.max(1)).filter(|&d| d == device || can_access_peer(d, device));
+        let access = readers
+            .map(|d| CUmemAccessDesc {
+                location: location(d),
+                flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        let pages = CudaPages {
+            timeline: CudaBackend::new(ctx),
+            ctx,
+            device,
+            access,
+            broken: false,
+            costs: PageCosts::default(),
+        };
+        Some((pages, page))
+    }
+
+    fn refused(&mut self) -> bool {
+        self.broken = true;
+        false
+    }
+}
+
+/// Can device `reader` reach `owner`'s memory?
+fn can_access_peer(reader: i32, owner: i32) -> bool {
+    let mut can: c_int = 0;
+    let r = unsafe { real!(cuDeviceCanAccessPeer(&mut can, reader as CUdevice, owner as CUdevice)) };
+    r == SUCCESS && can != 0
+}
+
+impl PageBackend for CudaPages {
+    fn reserve(&mut self, size: u64, align: u64) -> Option<u64> {
+        let _current = InContext::enter(self.ctx)?;
+        let mut addr = 0;
+        let r = unsafe { real!(cuMemAddressReserve(&mut addr, size as usize, align as usize, 0, 0)) };
+        (r == SUCCESS).then_some(addr)
+    }
+
+    fn create_page(&mut self, size: u64) -> Option<u64> {
+        let _current = InContext::enter(self.ctx)?;
+        let t = clock::monotonic_ns();
+        let prop = page_properties(self.device);
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        let r = unsafe { real!(cuMemCreate(&mut handle, size as usize, &prop, 0)) };
+        self.costs.create_ns += clock::monotonic_ns() - t;
+        (r == SUCCESS).then_some(handle)
+    }
+
+    fn map(&mut self, addr: u64, size: u64, handle: u64) -> bool {
+        let Some(_current) = InContext::enter(self.ctx) else { return self.refused() };
+        let t = clock::monotonic_ns();
+        let r = unsafe { real!(cuMemMap(addr, size as usize, 0, handle, 0)) };
+        self.costs.map_ns += clock::monotonic_ns() - t;
+        r == SUCCESS || self.refused()
+    }
+
+    fn grant(&mut self, addr: u64, size: u64) -> bool {
+        let Some(_current) = InContext::enter(self.ctx) else { return self.refused() };
+        let t = clock::monotonic_ns();
+        let r = unsafe { real!(cuMemSetAccess(addr, size as usize, self.access.as_ptr(), self.access.len())) };
+        self.costs.access_ns += clock::monotonic_ns() - t;
+        r == SUCCESS || self.refused()
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        // Only pages no block holds and no queued work can touch come here
+        // (the pool's fences), so the unmap cannot pull memory from under a kernel.
+        let _current = InContext::enter(self.ctx);
+        let t = clock::monotonic_ns();
+        unsafe { real!(cuMemUnmap(addr, size as usize)) };
+        self.costs.unmap_ns += clock::monotonic_ns() - t;
+    }
+
+    fn free_range(&mut self, addr: u64, size: u64) {
+        let _current = InContext::enter(self.ctx);
+        unsafe { real!(cuMemAddressFree(addr, size as usize)) };
+    }
+
+    fn release_page(&mut self, handle: u64) {
+        let _current = InContext::enter(self.ctx);
+        let t = clock::monotonic_ns();
+        unsafe { real!(cuMemRelease(handle)) };
+        self.costs.release_ns += clock::monotonic_ns() - t;
+    }
+}
+
+impl Timeline for CudaPages {
+    fn free_tag(&mut self) -> Option<u64> {
+        self.timeline.free_tag()
+    }
+    fn unmap_tag(&mut self) -> Option<u64> {
+        self.timeline.unmap_tag()
+    }
+    fn is_complete(&mut self, tag: u64) -> bool {
+        self.timeline.is_complete(tag)
+    }
+    fn is_finished(&mut self, tag: u64) -> bool {
+        self.timeline.is_finished(tag)
+    }
+    fn synchronize(&mut self) -> bool {
+        self.timeline.synchronize()
+    }
+    fn wait_for(&mut self, tag: u64) -> bool {
+        self.timeline.wait_for(tag)
+    }
+    fn now_ns(&mut self) -> u64 {
+        self.timeline.now_ns()
+    }
+}

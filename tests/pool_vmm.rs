@@ -1,0 +1,140 @@
+//! The pool backed by VMM pages (`backing=vmm`) over the fake driver, whose
+//! `cuMemMap`ped memory faults until `cuMemSetAccess` grants it, as on a GPU.
+//! Every program must give the output it gives without cupool, the driver
+//! must see pages (`cuMemCreate`/`cuMemMap`) instead of `cuMemAlloc`
+//! segments, pointer queries must describe the block, and a block exported
+//! through legacy IPC must fail with CUDA's error, never name other memory.
+//! `cargo test --test pool_vmm`
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::Value;
+use support::*;
+
+const VMM: &str = "backing=vmm";
+const MIB: u64 = 1 << 20;
+
+struct Run {
+    stdout: String,
+    result: HashMap<String, u64>,
+    log: Value,
+    stats: HashMap<String, u64>,
+}
+
+fn run(prog: &Path, args: &[&str], options: &str) -> Run {
+    let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+    let dir = scratch_dir(&format!("vmm-{name}"));
+    let out = run_preloaded(prog, args, &dir, options);
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(0), "{name} {args:?} {options}: {:?}\n{stdout}\n{stderr}", out.status);
+    let result = result_line(&stdout).unwrap_or_else(|| panic!("{name}: no result line\n{stdout}\n{stderr}"));
+    let mut logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1, "{name}: {:?}", log_files(&dir));
+    let log = logs.remove(0);
+    let pid = log["process"]["pid"].as_u64().unwrap();
+    let stats = fake_stats_for(&dir, pid).unwrap_or_else(|| panic!("{name}: no fake stats"));
+    Run { stdout, result, log, stats }
+}
+
+fn plain_result(prog: &Path, args: &[&str]) -> HashMap<String, u64> {
+    let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+    let out = run_plain(prog, args, &scratch_dir(&format!("vmm-plain-{name}")));
+    assert!(out.status.success(), "{name} plain: {:?}\n{}", out.status, stderr_of(&out));
+    result_line(&stdout_of(&out)).unwrap_or_else(|| panic!("{name} plain: no result line"))
+}
+
+fn pools(log: &Value) -> &Vec<Value> {
+    log["end"]["pools"].as_array().expect("end.pools")
+}
+
+fn pages_sum(log: &Value, field: &str) -> u64 {
+    pools(log).iter().map(|p| p["pages"][field].as_u64().unwrap_or(0)).sum()
+}
+
+/// Allocations of the kinds the pool passes to the driver (managed, stream-ordered).
+fn passed_through(log: &Value) -> u64 {
+    events(log, "alloc").iter().filter(|e| matches!(e["kind"].as_str(), Some("managed" | "async"))).count() as u64
+}
+
+/// The program ran as it does without cupool, its device allocations came
+/// from VMM pages, and the driver saw no `cuMemAlloc` for them.
+fn check_vmm(prog: &Path, args: &[&str]) -> Run {
+    let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+    let plain = plain_result(prog, args);
+    let r = run(prog, args, VMM);
+    assert_eq!(r.result, plain, "{name}: result line under backing=vmm vs plain");
+    assert_eq!(r.log["options"]["backing"], "vmm");
+    assert!(!pools(&r.log).is_empty(), "{name}: no pool");
+    for p in pools(&r.log) {
+        assert_eq!(p["backing"], "vmm", "{name}: {p}");
+        let pages = &p["pages"];
+        assert!(pages["maps"].as_u64().unwrap() > 0 && pages["grants"].as_u64().unwrap() > 0, "{name}: {p}");
+        assert_eq!(pages["page_bytes"], 2 * MIB, "{name}: the fake's granularity");
+    }
+    let program_vmm = events(&r.log, "alloc").iter().filter(|e| e["kind"] == "vmm").count() as u64;
+    assert_eq!(r.stats["vmm_creates"], pages_sum(&r.log, "creates") + program_vmm, "{name}: {:?}", r.stats);
+    assert_eq!(r.stats["allocs"], passed_through(&r.log), "{name}: no cuMemAlloc segments: {:?}", r.stats);
+    assert_eq!(r.stats["vmm_maps"], pages_sum(&r.log, "maps") + program_vmm, "{name}: {:?}", r.stats);
+    assert_valid_log(&r.log, &name);
+    r
+}
+
+#[test]
+fn runtime_programs_run_unchanged_on_vmm_pages() {
+    for prog in ["prog_runtime", "prog_runtime_static", "prog_dlopen"] {
+        let r = check_vmm(&fakes().prog(prog), &[]);
+        // The workload's oversized request fails in the pool, as CUDA's would.
+        assert_eq!(stdout_value(&r.stdout, "oversized_malloc"), Some(2), "{prog}");
+        assert_eq!(stdout_value(&r.stdout, "bogus_free"), Some(1), "{prog}");
+    }
+}
+
+#[test]
+fn driver_and_threaded_programs_run_unchanged_on_vmm_pages() {
+    for prog in ["prog_driver", "prog_getproc", "prog_threads"] {
+        check_vmm(&fakes().prog(prog), &[]);
+    }
+}
+
+#[test]
+fn blocks_on_two_devices_and_streams_run_unchanged() {
+    check_vmm(&compile_runtime_program("crossdev", "pool_cross_device.c"), &[]);
+    let reuse = compile_runtime_program("reuse", "pool_reuse.c");
+    let r = check_vmm(&reuse, &[]);
+    // 10000 cycles of one 4 KiB block: one page, mapped once, granted once.
+    assert_eq!(pages_sum(&r.log, "creates"), 1, "{}", r.log["end"]["pools"]);
+    assert_eq!(stdout_value(&r.stdout, "distinct"), Some(1));
+    // With a stream, frees wait for fences; the pages stay few.
+    let r = check_vmm(&reuse, &["stream"]);
+    assert!(pages_sum(&r.log, "creates") <= 2, "{}", r.log["end"]["pools"]);
+    assert!(r.log["end"]["pools"][0]["fences"]["recorded"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn pointer_queries_describe_the_block_on_vmm_pages() {
+    let prog = compile_driver_program("ptrquery", "pool_ptr_query.c");
+    let r = run(&prog, &[], VMM);
+    let (a, p) = (stdout_value(&r.stdout, "a").unwrap(), stdout_value(&r.stdout, "p").unwrap());
+    assert_eq!(p, a + 1024, "p is packed after a in the same page");
+    let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
+    assert_eq!((v("range_base"), v("range_size")), (p, 1000));
+    assert_eq!((v("attr_start"), v("attr_size")), (p, 1000));
+    assert_eq!((v("a_base"), v("a_size")), (a, 1000));
+    assert_eq!((v("freed_range"), v("freed_attr")), (500, 1), "a freed block answers as freed memory");
+    assert_eq!([v("ids_differ"), v("id_same_inside"), v("id_new_after_reuse")], [1, 1, 1]);
+    assert_eq!(r.log["end"]["pools"][0]["backing"], "vmm");
+}
+
+#[test]
+fn ipc_export_of_a_vmm_block_fails_with_cudas_error() {
+    let prog = compile_runtime_program("ipcrules", "ipc_export_rules.c");
+    let r = run(&prog, &[], VMM);
+    let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
+    // Legacy IPC cannot name VMM pages: CUDA's error for VMM memory, never a
+    // handle of other memory; a freed block is refused as before.
+    assert_eq!((v("a_export"), v("freed_export")), (1, 1), "cudaErrorInvalidValue");
+    let notes = r.log["end"]["notes"].to_string();
+    assert!(notes.contains("cannot name VMM pages"), "{notes}");
+}
