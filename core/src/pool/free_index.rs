@@ -181,6 +181,19 @@ impl FreeIndex {
         Some(Entry::from_key(class.min_key, class.min_idx))
     }
 
+    /// Free blocks of at least `req` bytes in best-fit order: smallest
+    /// first, lowest address among equals (the first is [`Self::best_fit`]).
+    pub fn fits(&self, req: u64) -> impl Iterator<Item = Entry> + '_ {
+        let lo = key(req, 0);
+        std::iter::successors(self.next_class(class_of(req)), move |&c| self.next_class(c + 1))
+            .flat_map(move |c| {
+                let class = &self.classes[c];
+                std::iter::once((class.min_key, class.min_idx)).chain(class.rest.range(lo..).map(|(&k, &i)| (k, i)))
+            })
+            .filter(move |&(k, _)| k >= lo)
+            .map(|(k, i)| Entry::from_key(k, i))
+    }
+
     /// The largest free block (highest address among equals).
     pub fn largest(&self) -> Option<Entry> {
         if self.summary == 0 {

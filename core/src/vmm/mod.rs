@@ -12,9 +12,11 @@
 //!   so that small churn packs into few pages instead of pinning pages all
 //!   over the large ranges. Each kind reserves ranges of `va_chunk` bytes (or
 //!   the request, if larger) as needed. Inside its ranges a request takes the
-//!   exact best fit among the free virtual blocks (the segment pool's free
-//!   index, `pool/free_index.rs`: smallest big enough, lowest address among
-//!   equals) and is always split: a virtual remainder costs nothing. Freed
+//!   best fit among the free virtual blocks (the segment pool's free index,
+//!   `pool/free_index.rs`: smallest big enough, lowest address among equals)
+//!   unless one of the next few fits has more of its pages still mapped
+//!   (used in place, no driver call), and is always split: a virtual
+//!   remainder costs nothing. Freed
 //!   virtual blocks merge with free neighbours of their range at once.
 //!   Ranges stay reserved for the pool's life; as with `Pool`, dropping the
 //!   pool tells the backend nothing.
@@ -73,10 +75,12 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use pages::{PageTable, Slot};
 
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
-use crate::pool::free_index::FreeIndex;
+use crate::pool::free_index::{Entry, FreeIndex};
 use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Stat, Timeline, SEGMENT_ALIGN};
 
 const MIB: u64 = 1 << 20;
+/// Free blocks weighed for a request (`VmmPool::placement`).
+const PLACEMENT_CANDIDATES: usize = 4;
 
 /// What the VMM pool needs from the device: address ranges and physical pages.
 /// A mapping is always one whole page of a reserved range, pages counted from
@@ -862,9 +866,33 @@ impl<B: PageBackend> VmmPool<B> {
             });
             self.free[k].insert(size, addr, i);
         }
-        let e = self.free[k].best_fit(rounded)?;
+        let e = self.placement(k, rounded)?;
         self.free[k].remove(e.size, e.addr);
         Some(e.idx)
+    }
+
+    /// Where a block of `rounded` bytes goes: the best fit, unless one of the
+    /// next few fits needs fewer pages mapped for it. A hole whose pages are
+    /// still mapped is used in place, with no driver call and nothing to wait
+    /// for; one whose pages went elsewhere would take idle pages (unmapping
+    /// them, punching a new hole) or new ones.
+    fn placement(&self, k: usize, rounded: u64) -> Option<Entry> {
+        let mut best: Option<(u64, Entry)> = None;
+        for e in self.free[k].fits(rounded).take(PLACEMENT_CANDIDATES) {
+            let missing = self.unmapped_pages(self.blocks[e.idx].seg, e.addr, rounded);
+            if best.is_none_or(|(m, _)| missing < m) {
+                best = Some((missing, e));
+            }
+            if missing == 0 {
+                break;
+            }
+        }
+        best.map(|(_, e)| e)
+    }
+
+    /// Pages under `[addr, addr + size)` of range `seg` that are not mapped.
+    fn unmapped_pages(&self, seg: u32, addr: u64, size: u64) -> u64 {
+        self.page_span(seg, addr, size).filter(|&a| self.pages.get(a).is_none()).count() as u64
     }
 
     /// Cuts block `i` (free, not indexed) to `rounded` bytes; the rest is a

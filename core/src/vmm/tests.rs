@@ -247,3 +247,19 @@ fn a_discarded_pool_holds_nothing_and_keeps_its_books() {
     assert_eq!(p.stats().allocation.current, 0);
     assert_eq!(p.stats().allocated_bytes.current, 0);
 }
+
+#[test]
+fn a_hole_with_its_pages_mapped_wins_over_a_tighter_one_without() {
+    let mut p = pool();
+    let x1 = p.allocate(6 * MIB).unwrap();
+    let _x2 = p.allocate(2 * MIB).unwrap();
+    let x3 = p.allocate(4 * MIB).unwrap();
+    let _x4 = p.allocate(2 * MIB).unwrap();
+    p.free(x3.id);
+    assert_eq!(p.empty_cache(), 4 * MIB, "x3's hole is unmapped");
+    p.free(x1.id); // a 6 MiB hole whose pages stay mapped (idle)
+    let (creates, maps) = (p.stats().num_page_creates, p.stats().num_maps);
+    let b = p.allocate(4 * MIB).unwrap();
+    assert_eq!(b.addr, x1.addr, "placed on mapped pages, not in the tighter unmapped hole");
+    assert_eq!((p.stats().num_page_creates, p.stats().num_maps), (creates, maps), "no driver call");
+}
