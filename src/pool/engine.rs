@@ -165,11 +165,12 @@ impl Engine {
         }
     }
 
-    /// The context died: what CUDA did not take with it (VMM pages outlive
-    /// a context) goes now, so that the memory is gone as the program expects.
+    /// The context died, and its memory with it: segments, and pages,
+    /// mappings and ranges alike (touching those afterwards crashed the
+    /// driver on an H100). The pool forgets them.
     pub fn context_died(&mut self) {
         if let Engine::Pages(p) = self {
-            p.discard();
+            p.forget();
         }
     }
 

@@ -135,11 +135,6 @@ impl PageBackend for CudaPages {
         self.costs.unmap_ns += clock::monotonic_ns() - t;
     }
 
-    fn free_range(&mut self, addr: u64, size: u64) {
-        let _current = InContext::enter(self.ctx);
-        unsafe { real!(cuMemAddressFree(addr, size as usize)) };
-    }
-
     fn release_page(&mut self, handle: u64) {
         let _current = InContext::enter(self.ctx);
         let t = clock::monotonic_ns();

@@ -153,16 +153,23 @@ struct CUevent_st {
     struct CUctx_st *ctx;
     unsigned flags;
 };
+/* VMM handles and reservations belong to the context current when they were
+ * made and die with it (cuCtxDestroy), as cuMemAlloc memory does: on an H100
+ * (driver 580) unmapping, releasing or freeing them after their context was
+ * destroyed crashed the process, so cupool forgets them instead and the fake
+ * takes them away. */
 struct vmm_handle {
     int fd;
     size_t size;
     int device;
+    struct CUctx_st *ctx;
 };
 struct reservation {
     uintptr_t base;
     size_t size;
     void *map_base; /* what mmap returned (may precede base because of alignment) */
     size_t map_len;
+    struct CUctx_st *ctx;
 };
 
 /* A tiny set of live handles, so stale or bogus handles are rejected instead
@@ -682,6 +689,32 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
     return CUDA_SUCCESS;
 }
 
+static int inside_range(const struct alloc *a, const void *arg);
+
+/* The VMM handles and reservations made in `ctx` die with it (g_lock held). */
+static void drop_vmm_of(struct CUctx_st *ctx)
+{
+    for (size_t i = g_resv.n; i-- > 0;) {
+        struct reservation *v = g_resv.items[i];
+        if (v->ctx != ctx)
+            continue;
+        uintptr_t range[2] = {v->base, v->size};
+        tab_drop_if(inside_range, range);
+        set_del(&g_resv, v);
+        munmap(v->map_base, v->map_len);
+        free(v);
+    }
+    for (size_t i = g_vmm.n; i-- > 0;) {
+        struct vmm_handle *h = g_vmm.items[i];
+        if (h->ctx != ctx)
+            continue;
+        set_del(&g_vmm, h);
+        close(h->fd);
+        g_used[h->device] -= h->size;
+        free(h);
+    }
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     CUresult r = check_init();
@@ -694,6 +727,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
     }
     tab_drop_if(owned_by_ctx, ctx);
+    drop_vmm_of(ctx);
     set_del(&g_ctxs, ctx);
     /* The struct is deliberately not freed: other threads may still hold the
      * handle, and a dead magic lets us reject it. */
@@ -954,7 +988,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    *h = (struct vmm_handle){.fd = fd, .size = size, .device = dev};
+    *h = (struct vmm_handle){.fd = fd, .size = size, .device = dev, .ctx = cur_ctx_raw()};
     g_used[dev] += size;
     g_stats.vmm_creates++;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
@@ -1020,7 +1054,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     uintptr_t base = ((uintptr_t)m + alignment - 1) & ~(uintptr_t)(alignment - 1);
-    *v = (struct reservation){.base = base, .size = size, .map_base = m, .map_len = len};
+    *v = (struct reservation){.base = base, .size = size, .map_base = m, .map_len = len, .ctx = cur_ctx_raw()};
     pthread_mutex_lock(&g_lock);
     int err = set_add(&g_resv, v);
     pthread_mutex_unlock(&g_lock);

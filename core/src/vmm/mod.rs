@@ -99,11 +99,6 @@ pub trait PageBackend: Timeline {
     fn unmap(&mut self, addr: u64, size: u64);
     /// Release an unmapped page (`cuMemRelease`).
     fn release_page(&mut self, handle: u64);
-    /// Give a reserved range back (`cuMemAddressFree`); only when the pool
-    /// is discarded.
-    fn free_range(&mut self, addr: u64, size: u64) {
-        let _ = (addr, size);
-    }
     /// Pages were just mapped somewhere in `[addr, addr + size)`, a span of
     /// whole mapped pages: make it accessible (one `cuMemSetAccess` for the
     /// span costs about what one page costs); false when the device refused.
@@ -276,7 +271,7 @@ pub struct VmmPool<B: PageBackend> {
     cooling: VecDeque<(u64, u64, bool)>,
     /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
     pending: VecDeque<(u32, u64)>,
-    /// [`VmmPool::discard`]ed: nothing is held, nothing is handed out.
+    /// [`VmmPool::forget`]: nothing is held, nothing is handed out.
     discarded: bool,
     /// Highest tag known to be complete (reuse is safe).
     completed_upto: Option<u64>,
@@ -572,27 +567,21 @@ impl<B: PageBackend> VmmPool<B> {
         self.high_water.0.max(self.high_water.1)
     }
 
-    /// The memory is gone (its CUDA context died): every page is unmapped and
-    /// released, live or not, and every range given back. The pool keeps its
-    /// books (frees of its blocks still count) but holds nothing.
-    pub fn discard(&mut self) {
-        let mapped: Vec<PageInfo> = self.pages().collect();
-        for pg in mapped {
-            self.pages.remove(pg.addr);
-            self.backend.unmap(pg.addr, pg.size);
-            self.backend.release_page(pg.handle);
-            self.stats.num_unmaps += 1;
-            self.stats.num_page_releases += 1;
+    /// The memory is gone with the CUDA context that made it: its pages,
+    /// mappings and ranges died with it (on an H100, unmapping or releasing
+    /// them afterwards crashed the process), so the pool drops them without
+    /// a word to the backend. It keeps its books (frees of its blocks still
+    /// count) but holds nothing and hands nothing out.
+    pub fn forget(&mut self) {
+        let mapped: Vec<u64> = self.pages().map(|pg| pg.addr).collect();
+        for a in mapped {
+            self.pages.remove(a);
         }
         self.idle = [BTreeSet::new(), BTreeSet::new()];
         self.cooling.clear();
         let s = &mut self.stats;
         for st in [&mut s.reserved_bytes, &mut s.in_use_bytes, &mut s.idle_bytes] {
             st.dec(st.current);
-        }
-        for i in 0..self.ranges.len() {
-            let Range { addr, size, .. } = self.ranges[i];
-            self.backend.free_range(addr, size);
         }
         self.discarded = true;
     }
