@@ -82,6 +82,17 @@ fn check_vmm(prog: &Path, args: &[&str]) -> Run {
 }
 
 #[test]
+fn cupool_run_summary_names_the_page_work() {
+    let dir = scratch_dir("vmm-summary");
+    let prog = fakes().prog("prog_runtime");
+    let mut cmd = cupool_command(&["run", "--log-dir", path_str(&dir), "-o", VMM, "--", path_str(&prog)], &dir);
+    let out = run_ok(&mut cmd, "cupool run");
+    let err = stderr_of(&out);
+    let line = err.lines().find(|l| l.contains("VMM pages:")).unwrap_or_else(|| panic!("no VMM line in:\n{err}"));
+    assert!(line.contains("created") && line.contains("ms in cuMem* calls"), "{line}");
+}
+
+#[test]
 fn runtime_programs_run_unchanged_on_vmm_pages() {
     for prog in ["prog_runtime", "prog_runtime_static", "prog_dlopen"] {
         let r = check_vmm(&fakes().prog(prog), &[]);

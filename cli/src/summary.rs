@@ -128,6 +128,18 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
             }
             let _ = writeln!(out, "{line}");
         }
+        // A VMM-backed pool's driver work: the cost that backing adds.
+        for p in log.end.as_ref().map_or(&[][..], |e| &e.pools[..]) {
+            let Some(pg) = &p.pages else { continue };
+            let c = &pg.costs;
+            let ms = (c.create_ns + c.map_ns + c.access_ns + c.unmap_ns + c.release_ns) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "    device {:>2} VMM pages: {} created, {} released, {} mapped ({} moved), {} access grants; \
+                 {ms:.1} ms in cuMem* calls",
+                p.device, pg.creates, pg.releases, pg.maps, pg.remaps, pg.grants
+            );
+        }
         // What cupool did differently in this process (a pool fallback, graph
         // allocations left untracked, Python it could not read).
         for note in log.end.as_ref().map_or(&[][..], |e| &e.notes[..]) {

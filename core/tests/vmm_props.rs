@@ -255,6 +255,7 @@ impl Harness {
         assert_eq!(s.allocated_bytes.current, self.live.values().map(|(b, _, _)| b.size).sum::<u64>());
         assert_eq!(s.requested_bytes.current, self.live.values().map(|(_, r, _)| r).sum::<u64>());
         assert_eq!(s.pending_bytes.current, self.pending.iter().map(|((b, _, _), _)| b.size).sum::<u64>());
+        assert_eq!(s.active_bytes.current, s.allocated_bytes.current + s.pending_bytes.current);
         assert_eq!(s.num_page_creates - s.num_page_releases, pool.backend().pages().len() as u64);
         assert_eq!(s.num_maps - s.num_unmaps, pool.pages().count() as u64);
         let c = pool.config();
