@@ -144,25 +144,5 @@ impl PageBackend for CudaPages {
 }
 
 impl Timeline for CudaPages {
-    fn free_tag(&mut self) -> Option<u64> {
-        self.timeline.free_tag()
-    }
-    fn unmap_tag(&mut self) -> Option<u64> {
-        self.timeline.unmap_tag()
-    }
-    fn is_complete(&mut self, tag: u64) -> bool {
-        self.timeline.is_complete(tag)
-    }
-    fn is_finished(&mut self, tag: u64) -> bool {
-        self.timeline.is_finished(tag)
-    }
-    fn synchronize(&mut self) -> bool {
-        self.timeline.synchronize()
-    }
-    fn wait_for(&mut self, tag: u64) -> bool {
-        self.timeline.wait_for(tag)
-    }
-    fn now_ns(&mut self) -> u64 {
-        self.timeline.now_ns()
-    }
+    cupool_core::delegate_timeline!(timeline);
 }

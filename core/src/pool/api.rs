@@ -45,6 +45,35 @@ pub trait Timeline {
     }
 }
 
+/// Implements every [`Timeline`] method by handing it to `self.$field`,
+/// itself a `Timeline`: for devices that carry a timeline beside their memory.
+#[macro_export]
+macro_rules! delegate_timeline {
+    ($field:ident) => {
+        fn free_tag(&mut self) -> Option<u64> {
+            self.$field.free_tag()
+        }
+        fn unmap_tag(&mut self) -> Option<u64> {
+            self.$field.unmap_tag()
+        }
+        fn is_complete(&mut self, tag: u64) -> bool {
+            self.$field.is_complete(tag)
+        }
+        fn is_finished(&mut self, tag: u64) -> bool {
+            self.$field.is_finished(tag)
+        }
+        fn synchronize(&mut self) -> bool {
+            self.$field.synchronize()
+        }
+        fn wait_for(&mut self, tag: u64) -> bool {
+            self.$field.wait_for(tag)
+        }
+        fn now_ns(&mut self) -> u64 {
+            self.$field.now_ns()
+        }
+    };
+}
+
 /// Where segments come from (the device); freed blocks are fenced by the
 /// [`Timeline`].
 pub trait Backend: Timeline {

@@ -138,21 +138,7 @@ impl PageBackend for SimulatedPages {
 }
 
 impl Timeline for SimulatedPages {
-    fn free_tag(&mut self) -> Option<u64> {
-        self.gpu.free_tag()
-    }
-    fn unmap_tag(&mut self) -> Option<u64> {
-        self.gpu.unmap_tag()
-    }
-    fn is_complete(&mut self, tag: u64) -> bool {
-        self.gpu.is_complete(tag)
-    }
-    fn synchronize(&mut self) -> bool {
-        self.gpu.synchronize()
-    }
-    fn now_ns(&mut self) -> u64 {
-        self.gpu.now
-    }
+    crate::delegate_timeline!(gpu);
 }
 
 impl std::ops::Deref for SimulatedPages {

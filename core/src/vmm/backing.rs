@@ -1,0 +1,240 @@
+//! The pool's pages: mapping them under a block (`back`), taking the block
+//! off them (`unback`), idle pages cooling until the GPU finished with
+//! them, moved where a new block needs them, created, and given back.
+
+use super::pages::Slot;
+use super::{PageBackend, Range, VmmPool};
+
+impl<B: PageBackend> VmmPool<B> {
+    /// Pages overlapping `[addr, addr + size)` of range `seg`, by address.
+    pub(super) fn page_span(&self, seg: u32, addr: u64, size: u64) -> impl Iterator<Item = u64> {
+        let Range { addr: base, small, .. } = self.ranges[seg as usize];
+        let p = self.config.page(small);
+        let first = base + (addr - base) / p * p;
+        let last = base + (addr + size - 1 - base) / p * p;
+        (first..=last).step_by(p as usize)
+    }
+
+    /// Maps every page under `[addr, addr + size)` that is not mapped and
+    /// counts the block on each. False (nothing counted) when a page could
+    /// not be had.
+    pub(super) fn back(&mut self, seg: u32, addr: u64, size: u64) -> bool {
+        let small = self.ranges[seg as usize].small;
+        let p = self.config.page(small);
+        // Pages already mapped first, so that none of them is taken as idle
+        // for another page of the same block.
+        let mut missing = 0;
+        for a in self.page_span(seg, addr, size) {
+            match self.pages.get_mut(a) {
+                Some(pg) => {
+                    pg.refs += 1;
+                    if pg.refs == 1 {
+                        // Idle, cooling or not: used in place, no unmap.
+                        pg.cooling = None;
+                        self.idle[small as usize].remove(&a);
+                        self.stats.idle_bytes.dec(p);
+                        self.stats.in_use_bytes.inc(p);
+                    }
+                }
+                None => missing += 1,
+            }
+        }
+        if missing == 0 {
+            return true;
+        }
+        // The span from the first page mapped here to the last is mapped
+        // throughout once they are: it is granted access in one call.
+        let mut granted: Option<(u64, u64)> = None;
+        let mut ok = true;
+        for a in self.page_span(seg, addr, size) {
+            if self.pages.get(a).is_some() {
+                continue;
+            }
+            let Some(handle) = self.idle_page(p).or_else(|| self.create_page(p)) else {
+                ok = false;
+                break;
+            };
+            if !self.backend.map(a, p, handle) {
+                self.release_unmapped(handle, p);
+                ok = false;
+                break;
+            }
+            self.stats.num_maps += 1;
+            self.pages.insert(a, Slot { handle, refs: 1, cooling: None });
+            self.stats.in_use_bytes.inc(p);
+            granted = Some((granted.map_or(a, |g| g.0), a + p));
+        }
+        if let Some((from, to)) = granted {
+            self.stats.num_grants += 1;
+            ok &= self.backend.grant(from, to - from);
+        }
+        if !ok {
+            // Undo the counts: the pages of the span mapped so far (here or
+            // before) lose this block; those it alone held become idle.
+            self.unback(seg, addr, size);
+            if granted.is_some() {
+                // Pages mapped here may not be accessible: none may stay idle.
+                self.trim_idle(0);
+            }
+        }
+        ok
+    }
+
+    /// Gives back a page held but mapped nowhere.
+    pub(super) fn release_unmapped(&mut self, handle: u64, size: u64) {
+        self.backend.release_page(handle);
+        self.stats.num_page_releases += 1;
+        self.stats.reserved_bytes.dec(size);
+    }
+
+    /// Takes an idle page of `size` bytes from where it is mapped.
+    pub(super) fn idle_page(&mut self, size: u64) -> Option<u64> {
+        if !self.config.remap_idle {
+            return None;
+        }
+        self.promote();
+        let kind = [false, true].into_iter().filter(|&s| self.config.page(s) == size).max_by_key(|&s| {
+            self.idle[s as usize].last().copied().unwrap_or(0) // the highest idle page of either kind
+        })?;
+        let a = self.idle[kind as usize].pop_last()?;
+        let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
+        self.backend.unmap(a, size);
+        self.stats.num_unmaps += 1;
+        self.stats.num_remaps += 1;
+        self.stats.idle_bytes.dec(size);
+        Some(handle)
+    }
+
+    /// A new page of `size` bytes. When the device or the limit refuses it,
+    /// every idle page is given back first (pages of another size, or all of
+    /// them without `remap_idle`) and the device asked again, as PyTorch
+    /// empties its cache before an out-of-memory error.
+    pub(super) fn create_page(&mut self, size: u64) -> Option<u64> {
+        let h = match self.try_create_page(size) {
+            Some(h) => h,
+            None if self.stats.idle_bytes.current > 0 => {
+                self.trim_idle(0);
+                match self.try_create_page(size) {
+                    Some(h) => h,
+                    None if self.cool_down() => {
+                        self.trim_idle(0);
+                        self.try_create_page(size)?
+                    }
+                    None => return None,
+                }
+            }
+            None => return None,
+        };
+        self.stats.num_page_creates += 1;
+        self.stats.reserved_bytes.inc(size);
+        Some(h)
+    }
+
+    pub(super) fn try_create_page(&mut self, size: u64) -> Option<u64> {
+        if self.stats.reserved_bytes.current.saturating_add(size) > self.config.limit {
+            return None;
+        }
+        self.backend.create_page(size)
+    }
+
+    /// Takes the block off every mapped page under it; pages left with no
+    /// block become idle.
+    pub(super) fn unback(&mut self, seg: u32, addr: u64, size: u64) {
+        let small = self.ranges[seg as usize].small;
+        let p = self.config.page(small);
+        let mut tag = None;
+        for a in self.page_span(seg, addr, size) {
+            // Absent only when `back` failed before it reached this page.
+            let Some(pg) = self.pages.get_mut(a) else { continue };
+            pg.refs -= 1;
+            if pg.refs > 0 {
+                continue;
+            }
+            self.stats.in_use_bytes.dec(p);
+            self.stats.idle_bytes.inc(p);
+            // Work queued for any block that lived on the page may still run
+            // (a pending block's fence covers only its own frees): the page
+            // cools until everything queued by now is done.
+            let cool = *tag.get_or_insert_with(|| self.backend.unmap_tag());
+            let cool = cool.filter(|&t| self.finished_upto.is_none_or(|c| t > c));
+            self.pages.get_mut(a).expect("looked up above").cooling = cool;
+            match cool {
+                Some(t) => self.cooling.push_back((t, a, small)),
+                None => {
+                    self.idle[small as usize].insert(a);
+                }
+            }
+        }
+    }
+
+    /// Cooling pages whose work is done become idle pages that may be unmapped.
+    pub(super) fn promote(&mut self) {
+        while let Some(&(tag, a, small)) = self.cooling.front() {
+            if !self.tag_done(tag) {
+                return;
+            }
+            self.cooling.pop_front();
+            // The page may have been used again (or given back) since.
+            if let Some(pg) = self.pages.get_mut(a).filter(|pg| pg.refs == 0 && pg.cooling == Some(tag)) {
+                pg.cooling = None;
+                self.idle[small as usize].insert(a);
+            }
+        }
+    }
+
+    /// Has the GPU finished what was queued before `tag` (an unmap tag)?
+    pub(super) fn tag_done(&mut self, tag: u64) -> bool {
+        if self.finished_upto.is_some_and(|c| tag <= c) {
+            return true;
+        }
+        if !self.backend.is_finished(tag) {
+            return false;
+        }
+        self.finished_upto = Some(tag);
+        true
+    }
+
+    /// Waits for the GPU so that every cooling page may be unmapped; false
+    /// when waiting is impossible now (a capture).
+    pub(super) fn cool_down(&mut self) -> bool {
+        let newest = self.cooling.back().map(|&(t, _, _)| t);
+        if newest.is_none() || !self.backend.synchronize() {
+            return false;
+        }
+        self.stats.num_syncs += 1;
+        self.finished_upto = self.finished_upto.max(newest);
+        self.promote();
+        true
+    }
+
+    /// Gives idle pages back, highest address first, while more than `keep`
+    /// bytes of them are held. Returns the bytes released.
+    pub(super) fn trim_idle(&mut self, keep: u64) -> u64 {
+        let mut released = 0;
+        if self.stats.idle_bytes.current > keep {
+            self.promote();
+        }
+        // Cooling pages count as idle but stay until their work is done.
+        while self.stats.idle_bytes.current > keep {
+            let last = |s: bool| self.idle[s as usize].last().copied();
+            let small = match (last(false), last(true)) {
+                (Some(l), Some(s)) => s > l,
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (None, None) => break,
+            };
+            let a = self.idle[small as usize].pop_last().expect("checked above");
+            let p = self.config.page(small);
+            let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
+            self.backend.unmap(a, p);
+            self.backend.release_page(handle);
+            let s = &mut self.stats;
+            s.num_unmaps += 1;
+            s.num_page_releases += 1;
+            s.idle_bytes.dec(p);
+            s.reserved_bytes.dec(p);
+            released += p;
+        }
+        released
+    }
+}
