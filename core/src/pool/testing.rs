@@ -184,6 +184,12 @@ pub struct SimulatedTimeline {
     pub completed: u64,
     /// What `now_ns` answers (0 unless a caller moves it, e.g. a replay by its trace's times).
     pub now: u64,
+    /// `wait_for` orders later work behind the tag on the GPU instead of
+    /// waiting (the shim's GPU-side barrier): blocks become reusable, pages
+    /// do not become unmappable (`is_finished` still waits for `completed`).
+    pub barrier: bool,
+    /// Tags up to this were ordered by a barrier.
+    pub ordered: u64,
 }
 
 impl SimulatedTimeline {
@@ -221,7 +227,22 @@ impl Timeline for SimulatedTimeline {
     }
 
     fn is_complete(&mut self, tag: u64) -> bool {
+        tag <= self.completed.max(self.ordered)
+    }
+
+    fn is_finished(&mut self, tag: u64) -> bool {
         tag <= self.completed
+    }
+
+    fn wait_for(&mut self, tag: u64) -> bool {
+        if self.capturing {
+            return false;
+        }
+        if self.barrier {
+            self.ordered = self.ordered.max(tag);
+            return true;
+        }
+        self.synchronize()
     }
 
     fn synchronize(&mut self) -> bool {

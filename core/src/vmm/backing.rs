@@ -110,21 +110,27 @@ impl<B: PageBackend> VmmPool<B> {
     /// them without `remap_idle`) and the device asked again, as PyTorch
     /// empties its cache before an out-of-memory error.
     pub(super) fn create_page(&mut self, size: u64) -> Option<u64> {
-        let h = match self.try_create_page(size) {
-            Some(h) => h,
-            None if self.stats.idle_bytes.current > 0 => {
-                self.trim_idle(0);
-                match self.try_create_page(size) {
-                    Some(h) => h,
-                    None if self.cool_down() => {
-                        self.trim_idle(0);
-                        self.try_create_page(size)?
-                    }
-                    None => return None,
-                }
-            }
-            None => return None,
-        };
+        if let Some(h) = self.new_page(size) {
+            return Some(h);
+        }
+        if self.stats.idle_bytes.current == 0 {
+            return None;
+        }
+        self.trim_idle(0);
+        if let Some(h) = self.new_page(size) {
+            return Some(h);
+        }
+        // Idle pages the GPU may still touch: wait for it, then give them back.
+        if !self.cool_down() {
+            return None;
+        }
+        self.trim_idle(0);
+        self.new_page(size)
+    }
+
+    /// A new page, if the limit and the device allow it now.
+    pub(super) fn new_page(&mut self, size: u64) -> Option<u64> {
+        let h = self.try_create_page(size)?;
         self.stats.num_page_creates += 1;
         self.stats.reserved_bytes.inc(size);
         Some(h)

@@ -413,9 +413,6 @@ impl<B: PageBackend> VmmPool<B> {
             return Err(OutOfMemory);
         };
         let small = rounded <= self.config.small_max;
-        if !self.pending.is_empty() {
-            self.make_room(small, rounded);
-        }
         match self.try_allocate(small, rounded, requested) {
             Some(b) => Ok(b),
             // Every pending block back first: waiting costs less than failing.
@@ -435,9 +432,18 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     fn try_allocate(&mut self, small: bool, rounded: u64, requested: u64) -> Option<Block> {
-        let i = self.find_virtual(small, rounded)?;
+        let mut i = self.find_virtual(small, rounded)?;
         self.split(i, rounded);
-        let b = self.blocks[i];
+        let mut b = self.blocks[i];
+        if !self.pending.is_empty() && self.unmapped_pages(b.seg, b.addr, b.size) > self.movable_pages(small) {
+            // A miss: the pages it needs exist only under blocks freed
+            // before queued work. Reclaim (or wait for) those, then place again.
+            self.make_free(i);
+            self.make_room(small, rounded);
+            i = self.find_virtual(small, rounded)?;
+            self.split(i, rounded);
+            b = self.blocks[i];
+        }
         if !self.back(b.seg, b.addr, b.size) {
             self.make_free(i);
             return None;
@@ -461,14 +467,11 @@ impl<B: PageBackend> VmmPool<B> {
     /// what is held (new pages would sit idle once they complete).
     #[cold]
     fn make_room(&mut self, small: bool, rounded: u64) {
-        let need = rounded + self.config.page(small);
-        if self.stats.idle_bytes.current >= need {
-            return;
-        }
+        let need = (rounded / self.config.page(small)) + 1;
         self.reclaim_completed();
         while let Some(&(_, tag)) = self.pending.front() {
             let pending = self.stats.pending_bytes.current;
-            if self.stats.idle_bytes.current >= need
+            if self.movable_pages(small) >= need
                 || pending < rounded
                 || pending.saturating_mul(self.config.wait_share) < self.stats.reserved_bytes.current
                 || !self.backend.wait_for(tag)
@@ -479,6 +482,17 @@ impl<B: PageBackend> VmmPool<B> {
             self.completed_upto = self.completed_upto.max(Some(tag));
             self.reclaim_completed();
         }
+    }
+
+    /// Idle pages of the kind a request of this size uses that may move now
+    /// (not cooling).
+    fn movable_pages(&self, small: bool) -> u64 {
+        let page = self.config.page(small);
+        [false, true]
+            .into_iter()
+            .filter(|&s| self.config.page(s) == page)
+            .map(|s| self.idle[s as usize].len() as u64)
+            .sum()
     }
 
     /// Frees a block returned by [`VmmPool::allocate`]. An id that does not

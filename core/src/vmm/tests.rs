@@ -264,3 +264,37 @@ fn a_hole_with_its_pages_mapped_wins_over_a_tighter_one_without() {
     assert_eq!(b.addr, x1.addr, "placed on mapped pages, not in the tighter unmapped hole");
     assert_eq!((p.stats().num_page_creates, p.stats().num_maps), (creates, maps), "no driver call");
 }
+
+#[test]
+fn a_miss_behind_pending_frees_orders_them_and_reuses_their_pages_in_place() {
+    use crate::pool::testing::Fences;
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { keep_free: 0, window_ns: 0, ..VmmConfig::default() });
+    let a = p.allocate(8 * MIB).unwrap();
+    // Three 4 MiB holes between live 2 MiB blocks: idle pages, but each
+    // hole too small for the request below.
+    let holes: Vec<Block> = (0..3)
+        .map(|_| {
+            let h = p.allocate(4 * MIB).unwrap();
+            p.allocate(2 * MIB).unwrap();
+            h
+        })
+        .collect();
+    p.backend_mut().barrier = true; // waits order work on the GPU, they do not finish it
+    p.backend_mut().launch();
+    for h in &holes {
+        p.free(h.id); // no fence needed for reuse, but their pages cool
+    }
+    assert_eq!(p.stats().idle_bytes.current, 12 * MIB);
+    p.backend_mut().fences = Fences::AtQueued;
+    p.free(a.id);
+    assert_eq!(p.pending_blocks(), 1);
+    let creates = p.stats().num_page_creates;
+    // The request fits only beyond the mapped pages, and the idle ones cannot
+    // move yet: the pending block is ordered behind instead and its pages
+    // are used where they are.
+    let b = p.allocate(8 * MIB).unwrap();
+    assert_eq!(b.addr, a.addr);
+    assert_eq!(p.stats().num_page_creates, creates, "no page created");
+    assert_eq!((p.stats().num_waits, p.stats().num_remaps), (1, 0));
+    assert!(p.backend().unmapped.is_empty(), "nothing unmapped while the work may run");
+}
