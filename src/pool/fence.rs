@@ -150,6 +150,30 @@ impl CudaBackend {
         true
     }
 
+    /// The tag of a free (or an idle page) now. Fences eagerly
+    /// (rate-limited): by the time memory runs short, the fences of earlier
+    /// frees have mostly completed and their blocks are reusable, instead of
+    /// every pending block waiting on a fence recorded only at the miss
+    /// (behind all the work queued since). A fence costs an event record per
+    /// stream; frees within one interval (`fence_us`) share it.
+    fn tag_now(&mut self) -> u64 {
+        let tag = self.epoch;
+        if clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
+            self.record_fence();
+        }
+        tag
+    }
+
+    /// Is `tag` up to the `mark` (completed or finished) yet? Polls, and
+    /// records a fence for it when none covers it.
+    fn reached(&mut self, tag: u64, mark: fn(&CudaBackend) -> u64) -> bool {
+        self.poll();
+        if tag > mark(self) && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
+            self.poll();
+        }
+        tag <= mark(self)
+    }
+
     fn poll(&mut self) {
         while let Some((epoch, events)) = self.fences.front() {
             if !events.iter().all(|&e| query(e)) {
@@ -189,44 +213,22 @@ impl Timeline for CudaBackend {
         if !streams::MULTI_STREAM.load(Ordering::Acquire) {
             return None;
         }
-        let tag = self.epoch;
-        // Fence eagerly (rate-limited): by the time memory runs short, the
-        // fences of earlier frees have mostly completed and their blocks are
-        // reusable, instead of every pending block waiting on a fence recorded
-        // only at the miss (behind all the work queued since).
-        // A fence costs an event record per stream; blocks freed within one
-        // interval (`fence_us`) share it.
-        if clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
-            self.record_fence();
-        }
-        Some(tag)
+        Some(self.tag_now())
     }
 
     /// Unmapping is not ordered behind queued work on any stream, the legacy
     /// one included: every page that goes idle waits for a fence, with one
     /// stream or many.
     fn unmap_tag(&mut self) -> Option<u64> {
-        let tag = self.epoch;
-        if clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
-            self.record_fence();
-        }
-        Some(tag)
+        Some(self.tag_now())
     }
 
     fn is_complete(&mut self, tag: u64) -> bool {
-        self.poll();
-        if tag > self.completed && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
-            self.poll();
-        }
-        tag <= self.completed
+        self.reached(tag, |b| b.completed)
     }
 
     fn is_finished(&mut self, tag: u64) -> bool {
-        self.poll();
-        if tag > self.finished && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
-            self.poll();
-        }
-        tag <= self.finished
+        self.reached(tag, |b| b.finished)
     }
 
     fn wait_for(&mut self, tag: u64) -> bool {

@@ -691,27 +691,37 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev
 
 static int inside_range(const struct alloc *a, const void *arg);
 
+/* Forgets a live reservation and the mappings still inside it (g_lock held). */
+static void free_reservation(struct reservation *v)
+{
+    uintptr_t range[2] = {v->base, v->size};
+    tab_drop_if(inside_range, range);
+    set_del(&g_resv, v);
+    munmap(v->map_base, v->map_len);
+    free(v);
+}
+
+/* Forgets a live VMM handle; mappings keep its pages until unmapped (g_lock held). */
+static void free_vmm_handle(struct vmm_handle *h)
+{
+    set_del(&g_vmm, h);
+    close(h->fd);
+    g_used[h->device] -= h->size;
+    free(h);
+}
+
 /* The VMM handles and reservations made in `ctx` die with it (g_lock held). */
 static void drop_vmm_of(struct CUctx_st *ctx)
 {
     for (size_t i = g_resv.n; i-- > 0;) {
         struct reservation *v = g_resv.items[i];
-        if (v->ctx != ctx)
-            continue;
-        uintptr_t range[2] = {v->base, v->size};
-        tab_drop_if(inside_range, range);
-        set_del(&g_resv, v);
-        munmap(v->map_base, v->map_len);
-        free(v);
+        if (v->ctx == ctx)
+            free_reservation(v);
     }
     for (size_t i = g_vmm.n; i-- > 0;) {
         struct vmm_handle *h = g_vmm.items[i];
-        if (h->ctx != ctx)
-            continue;
-        set_del(&g_vmm, h);
-        close(h->fd);
-        g_used[h->device] -= h->size;
-        free(h);
+        if (h->ctx == ctx)
+            free_vmm_handle(h);
     }
 }
 
@@ -1004,15 +1014,13 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         return r;
     struct vmm_handle *h = (struct vmm_handle *)(uintptr_t)handle;
     pthread_mutex_lock(&g_lock);
-    if (!set_del(&g_vmm, h)) {
+    if (!set_has(&g_vmm, h)) {
         r = CUDA_ERROR_INVALID_VALUE;
         goto out;
     }
     /* Existing mappings keep the pages alive until unmapped, as on a GPU. */
-    close(h->fd);
-    g_used[h->device] -= h->size;
+    free_vmm_handle(h);
     g_stats.vmm_releases++;
-    free(h);
 out:
     pthread_mutex_unlock(&g_lock);
     return r;
@@ -1085,15 +1093,10 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
         if (c->base == ptr && c->size == size)
             v = c;
     }
-    if (!v) {
+    if (!v)
         r = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        uintptr_t range[2] = {v->base, v->size};
-        tab_drop_if(inside_range, range); /* forget mappings still inside */
-        set_del(&g_resv, v);
-        munmap(v->map_base, v->map_len);
-        free(v);
-    }
+    else
+        free_reservation(v);
     pthread_mutex_unlock(&g_lock);
     return r;
 }

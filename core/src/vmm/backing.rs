@@ -81,14 +81,14 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// Gives back a page held but mapped nowhere.
-    pub(super) fn release_unmapped(&mut self, handle: u64, size: u64) {
+    fn release_unmapped(&mut self, handle: u64, size: u64) {
         self.backend.release_page(handle);
         self.stats.num_page_releases += 1;
         self.stats.reserved_bytes.dec(size);
     }
 
     /// Takes an idle page of `size` bytes from where it is mapped.
-    pub(super) fn idle_page(&mut self, size: u64) -> Option<u64> {
+    fn idle_page(&mut self, size: u64) -> Option<u64> {
         if !self.config.remap_idle {
             return None;
         }
@@ -97,19 +97,24 @@ impl<B: PageBackend> VmmPool<B> {
             self.idle[s as usize].last().copied().unwrap_or(0) // the highest idle page of either kind
         })?;
         let a = self.idle[kind as usize].pop_last()?;
+        self.stats.num_remaps += 1;
+        Some(self.unmap_idle(a, size))
+    }
+
+    /// Unmaps the idle page at `a` (taken off the idle set); returns its handle.
+    fn unmap_idle(&mut self, a: u64, size: u64) -> u64 {
         let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
         self.backend.unmap(a, size);
         self.stats.num_unmaps += 1;
-        self.stats.num_remaps += 1;
         self.stats.idle_bytes.dec(size);
-        Some(handle)
+        handle
     }
 
     /// A new page of `size` bytes. When the device or the limit refuses it,
     /// every idle page is given back first (pages of another size, or all of
     /// them without `remap_idle`) and the device asked again, as PyTorch
     /// empties its cache before an out-of-memory error.
-    pub(super) fn create_page(&mut self, size: u64) -> Option<u64> {
+    fn create_page(&mut self, size: u64) -> Option<u64> {
         if let Some(h) = self.new_page(size) {
             return Some(h);
         }
@@ -129,7 +134,7 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// A new page, if the limit and the device allow it now.
-    pub(super) fn new_page(&mut self, size: u64) -> Option<u64> {
+    fn new_page(&mut self, size: u64) -> Option<u64> {
         let h = self.try_create_page(size)?;
         self.stats.num_page_creates += 1;
         self.stats.reserved_bytes.inc(size);
@@ -189,7 +194,7 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// Has the GPU finished what was queued before `tag` (an unmap tag)?
-    pub(super) fn tag_done(&mut self, tag: u64) -> bool {
+    fn tag_done(&mut self, tag: u64) -> bool {
         if self.finished_upto.is_some_and(|c| tag <= c) {
             return true;
         }
@@ -231,14 +236,8 @@ impl<B: PageBackend> VmmPool<B> {
             };
             let a = self.idle[small as usize].pop_last().expect("checked above");
             let p = self.config.page(small);
-            let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
-            self.backend.unmap(a, p);
-            self.backend.release_page(handle);
-            let s = &mut self.stats;
-            s.num_unmaps += 1;
-            s.num_page_releases += 1;
-            s.idle_bytes.dec(p);
-            s.reserved_bytes.dec(p);
+            let handle = self.unmap_idle(a, p);
+            self.release_unmapped(handle, p);
             released += p;
         }
         released
