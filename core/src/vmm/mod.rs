@@ -273,7 +273,7 @@ pub struct VmmPool<B: PageBackend> {
     /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
     pending: VecDeque<(u32, u64)>,
     /// [`VmmPool::forget`]: nothing is held, nothing is handed out.
-    discarded: bool,
+    forgotten: bool,
     /// Highest tag known to be complete (reuse is safe).
     completed_upto: Option<u64>,
     /// Highest unmap tag known to be finished (unmapping is safe).
@@ -299,7 +299,7 @@ impl<B: PageBackend> VmmPool<B> {
             idle: [BTreeSet::new(), BTreeSet::new()],
             cooling: VecDeque::new(),
             pending: VecDeque::new(),
-            discarded: false,
+            forgotten: false,
             completed_upto: None,
             finished_upto: None,
             high_water: (0, 0),
@@ -408,7 +408,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// Allocates a block of at least `requested` bytes (0 is served as 1).
     /// Fails after waiting for the GPU and giving idle pages back failed too.
     pub fn allocate(&mut self, requested: u64) -> Result<Block, OutOfMemory> {
-        let Some(rounded) = round_size(requested).filter(|&r| r <= self.config.limit && !self.discarded) else {
+        let Some(rounded) = round_size(requested).filter(|&r| r <= self.config.limit && !self.forgotten) else {
             self.stats.num_ooms += 1;
             return Err(OutOfMemory);
         };
@@ -432,18 +432,16 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     fn try_allocate(&mut self, small: bool, rounded: u64, requested: u64) -> Option<Block> {
-        let mut i = self.find_virtual(small, rounded)?;
-        self.split(i, rounded);
-        let mut b = self.blocks[i];
-        if !self.pending.is_empty() && self.unmapped_pages(b.seg, b.addr, b.size) > self.movable_pages(small) {
+        let (mut i, missing) = self.find_virtual(small, rounded)?;
+        if !self.pending.is_empty() && missing > self.movable_pages(small) {
             // A miss: the pages it needs exist only under blocks freed
             // before queued work. Reclaim (or wait for) those, then place again.
             self.make_free(i);
             self.make_room(small, rounded);
-            i = self.find_virtual(small, rounded)?;
-            self.split(i, rounded);
-            b = self.blocks[i];
+            (i, _) = self.find_virtual(small, rounded)?;
         }
+        self.split(i, rounded);
+        let b = self.blocks[i];
         if !self.back(b.seg, b.addr, b.size) {
             self.make_free(i);
             return None;
@@ -598,7 +596,7 @@ impl<B: PageBackend> VmmPool<B> {
         for st in [&mut s.reserved_bytes, &mut s.in_use_bytes, &mut s.idle_bytes] {
             st.dec(st.current);
         }
-        self.discarded = true;
+        self.forgotten = true;
     }
 
     /// Reclaims the pending blocks whose work is done, then gives every
@@ -616,8 +614,9 @@ impl<B: PageBackend> VmmPool<B> {
     // ---- internals -------------------------------------------------------
 
     /// Best-fit free virtual block for `rounded` bytes, removed from the
-    /// index; reserves a new range when none fits.
-    fn find_virtual(&mut self, small: bool, rounded: u64) -> Option<u32> {
+    /// index, with the pages its first `rounded` bytes lack; reserves a new
+    /// range when none fits.
+    fn find_virtual(&mut self, small: bool, rounded: u64) -> Option<(u32, u64)> {
         let k = small as usize;
         if self.free[k].best_fit(rounded).is_none() {
             let p = self.config.page(small);
@@ -638,17 +637,17 @@ impl<B: PageBackend> VmmPool<B> {
             });
             self.free[k].insert(size, addr, i);
         }
-        let e = self.placement(k, rounded)?;
+        let (e, missing) = self.placement(k, rounded)?;
         self.free[k].remove(e.size, e.addr);
-        Some(e.idx)
+        Some((e.idx, missing))
     }
 
     /// Where a block of `rounded` bytes goes: the best fit, unless one of the
     /// next few fits needs fewer pages mapped for it. A hole whose pages are
     /// still mapped is used in place, with no driver call and nothing to wait
     /// for; one whose pages went elsewhere would take idle pages (unmapping
-    /// them, punching a new hole) or new ones.
-    fn placement(&self, k: usize, rounded: u64) -> Option<Entry> {
+    /// them, punching a new hole) or new ones. With it, the pages it lacks.
+    fn placement(&self, k: usize, rounded: u64) -> Option<(Entry, u64)> {
         let mut best: Option<(u64, Entry)> = None;
         for e in self.free[k].fits(rounded).take(PLACEMENT_CANDIDATES) {
             let missing = self.unmapped_pages(self.blocks[e.idx].seg, e.addr, rounded);
@@ -659,7 +658,7 @@ impl<B: PageBackend> VmmPool<B> {
                 break;
             }
         }
-        best.map(|(_, e)| e)
+        best.map(|(missing, e)| (e, missing))
     }
 
     /// Pages under `[addr, addr + size)` of range `seg` that are not mapped.
