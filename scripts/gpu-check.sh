@@ -88,9 +88,11 @@ pooled=$($bin/cupool run -q --log-dir $work/ptr-query --mode pool -- $work/ptr_q
 rows+=("ptr-query-pool         | $([ -n "$plain" ] && [ "$plain" = "$pooled" ] && echo PASS || echo FAIL)                                     | pool: ${pooled#result: } (plain: ${plain#result: })")
 
 # IPC: a receiver sees each block's own bytes, or (outside cupool) an error.
-while read -r line; do
-  rows+=("$(printf '%-22s' "ipc-$(echo "$line" | awk '{print $2}')") | $(echo "$line" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | ${line#result: }")
-done < <(timeout 180 python3 $src/ipc_check.py $work/ipc $bin/cupool $work/ipc-logs | grep '^result:')
+for backing in segments vmm; do
+  while read -r line; do
+    rows+=("$(printf '%-22s' "ipc-$(echo "$line" | awk '{print ($2 == "segments" ? "" : $2 "-") $3}')") | $(echo "$line" | grep -q 'ok=1' && echo PASS || echo FAIL)                                     | ${line#result: }")
+  done < <(timeout 180 python3 $src/ipc_check.py $work/ipc $bin/cupool $work/ipc-logs-$backing $backing | grep '^result:')
+done
 # PyTorch shares CUDA tensors only with its caching allocator on: without it,
 # `_share_cuda_` raises "invalid device pointer" with or without cupool.
 for mode in passthrough pool; do

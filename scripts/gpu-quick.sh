@@ -24,9 +24,11 @@ for mode in passthrough pool; do
 done
 plain=$($work/ptr_query | grep '^result:'); pooled=$($bin/cupool run -q --log-dir $work/pq --mode pool -- $work/ptr_query | grep '^result:')
 row ptr-query-pool "$([ -n "$plain" ] && [ "$plain" = "$pooled" ] && echo PASS || echo FAIL)" "${pooled#result: }"
-while read -r line; do
-  row "ipc-$(echo "$line" | awk '{print $2}')" "$(echo "$line" | grep -q 'ok=1' && echo PASS || echo FAIL)" "${line#result: }"
-done < <(timeout 150 python3 $src/ipc_check.py $work/ipc $bin/cupool $work/ipc-logs | grep '^result:')
+for backing in segments vmm; do
+  while read -r line; do
+    row "ipc-$(echo "$line" | awk '{print ($2 == "segments" ? "" : $2 "-") $3}')" "$(echo "$line" | grep -q 'ok=1' && echo PASS || echo FAIL)" "${line#result: }"
+  done < <(timeout 150 python3 $src/ipc_check.py $work/ipc $bin/cupool $work/ipc-logs-$backing $backing | grep '^result:')
+done
 got=$(timeout 120 $bin/cupool run -q --log-dir $work/tipc --mode pool -- python3 $src/torch_ipc.py 2>&1 | grep '^result:')
 row torch-ipc-pool "$(echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)" "$got"
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/nvtx --mode pool -- python3 $src/torch_nvtx.py >/dev/null 2>&1

@@ -138,14 +138,13 @@ fn pointer_queries_describe_the_block_on_vmm_pages() {
     assert_eq!(r.log["end"]["pools"][0]["backing"], "vmm");
 }
 
+/// Export rules hold on VMM pages as on segments: a handle keeps exactly
+/// the exported block out of reuse, and freed memory cannot be exported.
 #[test]
-fn ipc_export_of_a_vmm_block_fails_with_cudas_error() {
+fn ipc_export_of_a_vmm_block_keeps_it_out_of_reuse() {
     let prog = compile_runtime_program("ipcrules", "ipc_export_rules.c");
     let r = run(&prog, &[], VMM);
     let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
-    // Legacy IPC cannot name VMM pages: CUDA's error for VMM memory, never a
-    // handle of other memory; a freed block is refused as before.
-    assert_eq!((v("a_export"), v("freed_export")), (1, 1), "cudaErrorInvalidValue");
-    let notes = r.log["end"]["notes"].to_string();
-    assert!(notes.contains("cannot name VMM pages"), "{notes}");
+    assert_eq!(["freed_export", "b_reused", "a_export", "a_kept"].map(v), [1, 1, 0, 1], "freed_export b_reused a_export a_kept");
+    assert_eq!(r.log["end"]["pools"][0]["backing"], "vmm");
 }

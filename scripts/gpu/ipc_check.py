@@ -3,13 +3,18 @@ the exporter and the importer each run plainly or under `cupool run`, and the
 importer must see each block's own bytes, or get an error — never another
 block's. Prints one `result:` line per combination.
 
-usage: ipc_check.py IPC_BINARY CUPOOL_BINARY LOG_DIR"""
+With BACKING=vmm the pool carves the blocks from VMM pages, which legacy IPC
+cannot name: every handle of a pooled block is then sealed, so a receiver
+outside cupool is refused all four, and one under cupool maps the pages.
+
+usage: ipc_check.py IPC_BINARY CUPOOL_BINARY LOG_DIR [BACKING]"""
 import subprocess, sys, threading
 
 ipc, cupool, logs = sys.argv[1:4]
+backing = sys.argv[4] if len(sys.argv) > 4 else "segments"
 
 def launch(mode, role, tag):
-    cmd = [ipc, role] if mode == "plain" else [cupool, "run", "-q", "--mode", mode, "--log-dir", f"{logs}/{tag}-{role}", "--", ipc, role]
+    cmd = [ipc, role] if mode == "plain" else [cupool, "run", "-q", "--mode", mode, "-o", f"backing={backing}", "--log-dir", f"{logs}/{tag}-{role}", "--", ipc, role]
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
 def until(proc, word):
@@ -69,7 +74,9 @@ def body(ex, tag, start_importer, exporter_mode, importer_mode):
     refused = sorted(n for n, g in seen.items() if g and g[0].split(':')[0] != '0')
     # Only a receiver outside cupool may be refused, and only the blocks a
     # pool placed past the start of their segment.
-    expect_refused = ["b", "b_driver", "b_interior"] if (exporter_mode, importer_mode) == ("pool", "plain") else []
+    expect_refused = []
+    if (exporter_mode, importer_mode) == ("pool", "plain"):
+        expect_refused = ["a", "b", "b_driver", "b_interior"] if backing == "vmm" else ["b", "b_driver", "b_interior"]
     if refused != expect_refused:
         wrong.append(f"refused={refused} expected {expect_refused}")
     distance = next((h.split()[1] for h in handles if h.startswith("distance_b_a")), "?")
@@ -77,7 +84,7 @@ def body(ex, tag, start_importer, exporter_mode, importer_mode):
     if ex.returncode or im.returncode:
         wrong.append(f"exit codes {ex.returncode}/{im.returncode}")
     verdict = "ok=0" if wrong else "ok=1"
-    print(f"result: {tag} {verdict} wrong={wrong} refused={refused} b_minus_a={distance} {closed.replace(' ', '=')}", flush=True)
+    print(f"result: {backing} {tag} {verdict} wrong={wrong} refused={refused} b_minus_a={distance} {closed.replace(' ', '=')}", flush=True)
 
 for e, i in [("passthrough", "plain"), ("pool", "pool"), ("pool", "plain"), ("pool", "passthrough")]:
     combo(e, i)

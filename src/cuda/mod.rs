@@ -33,6 +33,8 @@ pub const SUCCESS: Status = DriverError::CUDA_SUCCESS as Status;
 pub const INVALID_VALUE: Status = DriverError::CUDA_ERROR_INVALID_VALUE as Status;
 /// `cudaErrorMemoryAllocation` too.
 pub const OUT_OF_MEMORY: Status = DriverError::CUDA_ERROR_OUT_OF_MEMORY as Status;
+/// `cudaErrorDeviceUninitialized` ("invalid device context") too.
+pub const INVALID_CONTEXT: Status = DriverError::CUDA_ERROR_INVALID_CONTEXT as Status;
 /// "Not found": what `cuMemGetAddressRange` answers for memory that is not allocated.
 pub const NOT_FOUND: Status = DriverError::CUDA_ERROR_NOT_FOUND as Status;
 /// What a hook returns when the real function does not exist at all, so

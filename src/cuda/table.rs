@@ -96,6 +96,9 @@ table! {
         cuMemUnmap: fn(CUdeviceptr, usize) -> Status;
         // The VMM-backed pool's own calls (not hooked).
         cuMemAddressReserve: fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> Status;
+        cuMemAddressFree: fn(CUdeviceptr, usize) -> Status;
+        cuMemExportToShareableHandle: fn(Ptr, CUmemGenericAllocationHandle, c_int, c_ulonglong) -> Status;
+        cuMemImportFromShareableHandle: fn(*mut CUmemGenericAllocationHandle, Ptr, c_int) -> Status;
         cuMemSetAccess: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> Status;
         cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, c_int) -> Status;
         cuDeviceGetCount: fn(*mut c_int) -> Status;

@@ -32,23 +32,28 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
     handle: CUipcMemHandle,
     flags: c_uint,
 ) -> Status {
-    open_into(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle_v2(p, h, flags)))
+    open_into(pdptr, handle, false, |p, h| real!(cuIpcOpenMemHandle_v2(p, h, flags)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> Status {
-    open_into(pdptr, handle, |p, h| real!(cuIpcOpenMemHandle(p, h, flags)))
+    open_into(pdptr, handle, false, |p, h| real!(cuIpcOpenMemHandle(p, h, flags)))
 }
 
 /// An open through the driver or the runtime: `out` is where the caller
 /// wants the address (a `CUdeviceptr` or a `void *`, both 64 bits), `real`
-/// the real open writing there.
-unsafe fn open_into<H: Copy>(out: *mut u64, handle: H, real: impl FnOnce(*mut u64, H) -> Status) -> Status {
+/// the real open writing there; `runtime`: the runtime's entry point.
+unsafe fn open_into<H: Copy>(
+    out: *mut u64,
+    handle: H,
+    runtime: bool,
+    real: impl FnOnce(*mut u64, H) -> Status,
+) -> Status {
     if out.is_null() {
         return real(out, handle);
     }
     let mut block = 0;
-    let r = ipc::open(bytes(&handle), &mut block, |h| {
+    let r = ipc::open(bytes(&handle), &mut block, runtime, |h| {
         let mut base = 0u64;
         (real(&mut base, from_bytes(h)), base)
     });
@@ -74,7 +79,7 @@ pub unsafe extern "C" fn cudaIpcOpenMemHandle(
     handle: cudaIpcMemHandle_t,
     flags: c_uint,
 ) -> Status {
-    open_into(dev_ptr.cast::<u64>(), handle, |p, h| real!(cudaIpcOpenMemHandle(p.cast(), h, flags)))
+    open_into(dev_ptr.cast::<u64>(), handle, true, |p, h| real!(cudaIpcOpenMemHandle(p.cast(), h, flags)))
 }
 
 #[no_mangle]

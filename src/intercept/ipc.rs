@@ -19,9 +19,10 @@
 //! may read it through its handle until its own close; CUDA keeps freed
 //! exported memory alive the same way).
 
-use crate::cuda::{Status, INVALID_VALUE, SUCCESS};
+use crate::cuda::{Status, INVALID_CONTEXT, INVALID_VALUE, SUCCESS};
 use crate::pool;
 pub use crate::pool::ipc::Handle;
+use crate::pool::ipc::{Mapping, Sealed};
 use crate::runtime::{diag, guard::Guard};
 
 /// `CUDA_ERROR_NOT_SUPPORTED`.
@@ -45,16 +46,7 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
         _ => return real(ptr),
     };
     if block.vmm {
-        // Legacy IPC cannot name memory mapped from cuMemCreate pages: CUDA
-        // answers such a pointer with this error too. Never a wrong handle.
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            crate::observe::remark(
-                "backing=vmm: a pooled block was exported through CUDA IPC, which cannot name VMM pages: the \
-                 export failed with CUDA_ERROR_INVALID_VALUE (use backing=segments for programs that share memory)",
-            )
-        });
-        return INVALID_VALUE;
+        return export_pages(&block, handle);
     }
     let offset = block.addr - block.segment;
     let r = real(block.segment);
@@ -72,15 +64,58 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
     NOT_SUPPORTED
 }
 
-/// `cuIpcOpenMemHandle` and `cudaIpcOpenMemHandle`: `real(handle)` opens a
-/// driver handle and returns (result, mapped base).
-pub fn open(handle: &Handle, out: &mut u64, real: impl FnOnce(&Handle) -> (Status, u64)) -> Status {
-    let Some((driver_handle, offset)) = pool::ipc::unseal(handle) else {
-        let (r, base) = real(handle);
-        if r == SUCCESS {
-            *out = base;
+/// A block on VMM pages, which legacy IPC cannot name: its pages are
+/// published to this process's broker, and the handle is a sealed ticket
+/// for them (`pool::ipc`).
+unsafe fn export_pages(block: &pool::PooledBlock, handle: *mut Handle) -> Status {
+    if handle.is_null() {
+        return INVALID_VALUE;
+    }
+    let published = diag::shielded(|| pool::publish_pages(block)).unwrap_or(Err(INVALID_VALUE));
+    match published {
+        Ok(ticket) => {
+            *handle = pool::ipc::seal_pages(ticket);
+            diag::shielded(|| pool::exported(block));
+            SUCCESS
         }
-        return r;
+        Err(r) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                crate::observe::remark(&format!(
+                    "backing=vmm: a pooled block exported through CUDA IPC could not be shared (its pages have no \
+                     shareable handle, error {r}): the export failed with that error (backing=segments shares \
+                     through legacy handles)"
+                ))
+            });
+            r
+        }
+    }
+}
+
+/// `cuIpcOpenMemHandle` and `cudaIpcOpenMemHandle`: `real(handle)` opens a
+/// driver handle and returns (result, mapped base); `runtime`: the call came
+/// through the runtime, which makes its context current first.
+pub fn open(handle: &Handle, out: &mut u64, runtime: bool, real: impl FnOnce(&Handle) -> (Status, u64)) -> Status {
+    let (driver_handle, offset) = match pool::ipc::unseal(handle) {
+        None => {
+            let (r, base) = real(handle);
+            if r == SUCCESS {
+                *out = base;
+            }
+            return r;
+        }
+        Some(Sealed::Pages(ticket)) => {
+            if runtime {
+                // What the runtime's own open would do first: initialize
+                // and make its device's context current (cudaFree(NULL)).
+                let r = unsafe { crate::real!(cudaFree(std::ptr::null_mut())) };
+                if r != SUCCESS {
+                    return r;
+                }
+            }
+            return open_pages(ticket, out);
+        }
+        Some(Sealed::Segment { driver, offset }) => (driver, offset),
     };
     let (r, base) = real(&driver_handle);
     if r != SUCCESS {
@@ -93,19 +128,50 @@ pub fn open(handle: &Handle, out: &mut u64, real: impl FnOnce(&Handle) -> (Statu
         return INVALID_VALUE;
     }
     *out = base + offset;
-    diag::shielded(|| pool::ipc::opened(*out, base));
+    diag::shielded(|| pool::ipc::opened(*out, Mapping::Segment { base }));
     SUCCESS
+}
+
+/// A block on another process's VMM pages: mapped here from its pages'
+/// shareable handles, once per process however often it is opened.
+fn open_pages(ticket: pool::ipc::Ticket, out: &mut u64) -> Status {
+    if ticket.pid == std::process::id() {
+        // CUDA refuses to open a process's own handle.
+        return INVALID_CONTEXT;
+    }
+    if let Some(block) = diag::shielded(|| pool::ipc::reopen(ticket)).flatten() {
+        *out = block;
+        return SUCCESS;
+    }
+    match diag::shielded(|| pool::ipc::pages::import(ticket)).unwrap_or(Err(INVALID_VALUE)) {
+        Ok((block, mapping)) => {
+            *out = block;
+            diag::shielded(|| pool::ipc::opened(block, Mapping::Pages(mapping)));
+            SUCCESS
+        }
+        Err(r) => r,
+    }
 }
 
 /// `cuIpcCloseMemHandle` and `cudaIpcCloseMemHandle`: a block opened from a
 /// sealed handle closes its segment's mapping.
 pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
-    let base = diag::shielded(|| pool::ipc::opened_at(ptr)).flatten();
-    let r = real(base.unwrap_or(ptr));
-    if r == SUCCESS && base.is_some() {
-        diag::shielded(|| pool::ipc::closed(ptr));
+    match diag::shielded(|| pool::ipc::opened_at(ptr)).flatten() {
+        None => real(ptr),
+        Some(Mapping::Segment { base }) => {
+            let r = real(base);
+            if r == SUCCESS {
+                diag::shielded(|| pool::ipc::closed(ptr));
+            }
+            r
+        }
+        Some(Mapping::Pages(_)) => {
+            if let Some(Some(Mapping::Pages(last))) = diag::shielded(|| pool::ipc::closed(ptr)) {
+                diag::shielded(|| pool::ipc::pages::unmap(&last));
+            }
+            SUCCESS
+        }
     }
-    r
 }
 
 /// Is `offset` inside the mapping at `base`? (When the driver cannot say,

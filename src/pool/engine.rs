@@ -10,7 +10,7 @@ use crate::runtime::{diag, options};
 use cupool_core::log::{self, PagesRecord, PoolRecord};
 use cupool_core::options::{Backing, GiveBack as Policy};
 use cupool_core::pool::{Block, BlockId, BlockInfo, Fragmentation, GiveBack, OutOfMemory, Pool, PoolConfig, Stat};
-use cupool_core::vmm::{VmmConfig, VmmPool};
+use cupool_core::vmm::{PageInfo, VmmConfig, VmmPool};
 
 pub enum Engine {
     Segments(Pool<CudaBackend>),
@@ -117,6 +117,14 @@ impl Engine {
         match self {
             Engine::Segments(p) => p.lookup(ptr),
             Engine::Pages(p) => p.lookup(ptr),
+        }
+    }
+
+    /// The pages under the block at `ptr`, when it lies on VMM pages.
+    pub fn block_pages(&self, ptr: u64) -> Option<Vec<PageInfo>> {
+        match self {
+            Engine::Segments(_) => None,
+            Engine::Pages(p) => p.block_pages(ptr),
         }
     }
 

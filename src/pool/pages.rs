@@ -9,7 +9,7 @@
 //! broken: the context's later allocations go to CUDA (`engine.rs`).
 
 use super::fence::{CudaBackend, InContext};
-use crate::cuda::{CUdevice, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, SUCCESS};
+use crate::cuda::{CUdevice, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, OUT_OF_MEMORY, SUCCESS};
 use crate::real;
 use crate::runtime::clock;
 use cudarc::driver::sys::{
@@ -28,6 +28,10 @@ pub struct CudaPages {
     access: Vec<CUmemAccessDesc>,
     /// A map or grant was refused: no more blocks from these pages.
     pub broken: bool,
+    /// Pages are created with a POSIX file descriptor handle, so a block
+    /// exported through IPC can be shared (`pool::ipc`); dropped where the
+    /// device refuses it.
+    shareable: bool,
     pub costs: PageCosts,
 }
 
@@ -35,11 +39,17 @@ fn location(device: i32) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
 }
 
-fn page_properties(device: i32) -> CUmemAllocationProp {
+fn page_properties(device: i32, shareable: bool) -> CUmemAllocationProp {
     // SAFETY: a plain C struct; all-zero is its documented "nothing asked" state.
     let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    // As PyTorch's expandable segments ask for them: a file descriptor per
+    // page, only made when a block is exported.
+    prop.requestedHandleTypes = if shareable {
+        CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    } else {
+        CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+    };
     prop.location = location(device);
     prop
 }
@@ -50,14 +60,16 @@ impl CudaPages {
     /// device cannot map pages (no VMM support).
     pub fn new(ctx: u64, device: i32) -> Option<(CudaPages, u64)> {
         let _current = InContext::enter(ctx)?;
-        let prop = page_properties(device);
-        let mut granularity = 0usize;
         let recommended = CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED as c_int;
-        if unsafe { real!(cuMemGetAllocationGranularity(&mut granularity, &prop, recommended)) } != SUCCESS
-            || granularity == 0
-        {
-            return None;
-        }
+        let granularity = |shareable| {
+            let mut g = 0usize;
+            let r = unsafe { real!(cuMemGetAllocationGranularity(&mut g, &page_properties(device, shareable), recommended)) };
+            (r == SUCCESS && g > 0).then_some(g)
+        };
+        let (granularity, shareable) = match granularity(true) {
+            Some(g) => (g, true),
+            None => (granularity(false)?, false),
+        };
         let page = (granularity as u64).max(2 << 20).next_multiple_of(granularity as u64);
         let mut count: c_int = 0;
         unsafe { real!(cuDeviceGetCount(&mut count)) };
@@ -74,6 +86,7 @@ impl CudaPages {
             device,
             access,
             broken: false,
+            shareable,
             costs: PageCosts::default(),
         };
         Some((pages, page))
@@ -103,9 +116,17 @@ impl PageBackend for CudaPages {
     fn create_page(&mut self, size: u64) -> Option<u64> {
         let _current = InContext::enter(self.ctx)?;
         let t = clock::monotonic_ns();
-        let prop = page_properties(self.device);
         let mut handle: CUmemGenericAllocationHandle = 0;
-        let r = unsafe { real!(cuMemCreate(&mut handle, size as usize, &prop, 0)) };
+        let mut create = |shareable| unsafe {
+            real!(cuMemCreate(&mut handle, size as usize, &page_properties(self.device, shareable), 0))
+        };
+        let mut r = create(self.shareable);
+        if r != SUCCESS && r != OUT_OF_MEMORY && self.shareable {
+            // Shareable pages refused for another reason than memory: plain
+            // pages from now on (their blocks cannot be exported).
+            self.shareable = false;
+            r = create(false);
+        }
         self.costs.create_ns += clock::monotonic_ns() - t;
         (r == SUCCESS).then_some(handle)
     }

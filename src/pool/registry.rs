@@ -144,6 +144,19 @@ pub fn find(ptr: u64) -> Found {
     Found::Outside
 }
 
+/// Publishes the pages under a VMM block to this process's IPC broker;
+/// returns the ticket its handle carries (`pool::ipc`).
+pub fn publish_pages(b: &PooledBlock) -> Result<super::ipc::Ticket, crate::cuda::Status> {
+    let pool = unsafe { &*(b.pool as *const ContextPool) };
+    let pages = pool.pool.lock().block_pages(b.addr).ok_or(crate::cuda::INVALID_VALUE)?;
+    let first = pages.first().ok_or(crate::cuda::INVALID_VALUE)?;
+    let offset = b.addr - first.addr;
+    // One descriptor now, so that an export the receiver could never open
+    // fails here, with the driver's error.
+    super::ipc::pages::export_fd(first.handle)?;
+    super::ipc::broker::publish(b.pool, b.addr, pages.iter().map(|p| (p.handle, p.size)).collect(), offset)
+}
+
 /// The block's IPC handle went out: keep it out of reuse for the rest of the run.
 pub fn exported(b: &PooledBlock) {
     ANY_EXPORTED.store(true, Ordering::Release);
@@ -175,6 +188,7 @@ pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {
             let mut pool = p.pool.lock();
             gone.push((p.device, pool.reserved()));
             pool.context_died();
+            super::ipc::broker::forget_pool(*p as *const ContextPool as usize);
         }
         !dead
     });

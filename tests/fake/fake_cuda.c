@@ -16,6 +16,7 @@
  *                        cross_context_records (events recorded on a stream
  *                        of another context: refused, as CUDA does)
  *                        vmm_maps vmm_unmaps vmm_grants (cuMemSetAccess calls)
+ *                        vmm_imports (cuMemImportFromShareableHandle calls)
  *
  * VMM memory (cuMemCreate + cuMemMap) is inaccessible until cuMemSetAccess
  * grants it, as on a GPU: a mapping without a grant faults when touched.
@@ -119,7 +120,7 @@ static size_t g_ntab, g_captab;
 /* Counters for FAKE_CUDA_STATS (successful calls only). */
 static struct {
     unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases, ipc_opens, ipc_closes,
-        cross_context_records, vmm_maps, vmm_unmaps, vmm_grants;
+        cross_context_records, vmm_maps, vmm_unmaps, vmm_grants, vmm_imports;
 } g_stats;
 
 #define CTX_MAGIC 0xC0C0C7A1u
@@ -163,6 +164,7 @@ struct vmm_handle {
     size_t size;
     int device;
     struct CUctx_st *ctx;
+    int shareable; /* made with requestedHandleTypes = POSIX file descriptor, or imported */
 };
 struct reservation {
     uintptr_t base;
@@ -980,6 +982,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         return r;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
+    if (prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
     int dev = prop->location.id;
     if (dev < 0 || dev >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
@@ -998,7 +1002,11 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    *h = (struct vmm_handle){.fd = fd, .size = size, .device = dev, .ctx = cur_ctx_raw()};
+    *h = (struct vmm_handle){.fd = fd,
+                             .size = size,
+                             .device = dev,
+                             .ctx = cur_ctx_raw(),
+                             .shareable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR};
     g_used[dev] += size;
     g_stats.vmm_creates++;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
@@ -1022,6 +1030,65 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     free_vmm_handle(h);
     g_stats.vmm_releases++;
 out:
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* Shareable handles: a POSIX file descriptor is a new descriptor of the
+ * page's memfd, so another process that imports it maps the same memory. */
+EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                             int handleType, unsigned long long flags)
+{
+    if (!shareableHandle || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    struct vmm_handle *h = (struct vmm_handle *)(uintptr_t)handle;
+    pthread_mutex_lock(&g_lock);
+    if (!set_has(&g_vmm, h) || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !h->shareable) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)shareableHandle = fd;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                               int shHandleType)
+{
+    if (!handle || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_init();
+    if (r)
+        return r;
+    struct CUctx_st *ctx = cur_ctx_raw();
+    if (!ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct stat st;
+    int fd = (int)(intptr_t)osHandle;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct vmm_handle *h = calloc(1, sizeof(*h));
+    int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    pthread_mutex_lock(&g_lock);
+    if (!h || mine < 0 || set_add(&g_vmm, h) != 0) {
+        free(h);
+        if (mine >= 0)
+            close(mine);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        int dev = ctx->device;
+        *h = (struct vmm_handle){.fd = mine, .size = (size_t)st.st_size, .device = dev, .ctx = ctx, .shareable = 1};
+        g_used[dev] += h->size;
+        g_stats.vmm_imports++;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    }
     pthread_mutex_unlock(&g_lock);
     return r;
 }
@@ -1889,6 +1956,8 @@ LOCAL_ALIAS(cuMemHostAlloc);
 LOCAL_ALIAS(cuMemFreeHost);
 LOCAL_ALIAS(cuMemCreate);
 LOCAL_ALIAS(cuMemRelease);
+LOCAL_ALIAS(cuMemExportToShareableHandle);
+LOCAL_ALIAS(cuMemImportFromShareableHandle);
 LOCAL_ALIAS(cuMemAddressReserve);
 LOCAL_ALIAS(cuMemAddressFree);
 LOCAL_ALIAS(cuMemMap);
@@ -1967,6 +2036,8 @@ static const struct proc_entry g_procs[] = {
     P("cuMemFreeHost", 2000, cuMemFreeHost),
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
     P("cuMemAddressReserve", 10020, cuMemAddressReserve),
     P("cuMemAddressFree", 10020, cuMemAddressFree),
     P("cuMemMap", 10020, cuMemMap),
@@ -2075,11 +2146,11 @@ __attribute__((destructor)) static void fake_cuda_dtor(void)
         int n = snprintf(line, sizeof(line),
                          "pid=%d allocs=%llu frees=%llu host_allocs=%llu host_frees=%llu vmm_creates=%llu "
                          "vmm_releases=%llu live=%llu live_bytes=%llu ipc_opens=%llu ipc_closes=%llu cross_context_records=%llu "
-                         "vmm_maps=%llu vmm_unmaps=%llu vmm_grants=%llu\n",
+                         "vmm_maps=%llu vmm_unmaps=%llu vmm_grants=%llu vmm_imports=%llu\n",
                          (int)getpid(), g_stats.allocs, g_stats.frees, g_stats.host_allocs, g_stats.host_frees,
                          g_stats.vmm_creates, g_stats.vmm_releases, live, live_bytes, g_stats.ipc_opens,
                          g_stats.ipc_closes, g_stats.cross_context_records, g_stats.vmm_maps, g_stats.vmm_unmaps,
-                         g_stats.vmm_grants);
+                         g_stats.vmm_grants, g_stats.vmm_imports);
         pthread_mutex_unlock(&g_lock);
         int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
         if (fd >= 0) {

@@ -400,6 +400,20 @@ impl<B: PageBackend> VmmPool<B> {
         })
     }
 
+    /// The pages under the allocated block containing `addr`, by address
+    /// (the first may begin before the block, the last end after it): what
+    /// another process must map to see the block (IPC through shareable
+    /// page handles).
+    pub fn block_pages(&self, addr: u64) -> Option<Vec<PageInfo>> {
+        let b = self.lookup(addr)?;
+        let page = self.config.page(self.ranges[self.blocks[b.id.to_raw()].seg as usize].small);
+        let first = b.addr - (b.addr - b.segment_addr) % page;
+        (first..b.addr + b.size)
+            .step_by(page as usize)
+            .map(|p| self.pages.get(p).map(|s| PageInfo { addr: p, size: page, handle: s.handle, refs: s.refs }))
+            .collect()
+    }
+
     fn block(&self, i: u32) -> Block {
         let b = &self.blocks[i];
         Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size }

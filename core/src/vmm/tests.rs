@@ -298,3 +298,22 @@ fn a_miss_behind_pending_frees_orders_them_and_reuses_their_pages_in_place() {
     assert_eq!((p.stats().num_waits, p.stats().num_remaps), (1, 0));
     assert!(p.backend().unmapped.is_empty(), "nothing unmapped while the work may run");
 }
+
+#[test]
+fn block_pages_are_the_mapped_pages_under_a_block() {
+    let mut p = pool();
+    let a = p.allocate(3 * MIB).unwrap();
+    let b = p.allocate(3 * MIB).unwrap();
+    let small = p.allocate(1000).unwrap();
+    let addrs = |pages: Vec<PageInfo>| pages.iter().map(|pg| (pg.addr, pg.size)).collect::<Vec<_>>();
+    assert_eq!(addrs(p.block_pages(a.addr).unwrap()), [(a.addr, 2 * MIB), (a.addr + 2 * MIB, 2 * MIB)]);
+    // b starts inside a's second page and shares it.
+    let under_b = p.block_pages(b.addr + 5).unwrap();
+    assert_eq!(addrs(under_b.clone()), [(a.addr + 2 * MIB, 2 * MIB), (a.addr + 4 * MIB, 2 * MIB)]);
+    for pg in &under_b {
+        assert_eq!(Some((pg.addr, pg.handle)), p.backend().handle_at(pg.addr + 1));
+    }
+    assert_eq!(p.block_pages(small.addr).unwrap().len(), 1);
+    p.free(a.id);
+    assert_eq!(p.block_pages(a.addr), None, "a freed block has no pages to share");
+}

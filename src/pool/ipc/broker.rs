@@ -1,0 +1,335 @@
+//! Hands the pages of exported VMM blocks to receiving processes.
+//!
+//! A page handle travels between processes only as a POSIX file descriptor
+//! (`cuMemExportToShareableHandle`), and a descriptor only over a Unix
+//! socket (`SCM_RIGHTS`); a legacy IPC handle is 64 bytes the program passes
+//! however it likes. So an export is published here under a ticket that the
+//! sealed handle carries, and the exporter's broker thread, started with the
+//! first export, answers a receiver that presents the ticket with the pages'
+//! descriptors. The thread makes no CUDA call but the export of each
+//! descriptor, and holds no lock of the pool's.
+//!
+//! The socket is abstract (`\0cupool-ipc-<pid>`, gone with the process) and
+//! serves only the exporter's own user (or root); a ticket's random token
+//! must match, so a reused pid never hands out other memory. Replies carry
+//! at most `CHUNK` descriptors each, which the receiver imports and closes
+//! before reading on: a block of thousands of pages never holds thousands
+//! of descriptors open.
+
+use super::Ticket;
+use crate::cuda::{Status, INVALID_VALUE, SUCCESS};
+use parking_lot::Mutex;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Descriptors per reply message (SCM_RIGHTS allows 253).
+const CHUNK: usize = 64;
+/// A receiver gives up on a broker that does not answer.
+const TIMEOUT_S: i64 = 20;
+
+/// An exported block's pages, as the broker serves them.
+struct Export {
+    token: u64,
+    /// The `ContextPool` the pages belong to: its death ends the export.
+    pool: usize,
+    /// The block's address: exported again, it keeps its ticket, as CUDA
+    /// gives one allocation one handle.
+    block: u64,
+    /// Page handles and sizes, by address.
+    pages: Vec<(u64, u64)>,
+    /// Where the block starts in its first page.
+    offset: u64,
+}
+
+struct Exports {
+    /// The process the list and the thread belong to (a forked child starts afresh).
+    pid: u32,
+    serving: bool,
+    list: Vec<Option<Export>>,
+}
+
+static EXPORTS: Mutex<Exports> = Mutex::new(Exports { pid: 0, serving: false, list: Vec::new() });
+
+/// Request: id (u32), pad (u32), token (u64).
+const REQUEST: usize = 16;
+/// Reply header: status (u32), total pages (u32), offset (u64), pages here (u32), pad (u32).
+const HEADER: usize = 24;
+
+fn socket_name(pid: u32) -> String {
+    format!("cupool-ipc-{pid}")
+}
+
+/// Publishes the pages of the block at `block` (`offset` into the first)
+/// exported from `pool`; returns the ticket its handle carries. `Err`: the
+/// broker could not be started.
+pub fn publish(pool: usize, block: u64, pages: Vec<(u64, u64)>, offset: u64) -> Result<Ticket, Status> {
+    let pid = std::process::id();
+    let mut exports = EXPORTS.lock();
+    if exports.pid != pid {
+        *exports = Exports { pid, serving: false, list: Vec::new() };
+    }
+    if !exports.serving {
+        start(pid).map_err(|e| {
+            crate::runtime::diag::error(&format!("cannot start the IPC broker for VMM blocks: {e}"));
+            INVALID_VALUE
+        })?;
+        exports.serving = true;
+    }
+    let known = exports.list.iter().position(|e| e.as_ref().is_some_and(|e| e.pool == pool && e.block == block));
+    if let Some(i) = known {
+        let token = exports.list[i].as_ref().map_or(0, |e| e.token);
+        return Ok(Ticket { pid, id: i as u32 + 1, token });
+    }
+    let token = random_token();
+    exports.list.push(Some(Export { token, pool, block, pages, offset }));
+    Ok(Ticket { pid, id: exports.list.len() as u32, token })
+}
+
+/// The context of `pool` died, and its pages with it: its exports end.
+pub fn forget_pool(pool: usize) {
+    for e in EXPORTS.lock().list.iter_mut() {
+        if e.as_ref().is_some_and(|e| e.pool == pool) {
+            *e = None;
+        }
+    }
+}
+
+fn random_token() -> u64 {
+    let mut t = 0u64;
+    let n = unsafe { libc::getrandom((&mut t as *mut u64).cast(), size_of::<u64>(), 0) };
+    if n != size_of::<u64>() as isize {
+        // No entropy source: still unlikely to repeat across processes.
+        t = crate::runtime::clock::monotonic_ns() ^ ((std::process::id() as u64) << 40);
+    }
+    t | 1
+}
+
+fn address(pid: u32) -> (libc::sockaddr_un, libc::socklen_t) {
+    let mut addr: libc::sockaddr_un = unsafe { zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = socket_name(pid);
+    // Abstract: a leading NUL, no file.
+    for (dst, &b) in addr.sun_path[1..].iter_mut().zip(name.as_bytes()) {
+        *dst = b as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    (addr, len as libc::socklen_t)
+}
+
+fn socket() -> io::Result<OwnedFd> {
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn check(r: libc::c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn start(pid: u32) -> io::Result<()> {
+    let listener = socket()?;
+    let (addr, len) = address(pid);
+    check(unsafe { libc::bind(listener.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    check(unsafe { libc::listen(listener.as_raw_fd(), 64) })?;
+    std::thread::Builder::new().name("cupool-ipc".into()).spawn(move || serve(listener))?;
+    Ok(())
+}
+
+fn serve(listener: OwnedFd) {
+    loop {
+        let fd = unsafe {
+            libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+        };
+        if fd < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The listener is gone (never expected): exports fail in receivers.
+            return;
+        }
+        let conn = unsafe { OwnedFd::from_raw_fd(fd) };
+        let _ = crate::runtime::diag::shielded(|| answer(&conn));
+    }
+}
+
+fn set_timeouts(fd: RawFd) {
+    let tv = libc::timeval { tv_sec: TIMEOUT_S, tv_usec: 0 };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        unsafe {
+            libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&tv as *const libc::timeval).cast(), size_of::<libc::timeval>() as _)
+        };
+    }
+}
+
+/// Is the peer this process's own user, or root?
+fn trusted(fd: RawFd) -> bool {
+    let mut cred: libc::ucred = unsafe { zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
+}
+
+fn answer(conn: &OwnedFd) -> io::Result<()> {
+    let fd = conn.as_raw_fd();
+    set_timeouts(fd);
+    let mut req = [0u8; REQUEST];
+    let n = unsafe { libc::recv(fd, req.as_mut_ptr().cast(), REQUEST, 0) };
+    if n != REQUEST as isize {
+        return Ok(());
+    }
+    let id = u32::from_le_bytes(req[0..4].try_into().unwrap());
+    let token = u64::from_le_bytes(req[8..16].try_into().unwrap());
+    let found = trusted(fd).then(|| {
+        let exports = EXPORTS.lock();
+        let e = exports.list.get((id as usize).wrapping_sub(1))?.as_ref()?;
+        (e.token == token).then(|| (e.pages.clone(), e.offset))
+    });
+    let Some((pages, offset)) = found.flatten() else {
+        return send(fd, INVALID_VALUE, 0, 0, &[], &[]);
+    };
+    for chunk in pages.chunks(CHUNK) {
+        let mut fds = Vec::with_capacity(chunk.len());
+        for &(handle, _) in chunk {
+            match super::pages::export_fd(handle) {
+                Ok(f) => fds.push(f),
+                Err(status) => return send(fd, status, 0, 0, &[], &[]),
+            }
+        }
+        let sizes: Vec<u64> = chunk.iter().map(|&(_, size)| size).collect();
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        send(fd, SUCCESS, pages.len() as u32, offset, &sizes, &raw)?;
+    }
+    Ok(())
+}
+
+fn send(fd: RawFd, status: Status, total: u32, offset: u64, sizes: &[u64], fds: &[RawFd]) -> io::Result<()> {
+    let mut msg = Vec::with_capacity(HEADER + 8 * sizes.len());
+    msg.extend_from_slice(&(status as u32).to_le_bytes());
+    msg.extend_from_slice(&total.to_le_bytes());
+    msg.extend_from_slice(&offset.to_le_bytes());
+    msg.extend_from_slice(&(sizes.len() as u32).to_le_bytes());
+    msg.extend_from_slice(&0u32.to_le_bytes());
+    for s in sizes {
+        msg.extend_from_slice(&s.to_le_bytes());
+    }
+    let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
+    let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize];
+    let mut hdr: libc::msghdr = unsafe { zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds);
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = unsafe { libc::CMSG_SPACE(bytes as u32) } as _;
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
+        }
+    }
+    let n = unsafe { libc::sendmsg(fd, &hdr, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Asks the broker of `ticket`'s exporter for the block's pages: each is
+/// handed to `take` (its descriptor, closed when `take` returns, and its
+/// size) in address order. Returns the block's offset into its first page;
+/// `Err` is CUDA's error for a handle that cannot be opened.
+pub fn fetch(ticket: Ticket, mut take: impl FnMut(RawFd, u64) -> Result<(), Status>) -> Result<u64, Status> {
+    let conn = socket().map_err(|_| INVALID_VALUE)?;
+    let fd = conn.as_raw_fd();
+    set_timeouts(fd);
+    let (addr, len) = address(ticket.pid);
+    // No broker: the exporter is gone, or never exported this.
+    check(unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) }).map_err(|_| INVALID_VALUE)?;
+    let mut req = [0u8; REQUEST];
+    req[0..4].copy_from_slice(&ticket.id.to_le_bytes());
+    req[8..16].copy_from_slice(&ticket.token.to_le_bytes());
+    if unsafe { libc::send(fd, req.as_ptr().cast(), REQUEST, libc::MSG_NOSIGNAL) } != REQUEST as isize {
+        return Err(INVALID_VALUE);
+    }
+    let mut got = 0usize;
+    loop {
+        let (status, total, offset, sizes, fds) = receive(fd).map_err(|_| INVALID_VALUE)?;
+        if status != SUCCESS {
+            return Err(status);
+        }
+        if sizes.len() != fds.len() {
+            return Err(INVALID_VALUE);
+        }
+        for (f, size) in fds.iter().zip(sizes) {
+            take(f.as_raw_fd(), size)?;
+        }
+        got += fds.len();
+        if got >= total as usize {
+            return if total == 0 { Err(INVALID_VALUE) } else { Ok(offset) };
+        }
+    }
+}
+
+type Reply = (Status, u32, u64, Vec<u64>, Vec<OwnedFd>);
+
+fn receive(fd: RawFd) -> io::Result<Reply> {
+    let mut msg = vec![0u8; HEADER + 8 * CHUNK];
+    let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
+    let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize];
+    let mut hdr: libc::msghdr = unsafe { zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = control.as_mut_ptr().cast();
+    hdr.msg_controllen = control.len() as _;
+    let n = unsafe { libc::recvmsg(fd, &mut hdr, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Every descriptor that arrived is owned (and closed) from here on.
+    let mut fds = Vec::new();
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&hdr);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&hdr, c);
+        }
+    }
+    let n = n as usize;
+    if n < HEADER || hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        return Err(io::ErrorKind::InvalidData.into());
+    }
+    let word = |at: usize| u32::from_le_bytes(msg[at..at + 4].try_into().unwrap());
+    let (status, total, here) = (word(0) as Status, word(4), word(16) as usize);
+    let offset = u64::from_le_bytes(msg[8..16].try_into().unwrap());
+    if here > CHUNK || n != HEADER + 8 * here {
+        return Err(io::ErrorKind::InvalidData.into());
+    }
+    let sizes = (0..here).map(|i| u64::from_le_bytes(msg[HEADER + 8 * i..HEADER + 8 * i + 8].try_into().unwrap())).collect();
+    Ok((status, total, offset, sizes, fds))
+}
+
+pub fn lock_for_fork() {
+    std::mem::forget(EXPORTS.lock());
+}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork(_in_child: bool) {
+    // A child finds the parent's pid in the list and starts afresh when it exports.
+    EXPORTS.force_unlock();
+}

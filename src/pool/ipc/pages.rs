@@ -1,0 +1,124 @@
+//! The CUDA side of sharing VMM blocks: an exporter turns page handles into
+//! POSIX file descriptors; a receiver imports them, maps them behind a
+//! range of its own and grants its device access, as `cuIpcOpenMemHandle`
+//! would map a legacy allocation.
+
+use super::broker;
+use super::Ticket;
+use crate::cuda::{CUmemAccessDesc, CUmemGenericAllocationHandle, Status, SUCCESS};
+use crate::pool::fence::InContext;
+use crate::real;
+use cudarc::driver::sys::{CUmemAccess_flags, CUmemAllocationHandleType, CUmemLocation, CUmemLocationType};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+const POSIX_FD: libc::c_int = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as libc::c_int;
+
+/// A descriptor of the physical page `handle`; only pages created shareable
+/// (`pool/pages.rs`) have one.
+pub fn export_fd(handle: u64) -> Result<OwnedFd, Status> {
+    let mut fd: libc::c_int = -1;
+    let r = unsafe { real!(cuMemExportToShareableHandle((&mut fd as *mut libc::c_int).cast(), handle, POSIX_FD, 0)) };
+    if r != SUCCESS {
+        return Err(r);
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A block opened from a pages seal: the receiver's own range and pages.
+#[derive(Clone, Debug)]
+pub struct Imported {
+    pub ticket: Ticket,
+    ctx: u64,
+    base: u64,
+    span: u64,
+    /// (address, size, handle) of each page mapped.
+    pages: Vec<(u64, u64, CUmemGenericAllocationHandle)>,
+}
+
+/// Maps the block of `ticket` in the current context; returns its address.
+pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
+    let mut ctx = std::ptr::null_mut();
+    let mut device = 0;
+    let r = unsafe { real!(cuCtxGetCurrent(&mut ctx)) };
+    if r != SUCCESS || ctx.is_null() {
+        return Err(if r != SUCCESS { r } else { crate::cuda::INVALID_CONTEXT });
+    }
+    let r = unsafe { real!(cuCtxGetDevice(&mut device)) };
+    if r != SUCCESS {
+        return Err(r);
+    }
+    let mut m = Imported { ticket, ctx: ctx as u64, base: 0, span: 0, pages: Vec::new() };
+    let mut handles = Vec::new();
+    let fetched = broker::fetch(ticket, |fd: RawFd, size| {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        let r = unsafe { real!(cuMemImportFromShareableHandle(&mut h, fd as usize as *mut _, POSIX_FD)) };
+        if r != SUCCESS {
+            return Err(r);
+        }
+        handles.push((h, size));
+        Ok(())
+    });
+    let offset = match fetched {
+        Ok(offset) => offset,
+        Err(r) => {
+            release(&handles);
+            return Err(r);
+        }
+    };
+    let span: u64 = handles.iter().map(|&(_, size)| size).sum();
+    let align = handles.first().map_or(0, |&(_, size)| size);
+    let r = unsafe { real!(cuMemAddressReserve(&mut m.base, span as usize, align as usize, 0, 0)) };
+    if r != SUCCESS {
+        release(&handles);
+        return Err(r);
+    }
+    m.span = span;
+    let mut at = m.base;
+    for &(h, size) in &handles {
+        let r = unsafe { real!(cuMemMap(at, size as usize, 0, h, 0)) };
+        if r != SUCCESS {
+            let mapped = m.pages.len();
+            release(&handles[mapped..]);
+            unmap(&m);
+            return Err(r);
+        }
+        m.pages.push((at, size, h));
+        at += size;
+    }
+    let access = CUmemAccessDesc {
+        location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let r = unsafe { real!(cuMemSetAccess(m.base, span as usize, &access, 1)) };
+    if r != SUCCESS {
+        unmap(&m);
+        return Err(r);
+    }
+    Ok((m.base + offset, m))
+}
+
+fn release(handles: &[(CUmemGenericAllocationHandle, u64)]) {
+    for &(h, _) in handles {
+        unsafe { real!(cuMemRelease(h)) };
+    }
+}
+
+/// The last close of an imported block: unmapped once the receiver's work
+/// on it is done (an unmap does not wait for queued kernels), its pages
+/// released, its range freed.
+pub fn unmap(m: &Imported) {
+    let Some(_current) = InContext::enter(m.ctx) else {
+        // The context died, and the mapping with it.
+        return;
+    };
+    unsafe { real!(cuCtxSynchronize()) };
+    for &(at, size, h) in &m.pages {
+        unsafe {
+            real!(cuMemUnmap(at, size as usize));
+            real!(cuMemRelease(h));
+        }
+    }
+    if m.span > 0 {
+        unsafe { real!(cuMemAddressFree(m.base, m.span as usize)) };
+    }
+}
