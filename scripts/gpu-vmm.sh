@@ -9,6 +9,14 @@
 #     (scripts/gpu/frag_oom.py): PyTorch's caching allocator, expandable_segments,
 #     cupool segments and cupool vmm (the last two with PyTorch's cache off, --limit 10g)
 #  4. stream safety and the multi-stream stress (10^6 ops) under vmm
+#  5. IPC of blocks on VMM pages (section ipc): the C program with two blocks of
+#     one page range (runtime and driver API, interior pointer; scripts/gpu/ipc_check.py),
+#     PyTorch tensor sharing (torch.multiprocessing, cache on), CuPy's IPC API with
+#     a receiver under cupool and one outside it
+#  6. new allocation traces for `cupool replay` (section traces, written to $OUT):
+#     Hugging Face fine-tuning on varied sequence lengths, an inference-server loop
+#     (varied batch sizes, prompts and generated lengths), JAX with its platform
+#     allocator; PyTorch without its cache, recorded under cupool, then replayed
 # The same-output check of every program runs as
 #   CUPOOL_OPTIONS=backing=vmm bash scripts/gpu-check.sh
 # Run from the repository root with the built shim and CLI in .gpu/.
@@ -23,7 +31,7 @@ nvcc -O2 -arch=native -cudart shared -o $work/stream_safety $src/stream_safety.c
 nvcc -O2 -arch=native -cudart shared -o $work/stress $src/stress.cu
 seg="$bin/cupool run -q --log-dir $work/logs -o backing=segments"
 vmm="$bin/cupool run -q --log-dir $work/logs -o backing=vmm"
-sections=" ${SECTIONS:-pair torch frag safety} "
+sections=" ${SECTIONS:-pair torch frag safety ipc} "
 want() { [[ $sections == *" $1 "* ]]; }
 last_pools() {
   python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
@@ -80,4 +88,29 @@ if want safety; then
   /usr/bin/time -f "cupool segments: %e s" $seg --no-trace -- $work/stress 1000000
   /usr/bin/time -f "cupool vmm: %e s" $vmm --no-trace -- $work/stress 1000000
   last_pools
+fi
+
+if want ipc; then
+  echo "== IPC of blocks on VMM pages"
+  nvcc -O2 -arch=native -cudart shared -o $work/ipc $(pwd)/tests/fake/ipc_blocks.c -lcuda
+  timeout 180 python3 $src/ipc_check.py $work/ipc $bin/cupool $work/ipc-logs vmm | grep '^result:'
+  # PyTorch shares CUDA tensors only with its caching allocator on.
+  echo "torch-ipc vmm: $(timeout 120 $vmm -- python3 $src/torch_ipc.py 2>&1 | grep '^result:')"
+  echo "torch-ipc plain: $(timeout 120 python3 $src/torch_ipc.py 2>&1 | grep '^result:')"
+  for receiver in same plain; do
+    echo "cupy-ipc vmm $receiver: $(RECEIVER=$receiver timeout 120 $vmm -- python3 $src/cupy_ipc.py 2>&1 | grep '^result:')"
+    echo "cupy-ipc segments $receiver: $(RECEIVER=$receiver timeout 120 $seg -- python3 $src/cupy_ipc.py 2>&1 | grep '^result:')"
+    echo "cupy-ipc plain $receiver: $(RECEIVER=$receiver timeout 120 python3 $src/cupy_ipc.py 2>&1 | grep '^result:')"
+  done
+  last_pools
+fi
+
+if want traces; then
+  echo "== new traces"
+  out=${OUT:-$work}
+  rec() { local name=$1; shift; rm -rf $work/t; $bin/cupool run -q --mode passthrough --log-dir $work/t -- "$@" | tail -1 && gzip -9 -c $work/t/cupool.*.json > $out/$name.json.gz; ls -la $out/$name.json.gz; }
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec hf-finetune python3 $src/trace_hf_finetune.py
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec serving python3 $src/trace_serving.py
+  XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false rec jax-platform python3 $src/trace_jax.py
+  $bin/cupool replay $out/*.json.gz
 fi

@@ -54,8 +54,12 @@ fn load(trace: &Trace) -> Result<Vec<Timed>, String> {
     events.sort_by_key(|e| e.seq);
     let mut ops = Vec::new();
     for e in events {
-        if !matches!(e.kind.as_ref().and_then(|k| k.known()), Some(MemKind::Device | MemKind::Pitched)) {
-            continue; // what the pool serves
+        // What the program asked the device for: the pool serves these,
+        // and a program whose own allocator maps pages (JAX's platform
+        // allocator, PyTorch's expandable segments) asks for pages.
+        let kind = e.kind.as_ref().and_then(|k| k.known());
+        if !matches!(kind, Some(MemKind::Device | MemKind::Pitched | MemKind::Async | MemKind::Vmm)) {
+            continue;
         }
         let ptr = e.ptr.unwrap_or(0);
         match e.ev.known() {
