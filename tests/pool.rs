@@ -702,6 +702,7 @@ fn pointer_range_queries_describe_the_pooled_block() {
     assert_eq!(value(&r, "attr_size"), 1000, "cuPointerGetAttribute(RANGE_SIZE, p+100)");
     assert_eq!(value(&r, "attr_ordinal"), 0, "other attributes pass through");
     assert_eq!((value(&r, "a_base"), value(&r, "a_size")), (a, 1000), "block at the segment start");
+    assert_eq!((value(&r, "ipc_capable"), value(&r, "retain")), (1, 1), "exportable; no VMM handle to retain");
     assert_eq!(value(&r, "a_attr_size"), 1000);
     // Managed memory is not pooled: the driver's own answers.
     assert_eq!((value(&r, "m_base"), value(&r, "m_size")), (m, 5000));
@@ -1001,7 +1002,10 @@ fn ipc_of_pooled_blocks_never_maps_the_wrong_memory() {
 #[test]
 fn ipc_of_vmm_blocks_maps_the_exported_pages() {
     let stdout = ipc_check("vmm");
-    assert!(stdout.contains("pool-plain ok=1") && stdout.contains("refused=['a', 'b', 'b_driver', 'b_interior']"), "{stdout}");
+    assert!(
+        stdout.contains("pool-plain ok=1") && stdout.contains("refused=['a', 'b', 'b_driver', 'b_interior']"),
+        "{stdout}"
+    );
     assert!(stdout.contains("pool-pool ok=1 wrong=[] refused=[] b_minus_a=1048576 closed=4/4"), "{stdout}");
 }
 

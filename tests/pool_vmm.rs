@@ -135,6 +135,9 @@ fn pointer_queries_describe_the_block_on_vmm_pages() {
     assert_eq!((v("a_base"), v("a_size")), (a, 1000));
     assert_eq!((v("freed_range"), v("freed_attr")), (500, 1), "a freed block answers as freed memory");
     assert_eq!([v("ids_differ"), v("id_same_inside"), v("id_new_after_reuse")], [1, 1, 1]);
+    // As a cudaMalloc block: exportable through legacy IPC (cupool shares the
+    // pages), no allocation handle of its own.
+    assert_eq!((v("ipc_capable"), v("retain")), (1, 1), "cudaErrorInvalidValue for the handle");
     assert_eq!(r.log["end"]["pools"][0]["backing"], "vmm");
 }
 
@@ -145,6 +148,10 @@ fn ipc_export_of_a_vmm_block_keeps_it_out_of_reuse() {
     let prog = compile_runtime_program("ipcrules", "ipc_export_rules.c");
     let r = run(&prog, &[], VMM);
     let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
-    assert_eq!(["freed_export", "b_reused", "a_export", "a_kept"].map(v), [1, 1, 0, 1], "freed_export b_reused a_export a_kept");
+    assert_eq!(
+        ["freed_export", "b_reused", "a_export", "a_kept"].map(v),
+        [1, 1, 0, 1],
+        "freed_export b_reused a_export a_kept"
+    );
     assert_eq!(r.log["end"]["pools"][0]["backing"], "vmm");
 }

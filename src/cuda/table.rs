@@ -97,6 +97,7 @@ table! {
         // The VMM-backed pool's own calls (not hooked).
         cuMemAddressReserve: fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> Status;
         cuMemAddressFree: fn(CUdeviceptr, usize) -> Status;
+        cuMemRetainAllocationHandle: fn(*mut CUmemGenericAllocationHandle, Ptr) -> Status;
         cuMemExportToShareableHandle: fn(Ptr, CUmemGenericAllocationHandle, c_int, c_ulonglong) -> Status;
         cuMemImportFromShareableHandle: fn(*mut CUmemGenericAllocationHandle, Ptr, c_int) -> Status;
         cuMemSetAccess: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> Status;

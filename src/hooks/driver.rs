@@ -191,7 +191,8 @@ unsafe fn translate_range(attribute: c_int, data: *mut c_void, block: &PooledPoi
     const START: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as c_int;
     const SIZE: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as c_int;
     const BUFFER_ID: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID as c_int;
-    let PooledPointer::Block(base, size, id) = *block else { return };
+    const LEGACY_IPC: c_int = CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE as c_int;
+    let PooledPointer::Block(base, size, id, exportable) = *block else { return };
     if data.is_null() {
         return;
     }
@@ -199,6 +200,13 @@ unsafe fn translate_range(attribute: c_int, data: *mut c_void, block: &PooledPoi
         START => *(data as *mut DevPtr) = base,
         SIZE => *(data as *mut usize) = size as usize,
         BUFFER_ID if id != 0 => *(data as *mut u64) = id,
+        // The driver says 0 for VMM pages; cupool exports the block as a
+        // cudaMalloc block is exported (`intercept::ipc`).
+        LEGACY_IPC => {
+            if let Some(exportable) = exportable {
+                *(data as *mut c_int) = exportable as c_int;
+            }
+        }
         _ => {}
     }
 }
@@ -239,7 +247,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut DevPtr, size: *mut u
     let r = real!(cuMemGetAddressRange_v2(base, size, ptr));
     if r == SUCCESS {
         match intercept::pooled_pointer(ptr) {
-            PooledPointer::Block(b, s, _) => {
+            PooledPointer::Block(b, s, ..) => {
                 if !base.is_null() {
                     *base = b;
                 }
@@ -252,6 +260,20 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut DevPtr, size: *mut u
         }
     }
     r
+}
+
+/// A pooled block is a `cudaMalloc` block to the program, even on VMM
+/// pages: no handle of its own to retain (one page's handle would name
+/// part of it, or more). CUDA's answer for `cudaMalloc` memory.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> Status {
+    match intercept::pooled_pointer(addr as DevPtr) {
+        PooledPointer::NotPooled => real!(cuMemRetainAllocationHandle(handle, addr)),
+        _ => INVALID_VALUE,
+    }
 }
 
 #[no_mangle]
@@ -291,6 +313,7 @@ pub static TABLE: &[super::Entry] = &[
     entry!(cuStreamCreate),
     entry!(cuStreamCreateWithPriority),
     entry!(cuStreamDestroy_v2),
+    entry!(cuMemRetainAllocationHandle),
     entry!(cuPointerGetAttribute),
     entry!(cuPointerGetAttributes),
     entry!(cuMemGetAddressRange_v2),

@@ -436,8 +436,10 @@ fn next_buffer_id() -> u64 {
 /// What a pointer is to the pools: pooled blocks answer pointer queries as
 /// the allocations they are to the program.
 pub enum PooledPointer {
-    /// Inside a live pooled block: its (start, size, buffer id).
-    Block(u64, u64, u64),
+    /// Inside a live pooled block: its (start, size, buffer id), and for a
+    /// block on VMM pages whether cupool can export it through IPC (the
+    /// driver's answer for a segment's block stands).
+    Block(u64, u64, u64, Option<bool>),
     /// Inside a pool segment but in no live block: freed, as far as the
     /// program can tell, and CUDA would not know it.
     Freed,
@@ -452,7 +454,7 @@ pub fn pooled_pointer(ptr: u64) -> PooledPointer {
     let found = diag::shielded(|| match pool::find(ptr) {
         pool::Found::Block(b) => {
             let id = observe::live::get(Space::Pointer, b.addr).and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);
-            PooledPointer::Block(b.addr, b.size, id)
+            PooledPointer::Block(b.addr, b.size, id, b.vmm.then_some(b.shareable))
         }
         pool::Found::Freed => PooledPointer::Freed,
         pool::Found::Outside => PooledPointer::NotPooled,

@@ -182,6 +182,15 @@ impl Engine {
         }
     }
 
+    /// Can a block be exported through IPC? (Blocks on pages only where the
+    /// device made them shareable.)
+    pub fn shareable(&self) -> bool {
+        match self {
+            Engine::Segments(_) => true,
+            Engine::Pages(p) => p.backend().shareable,
+        }
+    }
+
     /// Is the block a slice of one page-backed range? (Legacy IPC cannot name it.)
     pub fn is_vmm(&self) -> bool {
         matches!(self, Engine::Pages(_))

@@ -9,7 +9,9 @@
 //! broken: the context's later allocations go to CUDA (`engine.rs`).
 
 use super::fence::{CudaBackend, InContext};
-use crate::cuda::{CUdevice, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, OUT_OF_MEMORY, SUCCESS};
+use crate::cuda::{
+    CUdevice, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, OUT_OF_MEMORY, SUCCESS,
+};
 use crate::real;
 use crate::runtime::clock;
 use cudarc::driver::sys::{
@@ -31,7 +33,7 @@ pub struct CudaPages {
     /// Pages are created with a POSIX file descriptor handle, so a block
     /// exported through IPC can be shared (`pool::ipc`); dropped where the
     /// device refuses it.
-    shareable: bool,
+    pub shareable: bool,
     pub costs: PageCosts,
 }
 
@@ -63,7 +65,9 @@ impl CudaPages {
         let recommended = CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED as c_int;
         let granularity = |shareable| {
             let mut g = 0usize;
-            let r = unsafe { real!(cuMemGetAllocationGranularity(&mut g, &page_properties(device, shareable), recommended)) };
+            let r = unsafe {
+                real!(cuMemGetAllocationGranularity(&mut g, &page_properties(device, shareable), recommended))
+            };
             (r == SUCCESS && g > 0).then_some(g)
         };
         let (granularity, shareable) = match granularity(true) {

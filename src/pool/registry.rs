@@ -107,8 +107,10 @@ pub struct PooledBlock {
     /// The size the program asked for.
     pub size: u64,
     pub segment: u64,
-    /// Carved from VMM pages (legacy IPC cannot name it).
+    /// Carved from VMM pages (legacy IPC cannot name it: cupool shares them).
     pub vmm: bool,
+    /// Its pages can be shared (always, for a segment's block).
+    pub shareable: bool,
     pool: usize,
     block: u32,
 }
@@ -133,6 +135,7 @@ pub fn find(ptr: u64) -> Found {
                 size: b.requested,
                 segment: b.segment_addr,
                 vmm: pool.is_vmm(),
+                shareable: pool.shareable(),
                 pool: pool_addr,
                 block: b.id.to_raw(),
             });

@@ -1357,6 +1357,22 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdev
     return r;
 }
 
+/* Memory that is not a VMM mapping has no allocation handle (as on a GPU);
+ * the fake does not retain the handles of its own mappings. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CUresult r = check_init();
+    if (r)
+        return r;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    struct alloc *a = tab_find_range((uintptr_t)addr, 1);
+    r = a && a->kind == K_VMM_MAP ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
 EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
 {
     if (!data)
@@ -1956,6 +1972,7 @@ LOCAL_ALIAS(cuMemHostAlloc);
 LOCAL_ALIAS(cuMemFreeHost);
 LOCAL_ALIAS(cuMemCreate);
 LOCAL_ALIAS(cuMemRelease);
+LOCAL_ALIAS(cuMemRetainAllocationHandle);
 LOCAL_ALIAS(cuMemExportToShareableHandle);
 LOCAL_ALIAS(cuMemImportFromShareableHandle);
 LOCAL_ALIAS(cuMemAddressReserve);
@@ -2036,6 +2053,7 @@ static const struct proc_entry g_procs[] = {
     P("cuMemFreeHost", 2000, cuMemFreeHost),
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
     P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
     P("cuMemAddressReserve", 10020, cuMemAddressReserve),

@@ -5,6 +5,8 @@
  * attribute, buffer ids (distinct per allocation, also when a block is
  * reused), and for p once freed (freed_range=, freed_attr=). Prints one
  * key=value line per answer. */
+#include <stdint.h>
+
 #include "fake_cuda_api.h"
 #include "check.h"
 
@@ -58,6 +60,10 @@ int main(void)
     CUdeviceptr q = 0;
     CHECK(cuMemAlloc_v2(&q, 1000));
     CHECK(cuPointerGetAttribute(&id_q, CU_POINTER_ATTRIBUTE_BUFFER_ID, q));
+    int legacy_ipc = -1;
+    CHECK(cuPointerGetAttribute(&legacy_ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, q));
+    CUmemGenericAllocationHandle retained = 0;
+    printf("ipc_capable=%d\nretain=%d\n", legacy_ipc, cuMemRetainAllocationHandle(&retained, (void *)(uintptr_t)q));
     printf("q_is_p=%d\nids_differ=%d\nid_same_inside=%d\nid_new_after_reuse=%d\n", q == p, id_a != id_p,
            id_p == id_p_inside, id_q != id_p);
     CHECK(cuMemFree_v2(q));
