@@ -6,7 +6,7 @@
 #![no_main]
 
 use cupool_core::pool::testing::{Fences, SimulatedDevice, BASE_ADDR};
-use cupool_core::pool::{Block, Pool, PoolConfig};
+use cupool_core::pool::{Block, GiveBack, Pool, PoolConfig};
 use libfuzzer_sys::fuzz_target;
 
 const MIB: u64 = 1 << 20;
@@ -31,6 +31,7 @@ fuzz_target!(|data: &[u8]| {
         // The high bits of the limit byte, unused by `pick` above.
         release_before_grow: head[6] & 0x80 != 0,
         wait_share: pick(head[6] >> 4, &[4, 1, 16, 256]),
+        give_back: [GiveBack::Never, GiveBack::Always, GiveBack::Auto { regret_ns: 1_000 }][head[7] as usize / 3 % 3],
     };
     let cap = [None, Some(48 * MIB), Some(128 * MIB)][head[7] as usize % 3];
     let mut pool = Pool::new(SimulatedDevice::new().with_capacity(cap), cfg);
