@@ -23,6 +23,9 @@ struct RangePages {
     slots: Vec<Slot>,
 }
 
+/// Up to this many ranges, a page's range is found by a linear scan.
+const SCAN_RANGES: usize = 8;
+
 #[derive(Default)]
 pub(super) struct PageTable {
     ranges: Vec<RangePages>,
@@ -38,12 +41,29 @@ impl PageTable {
     }
 
     /// (range, page number) of the page starting at `addr` (a page start
-    /// inside a range).
+    /// inside a range). Every allocation and free looks its pages up: a pool
+    /// has a handful of ranges, scanned faster than the map is searched.
+    #[inline]
     fn locate(&self, addr: u64) -> (usize, usize) {
-        let (_, &r) = self.by_addr.range(..=addr).next_back().expect("a page inside a range");
+        let r = if self.ranges.len() <= SCAN_RANGES {
+            let mut found = None;
+            for (i, rp) in self.ranges.iter().enumerate() {
+                if rp.base <= addr && found.is_none_or(|f: usize| self.ranges[f].base < rp.base) {
+                    found = Some(i);
+                }
+            }
+            found.expect("a page inside a range")
+        } else {
+            *self.by_addr.range(..=addr).next_back().expect("a page inside a range").1
+        };
         let rp = &self.ranges[r];
         debug_assert!((addr - rp.base).is_multiple_of(rp.page));
-        (r, ((addr - rp.base) / rp.page) as usize)
+        let n = if rp.page.is_power_of_two() {
+            (addr - rp.base) >> rp.page.trailing_zeros()
+        } else {
+            (addr - rp.base) / rp.page
+        };
+        (r, n as usize)
     }
 
     /// The page mapped at `addr`, if any.

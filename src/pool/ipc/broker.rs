@@ -163,7 +163,13 @@ fn set_timeouts(fd: RawFd) {
     let tv = libc::timeval { tv_sec: TIMEOUT_S, tv_usec: 0 };
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         unsafe {
-            libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&tv as *const libc::timeval).cast(), size_of::<libc::timeval>() as _)
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                size_of::<libc::timeval>() as _,
+            )
         };
     }
 }
@@ -172,7 +178,9 @@ fn set_timeouts(fd: RawFd) {
 fn trusted(fd: RawFd) -> bool {
     let mut cred: libc::ucred = unsafe { zeroed() };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+    };
     r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
 }
 
@@ -319,7 +327,8 @@ fn receive(fd: RawFd) -> io::Result<Reply> {
     if here > CHUNK || n != HEADER + 8 * here {
         return Err(io::ErrorKind::InvalidData.into());
     }
-    let sizes = (0..here).map(|i| u64::from_le_bytes(msg[HEADER + 8 * i..HEADER + 8 * i + 8].try_into().unwrap())).collect();
+    let sizes =
+        (0..here).map(|i| u64::from_le_bytes(msg[HEADER + 8 * i..HEADER + 8 * i + 8].try_into().unwrap())).collect();
     Ok((status, total, offset, sizes, fds))
 }
 

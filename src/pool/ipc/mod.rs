@@ -38,7 +38,10 @@ pub struct Ticket {
 /// What a sealed handle names.
 pub enum Sealed {
     /// The driver's handle of a segment, and the block's offset in it.
-    Segment { driver: Handle, offset: u64 },
+    Segment {
+        driver: Handle,
+        offset: u64,
+    },
     Pages(Ticket),
 }
 
@@ -139,10 +142,8 @@ pub fn opened(block: u64, mapping: Mapping) {
 /// The block of `ticket`, when it is open already: one more open of it.
 pub fn reopen(ticket: Ticket) -> Option<u64> {
     let mut opened = OPENED.lock();
-    let (&block, entry) = opened
-        .as_mut()?
-        .iter_mut()
-        .find(|(_, o)| matches!(&o.mapping, Mapping::Pages(p) if p.ticket == ticket))?;
+    let (&block, entry) =
+        opened.as_mut()?.iter_mut().find(|(_, o)| matches!(&o.mapping, Mapping::Pages(p) if p.ticket == ticket))?;
     entry.opens += 1;
     Some(block)
 }
