@@ -1,5 +1,5 @@
-//! Pool mode (`CUPOOL_OPTIONS=mode=pool`): device allocations served from
-//! cupool's per-context pools over the fake driver. Every fake program must
+//! Pool mode on fixed segments (`CUPOOL_OPTIONS=mode=pool:backing=segments`):
+//! device allocations served from cupool's per-context pools over the fake driver. Every fake program must
 //! still run correctly, the driver must see only the pools' segments (plus
 //! what pool mode passes through: managed and stream-ordered memory), blocks
 //! must be reused, `limit` must cap the pool and shape `cuMemGetInfo`, pointer
@@ -16,10 +16,11 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use support::*;
 
-/// Pool mode with every segment kept (`give_back=never`): these tests are
-/// about the pool's own mechanics; `tests/pool_safety.rs` covers giving
+/// The segment pool with every segment kept (`give_back=never`): these
+/// tests are about the segment pool's own mechanics (`tests/pool_vmm.rs`
+/// runs programs on VMM pages); `tests/pool_safety.rs` covers giving
 /// segments back, which the default options do.
-const POOL: &str = "mode=pool:give_back=never";
+const POOL: &str = "mode=pool:backing=segments:give_back=never";
 const PASSTHROUGH: &str = "mode=passthrough";
 const MIB: u64 = 1 << 20;
 

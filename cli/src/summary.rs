@@ -135,8 +135,7 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
             let ms = (c.create_ns + c.map_ns + c.access_ns + c.unmap_ns + c.release_ns) as f64 / 1e6;
             let _ = writeln!(
                 out,
-                "    device {:>2} VMM pages: {} created, {} released, {} mapped ({} moved), {} access grants; \
-                 {ms:.1} ms in cuMem* calls",
+                "    device {:>2} VMM pages: {} made, {} released, {} maps ({} moves), {} grants, {ms:.1} ms in cuMem*",
                 p.device, pg.creates, pg.releases, pg.maps, pg.remaps, pg.grants
             );
         }
