@@ -149,17 +149,22 @@ fn memory_freed_in_bulk_goes_back_to_the_device() {
         ["used_after_bulk_free", "used_after_churn", "used_after_other_bulk_free", "used_after_meminfo"]
             .map(|k| stdout_value(out, k).unwrap_or_else(|| panic!("no {k} in:\n{out}")))
     };
-    let (plain, auto, log) = both_ways(&prog, "");
+    let (plain, vmm, log) = both_ways(&prog, "");
     assert_eq!(used(&plain), [0, 0, 0, 0], "without cupool every free goes back");
+    // VMM pages (the default) by the same rule, by block size: the bulk free
+    // goes back, the 64 MiB churn keeps its pages; the 96 MiB blocks take
+    // those pages (no page is made while one is idle) and give them back.
+    assert_eq!(used(&vmm), [0, 64 * MIB, 0, 0], "backing=vmm, give_back=auto:\n{vmm}");
+    assert_eq!((log["options"]["give_back"].as_str(), log["options"]["backing"].as_str()), (Some("auto"), Some("vmm")));
+    let (_, auto, _) = both_ways(&prog, "backing=segments");
     // Bulk frees go back at once; the churn that follows (a 64 MiB segment
     // grown again within a second of one going back) keeps its size cached,
     // while a bulk free of another size still goes back, and everything
     // goes once the program asks how much memory is free.
     assert_eq!(used(&auto), [0, 64 * MIB, 64 * MIB, 0], "give_back=auto:\n{auto}");
-    assert_eq!(log["options"]["give_back"], "auto");
-    let (_, always, _) = both_ways(&prog, "give_back=always");
+    let (_, always, _) = both_ways(&prog, "backing=segments:give_back=always");
     assert_eq!(used(&always), [0, 0, 0, 0], "give_back=always");
-    let (_, never, _) = both_ways(&prog, "give_back=never");
+    let (_, never, _) = both_ways(&prog, "backing=segments:give_back=never");
     // Never: cached segments go only to make room below the peak (the 96 MiB
     // ones take the place of 64 MiB ones) and when the program asks.
     assert_eq!(used(&never), [512 * MIB, 512 * MIB, 512 * MIB, 0], "give_back=never");
@@ -181,19 +186,21 @@ fn kernels_on_per_thread_default_streams_make_reuse_wait_for_fences() {
 
 #[test]
 fn a_program_that_cycles_keeps_its_segment_cached() {
-    // 10000 cudaMalloc/cudaFree pairs: the first free gives the segment back,
-    // the next allocation regrows it at once, and from then on it stays.
+    // 10000 cudaMalloc/cudaFree pairs: the first free gives the segment (the
+    // page) back, the next allocation regrows it at once, and from then on it stays.
     let prog = compile_fake_program("reuse", "pool_reuse.c", &{
         let mut args = link_fake_cudart();
         args.extend(link_fake_cuda());
         args
     });
-    let dir = scratch_dir("safety-reuse");
-    let out = run_preloaded(&prog, &[], &dir, "");
-    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
-    let log = &read_logs(&dir)[0];
-    let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
-    assert_eq!((stats["allocs"], stats["frees"]), (2, 1), "driver allocations and frees: {stats:?}");
+    for (backing, made, gone) in [("segments", "allocs", "frees"), ("vmm", "vmm_creates", "vmm_releases")] {
+        let dir = scratch_dir(&format!("safety-reuse-{backing}"));
+        let out = run_preloaded(&prog, &[], &dir, &format!("backing={backing}"));
+        assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+        let log = &read_logs(&dir)[0];
+        let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
+        assert_eq!((stats[made], stats[gone]), (2, 1), "{backing}: made and given back: {stats:?}");
+    }
 }
 
 #[test]
@@ -244,11 +251,15 @@ fn a_block_freed_while_another_device_is_current_is_fenced_in_its_own_context() 
 #[test]
 fn a_segment_emptied_on_a_thread_without_a_context_goes_back_to_its_device() {
     let prog = compile_runtime_program("crossdev", "pool_cross_device.c");
-    let dir = scratch_dir("safety-nocontext");
-    let out = run_preloaded(&prog, &["thread"], &dir, "give_back=always");
-    assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
-    let log = &read_logs(&dir)[0];
-    let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
-    // The driver freed the segment: the pool's books and the device agree.
-    assert_eq!((stats["allocs"], stats["frees"], stats["live"]), (1, 1, 0), "{stats:?}");
+    // The driver freed the segment (released the block's 32 pages): the
+    // pool's books and the device agree.
+    for (backing, made, gone, count) in [("segments", "allocs", "frees", 1), ("vmm", "vmm_creates", "vmm_releases", 32)]
+    {
+        let dir = scratch_dir(&format!("safety-nocontext-{backing}"));
+        let out = run_preloaded(&prog, &["thread"], &dir, &format!("backing={backing}:give_back=always"));
+        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+        let log = &read_logs(&dir)[0];
+        let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
+        assert_eq!((stats[made], stats[gone], stats["live"]), (count, count, 0), "{backing}: {stats:?}");
+    }
 }

@@ -134,7 +134,8 @@ fn rmm_time_ns(text: &str) -> Option<u64> {
 pub enum Policy {
     /// cupool's fixed-segment pool with the shim's settings (`PoolConfig::shim_default`).
     Segments,
-    /// cupool's VMM pool (`VmmConfig::default`): 2 MiB pages, idle pages remapped.
+    /// cupool's VMM pool as the shim runs it (`VmmConfig::shim_default`):
+    /// 2 MiB pages, idle pages remapped, bulk frees given back.
     Vmm,
     /// PyTorch's caching allocator: the segment pool with PyTorch's defaults
     /// (`PoolConfig::default`: no release before growing, nothing given back).
@@ -225,7 +226,7 @@ fn replay(ops: &[Timed], policy: Policy) -> Outcome {
     match policy {
         Policy::Segments => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::shim_default())),
         Policy::PytorchCaching => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::default())),
-        Policy::Vmm => replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::default())),
+        Policy::Vmm => replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default())),
         Policy::PytorchExpandable => {
             replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::pytorch_expandable()))
         }

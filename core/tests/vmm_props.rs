@@ -297,6 +297,8 @@ fn config() -> impl Strategy<Value = VmmConfig> {
         Just(VmmConfig { small_max: 64 << 10, large_page: 4 * MIB, ..VmmConfig::default() }),
         Just(VmmConfig { keep_free: 0, window_ns: 1_000_000_000, ..VmmConfig::default() }),
         Just(VmmConfig::pytorch_expandable()),
+        Just(VmmConfig::shim_default()),
+        Just(VmmConfig { keep_free: 0, ..VmmConfig::shim_default() }),
     ]
 }
 

@@ -57,6 +57,7 @@ fuzz_target!(|data: &[u8]| {
         window_ns: pick(head[3] >> 3, &[0, 5_000_000_000, 1_000_000]),
         limit: pick(head[4], &[u64::MAX, 64 * MIB, 200 * MIB]),
         wait_share: pick(head[4] >> 4, &[4, 1, 16]),
+        cycle_regret_ns: [None, Some(1_000_000_000), Some(0)][(head[5] >> 3) as usize % 3],
         ..base
     };
     let capacity = [None, Some(48 * MIB), Some(160 * MIB)][head[5] as usize / 2 % 3];

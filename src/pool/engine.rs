@@ -28,15 +28,18 @@ fn limit() -> u64 {
     }
 }
 
-fn segments(ctx: u64) -> Engine {
-    let opts = options::get();
-    let defaults = PoolConfig::shim_default();
-    let give_back = match opts.give_back {
-        Policy::Auto => defaults.give_back,
+/// The segment pool's give-back rule, as the options ask.
+fn give_back() -> GiveBack {
+    match options::get().give_back {
+        Policy::Auto => PoolConfig::shim_default().give_back,
         Policy::Always => GiveBack::Always,
         Policy::Never => GiveBack::Never,
-    };
-    Engine::Segments(Pool::new(CudaBackend::new(ctx), PoolConfig { limit: limit(), give_back, ..defaults }))
+    }
+}
+
+fn segments(ctx: u64) -> Engine {
+    let config = PoolConfig { limit: limit(), give_back: give_back(), ..PoolConfig::shim_default() };
+    Engine::Segments(Pool::new(CudaBackend::new(ctx), config))
 }
 
 impl Engine {
@@ -58,6 +61,12 @@ impl Engine {
             ));
             return segments(ctx);
         };
+        // The same give-back rule as segments, by block size.
+        let cycle_regret_ns = match give_back() {
+            GiveBack::Auto { regret_ns } => Some(regret_ns),
+            GiveBack::Always => Some(0),
+            GiveBack::Never => None,
+        };
         let config = VmmConfig {
             small_page: page,
             large_page: page,
@@ -65,7 +74,8 @@ impl Engine {
             // As the segment pool in the shim: wait for the GPU only when
             // almost everything held is waiting.
             wait_share: PoolConfig::shim_default().wait_share,
-            ..VmmConfig::default()
+            cycle_regret_ns,
+            ..VmmConfig::shim_default()
         };
         Engine::Pages(VmmPool::new(pages, config))
     }

@@ -19,7 +19,7 @@ mod api;
 // and the same best-fit index.
 pub(crate) mod block;
 mod config;
-mod cycles;
+pub(crate) mod cycles;
 pub(crate) mod free_index;
 mod inspect;
 mod size;

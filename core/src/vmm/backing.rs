@@ -32,6 +32,9 @@ impl<B: PageBackend> VmmPool<B> {
                         // Idle, cooling or not: used in place, no unmap.
                         pg.cooling = None;
                         self.idle[small as usize].remove(&a);
+                        if self.doomed.remove(&a).is_some() {
+                            self.doomed_bytes -= p;
+                        }
                         self.stats.idle_bytes.dec(p);
                         self.stats.in_use_bytes.inc(p);
                     }
@@ -104,6 +107,9 @@ impl<B: PageBackend> VmmPool<B> {
     /// Unmaps the idle page at `a` (taken off the idle set); returns its handle.
     fn unmap_idle(&mut self, a: u64, size: u64) -> u64 {
         let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
+        if self.doomed.remove(&a).is_some() {
+            self.doomed_bytes -= size;
+        }
         self.backend.unmap(a, size);
         self.stats.num_unmaps += 1;
         self.stats.idle_bytes.dec(size);
@@ -203,6 +209,53 @@ impl<B: PageBackend> VmmPool<B> {
         }
         self.finished_upto = Some(tag);
         true
+    }
+
+    /// A block of a size the program has not been seen to allocate again
+    /// was freed: the pages it leaves idle are to go back as soon as the GPU
+    /// is done with them (a bulk free gives memory back, as `cudaFree`
+    /// does), and the size is remembered, so that allocating it again soon
+    /// marks it as cycling.
+    pub(super) fn doom_idle_pages(&mut self, seg: u32, addr: u64, size: u64) {
+        let small = self.ranges[seg as usize].small;
+        let p = self.config.page(small);
+        let mut any = false;
+        for a in self.page_span(seg, addr, size) {
+            if self.pages.get(a).is_some_and(|pg| pg.refs == 0) && self.doomed.insert(a, small).is_none() {
+                self.doomed_bytes += p;
+                any = true;
+            }
+        }
+        if any {
+            let now = self.backend.now_ns();
+            self.cycles.gave_back(size, now);
+        }
+    }
+
+    /// Gives back the doomed pages the GPU is done with. When more than
+    /// `keep_free` bytes of them still wait for it, waits for it (a bulk
+    /// free: `cudaFree` would have synchronized too).
+    pub(super) fn release_doomed(&mut self) {
+        if self.doomed.is_empty() {
+            return;
+        }
+        self.promote();
+        if self.doomed_bytes > self.config.keep_free && self.doomed.keys().any(|&a| self.is_cooling(a)) {
+            self.cool_down();
+        }
+        let ready: Vec<(u64, bool)> =
+            self.doomed.iter().filter(|&(&a, _)| !self.is_cooling(a)).map(|(&a, &s)| (a, s)).collect();
+        for (a, small) in ready {
+            if self.idle[small as usize].remove(&a) {
+                let p = self.config.page(small);
+                let handle = self.unmap_idle(a, p);
+                self.release_unmapped(handle, p);
+            }
+        }
+    }
+
+    fn is_cooling(&self, a: u64) -> bool {
+        self.pages.get(a).is_some_and(|pg| pg.cooling.is_some())
     }
 
     /// Waits for the GPU so that every cooling page may be unmapped; false

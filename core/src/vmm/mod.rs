@@ -76,6 +76,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use pages::PageTable;
 
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
+use crate::pool::cycles::Cycles;
 use crate::pool::free_index::{Entry, FreeIndex};
 use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Stat, Timeline, SEGMENT_ALIGN};
 
@@ -138,6 +139,12 @@ pub struct VmmConfig {
     /// ([`Timeline::wait_for`]) instead, while they cover it and are at
     /// least 1/`wait_share` of the reserved bytes (4; at least 1).
     pub wait_share: u64,
+    /// Pages a free leaves idle go back at once (once the GPU finished with
+    /// them), unless the freed block's size is one the program allocated
+    /// again within this many ns of its pages going back: then they stay,
+    /// under the high-water rule (the segment pool's `GiveBack::Auto`, by
+    /// block size). `None`: every idle page stays under the high-water rule.
+    pub cycle_regret_ns: Option<u64>,
 }
 
 impl Default for VmmConfig {
@@ -152,11 +159,19 @@ impl Default for VmmConfig {
             window_ns: 5_000_000_000,
             limit: u64::MAX,
             wait_share: 4,
+            cycle_regret_ns: None,
         }
     }
 }
 
 impl VmmConfig {
+    /// The settings the shim runs `backing=vmm` with: memory freed in bulk
+    /// goes back at once, memory the program frees and allocates again
+    /// within a second stays (as the segment pool's `give_back=auto`).
+    pub fn shim_default() -> VmmConfig {
+        VmmConfig { cycle_regret_ns: Some(1_000_000_000), ..VmmConfig::default() }
+    }
+
     /// A model of PyTorch's `expandable_segments:True` for one stream: the
     /// small pool maps 2 MiB pages and the large pool 20 MiB pages into one
     /// growing range each; a page stays where it was mapped, and pages are
@@ -274,6 +289,12 @@ pub struct VmmPool<B: PageBackend> {
     pending: VecDeque<(u32, u64)>,
     /// [`VmmPool::forget`]: nothing is held, nothing is handed out.
     forgotten: bool,
+    /// Block sizes the program frees and allocates again (`cycle_regret_ns`).
+    cycles: Cycles,
+    /// Idle pages to give back as soon as the GPU finished with them (a
+    /// bulk free under `cycle_regret_ns`), as address -> small; their bytes.
+    doomed: BTreeMap<u64, bool>,
+    doomed_bytes: u64,
     /// Highest tag known to be complete (reuse is safe).
     completed_upto: Option<u64>,
     /// Highest unmap tag known to be finished (unmapping is safe).
@@ -300,6 +321,9 @@ impl<B: PageBackend> VmmPool<B> {
             cooling: VecDeque::new(),
             pending: VecDeque::new(),
             forgotten: false,
+            cycles: Cycles::default(),
+            doomed: BTreeMap::new(),
+            doomed_bytes: 0,
             completed_upto: None,
             finished_upto: None,
             high_water: (0, 0),
@@ -427,6 +451,18 @@ impl<B: PageBackend> VmmPool<B> {
             return Err(OutOfMemory);
         };
         let small = rounded <= self.config.small_max;
+        let creates = self.stats.num_page_creates;
+        let r = self.allocate_as(small, rounded, requested);
+        if let Some(regret) = self.config.cycle_regret_ns {
+            if self.stats.num_page_creates > creates && self.cycles.gave_back_lately(rounded) {
+                let now = self.backend.now_ns();
+                self.cycles.growing(rounded, now, regret);
+            }
+        }
+        r
+    }
+
+    fn allocate_as(&mut self, small: bool, rounded: u64, requested: u64) -> Result<Block, OutOfMemory> {
         match self.try_allocate(small, rounded, requested) {
             Some(b) => Ok(b),
             // Every pending block back first: waiting costs less than failing.
@@ -550,13 +586,19 @@ impl<B: PageBackend> VmmPool<B> {
         let b = self.blocks[i];
         self.stats.active_bytes.dec(b.size);
         self.unback(b.seg, b.addr, b.size);
+        if self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(b.size) {
+            self.doom_idle_pages(b.seg, b.addr, b.size);
+        }
         self.make_free(i);
     }
 
     fn trim_after_free(&mut self) {
+        self.release_doomed();
         let in_use = self.stats.in_use_bytes.current;
         let keep = self.recent_high_water().saturating_sub(in_use).max(self.config.keep_free);
-        self.trim_idle(keep);
+        // Doomed pages still cooling count as idle but are not kept: they
+        // must not push kept pages out.
+        self.trim_idle(keep.saturating_add(self.doomed_bytes));
     }
 
     /// Frees the pending blocks whose tags are complete, oldest first.
@@ -606,6 +648,8 @@ impl<B: PageBackend> VmmPool<B> {
         }
         self.idle = [BTreeSet::new(), BTreeSet::new()];
         self.cooling.clear();
+        self.doomed.clear();
+        self.doomed_bytes = 0;
         let s = &mut self.stats;
         for st in [&mut s.reserved_bytes, &mut s.in_use_bytes, &mut s.idle_bytes] {
             st.dec(st.current);

@@ -2,6 +2,7 @@
 
 use super::testing::SimulatedPages;
 use super::*;
+use crate::pool::testing::Fences;
 
 fn pool() -> VmmPool<SimulatedPages> {
     VmmPool::new(SimulatedPages::new(), VmmConfig::default())
@@ -316,4 +317,61 @@ fn block_pages_are_the_mapped_pages_under_a_block() {
     assert_eq!(p.block_pages(small.addr).unwrap().len(), 1);
     p.free(a.id);
     assert_eq!(p.block_pages(a.addr), None, "a freed block has no pages to share");
+}
+
+/// `cycle_regret_ns` (the shim's settings): what a program frees in bulk
+/// goes back at once; a size it frees and allocates again within the regret
+/// time keeps its pages from then on; a bulk free of another size after that
+/// still goes back. The replay's four phases of `tests/fake/pool_give_back.c`.
+#[test]
+fn bulk_frees_go_back_and_cycling_sizes_stay() {
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
+    let bulk: Vec<Block> = (0..8).map(|_| p.allocate(64 * MIB).unwrap()).collect();
+    for b in &bulk {
+        p.free(b.id);
+    }
+    assert_eq!(p.backend().held(), 0, "a bulk free goes back");
+    for round in 0..3 {
+        let b = p.allocate(64 * MIB).unwrap();
+        p.free(b.id);
+        assert_eq!(p.backend().held(), 64 * MIB, "round {round}: a size regrown within a second stays");
+    }
+    assert_eq!(p.stats().num_page_creates, 8 * 32 + 32, "pages made for the bulk and once for the loop");
+    let other: Vec<Block> = (0..4).map(|_| p.allocate(96 * MIB).unwrap()).collect();
+    for b in &other {
+        p.free(b.id);
+    }
+    // The kept pages went into the 96 MiB blocks (no page is made while
+    // one is idle) and back with them: 96 MiB is not a size that cycles.
+    assert_eq!(p.backend().held(), 0);
+    assert_eq!(p.empty_cache(), 0);
+}
+
+#[test]
+fn a_size_allocated_again_after_the_regret_time_is_not_kept() {
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
+    let a = p.allocate(8 * MIB).unwrap();
+    p.free(a.id);
+    p.backend_mut().now += 2_000_000_000;
+    let a = p.allocate(8 * MIB).unwrap();
+    p.free(a.id);
+    assert_eq!(p.backend().held(), 0, "two seconds apart: not a cycle");
+}
+
+#[test]
+fn doomed_pages_wait_for_the_gpu_before_they_go() {
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { keep_free: u64::MAX, ..VmmConfig::shim_default() });
+    let a = p.allocate(4 * MIB).unwrap();
+    p.backend_mut().fences = Fences::AtQueued;
+    p.backend_mut().launch();
+    p.free(a.id);
+    // The free waits for its fence; then its pages cool until the work is done.
+    assert_eq!(p.backend().held(), 4 * MIB);
+    p.backend_mut().complete_all();
+    p.backend_mut().fences = Fences::Off;
+    // The next free (no work behind it) reclaims the first and gives both back.
+    let b = p.allocate(MIB).unwrap();
+    p.free(b.id);
+    assert_eq!(p.backend().held(), 0, "given back once the GPU finished");
+    assert!(p.backend().unmapped.iter().all(|&(_, done)| done >= 1), "no page unmapped under queued work");
 }
