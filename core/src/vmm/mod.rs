@@ -451,10 +451,13 @@ impl<B: PageBackend> VmmPool<B> {
             return Err(OutOfMemory);
         };
         let small = rounded <= self.config.small_max;
-        let creates = self.stats.num_page_creates;
+        // Pages made or taken from elsewhere for this block: the pool grew
+        // for it, or would have without idle pages to take.
+        let grown = |s: &VmmStats| s.num_page_creates + s.num_remaps;
+        let before = grown(&self.stats);
         let r = self.allocate_as(small, rounded, requested);
         if let Some(regret) = self.config.cycle_regret_ns {
-            if self.stats.num_page_creates > creates && self.cycles.gave_back_lately(rounded) {
+            if grown(&self.stats) > before && self.cycles.gave_back_lately(rounded) {
                 let now = self.backend.now_ns();
                 self.cycles.growing(rounded, now, regret);
             }
