@@ -146,7 +146,7 @@ impl Default for Options {
             verbosity: 1,
             fence_us: 500,
             give_back: GiveBack::Auto,
-            backing: Backing::Segments,
+            backing: Backing::Vmm,
             nvtx: true,
             stack_depth: 32,
             python_depth: 16,
@@ -185,10 +185,10 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ),
     (
         "backing",
-        "segments",
-        "pool mode: segments | vmm: carve blocks from fixed cuMemAlloc segments, or from physical pages mapped \
-         into reserved address ranges (cuMemCreate/cuMemMap; segments where the device has no VMM or a memory tool \
-         is attached)",
+        "vmm",
+        "pool mode: vmm | segments: carve blocks from physical pages mapped into reserved address ranges \
+         (cuMemCreate/cuMemMap; segments where the device has no VMM or a memory tool is attached), or from fixed \
+         cuMemAlloc segments",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),

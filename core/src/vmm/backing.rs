@@ -228,7 +228,7 @@ impl<B: PageBackend> VmmPool<B> {
         }
         if any {
             let now = self.backend.now_ns();
-            self.cycles.gave_back(size, now);
+            self.cycles.gave_back(self.cycle_key(size, small), now);
         }
     }
 

@@ -457,9 +457,10 @@ impl<B: PageBackend> VmmPool<B> {
         let before = grown(&self.stats);
         let r = self.allocate_as(small, rounded, requested);
         if let Some(regret) = self.config.cycle_regret_ns {
-            if grown(&self.stats) > before && self.cycles.gave_back_lately(rounded) {
+            let key = self.cycle_key(rounded, small);
+            if grown(&self.stats) > before && self.cycles.gave_back_lately(key) {
                 let now = self.backend.now_ns();
-                self.cycles.growing(rounded, now, regret);
+                self.cycles.growing(key, now, regret);
             }
         }
         r
@@ -589,10 +590,22 @@ impl<B: PageBackend> VmmPool<B> {
         let b = self.blocks[i];
         self.stats.active_bytes.dec(b.size);
         self.unback(b.seg, b.addr, b.size);
-        if self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(b.size) {
+        let small = self.ranges[b.seg as usize].small;
+        if self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(b.size, small)) {
             self.doom_idle_pages(b.seg, b.addr, b.size);
         }
         self.make_free(i);
+    }
+
+    /// Sizes are told apart coarsely, as the segment pool's few segment
+    /// sizes group requests: by the pages they span, in steps of √2 (a loop
+    /// whose shapes vary from one iteration to the next still cycles
+    /// through the same few keys; 64 and 96 MiB differ).
+    fn cycle_key(&self, size: u64, small: bool) -> u64 {
+        let pages = size.div_ceil(self.config.page(small)).max(1);
+        let log2 = 63 - pages.leading_zeros() as u64;
+        // Half steps: past 1.5 × 2^k (close enough to √2) the next key.
+        2 * log2 + u64::from(pages >= 3 << log2.saturating_sub(1) && log2 > 0) + if small { 1 << 32 } else { 0 }
     }
 
     fn trim_after_free(&mut self) {
