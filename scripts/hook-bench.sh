@@ -13,8 +13,11 @@ n=${1:-300000}
 printf '%-62s %s\n' "fake runtime, no shim" "$(target/hook_pair $n)"
 # Allocation sites (stack_depth, python_depth) are on by default; the first four rows turn them off.
 nostacks=stack_depth=0:python_depth=0
-for o in mode=passthrough:trace=0:$nostacks mode=passthrough:trace=1:$nostacks mode=pool:trace=0:$nostacks \
-         mode=pool:trace=1:$nostacks mode=pool:trace=0 mode=pool:trace=1; do
+# The pool rows run on each backing: vmm (the default) and segments.
+for o in mode=passthrough:trace=0:$nostacks mode=passthrough:trace=1:$nostacks \
+         mode=pool:backing=vmm:trace=0:$nostacks mode=pool:backing=segments:trace=0:$nostacks \
+         mode=pool:backing=vmm:trace=1:$nostacks mode=pool:backing=segments:trace=1:$nostacks \
+         mode=pool:trace=0 mode=pool:backing=segments:trace=0 mode=pool:trace=1; do
   printf '%-62s %s\n' "$o" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n)"
 done
 rm -rf target/hook-bench-logs

@@ -157,7 +157,8 @@ pub fn publish_pages(b: &PooledBlock) -> Result<super::ipc::Ticket, crate::cuda:
     // One descriptor now, so that an export the receiver could never open
     // fails here, with the driver's error.
     super::ipc::pages::export_fd(first.handle)?;
-    super::ipc::broker::publish(b.pool, b.addr, pages.iter().map(|p| (p.handle, p.size)).collect(), offset)
+    let pages = pages.iter().map(|p| (p.handle, p.size)).collect();
+    super::ipc::broker::publish(b.pool, b.addr, pages, offset, super::ipc::pages::export_fd)
 }
 
 /// The block's IPC handle went out: keep it out of reuse for the rest of the run.

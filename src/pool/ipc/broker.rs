@@ -60,17 +60,27 @@ fn socket_name(pid: u32) -> String {
     format!("cupool-ipc-{pid}")
 }
 
+/// How a page handle becomes a descriptor (`pages::export_fd`: the
+/// broker's one CUDA call, made on its own thread).
+pub type ExportFd = fn(u64) -> Result<OwnedFd, Status>;
+
 /// Publishes the pages of the block at `block` (`offset` into the first)
 /// exported from `pool`; returns the ticket its handle carries. `Err`: the
 /// broker could not be started.
-pub fn publish(pool: usize, block: u64, pages: Vec<(u64, u64)>, offset: u64) -> Result<Ticket, Status> {
+pub fn publish(
+    pool: usize,
+    block: u64,
+    pages: Vec<(u64, u64)>,
+    offset: u64,
+    export_fd: ExportFd,
+) -> Result<Ticket, Status> {
     let pid = std::process::id();
     let mut exports = EXPORTS.lock();
     if exports.pid != pid {
         *exports = Exports { pid, serving: false, list: Vec::new() };
     }
     if !exports.serving {
-        start(pid).map_err(|e| {
+        start(pid, export_fd).map_err(|e| {
             crate::runtime::diag::error(&format!("cannot start the IPC broker for VMM blocks: {e}"));
             INVALID_VALUE
         })?;
@@ -133,16 +143,16 @@ fn check(r: libc::c_int) -> io::Result<()> {
     }
 }
 
-fn start(pid: u32) -> io::Result<()> {
+fn start(pid: u32, export_fd: ExportFd) -> io::Result<()> {
     let listener = socket()?;
     let (addr, len) = address(pid);
     check(unsafe { libc::bind(listener.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
     check(unsafe { libc::listen(listener.as_raw_fd(), 64) })?;
-    std::thread::Builder::new().name("cupool-ipc".into()).spawn(move || serve(listener))?;
+    std::thread::Builder::new().name("cupool-ipc".into()).spawn(move || serve(listener, export_fd))?;
     Ok(())
 }
 
-fn serve(listener: OwnedFd) {
+fn serve(listener: OwnedFd, export_fd: ExportFd) {
     loop {
         let fd = unsafe {
             libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
@@ -155,7 +165,7 @@ fn serve(listener: OwnedFd) {
             return;
         }
         let conn = unsafe { OwnedFd::from_raw_fd(fd) };
-        let _ = crate::runtime::diag::shielded(|| answer(&conn));
+        let _ = crate::runtime::diag::shielded(|| answer(&conn, export_fd));
     }
 }
 
@@ -184,7 +194,7 @@ fn trusted(fd: RawFd) -> bool {
     r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
 }
 
-fn answer(conn: &OwnedFd) -> io::Result<()> {
+fn answer(conn: &OwnedFd, export_fd: ExportFd) -> io::Result<()> {
     let fd = conn.as_raw_fd();
     set_timeouts(fd);
     let mut req = [0u8; REQUEST];
@@ -205,7 +215,7 @@ fn answer(conn: &OwnedFd) -> io::Result<()> {
     for chunk in pages.chunks(CHUNK) {
         let mut fds = Vec::with_capacity(chunk.len());
         for &(handle, _) in chunk {
-            match super::pages::export_fd(handle) {
+            match export_fd(handle) {
                 Ok(f) => fds.push(f),
                 Err(status) => return send(fd, status, 0, 0, &[], &[]),
             }
