@@ -135,13 +135,21 @@ pub fn open(handle: &Handle, out: &mut u64, runtime: bool, real: impl FnOnce(&Ha
 /// A block on another process's VMM pages: mapped here from its pages'
 /// shareable handles, once per process however often it is opened.
 fn open_pages(ticket: pool::ipc::Ticket, out: &mut u64) -> Status {
-    if ticket.pid == std::process::id() {
+    if diag::shielded(|| pool::ipc::broker::is_own(&ticket)) == Some(true) {
         // CUDA refuses to open a process's own handle.
         return INVALID_CONTEXT;
     }
-    if let Some(block) = diag::shielded(|| pool::ipc::reopen(ticket)).flatten() {
-        *out = block;
-        return SUCCESS;
+    let ctx = match pool::ipc::pages::current_context() {
+        Ok(ctx) => ctx,
+        Err(r) => return r,
+    };
+    // Opened before in this context (each context maps it once, for its device).
+    if let Some(block) = diag::shielded(|| pool::ipc::reopen(ticket, ctx)).flatten() {
+        if pool::ipc::pages::still_mapped(block) {
+            *out = block;
+            return SUCCESS;
+        }
+        diag::shielded(|| pool::ipc::forget_opened(block));
     }
     match diag::shielded(|| pool::ipc::pages::import(ticket)).unwrap_or(Err(INVALID_VALUE)) {
         Ok((block, mapping)) => {
@@ -165,12 +173,15 @@ pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
             }
             r
         }
-        Some(Mapping::Pages(_)) => {
-            if let Some(Some(Mapping::Pages(last))) = diag::shielded(|| pool::ipc::closed(ptr)) {
+        Some(Mapping::Pages(_)) => match diag::shielded(|| pool::ipc::closed(ptr)).flatten() {
+            // Closed meanwhile by another thread: as closing an unopened pointer.
+            None => INVALID_VALUE,
+            Some(Some(Mapping::Pages(last))) => {
                 diag::shielded(|| pool::ipc::pages::unmap(&last));
+                SUCCESS
             }
-            SUCCESS
-        }
+            Some(_) => SUCCESS,
+        },
     }
 }
 

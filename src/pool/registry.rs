@@ -154,9 +154,11 @@ pub fn publish_pages(b: &PooledBlock) -> Result<super::ipc::Ticket, crate::cuda:
     let pages = pool.pool.lock().block_pages(b.addr).ok_or(crate::cuda::INVALID_VALUE)?;
     let first = pages.first().ok_or(crate::cuda::INVALID_VALUE)?;
     let offset = b.addr - first.addr;
-    // One descriptor now, so that an export the receiver could never open
-    // fails here, with the driver's error.
-    super::ipc::pages::export_fd(first.handle)?;
+    // A descriptor of every page now (closed at once), so that an export a
+    // receiver could never open fails here, with the driver's error.
+    for p in &pages {
+        super::ipc::pages::export_fd(p.handle)?;
+    }
     let pages = pages.iter().map(|p| (p.handle, p.size)).collect();
     super::ipc::broker::publish(b.pool, b.addr, pages, offset, super::ipc::pages::export_fd)
 }

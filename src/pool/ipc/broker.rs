@@ -9,9 +9,12 @@
 //! descriptors. The thread makes no CUDA call but the export of each
 //! descriptor, and holds no lock of the pool's.
 //!
-//! The socket is abstract (`\0cupool-ipc-<pid>`, gone with the process) and
-//! serves only the exporter's own user (or root); a ticket's random token
-//! must match, so a reused pid never hands out other memory. Replies carry
+//! The socket is abstract (`\0cupool-ipc-<pid>-<nonce>`, gone with the
+//! process; the random nonce, carried in the ticket, keeps processes of
+//! other PID namespaces and a reused pid apart). Each side checks that the
+//! other is the same user (or root), and a ticket's random token must
+//! match, so nothing but the exported block is ever handed out. Each
+//! connection is answered on a thread of its own. Replies carry
 //! at most `CHUNK` descriptors each, which the receiver imports and closes
 //! before reading on: a block of thousands of pages never holds thousands
 //! of descriptors open.
@@ -43,21 +46,30 @@ struct Export {
 }
 
 struct Exports {
-    /// The process the list and the thread belong to (a forked child starts afresh).
+    /// The process the list and the broker belong to (a forked child starts afresh).
     pid: u32,
-    serving: bool,
+    /// The broker's socket name part (0: no broker).
+    nonce: u64,
+    /// The listening socket (a forked child closes its copy).
+    listener: RawFd,
     list: Vec<Option<Export>>,
 }
 
-static EXPORTS: Mutex<Exports> = Mutex::new(Exports { pid: 0, serving: false, list: Vec::new() });
+static EXPORTS: Mutex<Exports> = Mutex::new(Exports { pid: 0, nonce: 0, listener: -1, list: Vec::new() });
 
 /// Request: id (u32), pad (u32), token (u64).
 const REQUEST: usize = 16;
 /// Reply header: status (u32), total pages (u32), offset (u64), pages here (u32), pad (u32).
 const HEADER: usize = 24;
 
-fn socket_name(pid: u32) -> String {
-    format!("cupool-ipc-{pid}")
+fn socket_name(pid: u32, nonce: u64) -> String {
+    format!("cupool-ipc-{pid}-{nonce:016x}")
+}
+
+/// This process's broker, when it has one: `ticket` is one of its own.
+pub fn is_own(ticket: &Ticket) -> bool {
+    let exports = EXPORTS.lock();
+    ticket.pid == std::process::id() && exports.pid == ticket.pid && exports.nonce == ticket.nonce
 }
 
 /// How a page handle becomes a descriptor (`pages::export_fd`: the
@@ -77,23 +89,25 @@ pub fn publish(
     let pid = std::process::id();
     let mut exports = EXPORTS.lock();
     if exports.pid != pid {
-        *exports = Exports { pid, serving: false, list: Vec::new() };
+        *exports = Exports { pid, nonce: 0, listener: -1, list: Vec::new() };
     }
-    if !exports.serving {
-        start(pid, export_fd).map_err(|e| {
+    if exports.nonce == 0 {
+        let nonce = random_u64();
+        exports.listener = start(pid, nonce, export_fd).map_err(|e| {
             crate::runtime::diag::error(&format!("cannot start the IPC broker for VMM blocks: {e}"));
             INVALID_VALUE
         })?;
-        exports.serving = true;
+        exports.nonce = nonce;
     }
+    let nonce = exports.nonce;
     let known = exports.list.iter().position(|e| e.as_ref().is_some_and(|e| e.pool == pool && e.block == block));
     if let Some(i) = known {
         let token = exports.list[i].as_ref().map_or(0, |e| e.token);
-        return Ok(Ticket { pid, id: i as u32 + 1, token });
+        return Ok(Ticket { pid, nonce, id: i as u32 + 1, token });
     }
-    let token = random_token();
+    let token = random_u64();
     exports.list.push(Some(Export { token, pool, block, pages, offset }));
-    Ok(Ticket { pid, id: exports.list.len() as u32, token })
+    Ok(Ticket { pid, nonce, id: exports.list.len() as u32, token })
 }
 
 /// The context of `pool` died, and its pages with it: its exports end.
@@ -105,7 +119,7 @@ pub fn forget_pool(pool: usize) {
     }
 }
 
-fn random_token() -> u64 {
+fn random_u64() -> u64 {
     let mut t = 0u64;
     let n = unsafe { libc::getrandom((&mut t as *mut u64).cast(), size_of::<u64>(), 0) };
     if n != size_of::<u64>() as isize {
@@ -115,10 +129,10 @@ fn random_token() -> u64 {
     t | 1
 }
 
-fn address(pid: u32) -> (libc::sockaddr_un, libc::socklen_t) {
+fn address(pid: u32, nonce: u64) -> (libc::sockaddr_un, libc::socklen_t) {
     let mut addr: libc::sockaddr_un = unsafe { zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = socket_name(pid);
+    let name = socket_name(pid, nonce);
     // Abstract: a leading NUL, no file.
     for (dst, &b) in addr.sun_path[1..].iter_mut().zip(name.as_bytes()) {
         *dst = b as libc::c_char;
@@ -143,13 +157,15 @@ fn check(r: libc::c_int) -> io::Result<()> {
     }
 }
 
-fn start(pid: u32, export_fd: ExportFd) -> io::Result<()> {
+/// Binds the broker's socket and starts its thread; returns the socket.
+fn start(pid: u32, nonce: u64, export_fd: ExportFd) -> io::Result<RawFd> {
     let listener = socket()?;
-    let (addr, len) = address(pid);
+    let (addr, len) = address(pid, nonce);
     check(unsafe { libc::bind(listener.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
     check(unsafe { libc::listen(listener.as_raw_fd(), 64) })?;
+    let fd = listener.as_raw_fd();
     std::thread::Builder::new().name("cupool-ipc".into()).spawn(move || serve(listener, export_fd))?;
-    Ok(())
+    Ok(fd)
 }
 
 fn serve(listener: OwnedFd, export_fd: ExportFd) {
@@ -158,14 +174,34 @@ fn serve(listener: OwnedFd, export_fd: ExportFd) {
             libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
         };
         if fd < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR | libc::ECONNABORTED) => continue,
+                // Out of descriptors or memory for now: try again shortly.
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                _ => {
+                    // The listener is gone (never expected): later exports
+                    // start a new broker; opens of earlier tickets fail.
+                    let mut exports = EXPORTS.lock();
+                    if exports.listener == listener.as_raw_fd() {
+                        exports.nonce = 0;
+                        exports.listener = -1;
+                    }
+                    return;
+                }
             }
-            // The listener is gone (never expected): exports fail in receivers.
-            return;
         }
         let conn = unsafe { OwnedFd::from_raw_fd(fd) };
-        let _ = crate::runtime::diag::shielded(|| answer(&conn, export_fd));
+        if !trusted(conn.as_raw_fd()) {
+            continue;
+        }
+        // A slow or silent client must not hold up the others.
+        let spawned = std::thread::Builder::new()
+            .name("cupool-ipc-conn".into())
+            .spawn(move || crate::runtime::diag::shielded(|| answer(&conn, export_fd)));
+        drop(spawned);
     }
 }
 
@@ -204,15 +240,19 @@ fn answer(conn: &OwnedFd, export_fd: ExportFd) -> io::Result<()> {
     }
     let id = u32::from_le_bytes(req[0..4].try_into().unwrap());
     let token = u64::from_le_bytes(req[8..16].try_into().unwrap());
-    let found = trusted(fd).then(|| {
+    let live = || {
         let exports = EXPORTS.lock();
         let e = exports.list.get((id as usize).wrapping_sub(1))?.as_ref()?;
         (e.token == token).then(|| (e.pages.clone(), e.offset))
-    });
-    let Some((pages, offset)) = found.flatten() else {
+    };
+    let Some((pages, offset)) = live() else {
         return send(fd, INVALID_VALUE, 0, 0, &[], &[]);
     };
     for chunk in pages.chunks(CHUNK) {
+        if live().is_none() {
+            // Its context died meanwhile: its handles are gone.
+            return send(fd, INVALID_VALUE, 0, 0, &[], &[]);
+        }
         let mut fds = Vec::with_capacity(chunk.len());
         for &(handle, _) in chunk {
             match export_fd(handle) {
@@ -269,9 +309,13 @@ pub fn fetch(ticket: Ticket, mut take: impl FnMut(RawFd, u64) -> Result<(), Stat
     let conn = socket().map_err(|_| INVALID_VALUE)?;
     let fd = conn.as_raw_fd();
     set_timeouts(fd);
-    let (addr, len) = address(ticket.pid);
+    let (addr, len) = address(ticket.pid, ticket.nonce);
     // No broker: the exporter is gone, or never exported this.
     check(unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) }).map_err(|_| INVALID_VALUE)?;
+    if !trusted(fd) {
+        // Another user's socket under the broker's name: nothing from it is mapped.
+        return Err(INVALID_VALUE);
+    }
     let mut req = [0u8; REQUEST];
     req[0..4].copy_from_slice(&ticket.id.to_le_bytes());
     req[8..16].copy_from_slice(&ticket.token.to_le_bytes());
@@ -348,7 +392,16 @@ pub fn lock_for_fork() {
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
-pub unsafe fn unlock_after_fork(_in_child: bool) {
-    // A child finds the parent's pid in the list and starts afresh when it exports.
+pub unsafe fn unlock_after_fork(in_child: bool) {
     EXPORTS.force_unlock();
+    if in_child {
+        // The parent's broker thread did not come along: its socket must not
+        // stay open here (clients would connect and wait for nobody). The
+        // child starts a broker of its own when it exports.
+        let mut exports = EXPORTS.lock();
+        if exports.listener >= 0 {
+            libc::close(exports.listener);
+        }
+        *exports = Exports { pid: 0, nonce: 0, listener: -1, list: Vec::new() };
+    }
 }

@@ -29,6 +29,8 @@ const OFFSET_SHIFT: u32 = 9;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     pub pid: u32,
+    /// The exporter's broker, among processes of the same pid (PID namespaces).
+    pub nonce: u64,
     pub id: u32,
     /// Random per export: a broker that is not the exporter (a reused pid)
     /// refuses the ticket instead of serving other memory.
@@ -83,6 +85,7 @@ pub fn seal_pages(t: Ticket) -> Handle {
     h[1..5].copy_from_slice(&t.pid.to_le_bytes());
     h[5..9].copy_from_slice(&t.id.to_le_bytes());
     h[9..17].copy_from_slice(&t.token.to_le_bytes());
+    h[17..25].copy_from_slice(&t.nonce.to_le_bytes());
     scramble(&mut h);
     mark(&mut h, SEAL_PAGES);
     h
@@ -103,18 +106,21 @@ pub fn unseal(h: &Handle) -> Option<Sealed> {
             plain[60..].fill(0);
             Some(Sealed::Segment { driver: plain, offset })
         }
-        SEAL_PAGES if h[0] == PAGES_KIND && h[17..56] == seal_pages_tail() => {
-            Some(Sealed::Pages(Ticket { pid: word(1..5) as u32, id: word(5..9) as u32, token: word(9..17) }))
-        }
+        SEAL_PAGES if h[0] == PAGES_KIND && h[25..56] == seal_pages_tail() => Some(Sealed::Pages(Ticket {
+            pid: word(1..5) as u32,
+            id: word(5..9) as u32,
+            token: word(9..17),
+            nonce: word(17..25),
+        })),
         _ => None,
     }
 }
 
-/// Bytes 17..56 of every pages seal (zeros, scrambled).
-fn seal_pages_tail() -> [u8; 39] {
+/// Bytes 25..56 of every pages seal (zeros, scrambled).
+fn seal_pages_tail() -> [u8; 31] {
     let mut h = [0u8; 64];
     scramble(&mut h);
-    h[17..56].try_into().expect("39 bytes")
+    h[25..56].try_into().expect("31 bytes")
 }
 
 /// How a block opened from a sealed handle is mapped in this process.
@@ -134,18 +140,36 @@ struct Opened {
 /// Blocks opened from sealed handles, by the address the program got.
 static OPENED: Mutex<Option<HashMap<u64, Opened>>> = Mutex::new(None);
 
-/// A block was opened from a sealed handle, mapped as `mapping`.
+/// A block was opened from a sealed handle, mapped as `mapping`. The
+/// driver counts opens of one segment itself (same base); a new pages
+/// mapping at an address replaces whatever was recorded there (a mapping
+/// that died with its context).
 pub fn opened(block: u64, mapping: Mapping) {
-    OPENED.lock().get_or_insert_with(HashMap::new).entry(block).or_insert(Opened { mapping, opens: 0 }).opens += 1;
+    let mut opened = OPENED.lock();
+    let table = opened.get_or_insert_with(HashMap::new);
+    match mapping {
+        Mapping::Pages(_) => drop(table.insert(block, Opened { mapping, opens: 1 })),
+        Mapping::Segment { .. } => table.entry(block).or_insert(Opened { mapping, opens: 0 }).opens += 1,
+    }
 }
 
-/// The block of `ticket`, when it is open already: one more open of it.
-pub fn reopen(ticket: Ticket) -> Option<u64> {
+/// The block of `ticket` when it is open already in context `ctx`: one more
+/// open of it.
+pub fn reopen(ticket: Ticket, ctx: u64) -> Option<u64> {
     let mut opened = OPENED.lock();
-    let (&block, entry) =
-        opened.as_mut()?.iter_mut().find(|(_, o)| matches!(&o.mapping, Mapping::Pages(p) if p.ticket == ticket))?;
+    let (&block, entry) = opened
+        .as_mut()?
+        .iter_mut()
+        .find(|(_, o)| matches!(&o.mapping, Mapping::Pages(p) if p.ticket == ticket && p.ctx() == ctx))?;
     entry.opens += 1;
     Some(block)
+}
+
+/// Forgets the block at `ptr` (its mapping died with its context).
+pub fn forget_opened(ptr: u64) {
+    if let Some(table) = OPENED.lock().as_mut() {
+        table.remove(&ptr);
+    }
 }
 
 /// How the block at `ptr` is mapped, when it was opened from a sealed handle.
@@ -153,16 +177,17 @@ pub fn opened_at(ptr: u64) -> Option<Mapping> {
     OPENED.lock().as_ref()?.get(&ptr).map(|o| o.mapping.clone())
 }
 
-/// One open of the block at `ptr` was closed; its mapping when that was the last.
-pub fn closed(ptr: u64) -> Option<Mapping> {
+/// One open of the block at `ptr` was closed: `None` when it was not open,
+/// else its mapping when that was the last close.
+pub fn closed(ptr: u64) -> Option<Option<Mapping>> {
     let mut opened = OPENED.lock();
     let table = opened.as_mut()?;
     let entry = table.get_mut(&ptr)?;
     entry.opens -= 1;
     if entry.opens > 0 {
-        return None;
+        return Some(None);
     }
-    table.remove(&ptr).map(|o| o.mapping)
+    Some(table.remove(&ptr).map(|o| o.mapping))
 }
 
 pub fn lock_for_fork() {
@@ -197,7 +222,7 @@ mod tests {
             Some(Sealed::Segment { driver: d, offset }) => assert_eq!((d, offset), (driver, 3 << 20)),
             _ => panic!("a segment seal"),
         }
-        let t = Ticket { pid: 4242, id: 7, token: 0x0123_4567_89ab_cdef };
+        let t = Ticket { pid: 4242, id: 7, token: 0x0123_4567_89ab_cdef, nonce: 0xfeed_beef_0000_0042 };
         let p = seal_pages(t);
         match unseal(&p) {
             Some(Sealed::Pages(back)) => assert_eq!(back, t),

@@ -35,19 +35,41 @@ pub struct Imported {
     pages: Vec<(u64, u64, CUmemGenericAllocationHandle)>,
 }
 
+impl Imported {
+    /// The context it is mapped in.
+    pub fn ctx(&self) -> u64 {
+        self.ctx
+    }
+}
+
+/// The current context, or CUDA's error for its absence.
+pub fn current_context() -> Result<u64, Status> {
+    let mut ctx = std::ptr::null_mut();
+    let r = unsafe { real!(cuCtxGetCurrent(&mut ctx)) };
+    if r != SUCCESS {
+        return Err(r);
+    }
+    if ctx.is_null() {
+        return Err(crate::cuda::INVALID_CONTEXT);
+    }
+    Ok(ctx as u64)
+}
+
+/// Is `ptr` still mapped (not gone with a destroyed context)?
+pub fn still_mapped(ptr: u64) -> bool {
+    let (mut base, mut size) = (0u64, 0usize);
+    unsafe { real!(cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) == SUCCESS }
+}
+
 /// Maps the block of `ticket` in the current context; returns its address.
 pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
-    let mut ctx = std::ptr::null_mut();
+    let ctx = current_context()?;
     let mut device = 0;
-    let r = unsafe { real!(cuCtxGetCurrent(&mut ctx)) };
-    if r != SUCCESS || ctx.is_null() {
-        return Err(if r != SUCCESS { r } else { crate::cuda::INVALID_CONTEXT });
-    }
     let r = unsafe { real!(cuCtxGetDevice(&mut device)) };
     if r != SUCCESS {
         return Err(r);
     }
-    let mut m = Imported { ticket, ctx: ctx as u64, base: 0, span: 0, pages: Vec::new() };
+    let mut m = Imported { ticket, ctx, base: 0, span: 0, pages: Vec::new() };
     let mut handles = Vec::new();
     let fetched = broker::fetch(ticket, |fd: RawFd, size| {
         let mut h: CUmemGenericAllocationHandle = 0;
