@@ -74,7 +74,7 @@ impl<B: PageBackend> VmmPool<B> {
         if !ok {
             // Undo the counts: the pages of the span mapped so far (here or
             // before) lose this block; those it alone held become idle.
-            self.unback(seg, addr, size);
+            self.unback(seg, addr, size, false);
             if granted.is_some() {
                 // Pages mapped here may not be accessible: none may stay idle.
                 self.trim_idle(0);
@@ -155,11 +155,16 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// Takes the block off every mapped page under it; pages left with no
-    /// block become idle.
-    pub(super) fn unback(&mut self, seg: u32, addr: u64, size: u64) {
+    /// block become idle. With `doom` (a freed block of a size the program
+    /// has not been seen to allocate again), those pages are to go back as
+    /// soon as the GPU is done with them (a bulk free gives memory back, as
+    /// `cudaFree` does), and the size is remembered, so that allocating it
+    /// again soon marks it as cycling.
+    pub(super) fn unback(&mut self, seg: u32, addr: u64, size: u64, doom: bool) {
         let small = self.ranges[seg as usize].small;
         let p = self.config.page(small);
         let mut tag = None;
+        let mut doomed_any = false;
         for a in self.page_span(seg, addr, size) {
             // Absent only when `back` failed before it reached this page.
             let Some(pg) = self.pages.get_mut(a) else { continue };
@@ -169,6 +174,11 @@ impl<B: PageBackend> VmmPool<B> {
             }
             self.stats.in_use_bytes.dec(p);
             self.stats.idle_bytes.inc(p);
+            // Every page under the block held it, so none is doomed yet.
+            if doom && self.doomed.insert(a, small).is_none() {
+                self.doomed_bytes += p;
+                doomed_any = true;
+            }
             // Work queued for any block that lived on the page may still run
             // (a pending block's fence covers only its own frees): the page
             // cools until everything queued by now is done.
@@ -181,6 +191,10 @@ impl<B: PageBackend> VmmPool<B> {
                     self.idle[small as usize].insert(a);
                 }
             }
+        }
+        if doomed_any {
+            let now = self.backend.now_ns();
+            self.cycles.gave_back(self.cycle_key(size, small), now);
         }
     }
 
@@ -209,27 +223,6 @@ impl<B: PageBackend> VmmPool<B> {
         }
         self.finished_upto = Some(tag);
         true
-    }
-
-    /// A block of a size the program has not been seen to allocate again
-    /// was freed: the pages it leaves idle are to go back as soon as the GPU
-    /// is done with them (a bulk free gives memory back, as `cudaFree`
-    /// does), and the size is remembered, so that allocating it again soon
-    /// marks it as cycling.
-    pub(super) fn doom_idle_pages(&mut self, seg: u32, addr: u64, size: u64) {
-        let small = self.ranges[seg as usize].small;
-        let p = self.config.page(small);
-        let mut any = false;
-        for a in self.page_span(seg, addr, size) {
-            if self.pages.get(a).is_some_and(|pg| pg.refs == 0) && self.doomed.insert(a, small).is_none() {
-                self.doomed_bytes += p;
-                any = true;
-            }
-        }
-        if any {
-            let now = self.backend.now_ns();
-            self.cycles.gave_back(self.cycle_key(size, small), now);
-        }
     }
 
     /// Gives back the doomed pages the GPU is done with. When more than

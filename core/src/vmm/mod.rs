@@ -430,10 +430,9 @@ impl<B: PageBackend> VmmPool<B> {
     /// page handles).
     pub fn block_pages(&self, addr: u64) -> Option<Vec<PageInfo>> {
         let b = self.lookup(addr)?;
-        let page = self.config.page(self.ranges[self.blocks[b.id.to_raw()].seg as usize].small);
-        let first = b.addr - (b.addr - b.segment_addr) % page;
-        (first..b.addr + b.size)
-            .step_by(page as usize)
+        let seg = self.blocks[b.id.to_raw()].seg;
+        let page = self.config.page(self.ranges[seg as usize].small);
+        self.page_span(seg, b.addr, b.size)
             .map(|p| self.pages.get(p).map(|s| PageInfo { addr: p, size: page, handle: s.handle, refs: s.refs }))
             .collect()
     }
@@ -589,11 +588,9 @@ impl<B: PageBackend> VmmPool<B> {
     fn release_block(&mut self, i: u32) {
         let b = self.blocks[i];
         self.stats.active_bytes.dec(b.size);
-        self.unback(b.seg, b.addr, b.size);
         let small = self.ranges[b.seg as usize].small;
-        if self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(b.size, small)) {
-            self.doom_idle_pages(b.seg, b.addr, b.size);
-        }
+        let doom = self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(b.size, small));
+        self.unback(b.seg, b.addr, b.size, doom);
         self.make_free(i);
     }
 
@@ -601,7 +598,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// sizes group requests: by the pages they span, in steps of √2 (a loop
     /// whose shapes vary from one iteration to the next still cycles
     /// through the same few keys; 64 and 96 MiB differ).
-    fn cycle_key(&self, size: u64, small: bool) -> u64 {
+    pub(super) fn cycle_key(&self, size: u64, small: bool) -> u64 {
         let pages = size.div_ceil(self.config.page(small)).max(1);
         let log2 = 63 - pages.leading_zeros() as u64;
         // Half steps: past 1.5 × 2^k (close enough to √2) the next key.
