@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The VMM-backed pool (backing=vmm, issue 12) on a real GPU, side by side in one run:
 #  1. pair latency: cudaMalloc+cudaFree per size, plain / cupool segments / cupool vmm
-#  2. the transformer workload (3 alternating rounds): PyTorch's caching allocator,
+#  2. the transformer workload (ROUNDS alternating rounds, 3): PyTorch's caching allocator,
 #     expandable_segments, and PyTorch without its cache under cupool with segments
-#     and with vmm: ms/iter and peak driver-used memory (nvidia-smi sampled every
+#     (unless NO_SEGMENTS is set) and with vmm, and with vmm under `--limit $VMM_LIMIT`
+#     when set: ms/iter and peak driver-used memory (nvidia-smi sampled every
 #     20 ms, less the idle reading before the run), and the vmm pool's page counts
 #  3. a workload that fragments fixed segments into an OOM under a 10 GiB cap
 #     (scripts/gpu/frag_oom.py): PyTorch's caching allocator, expandable_segments,
@@ -34,7 +35,7 @@ vmm="$bin/cupool run -q --log-dir $work/logs -o backing=vmm"
 sections=" ${SECTIONS:-pair torch frag safety ipc} "
 want() { [[ $sections == *" $1 "* ]]; }
 last_pools() {
-  python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
+  python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; multi_stream', p.get('multi_stream'), 'fences', p.get('fences'), 'pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
 }
 # peak_used CMD...: runs CMD, prints its output, then the peak of nvidia-smi's memory.used less the reading before.
 peak_used() {
@@ -58,13 +59,17 @@ fi
 
 T=$src/torch_transformer.py
 if want torch; then
-  echo "== transformer: 3 alternating rounds"
-  for round in 1 2 3; do
+  echo "== transformer: ${ROUNDS:-3} alternating rounds"
+  for round in $(seq ${ROUNDS:-3}); do
     MODE=caching peak_used python3 $T
     MODE=expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True peak_used python3 $T
-    MODE=nocache-cupool-segments PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $seg --no-trace -- python3 $T
+    [ -z "${NO_SEGMENTS:-}" ] && MODE=nocache-cupool-segments PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $seg --no-trace -- python3 $T
     MODE=nocache-cupool-vmm PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm --no-trace -- python3 $T
-    [ $round = 1 ] && last_pools
+    last_pools
+    if [ -n "${VMM_LIMIT:-}" ]; then
+      MODE=nocache-cupool-vmm-limit-$VMM_LIMIT PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm --limit $VMM_LIMIT --no-trace -- python3 $T
+      last_pools
+    fi
   done
 fi
 

@@ -90,6 +90,10 @@ fn cupool_run_summary_names_the_page_work() {
     let err = stderr_of(&out);
     let line = err.lines().find(|l| l.contains("VMM pages:")).unwrap_or_else(|| panic!("no VMM line in:\n{err}"));
     assert!(line.contains(" made, ") && line.contains("ms in cuMem*") && line.len() <= 100, "{line}");
+    // Where the pages were at their peak: the workload's blocks, nothing
+    // else on a GPU (the fake one) that never falls behind.
+    let peak = err.lines().find(|l| l.contains("VMM peak")).unwrap_or_else(|| panic!("no peak line in:\n{err}"));
+    assert!(peak.contains(" in blocks, 0 B freed awaiting the GPU") && peak.len() <= 100, "{peak}");
 }
 
 #[test]

@@ -138,6 +138,19 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
                 "    device {:>2} VMM pages: {} made, {} released, {} maps ({} moves), {} grants, {ms:.1} ms in cuMem*",
                 p.device, pg.creates, pg.releases, pg.maps, pg.remaps, pg.grants
             );
+            let b = &pg.at_peak;
+            if b.reserved > 0 {
+                let _ = writeln!(
+                    out,
+                    "    device {:>2} VMM peak {}: {} in blocks, {} freed awaiting the GPU, {} idle ({} cooling)",
+                    p.device,
+                    human_bytes(b.reserved),
+                    human_bytes(b.allocated),
+                    human_bytes(b.pending),
+                    human_bytes(b.idle),
+                    human_bytes(b.cooling)
+                );
+            }
         }
         // What cupool did differently in this process (a pool fallback, graph
         // allocations left untracked, Python it could not read).

@@ -28,8 +28,9 @@
 //! *pending* in the model until the pool reclaims it (in free order): until
 //! then its pages stay mapped under it by the same handles, and the pool may
 //! reclaim it only once its work completed. The pool may reuse a page at
-//! once where it is mapped (work on it is ordered), but it may unmap a page
-//! only once the work queued before its last block was freed completed
+//! once where it is mapped (work on it is ordered), or elsewhere while its
+//! old mapping stays (a ghost, under no block), but it may unmap a page or a
+//! ghost only once the work queued before its last block was freed completed
 //! (checked against every unmap the simulated device saw).
 
 use std::collections::{BTreeMap, VecDeque};
@@ -266,7 +267,15 @@ impl Harness {
         assert_eq!(s.pending_bytes.current, self.pending.iter().map(|((b, _, _), _)| b.size).sum::<u64>());
         assert_eq!(s.active_bytes.current, s.allocated_bytes.current + s.pending_bytes.current);
         assert_eq!(s.num_page_creates - s.num_page_releases, pool.backend().pages().len() as u64);
-        assert_eq!(s.num_maps - s.num_unmaps, pool.pages().count() as u64);
+        let ghosts = pool.backend().ghosts();
+        assert_eq!(s.num_maps - s.num_unmaps, (pool.pages().count() + ghosts.len()) as u64);
+        // A ghost (the old mapping of a page taken while cooling) lies under
+        // no live or pending block: no block's bytes share a page with another's.
+        for &g in ghosts.keys() {
+            for ((b, _, _), _) in self.live.values().map(|l| (l, 0)).chain(self.pending.iter().map(|(l, t)| (l, *t))) {
+                assert!(g + self.page_of(b.size) <= b.addr || g >= b.addr + b.size, "a block over the ghost at {g:#x}");
+            }
+        }
         let c = pool.config();
         if c.remap_idle && c.small_page == c.large_page && !self.launched {
             assert_eq!(s.reserved_bytes.peak, s.in_use_bytes.peak, "a page created while one was idle");

@@ -12,6 +12,9 @@ use cupool_core::options::{Backing, GiveBack as Policy};
 use cupool_core::pool::{Block, BlockId, BlockInfo, Fragmentation, GiveBack, OutOfMemory, Pool, PoolConfig, Stat};
 use cupool_core::vmm::{PageInfo, VmmConfig, VmmPool};
 
+// One per CUDA context, behind its lock: the variants' sizes do not matter,
+// an indirection on every allocation would.
+#[allow(clippy::large_enum_variant)]
 pub enum Engine {
     Segments(Pool<CudaBackend>),
     Pages(VmmPool<CudaPages>),
@@ -287,6 +290,9 @@ impl Engine {
                         remaps: s.num_remaps,
                         grants: s.num_grants,
                         costs: *c,
+                        aliases: s.num_aliases,
+                        ghost_waits: s.num_ghost_waits,
+                        at_peak: s.at_peak.into(),
                     }),
                     ..base
                 }

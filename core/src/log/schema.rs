@@ -391,6 +391,32 @@ pub struct PagesRecord {
     /// Access grants (`cuMemSetAccess`), one per span of pages mapped together.
     pub grants: u64,
     pub costs: PageCosts,
+    /// Of the moves, pages taken while queued GPU work might still touch
+    /// them where they were: mapped at both places until it finished.
+    #[serde(default)]
+    pub aliases: u64,
+    /// Placements that waited for the GPU before mapping over such an old place.
+    #[serde(default)]
+    pub ghost_waits: u64,
+    /// Where the pages were when they peaked.
+    #[serde(default)]
+    pub at_peak: PagesAtPeak,
+}
+
+/// `end.pools[].pages.at_peak`: a VMM-backed pool's bytes of pages when
+/// they peaked, by what held them. `reserved - allocated` is what the pool
+/// cost beyond the program's blocks then.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PagesAtPeak {
+    pub reserved: u64,
+    /// Blocks handed out (rounded sizes).
+    pub allocated: u64,
+    /// Blocks freed and waiting for queued GPU work.
+    pub pending: u64,
+    /// Pages with no block on them ...
+    pub idle: u64,
+    /// ... of which queued work could still touch (usable only in place).
+    pub cooling: u64,
 }
 
 /// `end.pools[].pages.costs`: nanoseconds spent in each driver call of the

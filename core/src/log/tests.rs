@@ -147,6 +147,9 @@ fn full_end() -> End {
                 remaps: 20,
                 grants: 21,
                 costs: PageCosts { create_ns: 22, map_ns: 23, access_ns: 24, unmap_ns: 25, release_ns: 26 },
+                aliases: 27,
+                ghost_waits: 28,
+                at_peak: PagesAtPeak { reserved: 29, allocated: 30, pending: 31, idle: 32, cooling: 33 },
             }),
         }],
         ooms: vec![OomRecord {
@@ -280,6 +283,7 @@ fn record_fields() -> BTreeMap<&'static str, BTreeSet<String>> {
     m.insert("end.pools[].fences", keys(&e["pools"][0]["fences"]));
     m.insert("end.pools[].pages", keys(&e["pools"][0]["pages"]));
     m.insert("end.pools[].pages.costs", keys(&e["pools"][0]["pages"]["costs"]));
+    m.insert("end.pools[].pages.at_peak", keys(&e["pools"][0]["pages"]["at_peak"]));
     m.insert("end.ooms[]", keys(&e["ooms"][0]));
     m.insert("module", def("module"));
     m.insert("string", def("string"));

@@ -5,16 +5,17 @@
 //! back at once (a bulk free of memory never reallocated so soon). The VMM
 //! pool keeps the same books by block size (`VmmConfig::cycle_regret_ns`).
 
-use std::collections::VecDeque;
-
-/// Give-backs remembered, and sizes kept, at most (then every size is kept).
-const RECENT: usize = 32;
+/// Sizes whose last give-back is remembered, and sizes kept, at most (past
+/// `KEPT`, every size is kept). A training step frees hundreds of blocks of a
+/// few dozen sizes between two growths of one size: the books are by size,
+/// not by event, so that none of them pushes another out.
+const RECENT: usize = 256;
 const KEPT: usize = 64;
 
 #[derive(Default)]
 pub(crate) struct Cycles {
-    /// Recent give-backs as (segment size, when), oldest first.
-    recent: VecDeque<(u64, u64)>,
+    /// Sizes given back, each with its latest give-back, as (size, when).
+    recent: Vec<(u64, u64)>,
     /// Sizes that cycled.
     kept: Vec<u64>,
     all: bool,
@@ -22,10 +23,16 @@ pub(crate) struct Cycles {
 
 impl Cycles {
     pub fn gave_back(&mut self, size: u64, now_ns: u64) {
-        if self.recent.len() == RECENT {
-            self.recent.pop_front();
+        if let Some(e) = self.recent.iter_mut().find(|(s, _)| *s == size) {
+            e.1 = now_ns;
+            return;
         }
-        self.recent.push_back((size, now_ns));
+        if self.recent.len() == RECENT {
+            // The size given back longest ago makes room.
+            let oldest = (0..RECENT).min_by_key(|&i| self.recent[i].1).unwrap_or(0);
+            self.recent.swap_remove(oldest);
+        }
+        self.recent.push((size, now_ns));
     }
 
     /// Was a segment of `size` given back lately (cheap: asked on every growth)?
@@ -33,15 +40,34 @@ impl Cycles {
         !self.all && self.recent.iter().any(|&(s, _)| s == size)
     }
 
+    /// Was anything given back, and not yet kept?
+    pub fn gave_back_any(&self) -> bool {
+        !self.all && !self.recent.is_empty()
+    }
+
+    /// Every size given back at `since` or later is kept from now on.
+    pub fn regret_since(&mut self, since: u64) {
+        let regretted: Vec<u64> = self.recent.iter().filter(|&&(_, t)| t >= since).map(|&(s, _)| s).collect();
+        for size in regretted {
+            self.keep(size);
+        }
+    }
+
+    fn keep(&mut self, size: u64) {
+        if self.keeps(size) {
+            return;
+        }
+        if self.kept.len() == KEPT {
+            self.all = true;
+        } else {
+            self.kept.push(size);
+        }
+    }
+
     /// The pool grows by a segment of `size` now.
     pub fn growing(&mut self, size: u64, now_ns: u64, regret_ns: u64) {
-        let cycled = self.recent.iter().any(|&(s, t)| s == size && now_ns.saturating_sub(t) < regret_ns);
-        if cycled && !self.keeps(size) {
-            if self.kept.len() == KEPT {
-                self.all = true;
-            } else {
-                self.kept.push(size);
-            }
+        if self.recent.iter().any(|&(s, t)| s == size && now_ns.saturating_sub(t) < regret_ns) {
+            self.keep(size);
         }
     }
 
@@ -64,6 +90,17 @@ mod tests {
         assert!(c.keeps(64) && !c.keeps(1000), "regrown 50 ns after its give-back");
         c.growing(1000, 300, 100);
         assert!(!c.keeps(1000), "regrown 200 ns after: not a cycle");
+    }
+
+    #[test]
+    fn a_cycle_is_seen_among_many_other_give_backs() {
+        let mut c = Cycles::default();
+        c.gave_back(64, 100);
+        for other in 1000..1300 {
+            c.gave_back(other % 40 + 1000, 110); // a step's many frees of 40 other sizes
+        }
+        c.growing(64, 150, 100);
+        assert!(c.keeps(64));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! them, moved where a new block needs them, created, and given back.
 
 use super::pages::Slot;
-use super::{PageBackend, Range, VmmPool};
+use super::{Ghost, PageBackend, Range, VmmPool};
 
 impl<B: PageBackend> VmmPool<B> {
     /// Pages overlapping `[addr, addr + size)` of range `seg`, by address.
@@ -30,7 +30,9 @@ impl<B: PageBackend> VmmPool<B> {
                     pg.refs += 1;
                     if pg.refs == 1 {
                         // Idle, cooling or not: used in place, no unmap.
-                        pg.cooling = None;
+                        if pg.cooling.take().is_some() {
+                            self.stats.cooling_bytes.dec(p);
+                        }
                         self.idle[small as usize].remove(&a);
                         if self.doomed.remove(&a).is_some() {
                             self.doomed_bytes -= p;
@@ -53,17 +55,25 @@ impl<B: PageBackend> VmmPool<B> {
             if self.pages.get(a).is_some() {
                 continue;
             }
-            let Some(handle) = self.idle_page(p).or_else(|| self.create_page(p)) else {
+            if self.ghosts.contains_key(&a) && !self.clear_ghost(a) {
+                ok = false;
+                break;
+            }
+            let Some((handle, from)) = self.page_for(p) else {
                 ok = false;
                 break;
             };
             if !self.backend.map(a, p, handle) {
-                self.release_unmapped(handle, p);
+                match from {
+                    Some(ghost) => self.restore_ghost(ghost, handle),
+                    None => self.release_unmapped(handle, p),
+                }
                 ok = false;
                 break;
             }
             self.stats.num_maps += 1;
-            self.pages.insert(a, Slot { handle, refs: 1, cooling: None });
+            let ghosts = from.map_or(0, |ghost| self.adopt_ghosts(ghost, a));
+            self.pages.insert(a, Slot::new(handle, ghosts));
             self.stats.in_use_bytes.inc(p);
             granted = Some((granted.map_or(a, |g| g.0), a + p));
         }
@@ -90,8 +100,28 @@ impl<B: PageBackend> VmmPool<B> {
         self.stats.reserved_bytes.dec(size);
     }
 
-    /// Takes an idle page of `size` bytes from where it is mapped.
-    fn idle_page(&mut self, size: u64) -> Option<u64> {
+    /// A page of `size` bytes for a block, and where it was taken from while
+    /// cooling (a ghost now): an idle page the GPU is done with; else a new
+    /// page; else, when the device or the limit refuses one, a cooling page
+    /// (it costs a mapping more now and an unmap later, and measured on an
+    /// H200 these calls stall the program's thread: a move only where a page
+    /// cannot be had); else a new page after giving idle pages back.
+    fn page_for(&mut self, size: u64) -> Option<(u64, Option<u64>)> {
+        if let Some(h) = self.cooled_page(size) {
+            return Some((h, None));
+        }
+        if let Some(h) = self.new_page(size) {
+            return Some((h, None));
+        }
+        if let Some((ghost, h)) = self.cooling_page(size) {
+            return Some((h, Some(ghost)));
+        }
+        self.create_page_after_giving_back(size).map(|h| (h, None))
+    }
+
+    /// Takes an idle page of `size` bytes the GPU is done with from where it
+    /// is mapped (the highest such page); returns its handle.
+    fn cooled_page(&mut self, size: u64) -> Option<u64> {
         if !self.config.remap_idle {
             return None;
         }
@@ -104,9 +134,117 @@ impl<B: PageBackend> VmmPool<B> {
         Some(self.unmap_idle(a, size))
     }
 
-    /// Unmaps the idle page at `a` (taken off the idle set); returns its handle.
+    /// Takes the oldest cooling page of `size` bytes: its mapping stays, as
+    /// a ghost. Returns the ghost's address and the page's handle.
+    fn cooling_page(&mut self, size: u64) -> Option<(u64, u64)> {
+        if !(self.config.remap_idle && self.config.alias_cooling) {
+            return None;
+        }
+        let mut i = 0;
+        while i < self.cooling.len() {
+            let (tag, a, small) = self.cooling[i];
+            let Some(pg) = self.pages.get(a).filter(|pg| pg.refs == 0 && pg.cooling == Some(tag)) else {
+                // Used again or given back since: a stale entry.
+                self.cooling.remove(i);
+                continue;
+            };
+            if self.config.page(small) != size {
+                i += 1; // only with two page sizes
+                continue;
+            }
+            let handle = pg.handle;
+            self.cooling.remove(i);
+            self.pages.remove(a);
+            if self.doomed.remove(&a).is_some() {
+                self.doomed_bytes -= size;
+            }
+            self.stats.idle_bytes.dec(size);
+            self.stats.cooling_bytes.dec(size);
+            // Owned by the page's old place until it is mapped at the new one.
+            self.add_ghost(a, Ghost { tag, size, small, owner: a });
+            self.stats.num_remaps += 1;
+            self.stats.num_aliases += 1;
+            return Some((a, handle));
+        }
+        None
+    }
+
+    fn add_ghost(&mut self, a: u64, g: Ghost) {
+        self.ghosts.insert(a, g);
+        self.ghosts_by_tag.insert((g.tag, a));
+        self.ghosts_by_owner.insert((g.owner, a));
+    }
+
+    /// The page taken from `from` while cooling is mapped at `to` now: its
+    /// ghosts (the one at `from` and those it had) are that page's. Returns
+    /// how many.
+    fn adopt_ghosts(&mut self, from: u64, to: u64) -> u32 {
+        let moved: Vec<u64> = self.ghosts_by_owner.range((from, 0)..=(from, u64::MAX)).map(|&(_, g)| g).collect();
+        for &g in &moved {
+            self.ghosts_by_owner.remove(&(from, g));
+            self.ghosts_by_owner.insert((to, g));
+            self.ghosts.get_mut(&g).expect("indexed").owner = to;
+        }
+        moved.len() as u32
+    }
+
+    /// A page taken while cooling could not be mapped at its new place: it
+    /// is an idle cooling page at its old place again, with its ghosts.
+    fn restore_ghost(&mut self, a: u64, handle: u64) {
+        let Some(g) = self.ghosts.remove(&a) else { return };
+        self.ghosts_by_tag.remove(&(g.tag, a));
+        self.ghosts_by_owner.remove(&(a, a));
+        let ghosts = self.ghosts_by_owner.range((a, 0)..=(a, u64::MAX)).count() as u32;
+        self.pages.insert(a, Slot { handle, refs: 0, cooling: Some(g.tag), ghosts });
+        self.stats.idle_bytes.inc(g.size);
+        self.stats.cooling_bytes.inc(g.size);
+        self.cooling.push_back((g.tag, a, g.small));
+    }
+
+    /// Makes room at the ghost at `a` for a new page: waits for the GPU when
+    /// it may still use the page there (false when it cannot wait now).
+    #[cold]
+    fn clear_ghost(&mut self, a: u64) -> bool {
+        let tag = self.ghosts[&a].tag;
+        if !self.tag_done(tag) {
+            if !self.cool_down() {
+                return false;
+            }
+            self.stats.num_ghost_waits += 1;
+        }
+        self.drop_ghost(a);
+        true
+    }
+
+    /// Unmaps the ghost at `a` (its work is done).
+    fn drop_ghost(&mut self, a: u64) {
+        let Some(g) = self.ghosts.remove(&a) else { return };
+        self.ghosts_by_tag.remove(&(g.tag, a));
+        self.ghosts_by_owner.remove(&(g.owner, a));
+        self.backend.unmap(a, g.size);
+        self.stats.num_unmaps += 1;
+        if let Some(pg) = self.pages.get_mut(g.owner) {
+            pg.ghosts -= 1;
+        }
+    }
+
+    /// Unmaps the idle page at `a` (taken off the idle set), and its ghosts
+    /// first; returns its handle.
     fn unmap_idle(&mut self, a: u64, size: u64) -> u64 {
-        let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
+        let Slot { handle, ghosts, .. } = *self.pages.get(a).expect("an idle page is mapped");
+        if ghosts > 0 {
+            let mine: Vec<u64> = self.ghosts_by_owner.range((a, 0)..=(a, u64::MAX)).map(|&(_, g)| g).collect();
+            // Their tags are older than the one the page cooled with here,
+            // so their work is done too; but never unmap on faith.
+            let newest = mine.iter().map(|g| self.ghosts[g].tag).max().unwrap_or(0);
+            if !self.tag_done(newest) {
+                self.cool_down();
+            }
+            for g in mine {
+                self.drop_ghost(g);
+            }
+        }
+        self.pages.remove(a);
         if self.doomed.remove(&a).is_some() {
             self.doomed_bytes -= size;
         }
@@ -116,14 +254,12 @@ impl<B: PageBackend> VmmPool<B> {
         handle
     }
 
-    /// A new page of `size` bytes. When the device or the limit refuses it,
+    /// A new page of `size` bytes after the device or the limit refused one:
     /// every idle page is given back first (pages of another size, or all of
     /// them without `remap_idle`) and the device asked again, as PyTorch
     /// empties its cache before an out-of-memory error.
-    fn create_page(&mut self, size: u64) -> Option<u64> {
-        if let Some(h) = self.new_page(size) {
-            return Some(h);
-        }
+    #[cold]
+    fn create_page_after_giving_back(&mut self, size: u64) -> Option<u64> {
         if self.stats.idle_bytes.current == 0 {
             return None;
         }
@@ -144,6 +280,9 @@ impl<B: PageBackend> VmmPool<B> {
         let h = self.try_create_page(size)?;
         self.stats.num_page_creates += 1;
         self.stats.reserved_bytes.inc(size);
+        if self.stats.reserved_bytes.current == self.stats.reserved_bytes.peak {
+            self.note_peak();
+        }
         Some(h)
     }
 
@@ -186,7 +325,10 @@ impl<B: PageBackend> VmmPool<B> {
             let cool = cool.filter(|&t| self.finished_upto.is_none_or(|c| t > c));
             self.pages.get_mut(a).expect("looked up above").cooling = cool;
             match cool {
-                Some(t) => self.cooling.push_back((t, a, small)),
+                Some(t) => {
+                    self.cooling.push_back((t, a, small));
+                    self.stats.cooling_bytes.inc(p);
+                }
                 None => {
                     self.idle[small as usize].insert(a);
                 }
@@ -202,14 +344,21 @@ impl<B: PageBackend> VmmPool<B> {
     pub(super) fn promote(&mut self) {
         while let Some(&(tag, a, small)) = self.cooling.front() {
             if !self.tag_done(tag) {
-                return;
+                break;
             }
             self.cooling.pop_front();
             // The page may have been used again (or given back) since.
             if let Some(pg) = self.pages.get_mut(a).filter(|pg| pg.refs == 0 && pg.cooling == Some(tag)) {
                 pg.cooling = None;
+                self.stats.cooling_bytes.dec(self.config.page(small));
                 self.idle[small as usize].insert(a);
             }
+        }
+        while let Some(&(tag, a)) = self.ghosts_by_tag.first() {
+            if !self.tag_done(tag) {
+                return;
+            }
+            self.drop_ghost(a);
         }
     }
 
@@ -247,6 +396,19 @@ impl<B: PageBackend> VmmPool<B> {
         }
     }
 
+    /// Records where the pages are at a new peak of reserved bytes.
+    #[cold]
+    fn note_peak(&mut self) {
+        let s = &self.stats;
+        self.stats.at_peak = super::PeakBreakdown {
+            reserved: s.reserved_bytes.current,
+            allocated: s.allocated_bytes.current,
+            pending: s.pending_bytes.current,
+            idle: s.idle_bytes.current,
+            cooling: s.cooling_bytes.current,
+        };
+    }
+
     fn is_cooling(&self, a: u64) -> bool {
         self.pages.get(a).is_some_and(|pg| pg.cooling.is_some())
     }
@@ -254,7 +416,8 @@ impl<B: PageBackend> VmmPool<B> {
     /// Waits for the GPU so that every cooling page may be unmapped; false
     /// when waiting is impossible now (a capture).
     pub(super) fn cool_down(&mut self) -> bool {
-        let newest = self.cooling.back().map(|&(t, _, _)| t);
+        let ghost = self.ghosts_by_tag.last().map(|&(t, _)| t);
+        let newest = self.cooling.back().map(|&(t, _, _)| t).max(ghost);
         if newest.is_none() || !self.backend.synchronize() {
             return false;
         }

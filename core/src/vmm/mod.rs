@@ -60,9 +60,24 @@
 //!   (one stream) or by the fences above (several); unmapping is not ordered
 //!   at all. So a page that goes idle *cools*: it may be used again where it
 //!   is at once, but it is unmapped (remapped elsewhere or given back) only
-//!   once [`Timeline::unmap_tag`], taken when it went idle, completes. A
-//!   request that finds no cooled idle page creates one; one that cannot
-//!   waits for the GPU first.
+//!   once [`Timeline::unmap_tag`], taken when it went idle, completes.
+//! * **Ghosts.** When the device (or the `limit`) refuses a new page and no
+//!   cooled idle page is left, a request takes a cooling page anyway
+//!   (`alias_cooling`), the oldest first: the page is mapped at its new
+//!   place while its old mapping stays, a *ghost*, until the work queued
+//!   before it went idle finished; then the ghost is unmapped. Using the page
+//!   elsewhere is ordered behind that work exactly as using it in place
+//!   would be (the blocks that lived on it were all released, so their reuse
+//!   was ordered); only the unmapping waits. No block is placed over a ghost
+//!   (placement avoids them; one that cannot waits for the GPU), and a
+//!   page's ghosts go before the page is unmapped or released (its own tag
+//!   there is newer than theirs, so their work is done by then). So a
+//!   program that never synchronizes, queuing whole steps ahead of its GPU,
+//!   still fits under a cap instead of waiting or failing; below the cap the
+//!   pool creates pages instead, because moving pages costs driver calls on
+//!   the program's thread every time (on an H200, a `cuMemSetAccess` while
+//!   kernels run took about 0.4 ms). A request that can get no page at all
+//!   waits for the GPU and gives idle pages back first.
 
 mod backing;
 mod pages;
@@ -83,6 +98,8 @@ use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMem
 const MIB: u64 = 1 << 20;
 /// Free blocks weighed for a request (`VmmPool::placement`).
 const PLACEMENT_CANDIDATES: usize = 4;
+/// What a ghost under a placement weighs against pages to map.
+const GHOST_COST: u64 = 1 << 32;
 
 /// What the VMM pool needs from the device: address ranges and physical pages.
 /// A mapping is always one whole page of a reserved range, pages counted from
@@ -126,6 +143,10 @@ pub struct VmmConfig {
     /// Take an idle page from elsewhere before creating one (on). Off, every
     /// page stays where it was first mapped until it is given back.
     pub remap_idle: bool,
+    /// With `remap_idle`, when no new page can be had: take a page that
+    /// queued work may still touch, leaving a ghost mapping where it was
+    /// until that work finished (on).
+    pub alias_cooling: bool,
     /// Idle page bytes always kept after a free (64 MiB; `u64::MAX`: only
     /// `empty_cache` gives pages back).
     pub keep_free: u64,
@@ -155,6 +176,7 @@ impl Default for VmmConfig {
             large_page: 2 * MIB,
             va_chunk: 64 << 30,
             remap_idle: true,
+            alias_cooling: true,
             keep_free: 64 * MIB,
             window_ns: 5_000_000_000,
             limit: u64::MAX,
@@ -221,6 +243,9 @@ pub struct VmmStats {
     pub in_use_bytes: Stat,
     /// Bytes of idle pages: mapped, no allocated block on them.
     pub idle_bytes: Stat,
+    /// Bytes of idle pages that queued GPU work may still touch (part of
+    /// `idle_bytes`): usable again in place, not elsewhere.
+    pub cooling_bytes: Stat,
     /// Number of blocks handed out and not yet freed.
     pub allocation: Stat,
     /// Bytes of virtual ranges reserved.
@@ -233,6 +258,11 @@ pub struct VmmStats {
     pub num_unmaps: u64,
     /// Idle pages unmapped from one place and mapped at another (stitching).
     pub num_remaps: u64,
+    /// Of those, pages taken while cooling, left mapped where they were
+    /// (a ghost) until the GPU finished with them there.
+    pub num_aliases: u64,
+    /// Placements that had to wait for the GPU to finish with a ghost.
+    pub num_ghost_waits: u64,
     /// Allocations that failed.
     pub num_ooms: u64,
     /// Rounded sizes of blocks freed and waiting for their fence.
@@ -244,6 +274,29 @@ pub struct VmmStats {
     pub num_syncs: u64,
     /// `grant` calls (one `cuMemSetAccess` each on a GPU).
     pub num_grants: u64,
+    /// What the pages held when `reserved_bytes` last reached its peak.
+    pub at_peak: PeakBreakdown,
+}
+
+/// Where a pool's physical bytes were when they peaked: under allocated
+/// blocks, under blocks freed but still waiting for queued GPU work, or on
+/// idle pages (cooling: queued work may still touch them, so they could be
+/// used again only where they are). `reserved` minus `allocated` is what the
+/// pool cost beyond the program's own bytes at its peak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeakBreakdown {
+    pub reserved: u64,
+    pub allocated: u64,
+    pub pending: u64,
+    pub idle: u64,
+    pub cooling: u64,
+}
+
+impl From<PeakBreakdown> for crate::log::PagesAtPeak {
+    fn from(b: PeakBreakdown) -> Self {
+        let PeakBreakdown { reserved, allocated, pending, idle, cooling } = b;
+        crate::log::PagesAtPeak { reserved, allocated, pending, idle, cooling }
+    }
 }
 
 /// A mapped page.
@@ -254,6 +307,17 @@ pub struct PageInfo {
     pub handle: u64,
     /// Allocated blocks overlapping it (0: idle).
     pub refs: u32,
+}
+
+/// An old mapping of a page taken while cooling.
+#[derive(Clone, Copy, Debug)]
+struct Ghost {
+    /// The page's unmap tag: the ghost goes once it finished.
+    tag: u64,
+    size: u64,
+    small: bool,
+    /// Where the page is mapped now (its slot counts this ghost).
+    owner: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -287,6 +351,12 @@ pub struct VmmPool<B: PageBackend> {
     cooling: VecDeque<(u64, u64, bool)>,
     /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
     pending: VecDeque<(u32, u64)>,
+    /// Ghosts: old mappings of pages taken while cooling, by address, and
+    /// the same by tag (unmapped in that order once the GPU finished).
+    ghosts: BTreeMap<u64, Ghost>,
+    ghosts_by_tag: BTreeSet<(u64, u64)>,
+    /// The same as (where the page is mapped now, ghost address).
+    ghosts_by_owner: BTreeSet<(u64, u64)>,
     /// [`VmmPool::forget`]: nothing is held, nothing is handed out.
     forgotten: bool,
     /// Block sizes the program frees and allocates again (`cycle_regret_ns`).
@@ -320,6 +390,9 @@ impl<B: PageBackend> VmmPool<B> {
             idle: [BTreeSet::new(), BTreeSet::new()],
             cooling: VecDeque::new(),
             pending: VecDeque::new(),
+            ghosts: BTreeMap::new(),
+            ghosts_by_tag: BTreeSet::new(),
+            ghosts_by_owner: BTreeSet::new(),
             forgotten: false,
             cycles: Cycles::default(),
             doomed: BTreeMap::new(),
@@ -363,6 +436,7 @@ impl<B: PageBackend> VmmPool<B> {
             &mut s.reserved_bytes,
             &mut s.in_use_bytes,
             &mut s.idle_bytes,
+            &mut s.cooling_bytes,
             &mut s.allocation,
             &mut s.pending_bytes,
             &mut s.active_bytes,
@@ -456,10 +530,13 @@ impl<B: PageBackend> VmmPool<B> {
         let before = grown(&self.stats);
         let r = self.allocate_as(small, rounded, requested);
         if let Some(regret) = self.config.cycle_regret_ns {
-            let key = self.cycle_key(rounded, small);
-            if grown(&self.stats) > before && self.cycles.gave_back_lately(key) {
+            // Pages are interchangeable: the pool growing soon after it gave
+            // pages back regrets every give-back of that time, whatever size
+            // the growing block is (a step frees blocks of some sizes and
+            // then needs their pages under blocks of other sizes).
+            if grown(&self.stats) > before && self.cycles.gave_back_any() {
                 let now = self.backend.now_ns();
-                self.cycles.growing(key, now, regret);
+                self.cycles.regret_since(now.saturating_sub(regret));
             }
         }
         r
@@ -515,7 +592,9 @@ impl<B: PageBackend> VmmPool<B> {
     /// Blocks freed before queued GPU work hold their pages: when the idle
     /// pages could not serve a request, reclaim those whose work is done,
     /// and wait for the oldest while the pending ones are a large share of
-    /// what is held (new pages would sit idle once they complete).
+    /// what is held (new pages would sit idle once they complete). Pages are
+    /// interchangeable, so pending blocks smaller than the request are
+    /// worth it too: each of their pages is one fewer to create.
     #[cold]
     fn make_room(&mut self, small: bool, rounded: u64) {
         let need = (rounded / self.config.page(small)) + 1;
@@ -523,7 +602,6 @@ impl<B: PageBackend> VmmPool<B> {
         while let Some(&(_, tag)) = self.pending.front() {
             let pending = self.stats.pending_bytes.current;
             if self.movable_pages(small) >= need
-                || pending < rounded
                 || pending.saturating_mul(self.config.wait_share) < self.stats.reserved_bytes.current
                 || !self.backend.wait_for(tag)
             {
@@ -661,6 +739,10 @@ impl<B: PageBackend> VmmPool<B> {
         }
         self.idle = [BTreeSet::new(), BTreeSet::new()];
         self.cooling.clear();
+        self.ghosts.clear();
+        self.ghosts_by_tag.clear();
+        self.ghosts_by_owner.clear();
+        self.stats.cooling_bytes.dec(self.stats.cooling_bytes.current);
         self.doomed.clear();
         self.doomed_bytes = 0;
         let s = &mut self.stats;
@@ -675,7 +757,7 @@ impl<B: PageBackend> VmmPool<B> {
     pub fn empty_cache(&mut self) -> u64 {
         self.reclaim_completed();
         self.promote();
-        if !self.cooling.is_empty() {
+        if !self.cooling.is_empty() || !self.ghosts.is_empty() {
             // What is given back must be usable by others now: wait for the GPU.
             self.cool_down();
         }
@@ -732,9 +814,18 @@ impl<B: PageBackend> VmmPool<B> {
         best.map(|(missing, e)| (e, missing))
     }
 
-    /// Pages under `[addr, addr + size)` of range `seg` that are not mapped.
+    /// Pages under `[addr, addr + size)` of range `seg` that are not mapped,
+    /// a ghost counting as more than any number of them (a block placed over
+    /// one waits for the GPU).
     fn unmapped_pages(&self, seg: u32, addr: u64, size: u64) -> u64 {
-        self.page_span(seg, addr, size).filter(|&a| self.pages.get(a).is_none()).count() as u64
+        let missing = self.page_span(seg, addr, size).filter(|&a| self.pages.get(a).is_none()).count() as u64;
+        if missing == 0 || self.ghosts.is_empty() {
+            return missing;
+        }
+        let ghosts =
+            self.ghosts.range(addr.saturating_sub(self.config.page(false).max(self.config.page(true)))..addr + size);
+        let over = ghosts.filter(|(&g, gh)| g + gh.size > addr).count() as u64;
+        missing + over * GHOST_COST
     }
 
     /// Cuts block `i` (free, not indexed) to `rounded` bytes; the rest is a

@@ -4,9 +4,10 @@
 //! It hands out virtual ranges end to end from [`BASE_ADDR`] and page handles
 //! 1, 2, 3, ..., and checks the pool as it goes (panicking on a violation):
 //! every range is aligned and every mapping is a whole page of its range; a page is mapped only inside a
-//! reserved range, at an address where nothing is mapped, and only if it is
-//! mapped nowhere else; an unmap names a mapping with its size; a released
-//! page is not mapped. [`capacity`](SimulatedPages::capacity) bounds the
+//! reserved range, at an address where nothing is mapped; a page mapped
+//! again elsewhere keeps its older mappings as ghosts, which must all go
+//! before its newest place does; an unmap names a mapping with its size; a
+//! released page is not mapped. [`capacity`](SimulatedPages::capacity) bounds the
 //! bytes of pages held at once.
 
 use std::collections::BTreeMap;
@@ -40,6 +41,8 @@ pub struct SimulatedPages {
     pages: BTreeMap<u64, (u64, Option<u64>)>,
     /// Mappings: address -> (size, handle).
     mapped: BTreeMap<u64, (u64, u64)>,
+    /// Older mappings of pages mapped again elsewhere (ghosts): address -> handle.
+    ghosts: BTreeMap<u64, u64>,
     held: u64,
 }
 
@@ -62,6 +65,11 @@ impl SimulatedPages {
     /// Pages held: handle -> (size, address where it is mapped).
     pub fn pages(&self) -> &BTreeMap<u64, (u64, Option<u64>)> {
         &self.pages
+    }
+
+    /// Ghost mappings: address -> handle.
+    pub fn ghosts(&self) -> &BTreeMap<u64, u64> {
+        &self.ghosts
     }
 
     /// The handle mapped over `addr`, if any, with the mapping's start.
@@ -101,7 +109,9 @@ impl PageBackend for SimulatedPages {
         assert!(addr + size <= start + len, "map at {addr:#x} outside the reserved ranges");
         let page = self.pages.get_mut(&handle).expect("map of a page never created or released");
         assert_eq!(page.0, size, "page {handle} mapped with another size");
-        assert_eq!(page.1, None, "page {handle} mapped twice");
+        if let Some(old) = page.1 {
+            self.ghosts.insert(old, handle);
+        }
         assert!(self.handle_at(addr).is_none() && self.handle_at(addr + size - 1).is_none(), "{addr:#x} mapped twice");
         let page = self.pages.get_mut(&handle).expect("checked above");
         page.1 = Some(addr);
@@ -113,7 +123,10 @@ impl PageBackend for SimulatedPages {
         let (len, handle) = self.mapped.remove(&addr).unwrap_or_else(|| panic!("unmap of {addr:#x}: not mapped"));
         self.unmapped.push((addr, self.gpu.completed));
         assert_eq!(len, size, "unmap of {addr:#x} with the wrong size");
-        self.pages.get_mut(&handle).expect("a mapped page exists").1 = None;
+        if self.ghosts.remove(&addr).is_none() {
+            assert!(!self.ghosts.values().any(|&h| h == handle), "page {handle} unmapped before its ghost");
+            self.pages.get_mut(&handle).expect("a mapped page exists").1 = None;
+        }
     }
 
     fn release_page(&mut self, handle: u64) {

@@ -394,3 +394,85 @@ fn a_loop_of_varying_shapes_keeps_its_pages() {
     assert_eq!(released_by[7], released_by[15], "the second pass of the eight shapes gives nothing back");
     assert!(p.backend().held() > 0, "the loop's pages stay");
 }
+
+/// With the GPU behind (one stream: reuse is ordered, unmapping is not) and
+/// the device full, a page freed under queued work serves a new block
+/// elsewhere at once: it is mapped there while its old mapping stays, as a
+/// ghost, until that work is done.
+#[test]
+fn a_cooling_page_serves_a_new_block_while_its_ghost_waits_for_the_gpu() {
+    let mut p = VmmPool::new(SimulatedPages::new().with_capacity(Some(6 * MIB)), VmmConfig::default());
+    let a = p.allocate(2 * MIB).unwrap();
+    let b = p.allocate(2 * MIB).unwrap();
+    let handle = p.backend().handle_at(a.addr).unwrap().1;
+    p.backend_mut().launch();
+    p.free(a.id); // idle, cooling: the launched work may still touch it
+    assert_eq!(p.stats().cooling_bytes.current, 2 * MIB);
+    // 4 MiB fits no hole with pages: a new place, one page made (the
+    // device's last), the cooling one taken for the other.
+    let c = p.allocate(4 * MIB).unwrap();
+    assert_eq!(p.stats().num_page_creates, 3);
+    assert_eq!(p.stats().num_aliases, 1);
+    assert_eq!(p.stats().num_syncs, 0, "no wait for the GPU");
+    assert_eq!(p.backend().ghosts().get(&a.addr), Some(&handle), "still mapped where the work may touch it");
+    let under_c = [c.addr, c.addr + 2 * MIB].map(|x| p.backend().handle_at(x).unwrap().1);
+    assert!(under_c.contains(&handle));
+    assert!(p.backend().unmapped.is_empty(), "nothing unmapped under queued work");
+    // Once the work is done, the ghost goes (at the next page decision).
+    p.backend_mut().complete_all();
+    p.free(b.id);
+    p.empty_cache();
+    assert!(p.backend().ghosts().is_empty());
+    assert!(p.backend().unmapped.iter().all(|&(_, done)| done >= 1), "unmapped only after the work");
+    p.free(c.id);
+    assert_eq!(p.empty_cache(), 4 * MIB);
+    assert_eq!(p.backend().held(), 0);
+}
+
+/// A block that cannot avoid a ghost waits for the GPU and then maps there.
+#[test]
+fn a_block_over_a_ghost_waits_for_the_gpu() {
+    const GIB: u64 = 1 << 30;
+    let pages = SimulatedPages::new().with_capacity(Some(2 * GIB - 2 * MIB));
+    let mut p = VmmPool::new(pages, VmmConfig { va_chunk: GIB, ..VmmConfig::default() });
+    // The first range full: a, then b, then the rest.
+    let a = p.allocate(2 * MIB).unwrap();
+    let b = p.allocate(2 * MIB).unwrap();
+    let _rest = p.allocate(GIB - 4 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(a.id);
+    // A second range, whole: the device has one page too few, so a's
+    // cooling page is taken for it, and a ghost stays.
+    let _second = p.allocate(GIB).unwrap();
+    assert_eq!(p.stats().num_aliases, 1);
+    assert_eq!(p.backend().ghosts().len(), 1);
+    p.free(b.id);
+    // The one hole left is the ghost's page: placing there waits for the
+    // GPU, which also lets b's page move there.
+    let again = p.allocate(2 * MIB).unwrap();
+    assert_eq!(again.addr, a.addr);
+    assert_eq!(p.stats().num_ghost_waits, 1);
+    assert!(p.backend().ghosts().is_empty());
+    assert!(p.backend().unmapped.iter().all(|&(_, done)| done >= 1), "unmapped only after the work");
+}
+
+/// Pages are interchangeable: a request larger than the blocks pending on
+/// queued work still orders them behind (a GPU-side barrier) and takes their
+/// pages, creating only the rest.
+#[test]
+fn pending_blocks_smaller_than_a_request_still_give_it_their_pages() {
+    let mut p = pool();
+    let a = p.allocate(4 * MIB).unwrap();
+    p.backend_mut().fences = Fences::AtQueued;
+    p.backend_mut().barrier = true;
+    p.backend_mut().launch();
+    p.free(a.id);
+    assert_eq!(p.stats().pending_bytes.current, 4 * MIB);
+    let b = p.allocate(8 * MIB).unwrap();
+    assert_eq!(p.pending_blocks(), 0);
+    assert_eq!(p.stats().num_waits, 1, "ordered behind by a barrier, no host wait");
+    assert_eq!(p.stats().num_syncs, 0);
+    assert_eq!(p.stats().reserved_bytes.peak, 8 * MIB, "two pages reused, two created");
+    assert_eq!(p.backend().completed, 0, "the work itself still runs");
+    p.free(b.id);
+}
