@@ -74,9 +74,6 @@ impl Engine {
             small_page: page,
             large_page: page,
             limit: limit(),
-            // As the segment pool in the shim: wait for the GPU only when
-            // almost everything held is waiting.
-            wait_share: PoolConfig::shim_default().wait_share,
             cycle_regret_ns,
             ..VmmConfig::shim_default()
         };

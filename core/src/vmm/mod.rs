@@ -191,7 +191,13 @@ impl VmmConfig {
     /// goes back at once, memory the program frees and allocates again
     /// within a second stays (as the segment pool's `give_back=auto`).
     pub fn shim_default() -> VmmConfig {
-        VmmConfig { cycle_regret_ns: Some(1_000_000_000), ..VmmConfig::default() }
+        VmmConfig {
+            cycle_regret_ns: Some(1_000_000_000),
+            // As the segment pool in the shim: wait for (or order behind)
+            // pending frees unless they are a sliver of what is held.
+            wait_share: crate::pool::PoolConfig::shim_default().wait_share,
+            ..VmmConfig::default()
+        }
     }
 
     /// A model of PyTorch's `expandable_segments:True` for one stream: the
