@@ -43,7 +43,7 @@
 //!   mapped anew every iteration; memory it stopped using for longer goes
 //!   back to the device. Idle pages cost no peak: a page is created only when
 //!   none is idle. [`VmmPool::empty_cache`] releases every idle page. The
-//!   clock is the backend's ([`PageBackend::now_ns`]); one that stands still
+//!   clock is the backend's ([`Timeline::now_ns`]); one that stands still
 //!   (the simulated device's, so trace replay) keeps the all-time high-water
 //!   mark, and a `window_ns` of 0 keeps just `keep_free`.
 //!
@@ -80,7 +80,10 @@
 //!   waits for the GPU and gives idle pages back first.
 
 mod backing;
+mod config;
+mod ghosts;
 mod pages;
+mod stats;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]
@@ -88,12 +91,15 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+pub use config::VmmConfig;
+use ghosts::Ghost;
 use pages::PageTable;
+pub use stats::{PeakBreakdown, VmmStats};
 
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
 use crate::pool::cycles::Cycles;
 use crate::pool::free_index::{Entry, FreeIndex};
-use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Stat, Timeline, SEGMENT_ALIGN};
+use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Timeline, SEGMENT_ALIGN};
 
 const MIB: u64 = 1 << 20;
 /// Free blocks weighed for a request (`VmmPool::placement`).
@@ -127,184 +133,6 @@ pub trait PageBackend: Timeline {
     }
 }
 
-/// Tunables of a [`VmmPool`]. Every size is in bytes; [`VmmPool::new`] applies
-/// [`VmmConfig::validate`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmmConfig {
-    /// Requests whose rounded size is at most this go to the small ranges (1 MiB).
-    pub small_max: u64,
-    /// Page size of the small ranges (2 MiB).
-    pub small_page: u64,
-    /// Page size of the large ranges (2 MiB).
-    pub large_page: u64,
-    /// Size of each virtual range reserved (64 GiB; a larger request gets a
-    /// range of its own size).
-    pub va_chunk: u64,
-    /// Take an idle page from elsewhere before creating one (on). Off, every
-    /// page stays where it was first mapped until it is given back.
-    pub remap_idle: bool,
-    /// With `remap_idle`, when no new page can be had: take a page that
-    /// queued work may still touch, leaving a ghost mapping where it was
-    /// until that work finished (on).
-    pub alias_cooling: bool,
-    /// Idle page bytes always kept after a free (64 MiB; `u64::MAX`: only
-    /// `empty_cache` gives pages back).
-    pub keep_free: u64,
-    /// Idle pages up to the high-water mark of in-use bytes over the last
-    /// one to two windows of this length are kept too (5 s; 0: only `keep_free`).
-    pub window_ns: u64,
-    /// Cap on physical bytes; a page that would pass it is treated as a
-    /// device out-of-memory (`u64::MAX`: no cap).
-    pub limit: u64,
-    /// A request that needs new pages waits for pending frees
-    /// ([`Timeline::wait_for`]) instead, while they cover it and are at
-    /// least 1/`wait_share` of the reserved bytes (4; at least 1).
-    pub wait_share: u64,
-    /// Pages a free leaves idle go back at once (once the GPU finished with
-    /// them), unless the freed block's size is one the program allocated
-    /// again within this many ns of its pages going back: then they stay,
-    /// under the high-water rule (the segment pool's `GiveBack::Auto`, by
-    /// block size). `None`: every idle page stays under the high-water rule.
-    pub cycle_regret_ns: Option<u64>,
-}
-
-impl Default for VmmConfig {
-    fn default() -> Self {
-        VmmConfig {
-            small_max: MIB,
-            small_page: 2 * MIB,
-            large_page: 2 * MIB,
-            va_chunk: 64 << 30,
-            remap_idle: true,
-            alias_cooling: true,
-            keep_free: 64 * MIB,
-            window_ns: 5_000_000_000,
-            limit: u64::MAX,
-            wait_share: 4,
-            cycle_regret_ns: None,
-        }
-    }
-}
-
-impl VmmConfig {
-    /// The settings the shim runs `backing=vmm` with: memory freed in bulk
-    /// goes back at once, memory the program frees and allocates again
-    /// within a second stays (as the segment pool's `give_back=auto`).
-    pub fn shim_default() -> VmmConfig {
-        VmmConfig {
-            cycle_regret_ns: Some(1_000_000_000),
-            // As the segment pool in the shim: wait for (or order behind)
-            // pending frees unless they are a sliver of what is held.
-            wait_share: crate::pool::PoolConfig::shim_default().wait_share,
-            ..VmmConfig::default()
-        }
-    }
-
-    /// A model of PyTorch's `expandable_segments:True` for one stream: the
-    /// small pool maps 2 MiB pages and the large pool 20 MiB pages into one
-    /// growing range each; a page stays where it was mapped, and pages are
-    /// given back only by `empty_cache`.
-    pub fn pytorch_expandable() -> VmmConfig {
-        VmmConfig {
-            large_page: 20 * MIB,
-            // PyTorch reserves 1⅛ of the device memory per segment: 90 GiB on 80 GiB.
-            va_chunk: 90 << 30,
-            remap_idle: false,
-            keep_free: u64::MAX,
-            ..VmmConfig::default()
-        }
-    }
-
-    /// Returns a copy with page sizes rounded up to multiples of 64 KiB
-    /// (between 64 KiB and 1 TiB), `small_max` a multiple of 512 B between
-    /// 512 B and the small page, and `va_chunk` a multiple of both page sizes
-    /// of at least 1 GiB (at most 2^48).
-    pub fn validate(self) -> VmmConfig {
-        let page = |p: u64| p.clamp(64 << 10, 1 << 40).next_multiple_of(64 << 10);
-        let (small_page, large_page) = (page(self.small_page), page(self.large_page));
-        let small_max = self.small_max.clamp(512, small_page).next_multiple_of(512);
-        let va_chunk = self.va_chunk.clamp(1 << 30, 1 << 48).next_multiple_of(small_page.max(large_page));
-        VmmConfig { small_max, small_page, large_page, va_chunk, wait_share: self.wait_share.max(1), ..self }
-    }
-
-    fn page(&self, small: bool) -> u64 {
-        if small {
-            self.small_page
-        } else {
-            self.large_page
-        }
-    }
-}
-
-/// Counters of a [`VmmPool`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VmmStats {
-    /// Rounded sizes of the blocks handed out and not yet freed.
-    pub allocated_bytes: Stat,
-    /// Sizes as requested by the caller of the blocks handed out.
-    pub requested_bytes: Stat,
-    /// Bytes of physical pages held (mapped, live or idle).
-    pub reserved_bytes: Stat,
-    /// Bytes of pages that some allocated block overlaps.
-    pub in_use_bytes: Stat,
-    /// Bytes of idle pages: mapped, no allocated block on them.
-    pub idle_bytes: Stat,
-    /// Bytes of idle pages that queued GPU work may still touch (part of
-    /// `idle_bytes`): usable again in place, not elsewhere.
-    pub cooling_bytes: Stat,
-    /// Number of blocks handed out and not yet freed.
-    pub allocation: Stat,
-    /// Bytes of virtual ranges reserved.
-    pub va_reserved_bytes: u64,
-    /// Pages created / released.
-    pub num_page_creates: u64,
-    pub num_page_releases: u64,
-    /// Page mappings / unmappings.
-    pub num_maps: u64,
-    pub num_unmaps: u64,
-    /// Idle pages unmapped from one place and mapped at another (stitching).
-    pub num_remaps: u64,
-    /// Of those, pages taken while cooling, left mapped where they were
-    /// (a ghost) until the GPU finished with them there.
-    pub num_aliases: u64,
-    /// Placements that had to wait for the GPU to finish with a ghost.
-    pub num_ghost_waits: u64,
-    /// Allocations that failed.
-    pub num_ooms: u64,
-    /// Rounded sizes of blocks freed and waiting for their fence.
-    pub pending_bytes: Stat,
-    /// Allocated and pending blocks' rounded sizes (PyTorch's "active").
-    pub active_bytes: Stat,
-    /// Waits for the oldest pending free, and whole-device synchronisations.
-    pub num_waits: u64,
-    pub num_syncs: u64,
-    /// `grant` calls (one `cuMemSetAccess` each on a GPU).
-    pub num_grants: u64,
-    /// What the pages held when `reserved_bytes` last reached its peak.
-    pub at_peak: PeakBreakdown,
-}
-
-/// Where a pool's physical bytes were when they peaked: under allocated
-/// blocks, under blocks freed but still waiting for queued GPU work, or on
-/// idle pages (cooling: queued work may still touch them, so they could be
-/// used again only where they are). `reserved` minus `allocated` is what the
-/// pool cost beyond the program's own bytes at its peak.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PeakBreakdown {
-    pub reserved: u64,
-    pub allocated: u64,
-    pub pending: u64,
-    pub idle: u64,
-    pub cooling: u64,
-}
-
-impl From<PeakBreakdown> for crate::log::PagesAtPeak {
-    fn from(b: PeakBreakdown) -> Self {
-        let PeakBreakdown { reserved, allocated, pending, idle, cooling } = b;
-        crate::log::PagesAtPeak { reserved, allocated, pending, idle, cooling }
-    }
-}
-
 /// A mapped page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageInfo {
@@ -313,17 +141,6 @@ pub struct PageInfo {
     pub handle: u64,
     /// Allocated blocks overlapping it (0: idle).
     pub refs: u32,
-}
-
-/// An old mapping of a page taken while cooling.
-#[derive(Clone, Copy, Debug)]
-struct Ghost {
-    /// The page's unmap tag: the ghost goes once it finished.
-    tag: u64,
-    size: u64,
-    small: bool,
-    /// Where the page is mapped now (its slot counts this ghost).
-    owner: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -433,7 +250,7 @@ impl<B: PageBackend> VmmPool<B> {
         self.config.limit = limit;
     }
 
-    /// Resets the peaks of every [`Stat`] to their current values.
+    /// Resets the peaks of every [`Stat`](crate::pool::Stat) to their current values.
     pub fn reset_peak_stats(&mut self) {
         let s = &mut self.stats;
         for st in [

@@ -1,0 +1,115 @@
+//! Ghosts: the old mappings of pages taken while cooling (see the module
+//! documentation of `vmm`). A page that queued work may still touch where it
+//! is can be mapped elsewhere at once, its reuse ordered as reuse in place
+//! would be; its old mapping stays until that work finished, and no block is
+//! placed over it meanwhile.
+
+use super::pages::Slot;
+use super::{PageBackend, VmmPool};
+
+/// An old mapping of a page taken while cooling.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ghost {
+    /// The page's unmap tag: the ghost goes once it finished.
+    pub tag: u64,
+    pub size: u64,
+    pub small: bool,
+    /// Where the page is mapped now (its slot counts this ghost).
+    pub owner: u64,
+}
+
+impl<B: PageBackend> VmmPool<B> {
+    /// Takes the oldest cooling page of `size` bytes: its mapping stays, as
+    /// a ghost. Returns the ghost's address and the page's handle.
+    pub(super) fn cooling_page(&mut self, size: u64) -> Option<(u64, u64)> {
+        if !(self.config.remap_idle && self.config.alias_cooling) {
+            return None;
+        }
+        let mut i = 0;
+        while i < self.cooling.len() {
+            let (tag, a, small) = self.cooling[i];
+            let Some(pg) = self.pages.get(a).filter(|pg| pg.refs == 0 && pg.cooling == Some(tag)) else {
+                // Used again or given back since: a stale entry.
+                self.cooling.remove(i);
+                continue;
+            };
+            if self.config.page(small) != size {
+                i += 1; // only with two page sizes
+                continue;
+            }
+            let handle = pg.handle;
+            self.cooling.remove(i);
+            self.pages.remove(a);
+            if self.doomed.remove(&a).is_some() {
+                self.doomed_bytes -= size;
+            }
+            self.stats.idle_bytes.dec(size);
+            self.stats.cooling_bytes.dec(size);
+            // Owned by the page's old place until it is mapped at the new one.
+            self.add_ghost(a, Ghost { tag, size, small, owner: a });
+            self.stats.num_remaps += 1;
+            self.stats.num_aliases += 1;
+            return Some((a, handle));
+        }
+        None
+    }
+
+    fn add_ghost(&mut self, a: u64, g: Ghost) {
+        self.ghosts.insert(a, g);
+        self.ghosts_by_tag.insert((g.tag, a));
+        self.ghosts_by_owner.insert((g.owner, a));
+    }
+
+    /// The page taken from `from` while cooling is mapped at `to` now: its
+    /// ghosts (the one at `from` and those it had) are that page's. Returns
+    /// how many.
+    pub(super) fn adopt_ghosts(&mut self, from: u64, to: u64) -> u32 {
+        let moved: Vec<u64> = self.ghosts_by_owner.range((from, 0)..=(from, u64::MAX)).map(|&(_, g)| g).collect();
+        for &g in &moved {
+            self.ghosts_by_owner.remove(&(from, g));
+            self.ghosts_by_owner.insert((to, g));
+            self.ghosts.get_mut(&g).expect("indexed").owner = to;
+        }
+        moved.len() as u32
+    }
+
+    /// A page taken while cooling could not be mapped at its new place: it
+    /// is an idle cooling page at its old place again, with its ghosts.
+    pub(super) fn restore_ghost(&mut self, a: u64, handle: u64) {
+        let Some(g) = self.ghosts.remove(&a) else { return };
+        self.ghosts_by_tag.remove(&(g.tag, a));
+        self.ghosts_by_owner.remove(&(a, a));
+        let ghosts = self.ghosts_by_owner.range((a, 0)..=(a, u64::MAX)).count() as u32;
+        self.pages.insert(a, Slot { handle, refs: 0, cooling: Some(g.tag), ghosts });
+        self.stats.idle_bytes.inc(g.size);
+        self.stats.cooling_bytes.inc(g.size);
+        self.cooling.push_back((g.tag, a, g.small));
+    }
+
+    /// Makes room at the ghost at `a` for a new page: waits for the GPU when
+    /// it may still use the page there (false when it cannot wait now).
+    #[cold]
+    pub(super) fn clear_ghost(&mut self, a: u64) -> bool {
+        let tag = self.ghosts[&a].tag;
+        if !self.tag_done(tag) {
+            if !self.cool_down() {
+                return false;
+            }
+            self.stats.num_ghost_waits += 1;
+        }
+        self.drop_ghost(a);
+        true
+    }
+
+    /// Unmaps the ghost at `a` (its work is done).
+    pub(super) fn drop_ghost(&mut self, a: u64) {
+        let Some(g) = self.ghosts.remove(&a) else { return };
+        self.ghosts_by_tag.remove(&(g.tag, a));
+        self.ghosts_by_owner.remove(&(g.owner, a));
+        self.backend.unmap(a, g.size);
+        self.stats.num_unmaps += 1;
+        if let Some(pg) = self.pages.get_mut(g.owner) {
+            pg.ghosts -= 1;
+        }
+    }
+}
