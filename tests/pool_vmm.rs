@@ -93,7 +93,7 @@ fn cupool_run_summary_names_the_page_work() {
     // Where the pages were at their peak: the workload's blocks, nothing
     // else on a GPU (the fake one) that never falls behind.
     let peak = err.lines().find(|l| l.contains("VMM peak")).unwrap_or_else(|| panic!("no peak line in:\n{err}"));
-    assert!(peak.contains(" in blocks, 0 B freed awaiting the GPU") && peak.len() <= 100, "{peak}");
+    assert!(peak.contains(" in blocks") && !peak.contains("awaiting the GPU") && peak.len() <= 100, "{peak}");
 }
 
 #[test]

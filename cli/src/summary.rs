@@ -140,16 +140,7 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
             );
             let b = &pg.at_peak;
             if b.reserved > 0 {
-                let _ = writeln!(
-                    out,
-                    "    device {:>2} VMM peak {}: {} in blocks, {} freed awaiting the GPU, {} idle ({} cooling)",
-                    p.device,
-                    human_bytes(b.reserved),
-                    human_bytes(b.allocated),
-                    human_bytes(b.pending),
-                    human_bytes(b.idle),
-                    human_bytes(b.cooling)
-                );
+                let _ = write!(out, "{}", peak_line(p.device, b));
             }
         }
         // What cupool did differently in this process (a pool fallback, graph
@@ -216,9 +207,30 @@ pub fn logs_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
+/// Where a VMM pool's pages were at their peak, as one line, or two where
+/// the figures make one too long for 100 columns. Parts that are 0 are left out.
+fn peak_line(device: i32, b: &cupool_core::log::PagesAtPeak) -> String {
+    let mut parts = vec![format!("{} in blocks", human_bytes(b.allocated))];
+    if b.pending > 0 {
+        parts.push(format!("{} freed, awaiting the GPU", human_bytes(b.pending)));
+    }
+    if b.idle > 0 {
+        let cooling = if b.cooling > 0 { format!(" ({} cooling)", human_bytes(b.cooling)) } else { String::new() };
+        parts.push(format!("{} idle{cooling}", human_bytes(b.idle)));
+    }
+    let head = format!("    device {device:>2} VMM peak {}: ", human_bytes(b.reserved));
+    let one = format!("{head}{}\n", parts.join(", "));
+    if one.chars().count() <= 101 {
+        return one;
+    }
+    let last = parts.pop().unwrap_or_default();
+    format!("{head}{},\n        {last}\n", parts.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cupool_core::log::PagesAtPeak;
 
     fn argv(words: &[&str]) -> Vec<String> {
         words.iter().map(|w| w.to_string()).collect()
@@ -243,5 +255,18 @@ mod tests {
         assert_eq!(when_text("exit"), "live at exit");
         assert_eq!(when_text("not finished"), "still live when the log stopped");
         assert_eq!(when_text("cudaDeviceReset"), "live when cudaDeviceReset destroyed its context");
+    }
+
+    #[test]
+    fn the_peak_line_leaves_out_zeros_and_wraps_before_100_columns() {
+        let mib = 1 << 20;
+        let quiet = PagesAtPeak { reserved: 8 * mib, allocated: 8 * mib, ..Default::default() };
+        assert_eq!(peak_line(0, &quiet), "    device  0 VMM peak 8.0 MiB: 8.0 MiB in blocks\n");
+        let odd = 1000 * mib + 12345;
+        let busy = PagesAtPeak { reserved: odd, allocated: odd, pending: odd, idle: odd, cooling: odd };
+        let text = peak_line(12, &busy);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");
+        assert!(text.contains("freed, awaiting the GPU") && text.contains("cooling)"), "{text}");
     }
 }

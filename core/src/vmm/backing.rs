@@ -302,9 +302,11 @@ impl<B: PageBackend> VmmPool<B> {
         }
     }
 
-    /// Records where the pages are at a new peak of reserved bytes.
+    /// Records where the pages are at a new peak of reserved bytes; the
+    /// block they are made for is added once it is counted (`peak_moved`).
     #[cold]
     fn note_peak(&mut self) {
+        self.peak_moved = true;
         let s = &self.stats;
         self.stats.at_peak = super::PeakBreakdown {
             reserved: s.reserved_bytes.current,

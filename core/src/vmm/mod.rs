@@ -192,6 +192,9 @@ pub struct VmmPool<B: PageBackend> {
     completed_upto: Option<u64>,
     /// Highest unmap tag known to be finished (unmapping is safe).
     finished_upto: Option<u64>,
+    /// A page made for the block being placed took reserved bytes to a new
+    /// peak: the block is added to `at_peak` once it is counted.
+    peak_moved: bool,
     /// High-water marks of in-use bytes in the current and the previous
     /// window, and when the current one began.
     high_water: (u64, u64),
@@ -222,6 +225,7 @@ impl<B: PageBackend> VmmPool<B> {
             doomed_bytes: 0,
             completed_upto: None,
             finished_upto: None,
+            peak_moved: false,
             high_water: (0, 0),
             window_start: 0,
             stats: VmmStats::default(),
@@ -397,6 +401,7 @@ impl<B: PageBackend> VmmPool<B> {
         let b = self.blocks[i];
         if !self.back(b.seg, b.addr, b.size) {
             self.make_free(i);
+            self.peak_moved = false;
             return None;
         }
         let r = &mut self.blocks[i];
@@ -409,6 +414,9 @@ impl<B: PageBackend> VmmPool<B> {
         s.allocation.inc(1);
         self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
         self.live.insert(b.addr, i);
+        if std::mem::take(&mut self.peak_moved) {
+            self.stats.at_peak.allocated += b.size;
+        }
         Some(Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
     }
 

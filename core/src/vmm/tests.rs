@@ -476,3 +476,27 @@ fn pending_blocks_smaller_than_a_request_still_give_it_their_pages() {
     assert_eq!(p.backend().completed, 0, "the work itself still runs");
     p.free(b.id);
 }
+
+/// The peak breakdown says what held the pages when they peaked: the live
+/// blocks (the one that made the pool grow included), a block freed under
+/// queued work with several streams in use (pending), and a page that went
+/// idle under queued work with one stream (cooling).
+#[test]
+fn the_peak_breakdown_names_pending_and_cooling_pages() {
+    let mut p = pool();
+    // Live memory beside them, so the pending bytes are too small a share
+    // of what is held to be worth waiting for (`wait_share`).
+    let _live = p.allocate(64 * MIB).unwrap();
+    let a = p.allocate(2 * MIB).unwrap();
+    let b = p.allocate(2 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(a.id); // one stream: a's page idles at once, cooling
+    p.backend_mut().fences = Fences::AtQueued;
+    p.free(b.id); // several streams: b waits for its fence
+    let _c = p.allocate(4 * MIB).unwrap();
+    let peak = p.stats().at_peak;
+    let expected =
+        PeakBreakdown { reserved: 72 * MIB, allocated: 68 * MIB, pending: 2 * MIB, idle: 2 * MIB, cooling: 2 * MIB };
+    assert_eq!(peak, expected);
+    assert_eq!(p.stats().reserved_bytes.peak, 72 * MIB);
+}
