@@ -433,40 +433,50 @@ mod tests {
         assert_eq!(cycle(2_000_000_000), 3, "regrown after two seconds: given back each time");
     }
 
-    /// Replays `ops` through the shim's VMM pool on a device of `capacity`
-    /// bytes whose GPU runs `lag_ns` behind the trace, with several streams
-    /// (every free waits for a fence; a miss orders pending frees behind a
-    /// GPU-side barrier). Returns the allocations that failed and the pool's
-    /// peak of pages.
-    fn replay_behind(ops: &[Timed], lag_ns: u64, capacity: u64) -> (usize, u64) {
-        let mut pool = VmmPool::new(SimulatedPages::new().with_capacity(Some(capacity)), VmmConfig::shim_default());
-        pool.backend_mut().gpu.fences = Fences::AtQueued;
-        pool.backend_mut().gpu.barrier = true;
-        let mut queued_at = std::collections::VecDeque::new();
-        let mut live = HashMap::new();
-        let mut failed = 0;
-        for (t_ns, op) in ops {
-            let gpu = &mut pool.backend_mut().gpu;
-            gpu.now = *t_ns;
-            gpu.launch(); // each call of the program queues work
-            queued_at.push_back((gpu.queued, *t_ns));
-            while let Some(&(tag, _)) = queued_at.front().filter(|&&(_, at)| at + lag_ns <= *t_ns) {
+    /// The shim's VMM pool on a device of `capacity` bytes whose GPU runs
+    /// `lag_ns` behind the trace, with several streams (every free waits for
+    /// a fence; a miss orders pending frees behind a GPU-side barrier).
+    /// Counts the allocations that fail.
+    struct Behind {
+        pool: VmmPool<SimulatedPages>,
+        lag_ns: u64,
+        /// Queued work as (tag, when queued), oldest first.
+        queued_at: std::collections::VecDeque<(u64, u64)>,
+        failed: usize,
+    }
+
+    impl Behind {
+        fn new(lag_ns: u64, capacity: u64) -> Behind {
+            let mut pool = VmmPool::new(SimulatedPages::new().with_capacity(Some(capacity)), VmmConfig::shim_default());
+            pool.backend_mut().gpu.fences = Fences::AtQueued;
+            pool.backend_mut().gpu.barrier = true;
+            Behind { pool, lag_ns, queued_at: Default::default(), failed: 0 }
+        }
+    }
+
+    impl Replayable for Behind {
+        /// Each call of the program queues work; what was queued `lag_ns` ago is done.
+        fn at(&mut self, t_ns: u64) {
+            let gpu = &mut self.pool.backend_mut().gpu;
+            gpu.now = t_ns;
+            gpu.launch();
+            self.queued_at.push_back((gpu.queued, t_ns));
+            while let Some(&(tag, _)) = self.queued_at.front().filter(|&&(_, at)| at + self.lag_ns <= t_ns) {
                 gpu.completed = tag;
-                queued_at.pop_front();
-            }
-            match *op {
-                Op::Alloc(key, size) => match pool.allocate(size) {
-                    Ok(b) => drop(live.insert(key, b.id)),
-                    Err(_) => failed += 1,
-                },
-                Op::Free(key) => {
-                    if let Some(id) = live.remove(&key) {
-                        pool.free(id);
-                    }
-                }
+                self.queued_at.pop_front();
             }
         }
-        (failed, pool.stats().reserved_bytes.peak)
+        fn alloc(&mut self, size: u64) -> Option<BlockId> {
+            let b = self.pool.alloc(size);
+            self.failed += usize::from(b.is_none());
+            b
+        }
+        fn release(&mut self, id: BlockId) {
+            self.pool.release(id)
+        }
+        fn peak_reserved(&self) -> u64 {
+            self.pool.peak_reserved()
+        }
     }
 
     /// A program that never synchronizes runs far ahead of its GPU: pages it
@@ -480,8 +490,9 @@ mod tests {
             let ops = load(&trace).unwrap();
             let live = replay(&ops, Policy::Vmm).peak_live;
             let cap = (live + live * 3 / 100).max(live + (4 << 20)).next_multiple_of(2 << 20);
-            let (failed, peak) = replay_behind(&ops, 200_000_000, cap);
-            let name = trace.path().display();
+            let mut behind = Behind::new(200_000_000, cap);
+            let peak = replay_on(&ops, &mut behind).peak_reserved;
+            let (name, failed) = (trace.path().display(), behind.failed);
             assert_eq!(failed, 0, "{name}: {failed} allocations failed under a cap of {cap} for {live} live");
             assert!(peak <= cap, "{name}");
         }

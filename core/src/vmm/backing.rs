@@ -72,8 +72,10 @@ impl<B: PageBackend> VmmPool<B> {
                 break;
             }
             self.stats.num_maps += 1;
-            let ghosts = from.map_or(0, |ghost| self.adopt_ghosts(ghost, a));
-            self.pages.insert(a, Slot::new(handle, ghosts));
+            if let Some(ghost) = from {
+                self.adopt_ghosts(ghost, a);
+            }
+            self.pages.insert(a, Slot { handle, refs: 1, cooling: None });
             self.stats.in_use_bytes.inc(p);
             granted = Some((granted.map_or(a, |g| g.0), a + p));
         }
@@ -137,20 +139,8 @@ impl<B: PageBackend> VmmPool<B> {
     /// Unmaps the idle page at `a` (taken off the idle set), and its ghosts
     /// first; returns its handle.
     fn unmap_idle(&mut self, a: u64, size: u64) -> u64 {
-        let Slot { handle, ghosts, .. } = *self.pages.get(a).expect("an idle page is mapped");
-        if ghosts > 0 {
-            let mine: Vec<u64> = self.ghosts_by_owner.range((a, 0)..=(a, u64::MAX)).map(|&(_, g)| g).collect();
-            // Their tags are older than the one the page cooled with here,
-            // so their work is done too; but never unmap on faith.
-            let newest = mine.iter().map(|g| self.ghosts[g].tag).max().unwrap_or(0);
-            if !self.tag_done(newest) {
-                self.cool_down();
-            }
-            for g in mine {
-                self.drop_ghost(g);
-            }
-        }
-        self.pages.remove(a);
+        self.drop_ghosts_of(a);
+        let Slot { handle, .. } = self.pages.remove(a).expect("an idle page is mapped");
         if self.doomed.remove(&a).is_some() {
             self.doomed_bytes -= size;
         }

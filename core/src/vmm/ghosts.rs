@@ -14,7 +14,7 @@ pub(super) struct Ghost {
     pub tag: u64,
     pub size: u64,
     pub small: bool,
-    /// Where the page is mapped now (its slot counts this ghost).
+    /// Where the page is mapped now.
     pub owner: u64,
 }
 
@@ -60,17 +60,19 @@ impl<B: PageBackend> VmmPool<B> {
         self.ghosts_by_owner.insert((g.owner, a));
     }
 
+    /// The ghosts of the page mapped at `owner`.
+    fn ghosts_of(&self, owner: u64) -> Vec<u64> {
+        self.ghosts_by_owner.range((owner, 0)..=(owner, u64::MAX)).map(|&(_, g)| g).collect()
+    }
+
     /// The page taken from `from` while cooling is mapped at `to` now: its
-    /// ghosts (the one at `from` and those it had) are that page's. Returns
-    /// how many.
-    pub(super) fn adopt_ghosts(&mut self, from: u64, to: u64) -> u32 {
-        let moved: Vec<u64> = self.ghosts_by_owner.range((from, 0)..=(from, u64::MAX)).map(|&(_, g)| g).collect();
-        for &g in &moved {
+    /// ghosts (the one at `from` and those it had) are that page's.
+    pub(super) fn adopt_ghosts(&mut self, from: u64, to: u64) {
+        for g in self.ghosts_of(from) {
             self.ghosts_by_owner.remove(&(from, g));
             self.ghosts_by_owner.insert((to, g));
             self.ghosts.get_mut(&g).expect("indexed").owner = to;
         }
-        moved.len() as u32
     }
 
     /// A page taken while cooling could not be mapped at its new place: it
@@ -79,8 +81,7 @@ impl<B: PageBackend> VmmPool<B> {
         let Some(g) = self.ghosts.remove(&a) else { return };
         self.ghosts_by_tag.remove(&(g.tag, a));
         self.ghosts_by_owner.remove(&(a, a));
-        let ghosts = self.ghosts_by_owner.range((a, 0)..=(a, u64::MAX)).count() as u32;
-        self.pages.insert(a, Slot { handle, refs: 0, cooling: Some(g.tag), ghosts });
+        self.pages.insert(a, Slot { handle, refs: 0, cooling: Some(g.tag) });
         self.stats.idle_bytes.inc(g.size);
         self.stats.cooling_bytes.inc(g.size);
         self.cooling.push_back((g.tag, a, g.small));
@@ -108,8 +109,22 @@ impl<B: PageBackend> VmmPool<B> {
         self.ghosts_by_owner.remove(&(g.owner, a));
         self.backend.unmap(a, g.size);
         self.stats.num_unmaps += 1;
-        if let Some(pg) = self.pages.get_mut(g.owner) {
-            pg.ghosts -= 1;
+    }
+
+    /// Unmaps the ghosts of the idle page at `owner`, which is about to be
+    /// unmapped itself. Their tags are older than the one it cooled with
+    /// there, so their work is done; the GPU is asked, and waited for if not.
+    pub(super) fn drop_ghosts_of(&mut self, owner: u64) {
+        if self.ghosts.is_empty() {
+            return;
+        }
+        let mine = self.ghosts_of(owner);
+        let newest = mine.iter().map(|g| self.ghosts[g].tag).max();
+        if newest.is_some_and(|t| !self.tag_done(t)) {
+            self.cool_down();
+        }
+        for g in mine {
+            self.drop_ghost(g);
         }
     }
 }

@@ -11,19 +11,10 @@ pub(super) struct Slot {
     pub refs: u32,
     /// Idle, and not to be unmapped before this tag completes.
     pub cooling: Option<u64>,
-    /// Older mappings of this page still in place (ghosts, see
-    /// `VmmPool::ghosts`): it was taken from there while cooling.
-    pub ghosts: u32,
-}
-
-impl Slot {
-    pub fn new(handle: u64, ghosts: u32) -> Slot {
-        Slot { handle, refs: 1, cooling: None, ghosts }
-    }
 }
 
 /// A slot with nothing mapped.
-const UNMAPPED: Slot = Slot { handle: u64::MAX, refs: 0, cooling: None, ghosts: 0 };
+const UNMAPPED: Slot = Slot { handle: u64::MAX, refs: 0, cooling: None };
 
 struct RangePages {
     base: u64,
