@@ -480,17 +480,20 @@ mod tests {
     }
 
     /// A program that never synchronizes runs far ahead of its GPU: pages it
-    /// frees stay busy on the GPU for whole steps. Capped at 3% over what
+    /// frees stay busy on the GPU for whole steps. Capped at 2 % over what
     /// it holds (or two partial pages), every bundled trace still runs to
-    /// the end with the GPU 200 ms behind: cooling pages are mapped where
-    /// they are needed while their old mappings wait (ghosts).
+    /// the end with the GPU a second behind: cooling pages are mapped where
+    /// they are needed while their old mappings wait (ghosts). Without them
+    /// `serving` fails three allocations here (at 3 % and 200 ms behind,
+    /// which this test asked before, it does not: the shim orders pending
+    /// frees behind a barrier early enough that ghosts were not needed).
     #[test]
-    fn with_the_gpu_far_behind_every_trace_fits_three_percent_over_its_peak() {
+    fn with_the_gpu_a_second_behind_every_trace_fits_two_percent_over_its_peak() {
         for trace in bundled() {
             let ops = load(&trace).unwrap();
             let live = replay(&ops, Policy::Vmm).peak_live;
-            let cap = (live + live * 3 / 100).max(live + (4 << 20)).next_multiple_of(2 << 20);
-            let mut behind = Behind::new(200_000_000, cap);
+            let cap = (live + live * 2 / 100).max(live + (4 << 20)).next_multiple_of(2 << 20);
+            let mut behind = Behind::new(1_000_000_000, cap);
             let peak = replay_on(&ops, &mut behind).peak_reserved;
             let (name, failed) = (trace.path().display(), behind.failed);
             assert_eq!(failed, 0, "{name}: {failed} allocations failed under a cap of {cap} for {live} live");
