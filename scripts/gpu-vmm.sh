@@ -4,7 +4,8 @@
 #  2. the transformer workload (ROUNDS alternating rounds, 3): PyTorch's caching allocator,
 #     expandable_segments, and PyTorch without its cache under cupool with segments
 #     (unless NO_SEGMENTS is set) and with vmm, and with vmm under `--limit $VMM_LIMIT`
-#     when set: ms/iter and peak driver-used memory (nvidia-smi sampled every
+#     when set, and with vmm under each option of VMM_VARIANTS (e.g. "settle_ms=0"):
+#     ms/iter and peak driver-used memory (nvidia-smi sampled every
 #     20 ms, less the idle reading before the run), and the vmm pool's page counts
 #  3. a workload that fragments fixed segments into an OOM under a 10 GiB cap
 #     (scripts/gpu/frag_oom.py): PyTorch's caching allocator, expandable_segments,
@@ -66,6 +67,10 @@ if want torch; then
     [ -z "${NO_SEGMENTS:-}" ] && MODE=nocache-cupool-segments PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $seg --no-trace -- python3 $T
     MODE=nocache-cupool-vmm PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm --no-trace -- python3 $T
     last_pools
+    for v in ${VMM_VARIANTS:-}; do
+      MODE=nocache-cupool-vmm-$v PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm -o $v --no-trace -- python3 $T
+      last_pools
+    done
     if [ -n "${VMM_LIMIT:-}" ]; then
       MODE=nocache-cupool-vmm-limit-$VMM_LIMIT PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm --limit $VMM_LIMIT --no-trace -- python3 $T
       last_pools

@@ -462,7 +462,7 @@ mod tests {
             gpu.launch();
             self.queued_at.push_back((gpu.queued, t_ns));
             while let Some(&(tag, _)) = self.queued_at.front().filter(|&&(_, at)| at + self.lag_ns <= t_ns) {
-                gpu.completed = tag;
+                gpu.completed = gpu.completed.max(tag);
                 self.queued_at.pop_front();
             }
         }

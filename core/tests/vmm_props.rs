@@ -308,6 +308,7 @@ fn config() -> impl Strategy<Value = VmmConfig> {
         Just(VmmConfig::pytorch_expandable()),
         Just(VmmConfig::shim_default()),
         Just(VmmConfig { keep_free: 0, ..VmmConfig::shim_default() }),
+        Just(VmmConfig { settle_ns: Some(150_000_000), ..VmmConfig::shim_default() }),
     ]
 }
 

@@ -121,7 +121,8 @@ impl CudaBackend {
         if streams.len() > MAX_BARRIER_STREAMS || streams.iter().any(|&s| capturing(s)) {
             return false;
         }
-        let (epoch, events) = (self.fences[index].0, self.fences[index].1.clone());
+        let epoch = self.fences[index].0;
+        let events = &self.fences[index].1;
         // The legacy stream waits for every stream's part of the fence; one
         // event after those waits then orders every other stream behind it
         // (2S-1 dependencies instead of S²).
@@ -133,17 +134,11 @@ impl CudaBackend {
             self.spare_events.push(joined);
             return false;
         }
-        self.spare_events.extend(events);
-        let events = vec![joined];
         drop(list);
-        // Fences up to this one are passed; keep its events alive as the barrier.
-        for _ in 0..index {
-            if let Some((_, old)) = self.fences.pop_front() {
-                self.spare_events.extend(old);
-            }
-        }
-        self.fences.pop_front();
-        let previous = std::mem::replace(&mut self.barrier, events);
+        // Fences up to this one are passed (reuse is ordered) but stay
+        // queued, unrecorded, until they finish: pages freed before them may
+        // be unmapped only then, and only their own events can tell.
+        let previous = std::mem::replace(&mut self.barrier, vec![joined]);
         self.spare_events.extend(previous);
         self.completed = self.completed.max(epoch);
         self.counters.gpu_barriers += 1;
@@ -172,6 +167,25 @@ impl CudaBackend {
             self.poll();
         }
         tag <= mark(self)
+    }
+
+    /// The index of the oldest queued fence that covers `tag`, recording one
+    /// when none does. None: a capture is active (recording into it would
+    /// change the captured graph, and waiting could deadlock it).
+    fn fence_for(&mut self, tag: u64) -> Option<usize> {
+        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
+            return None;
+        }
+        self.fences.iter().position(|(e, _)| *e >= tag)
+    }
+
+    /// The host waits until the fence at `index` finished.
+    fn host_wait(&mut self, index: usize) {
+        for &e in &self.fences[index].1 {
+            unsafe { real!(cuEventSynchronize(e as CUevent)) };
+        }
+        self.counters.waits += 1;
+        self.poll();
     }
 
     fn poll(&mut self) {
@@ -236,20 +250,27 @@ impl Timeline for CudaBackend {
         if tag <= self.completed {
             return true;
         }
-        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
-            return false; // a capture is active: waiting could deadlock it
-        }
-        let Some(index) = self.fences.iter().position(|(e, _)| *e >= tag) else { return false };
+        let Some(index) = self.fence_for(tag) else { return false };
         if self.gpu_barrier(index) {
             return true;
         }
-        let events = self.fences[index].1.clone();
-        for e in events {
-            unsafe { real!(cuEventSynchronize(e as CUevent)) };
-        }
-        self.counters.waits += 1;
-        self.poll();
+        self.host_wait(index);
         tag <= self.completed
+    }
+
+    /// Never through a barrier, and never during a capture (a global-mode
+    /// capture forbids synchronising calls): the host waits for the events.
+    fn wait_finished(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag <= self.finished {
+            return true;
+        }
+        if self.any_capturing() {
+            return false;
+        }
+        let Some(index) = self.fence_for(tag) else { return false };
+        self.host_wait(index);
+        tag <= self.finished
     }
 
     /// The pools time windows of seconds (the VMM high-water mark, segments

@@ -5,7 +5,7 @@
 //! placed over it meanwhile.
 
 use super::pages::Slot;
-use super::{PageBackend, VmmPool};
+use super::{Cooling, PageBackend, VmmPool};
 
 /// An old mapping of a page taken while cooling.
 #[derive(Clone, Copy, Debug)]
@@ -27,9 +27,8 @@ impl<B: PageBackend> VmmPool<B> {
         }
         let mut i = 0;
         while i < self.cooling.len() {
-            let (tag, a, small) = self.cooling[i];
-            let Some(pg) = self.pages.get(a).filter(|pg| pg.refs == 0 && pg.cooling == Some(tag)) else {
-                // Used again or given back since: a stale entry.
+            let Cooling { tag, addr: a, small, .. } = self.cooling[i];
+            let Some(handle) = self.still_cooling(&self.cooling[i]) else {
                 self.cooling.remove(i);
                 continue;
             };
@@ -37,7 +36,6 @@ impl<B: PageBackend> VmmPool<B> {
                 i += 1; // only with two page sizes
                 continue;
             }
-            let handle = pg.handle;
             self.cooling.remove(i);
             self.pages.remove(a);
             if self.doomed.remove(&a).is_some() {
@@ -81,10 +79,10 @@ impl<B: PageBackend> VmmPool<B> {
         let Some(g) = self.ghosts.remove(&a) else { return };
         self.ghosts_by_tag.remove(&(g.tag, a));
         self.ghosts_by_owner.remove(&(a, a));
-        self.pages.insert(a, Slot { handle, refs: 0, cooling: Some(g.tag) });
+        self.pages.insert(a, Slot { cooling: Some(g.tag), freed: g.tag, ..Slot::mapped(handle, 0) });
         self.stats.idle_bytes.inc(g.size);
         self.stats.cooling_bytes.inc(g.size);
-        self.cooling.push_back((g.tag, a, g.small));
+        self.cool(g.tag, a, g.small, 0);
     }
 
     /// Makes room at the ghost at `a` for a new page: waits for the GPU when

@@ -60,7 +60,18 @@
 //!   (one stream) or by the fences above (several); unmapping is not ordered
 //!   at all. So a page that goes idle *cools*: it may be used again where it
 //!   is at once, but it is unmapped (remapped elsewhere or given back) only
-//!   once [`Timeline::unmap_tag`], taken when it went idle, completes.
+//!   once the GPU *finished* the work that may touch it: the work queued
+//!   before the newest free tag of the blocks it held, or, when one of them
+//!   was freed with no tag (one stream), everything queued when it went idle
+//!   ([`Timeline::unmap_tag`]). A block reclaimed because its fence finished
+//!   leaves its pages free to move at once.
+//! * **Settling.** A block that needs a page while every idle page is
+//!   cooling waits for the GPU to finish with the oldest one, if it went idle
+//!   at least `settle_ns` before, rather than create a page
+//!   ([`Timeline::wait_finished`]). A program that queues work that far
+//!   ahead of its GPU loses no GPU time by it (the GPU stays busy with what
+//!   was queued since); without it, its pool grows beside pages it cannot
+//!   move yet.
 //! * **Ghosts.** When the device (or the `limit`) refuses a new page and no
 //!   cooled idle page is left, a request takes a cooling page anyway
 //!   (`alias_cooling`), the oldest first: the page is mapped at its new
@@ -102,6 +113,16 @@ use crate::pool::free_index::{Entry, FreeIndex};
 use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Timeline, SEGMENT_ALIGN};
 
 const MIB: u64 = 1 << 20;
+
+/// An idle page that is not to be unmapped before `tag` finished.
+#[derive(Clone, Copy, Debug)]
+struct Cooling {
+    tag: u64,
+    addr: u64,
+    small: bool,
+    /// When it went idle (the backend's clock; 0 unless `settle_ns` is set).
+    since_ns: u64,
+}
 /// Free blocks weighed for a request (`VmmPool::placement`).
 const PLACEMENT_CANDIDATES: usize = 4;
 /// What a ghost under a placement weighs against pages to map.
@@ -168,10 +189,10 @@ pub struct VmmPool<B: PageBackend> {
     /// Idle pages that may be unmapped, by address: `[large, small]`.
     idle: [BTreeSet<u64>; 2],
     /// Idle pages that work queued before they went idle may still touch,
-    /// as (tag, address, small), oldest first: used again in place at once,
-    /// unmapped only once the tag completes. Entries of pages used since
-    /// are dropped when they come to the front.
-    cooling: VecDeque<(u64, u64, bool)>,
+    /// oldest tag first: used again in place at once, unmapped only once
+    /// the tag finished. Entries of pages used since are dropped when they
+    /// come to the front.
+    cooling: VecDeque<Cooling>,
     /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
     pending: VecDeque<(u32, u64)>,
     /// Ghosts: old mappings of pages taken while cooling, by address, and
@@ -390,7 +411,7 @@ impl<B: PageBackend> VmmPool<B> {
 
     fn try_allocate(&mut self, small: bool, rounded: u64, requested: u64) -> Option<Block> {
         let (mut i, missing) = self.find_virtual(small, rounded)?;
-        if !self.pending.is_empty() && missing > self.movable_pages(small) {
+        if !self.pending.is_empty() && missing > self.movable_pages(small) - self.idle_under(i, rounded) {
             // A miss: the pages it needs exist only under blocks freed
             // before queued work. Reclaim (or wait for) those, then place again.
             self.make_free(i);
@@ -444,6 +465,15 @@ impl<B: PageBackend> VmmPool<B> {
         }
     }
 
+    /// Idle pages under the first `size` bytes of free block `i`: used in
+    /// place, they cannot also be moved under its missing pages.
+    fn idle_under(&self, i: u32, size: u64) -> u64 {
+        let b = self.blocks[i];
+        let small = self.ranges[b.seg as usize].small;
+        let idle = &self.idle[small as usize];
+        self.page_span(b.seg, b.addr, size).filter(|a| idle.contains(a)).count() as u64
+    }
+
     /// Idle pages of the kind a request of this size uses that may move now
     /// (not cooling).
     fn movable_pages(&self, small: bool) -> u64 {
@@ -476,7 +506,7 @@ impl<B: PageBackend> VmmPool<B> {
                 self.pending.push_back((i, tag));
             }
             None => {
-                self.release_block(i);
+                self.release_block(i, None);
                 self.trim_after_free();
             }
         }
@@ -492,14 +522,14 @@ impl<B: PageBackend> VmmPool<B> {
         self.ranges.iter().any(|r| addr.wrapping_sub(r.addr) < r.size)
     }
 
-    /// Takes block `i` (freed, its work done) off its pages and makes its
-    /// virtual range free.
-    fn release_block(&mut self, i: u32) {
+    /// Takes block `i` (freed, its work done; `freed` its free tag) off its
+    /// pages and makes its virtual range free.
+    fn release_block(&mut self, i: u32, freed: Option<u64>) {
         let b = self.blocks[i];
         self.stats.active_bytes.dec(b.size);
         let small = self.ranges[b.seg as usize].small;
         let doom = self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(b.size, small));
-        self.unback(b.seg, b.addr, b.size, doom);
+        self.unback(b.seg, b.addr, b.size, doom, freed);
         self.make_free(i);
     }
 
@@ -535,7 +565,7 @@ impl<B: PageBackend> VmmPool<B> {
             }
             self.pending.pop_front();
             self.stats.pending_bytes.dec(self.blocks[i].size);
-            self.release_block(i);
+            self.release_block(i, Some(tag));
             n += 1;
         }
         if n > 0 {

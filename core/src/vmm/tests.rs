@@ -500,3 +500,88 @@ fn the_peak_breakdown_names_pending_and_cooling_pages() {
     assert_eq!(peak, expected);
     assert_eq!(p.stats().reserved_bytes.peak, 72 * MIB);
 }
+
+/// With several streams, a freed block waits for its fence; once the GPU
+/// finished that fence, its pages may move at once: the work that could
+/// touch them was queued before the free, not before the reclaim.
+#[test]
+fn pages_of_a_block_whose_fence_finished_move_at_once() {
+    let mut p = pool();
+    p.backend_mut().fences = Fences::AtQueued;
+    let a = p.allocate(4 * MIB).unwrap();
+    let _guard = p.allocate(2 * MIB).unwrap(); // keeps a's hole at 4 MiB
+    p.backend_mut().launch();
+    p.free(a.id); // tagged with the launched work
+    p.backend_mut().launch(); // later work, which never touched a
+    p.backend_mut().complete(1); // a's work done, the later work not
+                                 // 8 MiB fits no hole: a is reclaimed and its two pages move under the
+                                 // new block; two more are made.
+    let far = p.allocate(8 * MIB).unwrap();
+    assert!(far.addr > a.addr);
+    assert_eq!(p.stats().cooling_bytes.current, 0, "nothing cools behind the later work");
+    assert_eq!(p.stats().num_page_creates, 3 + 2);
+    assert_eq!(p.stats().num_remaps, 2);
+    assert_eq!(p.stats().num_syncs + p.stats().num_waits, 0, "nothing waited for");
+}
+
+/// A request whose best place already has idle pages under it cannot also
+/// move those pages under its missing ones: pending frees are reclaimed
+/// for the difference instead of pages being made.
+#[test]
+fn idle_pages_under_a_placement_do_not_count_as_movable() {
+    let mut p = pool();
+    // Teach the pool that the (empty) GPU timeline is finished, so that a
+    // page freed untagged is idle at once rather than cooling.
+    let e = p.allocate(2 * MIB).unwrap();
+    p.free(e.id);
+    p.empty_cache();
+    p.backend_mut().fences = Fences::AtQueued;
+    let a = p.allocate(4 * MIB).unwrap();
+    let b = p.allocate(4 * MIB).unwrap();
+    let c = p.allocate(4 * MIB).unwrap();
+    p.backend_mut().fences = Fences::Off;
+    p.free(c.id); // idle at once: two pages at the end of the range
+    assert_eq!((p.stats().idle_bytes.current, p.stats().cooling_bytes.current), (4 * MIB, 0));
+    p.backend_mut().fences = Fences::AtQueued;
+    p.free(b.id); // pending (its work is done: nothing was launched)
+    p.free(a.id);
+    let held = p.backend().held();
+    // 8 MiB goes where c was: two idle pages there, two missing. The idle
+    // pages under it are no pages to move, so a and b are reclaimed (their
+    // work is done) and the block goes where they were, on their pages.
+    let big = p.allocate(8 * MIB).unwrap();
+    assert_eq!(big.addr, a.addr);
+    assert_eq!(p.backend().held(), held, "every page reused, none made");
+    assert_eq!(p.pending_blocks(), 0);
+}
+
+/// A program far ahead of its GPU: rather than make a page beside one it
+/// cannot move yet, the pool waits for the GPU to finish with the oldest
+/// cooling page if it went idle at least `settle_ns` before, and not for
+/// one idle for less.
+#[test]
+fn a_page_idle_long_enough_is_waited_for_instead_of_made() {
+    let settle = 10_000_000;
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { settle_ns: Some(settle), ..VmmConfig::default() });
+    let a = p.allocate(2 * MIB).unwrap();
+    let _b = p.allocate(2 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(a.id); // cooling behind the launched work
+    p.backend_mut().launch(); // and more work after it
+    p.backend_mut().now += settle - 1;
+    let c = p.allocate(4 * MIB).unwrap();
+    assert_eq!(p.stats().num_page_creates, 4, "idle for too short a time: pages made");
+    assert_eq!(p.stats().num_settle_waits, 0);
+    p.free(c.id); // cooling too, behind the same work
+    p.backend_mut().now += 1;
+    // a's page went idle `settle` ago: waited for (only as far as its
+    // tag: the later work still runs), then moved.
+    let d = p.allocate(6 * MIB).unwrap();
+    assert_eq!(p.stats().num_settle_waits, 1);
+    assert_eq!(p.backend().completed, 1, "waited for a's work, not the later work");
+    assert_eq!(p.stats().num_syncs, 0);
+    assert!(p.backend().unmapped.iter().all(|&(_, done)| done >= 1), "unmapped only after the work");
+    // In place over c's two cooling pages, and a's page moved after them.
+    assert_eq!(d.addr, c.addr);
+    assert_eq!(p.stats().num_page_creates, 4);
+}
