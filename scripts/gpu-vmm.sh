@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The VMM-backed pool (backing=vmm, issue 12) on a real GPU, side by side in one run:
 #  1. pair latency: cudaMalloc+cudaFree per size, plain / cupool segments / cupool vmm
+#     (PAIR_OPTIONS adds flags to both cupool runs, e.g. "-o stack_depth=0 -o python_depth=0")
 #  2. the transformer workload (ROUNDS alternating rounds, 3): PyTorch's caching allocator,
 #     expandable_segments, and PyTorch without its cache under cupool with segments
 #     (unless NO_SEGMENTS is set) and with vmm, and with vmm under `--limit $VMM_LIMIT`
-#     when set, and with vmm under each option of VMM_VARIANTS (e.g. "settle_ms=0"):
+#     when set, and with vmm under each option of VMM_VARIANTS (e.g. "fence_us=2000"):
 #     ms/iter and peak driver-used memory (nvidia-smi sampled every
 #     20 ms, less the idle reading before the run), and the vmm pool's page counts
 #  3. a workload that fragments fixed segments into an OOM under a 10 GiB cap
@@ -52,8 +53,8 @@ peak_used() {
 if want pair; then
   echo "== pair latency (us, median of 7 batches): plain, cupool segments, cupool vmm (no trace)"
   $work/bench_pair > $work/plain.csv
-  $seg --no-trace -- $work/bench_pair > $work/seg.csv
-  $vmm --no-trace -- $work/bench_pair > $work/vmm.csv
+  $seg --no-trace ${PAIR_OPTIONS:-} -- $work/bench_pair > $work/seg.csv
+  $vmm --no-trace ${PAIR_OPTIONS:-} -- $work/bench_pair > $work/vmm.csv
   last_pools
   paste -d, $work/plain.csv $work/seg.csv $work/vmm.csv | awk -F, 'NR==1{print "size_bytes  plain_us  segments_us  vmm_us"; next} {printf "%10s  %8s  %11s  %6s\n", $1, $2, $4, $6}'
 fi

@@ -102,9 +102,6 @@ pub struct Options {
     pub verbosity: u8,
     /// Pool mode with streams: microseconds between reuse fences.
     pub fence_us: u64,
-    /// VMM backing: a page needed while none is idle waits for the GPU to
-    /// finish with a page idle this many milliseconds instead (0: never).
-    pub settle_ms: u64,
     /// Pool mode: when completely free segments go back to the device.
     pub give_back: GiveBack,
     /// Pool mode: fixed segments or VMM pages.
@@ -148,7 +145,6 @@ impl Default for Options {
             limit: 0,
             verbosity: 1,
             fence_us: 500,
-            settle_ms: 0,
             give_back: GiveBack::Auto,
             backing: Backing::Vmm,
             nvtx: true,
@@ -181,11 +177,6 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "fence_us",
         "500",
         "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable (10..100000)",
-    ),
-    (
-        "settle_ms",
-        "0",
-        "pool mode, VMM backing: a block that needs a page while every idle page waits for the GPU waits for one that went idle this many ms ago to finish, instead of mapping a new page: less memory, more time (0..10000; 0 = never)",
     ),
     (
         "give_back",
@@ -412,7 +403,6 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "limit" => opts.limit.to_string(),
         "verbosity" => opts.verbosity.to_string(),
         "fence_us" => opts.fence_us.to_string(),
-        "settle_ms" => opts.settle_ms.to_string(),
         "give_back" => opts.give_back.as_str().to_string(),
         "backing" => opts.backing.as_str().to_string(),
         "nvtx" => u8::from(opts.nvtx).to_string(),
@@ -466,7 +456,6 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
         "run_id" => opts.run_id = value.to_string(),
         "flush_ms" => opts.flush_ms = in_range(10, 10_000, "a number of milliseconds, 10..10000")?,
         "fence_us" => opts.fence_us = in_range(10, 100_000, "a number of microseconds, 10..100000")?,
-        "settle_ms" => opts.settle_ms = in_range(0, 10_000, "a number of milliseconds, 0..10000")?,
         "limit" => opts.limit = parse_bytes(value).ok_or_else(|| bad("bytes such as 16g, 512m or 4096; 0 = none"))?,
         "verbosity" => opts.verbosity = in_range(0, 2, "0, 1 or 2")? as u8,
         "stack_depth" => opts.stack_depth = in_range(0, 128, "a number of frames, 0..128")? as u32,
@@ -671,7 +660,6 @@ mod tests {
             limit in any::<u64>(),
             verbosity in 0u8..=2,
             fence_us in 10u64..=100_000,
-            settle_ms in 0u64..=10_000,
             nvtx in any::<bool>(),
             give_back in proptest::sample::select(vec![GiveBack::Auto, GiveBack::Always, GiveBack::Never]),
             backing in proptest::sample::select(vec![Backing::Segments, Backing::Vmm]),
@@ -684,7 +672,7 @@ mod tests {
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
-                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, settle_ms, give_back, backing, nvtx,
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, nvtx,
                 stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
             };
             let spec = format(&o);

@@ -238,9 +238,18 @@ impl Harness {
             assert_eq!(&under, handles, "a page under queued work was unmapped or moved");
             assert!(pool.lookup(b.addr).is_none(), "a freed block is still found");
         }
-        // Pages: each counts the live and pending blocks over it.
+        // Hot blocks (freed, kept whole for their size) lie on mapped pages,
+        // apart from every live block.
+        let hot: Vec<Block> = pool.hot_blocks().collect();
+        for h in &hot {
+            assert!(pool.lookup(h.addr).is_none(), "a hot block is found as live");
+            assert!(self.live.values().all(|(b, _, _)| b.addr + b.size <= h.addr || h.addr + h.size <= b.addr));
+        }
+        let hot_pages: Vec<Vec<(u64, u64)>> =
+            hot.iter().map(|h| self.handles_under(h.addr, h.size, self.page_of(h.size))).collect();
+        // Pages: each counts the live, pending and hot blocks over it.
         let mut refs: BTreeMap<u64, u32> = BTreeMap::new();
-        for (_, _, handles) in self.live.values().chain(self.pending.iter().map(|(l, _)| l)) {
+        for handles in self.live.values().chain(self.pending.iter().map(|(l, _)| l)).map(|l| &l.2).chain(&hot_pages) {
             for &(start, _) in handles {
                 *refs.entry(start).or_default() += 1;
             }
@@ -265,14 +274,17 @@ impl Harness {
         assert_eq!(s.allocated_bytes.current, self.live.values().map(|(b, _, _)| b.size).sum::<u64>());
         assert_eq!(s.requested_bytes.current, self.live.values().map(|(_, r, _)| r).sum::<u64>());
         assert_eq!(s.pending_bytes.current, self.pending.iter().map(|((b, _, _), _)| b.size).sum::<u64>());
-        assert_eq!(s.active_bytes.current, s.allocated_bytes.current + s.pending_bytes.current);
+        let hot_bytes: u64 = hot.iter().map(|h| h.size).sum();
+        assert_eq!(s.active_bytes.current, s.allocated_bytes.current + s.pending_bytes.current + hot_bytes);
         assert_eq!(s.num_page_creates - s.num_page_releases, pool.backend().pages().len() as u64);
         let ghosts = pool.backend().ghosts();
         assert_eq!(s.num_maps - s.num_unmaps, (pool.pages().count() + ghosts.len()) as u64);
         // A ghost (the old mapping of a page taken while cooling) lies under
         // no live or pending block: no block's bytes share a page with another's.
         for &g in ghosts.keys() {
-            for ((b, _, _), _) in self.live.values().map(|l| (l, 0)).chain(self.pending.iter().map(|(l, t)| (l, *t))) {
+            let blocks =
+                self.live.values().chain(self.pending.iter().map(|(l, _)| l)).map(|l| l.0).chain(hot.iter().copied());
+            for b in blocks {
                 assert!(g + self.page_of(b.size) <= b.addr || g >= b.addr + b.size, "a block over the ghost at {g:#x}");
             }
         }
@@ -308,7 +320,6 @@ fn config() -> impl Strategy<Value = VmmConfig> {
         Just(VmmConfig::pytorch_expandable()),
         Just(VmmConfig::shim_default()),
         Just(VmmConfig { keep_free: 0, ..VmmConfig::shim_default() }),
-        Just(VmmConfig { settle_ns: Some(150_000_000), ..VmmConfig::shim_default() }),
     ]
 }
 

@@ -75,7 +75,6 @@ impl Engine {
             large_page: page,
             limit: limit(),
             cycle_regret_ns,
-            settle_ns: Some(options::get().settle_ms * 1_000_000).filter(|&n| n > 0),
             ..VmmConfig::shim_default()
         };
         Engine::Pages(VmmPool::new(pages, config))
@@ -290,7 +289,6 @@ impl Engine {
                         costs: *c,
                         aliases: s.num_aliases,
                         ghost_waits: s.num_ghost_waits,
-                        settle_waits: s.num_settle_waits,
                         at_peak: s.at_peak.into(),
                     }),
                     ..base

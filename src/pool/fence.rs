@@ -121,8 +121,7 @@ impl CudaBackend {
         if streams.len() > MAX_BARRIER_STREAMS || streams.iter().any(|&s| capturing(s)) {
             return false;
         }
-        let epoch = self.fences[index].0;
-        let events = &self.fences[index].1;
+        let (epoch, events) = (self.fences[index].0, self.fences[index].1.clone());
         // The legacy stream waits for every stream's part of the fence; one
         // event after those waits then orders every other stream behind it
         // (2S-1 dependencies instead of S²).
@@ -134,10 +133,18 @@ impl CudaBackend {
             self.spare_events.push(joined);
             return false;
         }
+        self.spare_events.extend(events);
         drop(list);
-        // Fences up to this one are passed (reuse is ordered) but stay
-        // queued, unrecorded, until they finish: pages freed before them may
-        // be unmapped only then, and only their own events can tell.
+        // Fences up to this one are passed: reuse is ordered. (Keeping them
+        // queued until they finish would let idle pages move sooner; with
+        // pages cooling from their free tags that made one H200 run of the
+        // transformer move pages 22,614 times: BENCHMARKS.md, section 12.)
+        for _ in 0..index {
+            if let Some((_, old)) = self.fences.pop_front() {
+                self.spare_events.extend(old);
+            }
+        }
+        self.fences.pop_front(); // its events were taken above
         let previous = std::mem::replace(&mut self.barrier, vec![joined]);
         self.spare_events.extend(previous);
         self.completed = self.completed.max(epoch);
@@ -256,21 +263,6 @@ impl Timeline for CudaBackend {
         }
         self.host_wait(index);
         tag <= self.completed
-    }
-
-    /// Never through a barrier, and never during a capture (a global-mode
-    /// capture forbids synchronising calls): the host waits for the events.
-    fn wait_finished(&mut self, tag: u64) -> bool {
-        self.poll();
-        if tag <= self.finished {
-            return true;
-        }
-        if self.any_capturing() {
-            return false;
-        }
-        let Some(index) = self.fence_for(tag) else { return false };
-        self.host_wait(index);
-        tag <= self.finished
     }
 
     /// The pools time windows of seconds (the VMM high-water mark, segments

@@ -398,10 +398,6 @@ pub struct PagesRecord {
     /// Placements that waited for the GPU before mapping over such an old place.
     #[serde(default)]
     pub ghost_waits: u64,
-    /// Pages moved after waiting for the GPU to finish with them, instead
-    /// of new pages (`settle_ms`).
-    #[serde(default)]
-    pub settle_waits: u64,
     /// Where the pages were when they peaked.
     #[serde(default)]
     pub at_peak: PagesAtPeak,

@@ -149,7 +149,6 @@ fn full_end() -> End {
                 costs: PageCosts { create_ns: 22, map_ns: 23, access_ns: 24, unmap_ns: 25, release_ns: 26 },
                 aliases: 27,
                 ghost_waits: 28,
-                settle_waits: 12,
                 at_peak: PagesAtPeak { reserved: 29, allocated: 30, pending: 31, idle: 32, cooling: 33 },
             }),
         }],

@@ -39,13 +39,6 @@ pub trait Timeline {
         let _ = tag;
         self.synchronize()
     }
-    /// Block until the GPU has *finished* the work before `tag`, with no
-    /// GPU-side barrier (a page can be unmapped then). Returns false if
-    /// waiting is impossible now. The default waits for everything.
-    fn wait_finished(&mut self, tag: u64) -> bool {
-        let _ = tag;
-        self.synchronize()
-    }
     /// A monotonic clock in nanoseconds, for giving memory back by time.
     fn now_ns(&mut self) -> u64 {
         0
@@ -74,9 +67,6 @@ macro_rules! delegate_timeline {
         }
         fn wait_for(&mut self, tag: u64) -> bool {
             self.$field.wait_for(tag)
-        }
-        fn wait_finished(&mut self, tag: u64) -> bool {
-            self.$field.wait_finished(tag)
         }
         fn now_ns(&mut self) -> u64 {
             self.$field.now_ns()

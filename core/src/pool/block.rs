@@ -18,6 +18,9 @@ pub(crate) enum State {
     Pending,
     /// In the free index.
     Free,
+    /// Freed by the caller and kept whole, on its pages, for the next
+    /// request of its size (the VMM pool's hot blocks).
+    Cached,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -165,6 +165,7 @@ impl<B: Backend> Pool<B> {
                     State::Allocated => t.allocated(b),
                     State::Pending => t.pending(b),
                     State::Free => t.free(b),
+                    State::Cached => return Err(format!("{here}: a cached block in a segment")),
                 }
                 prev_free = free;
                 prev = i;

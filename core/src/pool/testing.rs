@@ -252,13 +252,6 @@ impl Timeline for SimulatedTimeline {
         !self.capturing
     }
 
-    fn wait_finished(&mut self, tag: u64) -> bool {
-        if !self.capturing {
-            self.completed = self.completed.max(tag.min(self.queued));
-        }
-        !self.capturing
-    }
-
     fn now_ns(&mut self) -> u64 {
         self.now
     }

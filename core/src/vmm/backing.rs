@@ -75,7 +75,7 @@ impl<B: PageBackend> VmmPool<B> {
             if let Some(ghost) = from {
                 self.adopt_ghosts(ghost, a);
             }
-            self.pages.insert(a, Slot::mapped(handle, 1));
+            self.pages.insert(a, Slot { handle, refs: 1, cooling: None });
             self.stats.in_use_bytes.inc(p);
             granted = Some((granted.map_or(a, |g| g.0), a + p));
         }
@@ -86,7 +86,7 @@ impl<B: PageBackend> VmmPool<B> {
         if !ok {
             // Undo the counts: the pages of the span mapped so far (here or
             // before) lose this block; those it alone held become idle.
-            self.unback(seg, addr, size, false, None);
+            self.unback(seg, addr, size, false);
             if granted.is_some() {
                 // Pages mapped here may not be accessible: none may stay idle.
                 self.trim_idle(0);
@@ -112,9 +112,6 @@ impl<B: PageBackend> VmmPool<B> {
         if let Some(h) = self.cooled_page(size) {
             return Some((h, None));
         }
-        if let Some(h) = self.settled_page(size) {
-            return Some((h, None));
-        }
         if let Some(h) = self.new_page(size) {
             return Some((h, None));
         }
@@ -137,31 +134,6 @@ impl<B: PageBackend> VmmPool<B> {
         let a = self.idle[kind as usize].pop_last()?;
         self.stats.num_remaps += 1;
         Some(self.unmap_idle(a, size))
-    }
-
-    /// Waits for the GPU to finish with the oldest cooling page of `size`
-    /// bytes, if it went idle at least `settle_ns` ago, and takes it.
-    #[cold]
-    fn settled_page(&mut self, size: u64) -> Option<u64> {
-        let settle = self.config.settle_ns.filter(|_| self.config.remap_idle)?;
-        let now = self.backend.now_ns();
-        while let Some(c) = self.cooling.front().copied() {
-            if self.still_cooling(&c).is_none() {
-                self.cooling.pop_front();
-                continue;
-            }
-            // The oldest tag went idle too recently: waiting could leave the GPU idle.
-            if self.config.page(c.small) != size || now.saturating_sub(c.since_ns) < settle {
-                return None;
-            }
-            if !self.backend.wait_finished(c.tag) {
-                return None;
-            }
-            self.stats.num_settle_waits += 1;
-            self.finished_upto = self.finished_upto.max(Some(c.tag));
-            return self.cooled_page(size);
-        }
-        None
     }
 
     /// Unmaps the idle page at `a` (taken off the idle set), and its ghosts
@@ -218,31 +190,23 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// Takes the block off every mapped page under it; pages left with no
-    /// block become idle. `freed` is the block's free tag (None: freed with
-    /// no fence, its work ordered only by its stream). With `doom` (a freed
-    /// block of a size the program has not been seen to allocate again),
-    /// those pages are to go back as soon as the GPU is done with them (a
-    /// bulk free gives memory back, as `cudaFree` does), and the size is
-    /// remembered, so that allocating it again soon marks it as cycling.
-    pub(super) fn unback(&mut self, seg: u32, addr: u64, size: u64, doom: bool, freed: Option<u64>) {
+    /// block become idle. With `doom` (a freed block of a size the program
+    /// has not been seen to allocate again), those pages are to go back as
+    /// soon as the GPU is done with them (a bulk free gives memory back, as
+    /// `cudaFree` does), and the size is remembered, so that allocating it
+    /// again soon marks it as cycling.
+    pub(super) fn unback(&mut self, seg: u32, addr: u64, size: u64, doom: bool) {
         let small = self.ranges[seg as usize].small;
         let p = self.config.page(small);
-        let mut now_tag = None;
-        let mut asked: Option<(u64, bool)> = None;
-        let mut now_ns = None;
+        let mut tag = None;
         let mut doomed_any = false;
         for a in self.page_span(seg, addr, size) {
             // Absent only when `back` failed before it reached this page.
             let Some(pg) = self.pages.get_mut(a) else { continue };
             pg.refs -= 1;
-            match freed {
-                Some(t) => pg.freed = pg.freed.max(t),
-                None => pg.untagged = true,
-            }
             if pg.refs > 0 {
                 continue;
             }
-            let (newest_free, untagged) = (pg.freed, std::mem::take(&mut pg.untagged));
             self.stats.in_use_bytes.dec(p);
             self.stats.idle_bytes.inc(p);
             // Every page under the block held it, so none is doomed yet.
@@ -250,34 +214,17 @@ impl<B: PageBackend> VmmPool<B> {
                 self.doomed_bytes += p;
                 doomed_any = true;
             }
-            // The GPU work that may touch the page is that of the blocks it
-            // held, queued before their frees: the page cools until the
-            // newest of those frees' tags finished. A block freed without a
-            // tag is ordered only by its stream, so then everything queued
-            // by now must finish first.
-            let cool = if untagged {
-                // Just taken: only the pool's own mark can say it finished
-                // (asking the device would fence every free).
-                (*now_tag.get_or_insert_with(|| self.backend.unmap_tag()))
-                    .map(|t| t.max(newest_free))
-                    .filter(|&t| self.finished_upto.is_none_or(|c| t > c))
-            } else {
-                // Asked once per tag of the call: a fence's events are polled.
-                let done = match asked {
-                    Some((t, d)) if t == newest_free => d,
-                    _ => self.tag_done(newest_free),
-                };
-                asked = Some((newest_free, done));
-                (!done).then_some(newest_free)
-            };
+            // Work queued for any block that lived on the page may still run:
+            // the page cools until everything queued by now is done. (The
+            // newest free tag of its blocks would do, and lets pages move
+            // sooner; on an H200 the pool then moved pages so often that the
+            // transformer ran 1.67x slower in one run: BENCHMARKS.md, section 12.)
+            let cool = *tag.get_or_insert_with(|| self.backend.unmap_tag());
+            let cool = cool.filter(|&t| self.finished_upto.is_none_or(|c| t > c));
             self.pages.get_mut(a).expect("looked up above").cooling = cool;
             match cool {
                 Some(t) => {
-                    let since = match self.config.settle_ns {
-                        Some(_) => *now_ns.get_or_insert_with(|| self.backend.now_ns()),
-                        None => 0,
-                    };
-                    self.cool(t, a, small, since);
+                    self.cool(t, a, small);
                     self.stats.cooling_bytes.inc(p);
                 }
                 None => {
@@ -293,8 +240,8 @@ impl<B: PageBackend> VmmPool<B> {
 
     /// Queues a page to cool until `tag` finished. The queue stays in tag
     /// order (a page freed by an older tag may go idle after a newer one).
-    pub(super) fn cool(&mut self, tag: u64, addr: u64, small: bool, since_ns: u64) {
-        let c = Cooling { tag, addr, small, since_ns };
+    pub(super) fn cool(&mut self, tag: u64, addr: u64, small: bool) {
+        let c = Cooling { tag, addr, small };
         if self.cooling.back().is_none_or(|b| b.tag <= tag) {
             self.cooling.push_back(c);
         } else {

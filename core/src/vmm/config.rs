@@ -22,13 +22,6 @@ pub struct VmmConfig {
     /// queued work may still touch, leaving a ghost mapping where it was
     /// until that work finished (on).
     pub alias_cooling: bool,
-    /// When a block needs a page and no idle page is finished with: wait
-    /// for the GPU to finish with the oldest cooling page, if it went idle
-    /// at least this many ns ago, instead of creating one (`None`: never).
-    /// A program that queues work far ahead of its GPU loses nothing by
-    /// waiting for work that old (the GPU stays busy with what was queued
-    /// since), and its pool stops growing beside pages it cannot move yet.
-    pub settle_ns: Option<u64>,
     /// Idle page bytes always kept after a free (64 MiB; `u64::MAX`: only
     /// `empty_cache` gives pages back).
     pub keep_free: u64,
@@ -59,7 +52,6 @@ impl Default for VmmConfig {
             va_chunk: 64 << 30,
             remap_idle: true,
             alias_cooling: true,
-            settle_ns: None,
             keep_free: 64 * MIB,
             window_ns: 5_000_000_000,
             limit: u64::MAX,

@@ -79,10 +79,10 @@ impl<B: PageBackend> VmmPool<B> {
         let Some(g) = self.ghosts.remove(&a) else { return };
         self.ghosts_by_tag.remove(&(g.tag, a));
         self.ghosts_by_owner.remove(&(a, a));
-        self.pages.insert(a, Slot { cooling: Some(g.tag), freed: g.tag, ..Slot::mapped(handle, 0) });
+        self.pages.insert(a, Slot { handle, refs: 0, cooling: Some(g.tag) });
         self.stats.idle_bytes.inc(g.size);
         self.stats.cooling_bytes.inc(g.size);
-        self.cool(g.tag, a, g.small, 0);
+        self.cool(g.tag, a, g.small);
     }
 
     /// Makes room at the ghost at `a` for a new page: waits for the GPU when

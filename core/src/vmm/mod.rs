@@ -60,18 +60,8 @@
 //!   (one stream) or by the fences above (several); unmapping is not ordered
 //!   at all. So a page that goes idle *cools*: it may be used again where it
 //!   is at once, but it is unmapped (remapped elsewhere or given back) only
-//!   once the GPU *finished* the work that may touch it: the work queued
-//!   before the newest free tag of the blocks it held, or, when one of them
-//!   was freed with no tag (one stream), everything queued when it went idle
-//!   ([`Timeline::unmap_tag`]). A block reclaimed because its fence finished
-//!   leaves its pages free to move at once.
-//! * **Settling.** A block that needs a page while every idle page is
-//!   cooling waits for the GPU to finish with the oldest one, if it went idle
-//!   at least `settle_ns` before, rather than create a page
-//!   ([`Timeline::wait_finished`]). A program that queues work that far
-//!   ahead of its GPU loses no GPU time by it (the GPU stays busy with what
-//!   was queued since); without it, its pool grows beside pages it cannot
-//!   move yet.
+//!   once the GPU *finished* everything queued when it went idle
+//!   ([`Timeline::unmap_tag`]).
 //! * **Ghosts.** When the device (or the `limit`) refuses a new page and no
 //!   cooled idle page is left, a request takes a cooling page anyway
 //!   (`alias_cooling`), the oldest first: the page is mapped at its new
@@ -93,6 +83,7 @@
 mod backing;
 mod config;
 mod ghosts;
+mod hot;
 mod pages;
 mod stats;
 #[cfg(any(test, feature = "testing"))]
@@ -120,8 +111,6 @@ struct Cooling {
     tag: u64,
     addr: u64,
     small: bool,
-    /// When it went idle (the backend's clock; 0 unless `settle_ns` is set).
-    since_ns: u64,
 }
 /// Free blocks weighed for a request (`VmmPool::placement`).
 const PLACEMENT_CANDIDATES: usize = 4;
@@ -203,6 +192,8 @@ pub struct VmmPool<B: PageBackend> {
     ghosts_by_owner: BTreeSet<(u64, u64)>,
     /// [`VmmPool::forget`]: nothing is held, nothing is handed out.
     forgotten: bool,
+    /// Small blocks freed with no fence, kept for their size's next request.
+    hot: hot::HotBlocks,
     /// Block sizes the program frees and allocates again (`cycle_regret_ns`).
     cycles: Cycles,
     /// Idle pages to give back as soon as the GPU finished with them (a
@@ -241,6 +232,7 @@ impl<B: PageBackend> VmmPool<B> {
             ghosts_by_tag: BTreeSet::new(),
             ghosts_by_owner: BTreeSet::new(),
             forgotten: false,
+            hot: hot::HotBlocks::default(),
             cycles: Cycles::default(),
             doomed: BTreeMap::new(),
             doomed_bytes: 0,
@@ -410,7 +402,19 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     fn try_allocate(&mut self, small: bool, rounded: u64, requested: u64) -> Option<Block> {
-        let (mut i, missing) = self.find_virtual(small, rounded)?;
+        if small {
+            if let Some(i) = self.take_hot(rounded) {
+                return Some(self.hand_out(i, requested));
+            }
+        }
+        let (mut i, mut missing) = self.find_virtual(small, rounded)?;
+        let flushed = missing > 0 && self.hot.bytes > 0;
+        if flushed {
+            // Hot blocks pin pages that could serve this one.
+            self.make_free(i);
+            self.flush_hot();
+            (i, missing) = self.find_virtual(small, rounded)?;
+        }
         if !self.pending.is_empty() && missing > self.movable_pages(small) - self.idle_under(i, rounded) {
             // A miss: the pages it needs exist only under blocks freed
             // before queued work. Reclaim (or wait for) those, then place again.
@@ -425,12 +429,23 @@ impl<B: PageBackend> VmmPool<B> {
             self.peak_moved = false;
             return None;
         }
+        self.stats.active_bytes.inc(b.size);
+        let block = self.hand_out(i, requested);
+        if flushed {
+            // What the hot blocks left idle and this block did not take.
+            self.trim_after_free();
+        }
+        Some(block)
+    }
+
+    /// Hands block `i` (on its pages, counted active) to the caller.
+    fn hand_out(&mut self, i: u32, requested: u64) -> Block {
         let r = &mut self.blocks[i];
         r.state = State::Allocated;
         r.requested = requested;
+        let b = *r;
         let s = &mut self.stats;
         s.allocated_bytes.inc(b.size);
-        s.active_bytes.inc(b.size);
         s.requested_bytes.inc(requested);
         s.allocation.inc(1);
         self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
@@ -438,7 +453,7 @@ impl<B: PageBackend> VmmPool<B> {
         if std::mem::take(&mut self.peak_moved) {
             self.stats.at_peak.allocated += b.size;
         }
-        Some(Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size })
+        Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size }
     }
 
     /// Blocks freed before queued GPU work hold their pages: when the idle
@@ -505,8 +520,14 @@ impl<B: PageBackend> VmmPool<B> {
                 self.stats.pending_bytes.inc(b.size);
                 self.pending.push_back((i, tag));
             }
+            None if self.keep_hot(i) => {
+                // Nothing went idle; what went idle before may go back now.
+                if !self.doomed.is_empty() || self.stats.idle_bytes.current > self.config.keep_free {
+                    self.trim_after_free();
+                }
+            }
             None => {
-                self.release_block(i, None);
+                self.release_block(i);
                 self.trim_after_free();
             }
         }
@@ -522,14 +543,14 @@ impl<B: PageBackend> VmmPool<B> {
         self.ranges.iter().any(|r| addr.wrapping_sub(r.addr) < r.size)
     }
 
-    /// Takes block `i` (freed, its work done; `freed` its free tag) off its
-    /// pages and makes its virtual range free.
-    fn release_block(&mut self, i: u32, freed: Option<u64>) {
+    /// Takes block `i` (freed, its work done) off its pages and makes its
+    /// virtual range free.
+    pub(super) fn release_block(&mut self, i: u32) {
         let b = self.blocks[i];
         self.stats.active_bytes.dec(b.size);
         let small = self.ranges[b.seg as usize].small;
         let doom = self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(b.size, small));
-        self.unback(b.seg, b.addr, b.size, doom, freed);
+        self.unback(b.seg, b.addr, b.size, doom);
         self.make_free(i);
     }
 
@@ -544,7 +565,7 @@ impl<B: PageBackend> VmmPool<B> {
         2 * log2 + u64::from(pages >= 3 << log2.saturating_sub(1) && log2 > 0) + if small { 1 << 32 } else { 0 }
     }
 
-    fn trim_after_free(&mut self) {
+    pub(super) fn trim_after_free(&mut self) {
         self.release_doomed();
         let in_use = self.stats.in_use_bytes.current;
         let keep = self.recent_high_water().saturating_sub(in_use).max(self.config.keep_free);
@@ -565,7 +586,7 @@ impl<B: PageBackend> VmmPool<B> {
             }
             self.pending.pop_front();
             self.stats.pending_bytes.dec(self.blocks[i].size);
-            self.release_block(i, Some(tag));
+            self.release_block(i);
             n += 1;
         }
         if n > 0 {
@@ -599,6 +620,7 @@ impl<B: PageBackend> VmmPool<B> {
             self.pages.remove(a);
         }
         self.idle = [BTreeSet::new(), BTreeSet::new()];
+        self.hot = hot::HotBlocks::default();
         self.cooling.clear();
         self.ghosts.clear();
         self.ghosts_by_tag.clear();
@@ -616,6 +638,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// Reclaims the pending blocks whose work is done, then gives every
     /// idle page back. Returns the bytes released.
     pub fn empty_cache(&mut self) -> u64 {
+        self.flush_hot();
         self.reclaim_completed();
         self.promote();
         if !self.cooling.is_empty() || !self.ghosts.is_empty() {

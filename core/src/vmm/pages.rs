@@ -11,24 +11,10 @@ pub(super) struct Slot {
     pub refs: u32,
     /// Idle, and not to be unmapped before this tag completes.
     pub cooling: Option<u64>,
-    /// The newest free tag of a block taken off the page: the GPU work
-    /// that may touch it was queued before that tag.
-    pub freed: u64,
-    /// A block was taken off the page with no tag since it was last idle
-    /// (its work is ordered only by its stream): unmapping must wait for
-    /// everything queued when the page goes idle.
-    pub untagged: bool,
-}
-
-impl Slot {
-    /// A page just mapped, with `refs` blocks over it.
-    pub fn mapped(handle: u64, refs: u32) -> Slot {
-        Slot { handle, refs, cooling: None, freed: 0, untagged: false }
-    }
 }
 
 /// A slot with nothing mapped.
-const UNMAPPED: Slot = Slot { handle: u64::MAX, refs: 0, cooling: None, freed: 0, untagged: false };
+const UNMAPPED: Slot = Slot { handle: u64::MAX, refs: 0, cooling: None };
 
 struct RangePages {
     base: u64,

@@ -35,9 +35,6 @@ pub struct VmmStats {
     pub num_aliases: u64,
     /// Placements that had to wait for the GPU to finish with a ghost.
     pub num_ghost_waits: u64,
-    /// Pages taken after waiting for the GPU to finish with them instead of
-    /// creating new ones (`settle_ns`).
-    pub num_settle_waits: u64,
     /// Allocations that failed.
     pub num_ooms: u64,
     /// Rounded sizes of blocks freed and waiting for their fence.

@@ -58,7 +58,42 @@ fn small_requests_pack_into_their_own_pages() {
     }
     p.free(large.id);
     assert_eq!(p.stats().allocated_bytes.current, 0);
+    // The last small block freed is kept hot for the next request of its size.
+    assert_eq!(p.hot_blocks().collect::<Vec<_>>(), vec![*small.last().unwrap()]);
+    assert_eq!(p.stats().in_use_bytes.current, 2 * MIB, "its page");
+    p.empty_cache();
     assert_eq!(p.stats().in_use_bytes.current, 0);
+    assert_eq!(p.backend().held(), 0);
+}
+
+/// A loop that allocates and frees one small size gets the same block back
+/// without placing it again; a request that needs pages gives hot blocks up
+/// first, so they never cost a page.
+#[test]
+fn a_small_block_freed_is_kept_hot_for_its_size() {
+    let mut p = pool();
+    let a = p.allocate(4096).unwrap();
+    p.free(a.id);
+    assert_eq!(p.lookup(a.addr), None, "freed, as the program sees it");
+    assert_eq!(p.stats().allocated_bytes.current, 0);
+    let b = p.allocate(4000).unwrap(); // the same rounded size
+    assert_eq!((b.id, b.addr), (a.id, a.addr));
+    let other = p.allocate(8192).unwrap();
+    assert_ne!(other.addr, a.addr);
+    p.free(b.id);
+    p.free(other.id);
+    assert_eq!(p.hot_blocks().count(), 2);
+    p.free(b.id); // a double free of a hot block changes nothing
+    assert_eq!(p.hot_blocks().count(), 2);
+    // Only idle pages are given back: none, the hot blocks hold the page.
+    assert_eq!(p.stats().idle_bytes.current, 0);
+    // 3 MiB (large) needs new pages: the hot blocks go first, and their
+    // page moves under it instead of a page being made.
+    let big = p.allocate(3 * MIB).unwrap();
+    assert_eq!(p.hot_blocks().count(), 0);
+    assert_eq!(p.stats().num_page_creates, 2);
+    assert_eq!(p.stats().num_remaps, 1);
+    assert_eq!(p.stats().active_bytes.current, big.size);
 }
 
 #[test]
@@ -501,29 +536,6 @@ fn the_peak_breakdown_names_pending_and_cooling_pages() {
     assert_eq!(p.stats().reserved_bytes.peak, 72 * MIB);
 }
 
-/// With several streams, a freed block waits for its fence; once the GPU
-/// finished that fence, its pages may move at once: the work that could
-/// touch them was queued before the free, not before the reclaim.
-#[test]
-fn pages_of_a_block_whose_fence_finished_move_at_once() {
-    let mut p = pool();
-    p.backend_mut().fences = Fences::AtQueued;
-    let a = p.allocate(4 * MIB).unwrap();
-    let _guard = p.allocate(2 * MIB).unwrap(); // keeps a's hole at 4 MiB
-    p.backend_mut().launch();
-    p.free(a.id); // tagged with the launched work
-    p.backend_mut().launch(); // later work, which never touched a
-    p.backend_mut().complete(1); // a's work done, the later work not
-                                 // 8 MiB fits no hole: a is reclaimed and its two pages move under the
-                                 // new block; two more are made.
-    let far = p.allocate(8 * MIB).unwrap();
-    assert!(far.addr > a.addr);
-    assert_eq!(p.stats().cooling_bytes.current, 0, "nothing cools behind the later work");
-    assert_eq!(p.stats().num_page_creates, 3 + 2);
-    assert_eq!(p.stats().num_remaps, 2);
-    assert_eq!(p.stats().num_syncs + p.stats().num_waits, 0, "nothing waited for");
-}
-
 /// A request whose best place already has idle pages under it cannot also
 /// move those pages under its missing ones: pending frees are reclaimed
 /// for the difference instead of pages being made.
@@ -553,35 +565,4 @@ fn idle_pages_under_a_placement_do_not_count_as_movable() {
     assert_eq!(big.addr, a.addr);
     assert_eq!(p.backend().held(), held, "every page reused, none made");
     assert_eq!(p.pending_blocks(), 0);
-}
-
-/// A program far ahead of its GPU: rather than make a page beside one it
-/// cannot move yet, the pool waits for the GPU to finish with the oldest
-/// cooling page if it went idle at least `settle_ns` before, and not for
-/// one idle for less.
-#[test]
-fn a_page_idle_long_enough_is_waited_for_instead_of_made() {
-    let settle = 10_000_000;
-    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { settle_ns: Some(settle), ..VmmConfig::default() });
-    let a = p.allocate(2 * MIB).unwrap();
-    let _b = p.allocate(2 * MIB).unwrap();
-    p.backend_mut().launch();
-    p.free(a.id); // cooling behind the launched work
-    p.backend_mut().launch(); // and more work after it
-    p.backend_mut().now += settle - 1;
-    let c = p.allocate(4 * MIB).unwrap();
-    assert_eq!(p.stats().num_page_creates, 4, "idle for too short a time: pages made");
-    assert_eq!(p.stats().num_settle_waits, 0);
-    p.free(c.id); // cooling too, behind the same work
-    p.backend_mut().now += 1;
-    // a's page went idle `settle` ago: waited for (only as far as its
-    // tag: the later work still runs), then moved.
-    let d = p.allocate(6 * MIB).unwrap();
-    assert_eq!(p.stats().num_settle_waits, 1);
-    assert_eq!(p.backend().completed, 1, "waited for a's work, not the later work");
-    assert_eq!(p.stats().num_syncs, 0);
-    assert!(p.backend().unmapped.iter().all(|&(_, done)| done >= 1), "unmapped only after the work");
-    // In place over c's two cooling pages, and a's page moved after them.
-    assert_eq!(d.addr, c.addr);
-    assert_eq!(p.stats().num_page_creates, 4);
 }
