@@ -39,7 +39,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// of the hot block of its slot. False: it does not qualify; release it.
     pub(super) fn keep_hot(&mut self, i: u32) -> bool {
         let b = self.blocks[i];
-        if b.size > HOT_MAX || !self.ranges[b.seg as usize].small {
+        if self.forgotten || b.size > HOT_MAX || !self.ranges[b.seg as usize].small {
             return false;
         }
         // Under the give-back rule, only a size the program is known to

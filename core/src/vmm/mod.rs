@@ -620,7 +620,8 @@ impl<B: PageBackend> VmmPool<B> {
             self.pages.remove(a);
         }
         self.idle = [BTreeSet::new(), BTreeSet::new()];
-        self.hot = hot::HotBlocks::default();
+        // Released with their pages gone: only the books change.
+        self.flush_hot();
         self.cooling.clear();
         self.ghosts.clear();
         self.ghosts_by_tag.clear();

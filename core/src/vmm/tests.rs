@@ -566,3 +566,20 @@ fn idle_pages_under_a_placement_do_not_count_as_movable() {
     assert_eq!(p.backend().held(), held, "every page reused, none made");
     assert_eq!(p.pending_blocks(), 0);
 }
+
+/// A context that died takes its pages; hot blocks leave the books with
+/// them, and blocks freed afterwards are not kept.
+#[test]
+fn a_forgotten_pool_keeps_no_hot_blocks() {
+    let mut p = pool();
+    let a = p.allocate(4096).unwrap();
+    let b = p.allocate(8192).unwrap();
+    p.free(a.id);
+    assert_eq!(p.hot_blocks().count(), 1);
+    p.forget();
+    assert_eq!(p.hot_blocks().count(), 0);
+    p.free(b.id);
+    assert_eq!(p.hot_blocks().count(), 0);
+    assert_eq!(p.stats().active_bytes.current, 0);
+    assert_eq!(p.stats().allocated_bytes.current, 0);
+}
