@@ -6,6 +6,9 @@
 //!   (512 B..16 MiB, log-uniform, seeded), 1000 blocks live; time per free+alloc.
 //! * `mutex/<threads>`: alloc+free pairs of 4 KiB through one `Mutex<Pool>`
 //!   (one lock per call, as the shim does); time per pair as one thread sees it.
+//! * `vmm_pair/<size>`, `vmm_mixed/1000_live`: the same on the VMM pool with
+//!   the shim's settings (`VmmConfig::shim_default`, 2 MiB simulated pages):
+//!   small sizes are served hot after their first regrowth.
 //!
 //! `cargo bench -p cupool-core --bench pool -- --warm-up-time 1 --measurement-time 3`
 
@@ -16,6 +19,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use cupool_core::pool::testing::SimulatedDevice;
 use cupool_core::pool::{Block, Pool, PoolConfig};
+use cupool_core::vmm::testing::SimulatedPages;
+use cupool_core::vmm::{VmmConfig, VmmPool};
 
 fn new_pool() -> Pool<SimulatedDevice> {
     Pool::new(SimulatedDevice::new(), PoolConfig::default())
@@ -52,16 +57,20 @@ fn pairs(c: &mut Criterion) {
     g.finish();
 }
 
-fn mixed(c: &mut Criterion) {
-    const LIVE: usize = 1000;
-    let mut rng = Rng(0x5EED_CAFE_F00D_0001);
-    // Log-uniform sizes 512 B..16 MiB, drawn once.
-    let sizes: Vec<u64> = (0..4096)
+/// Log-uniform sizes 512 B..16 MiB, drawn once.
+fn mixed_sizes(rng: &mut Rng) -> Vec<u64> {
+    (0..4096)
         .map(|_| {
             let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
             2f64.powf(9.0 + 15.0 * u) as u64
         })
-        .collect();
+        .collect()
+}
+
+fn mixed(c: &mut Criterion) {
+    const LIVE: usize = 1000;
+    let mut rng = Rng(0x5EED_CAFE_F00D_0001);
+    let sizes = mixed_sizes(&mut rng);
     let mut pool = new_pool();
     let mut live: Vec<Block> = (0..LIVE).map(|i| pool.allocate(sizes[i % sizes.len()]).unwrap()).collect();
     let mut g = c.benchmark_group("mixed");
@@ -101,11 +110,53 @@ fn contended(c: &mut Criterion) {
     g.finish();
 }
 
+fn new_vmm_pool() -> VmmPool<SimulatedPages> {
+    VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default())
+}
+
+fn vmm_pairs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("vmm_pair");
+    for (name, size) in [("4KiB", 4u64 << 10), ("1MiB", 1 << 20), ("8MiB", 8 << 20)] {
+        let mut pool = new_vmm_pool();
+        for _ in 0..2 {
+            // Freed, given back, regrown: from then on the size cycles.
+            let b = pool.allocate(size).unwrap();
+            pool.free(b.id);
+        }
+        g.bench_function(name, |bench| {
+            bench.iter(|| {
+                let b = pool.allocate(black_box(size)).unwrap();
+                pool.free(b.id);
+                b.addr
+            })
+        });
+    }
+    g.finish();
+}
+
+fn vmm_mixed(c: &mut Criterion) {
+    const LIVE: usize = 1000;
+    let mut rng = Rng(0x5EED_CAFE_F00D_0001);
+    let sizes = mixed_sizes(&mut rng);
+    let mut pool = new_vmm_pool();
+    let mut live: Vec<Block> = (0..LIVE).map(|i| pool.allocate(sizes[i % sizes.len()]).unwrap()).collect();
+    let mut g = c.benchmark_group("vmm_mixed");
+    g.bench_function("1000_live", |bench| {
+        bench.iter(|| {
+            let r = rng.next();
+            let slot = (r % LIVE as u64) as usize;
+            pool.free(live[slot].id);
+            live[slot] = pool.allocate(sizes[(r >> 32) as usize % sizes.len()]).unwrap();
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = pairs, mixed, contended
+    targets = pairs, mixed, contended, vmm_pairs, vmm_mixed
 }
 criterion_main!(benches);
