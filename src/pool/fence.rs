@@ -134,18 +134,16 @@ impl CudaBackend {
             return false;
         }
         self.spare_events.extend(events);
+        let events = vec![joined];
         drop(list);
-        // Fences up to this one are passed: reuse is ordered. (Keeping them
-        // queued until they finish would let idle pages move sooner; with
-        // pages cooling from their free tags that made one H200 run of the
-        // transformer move pages 22,614 times: BENCHMARKS.md, section 12.)
+        // Fences up to this one are passed; keep its events alive as the barrier.
         for _ in 0..index {
             if let Some((_, old)) = self.fences.pop_front() {
                 self.spare_events.extend(old);
             }
         }
-        self.fences.pop_front(); // its events were taken above
-        let previous = std::mem::replace(&mut self.barrier, vec![joined]);
+        self.fences.pop_front();
+        let previous = std::mem::replace(&mut self.barrier, events);
         self.spare_events.extend(previous);
         self.completed = self.completed.max(epoch);
         self.counters.gpu_barriers += 1;
@@ -174,25 +172,6 @@ impl CudaBackend {
             self.poll();
         }
         tag <= mark(self)
-    }
-
-    /// The index of the oldest queued fence that covers `tag`, recording one
-    /// when none does. None: a capture is active (recording into it would
-    /// change the captured graph, and waiting could deadlock it).
-    fn fence_for(&mut self, tag: u64) -> Option<usize> {
-        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
-            return None;
-        }
-        self.fences.iter().position(|(e, _)| *e >= tag)
-    }
-
-    /// The host waits until the fence at `index` finished.
-    fn host_wait(&mut self, index: usize) {
-        for &e in &self.fences[index].1 {
-            unsafe { real!(cuEventSynchronize(e as CUevent)) };
-        }
-        self.counters.waits += 1;
-        self.poll();
     }
 
     fn poll(&mut self) {
@@ -257,11 +236,19 @@ impl Timeline for CudaBackend {
         if tag <= self.completed {
             return true;
         }
-        let Some(index) = self.fence_for(tag) else { return false };
+        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
+            return false; // a capture is active: waiting could deadlock it
+        }
+        let Some(index) = self.fences.iter().position(|(e, _)| *e >= tag) else { return false };
         if self.gpu_barrier(index) {
             return true;
         }
-        self.host_wait(index);
+        let events = self.fences[index].1.clone();
+        for e in events {
+            unsafe { real!(cuEventSynchronize(e as CUevent)) };
+        }
+        self.counters.waits += 1;
+        self.poll();
         tag <= self.completed
     }
 
