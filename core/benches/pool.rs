@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use cupool_core::pool::testing::SimulatedDevice;
-use cupool_core::pool::{Block, Pool, PoolConfig};
+use cupool_core::pool::{Block, BlockId, Pool, PoolConfig};
 use cupool_core::vmm::testing::SimulatedPages;
 use cupool_core::vmm::{VmmConfig, VmmPool};
 
@@ -38,52 +38,91 @@ impl Rng {
     }
 }
 
-fn pairs(c: &mut Criterion) {
-    let mut g = c.benchmark_group("pair");
-    for (name, size) in [("512B", 512u64), ("4KiB", 4 << 10), ("1MiB", 1 << 20), ("8MiB", 8 << 20), ("64MiB", 64 << 20)]
-    {
-        let mut pool = new_pool();
-        let b = pool.allocate(size).unwrap();
-        pool.free(b.id);
+/// What the benches ask of either pool.
+trait Allocator {
+    fn alloc(&mut self, size: u64) -> Block;
+    fn release(&mut self, id: BlockId);
+}
+
+impl Allocator for Pool<SimulatedDevice> {
+    fn alloc(&mut self, size: u64) -> Block {
+        self.allocate(size).unwrap()
+    }
+    fn release(&mut self, id: BlockId) {
+        self.free(id)
+    }
+}
+
+impl Allocator for VmmPool<SimulatedPages> {
+    fn alloc(&mut self, size: u64) -> Block {
+        self.allocate(size).unwrap()
+    }
+    fn release(&mut self, id: BlockId) {
+        self.free(id)
+    }
+}
+
+/// Steady-state pairs of each size, each on a fresh pool that has
+/// allocated and freed the size twice (a VMM pool gives the first free's
+/// page back and keeps it from the regrowth on); `after` checks each pool.
+fn pair_group<P: Allocator>(
+    c: &mut Criterion,
+    group: &str,
+    sizes: &[(&str, u64)],
+    new: impl Fn() -> P,
+    after: impl Fn(&P),
+) {
+    let mut g = c.benchmark_group(group);
+    for &(name, size) in sizes {
+        let mut pool = new();
+        for _ in 0..2 {
+            let b = pool.alloc(size);
+            pool.release(b.id);
+        }
         g.bench_function(name, |bench| {
             bench.iter(|| {
-                let b = pool.allocate(black_box(size)).unwrap();
-                pool.free(b.id);
+                let b = pool.alloc(black_box(size));
+                pool.release(b.id);
                 b.addr
             })
         });
-        assert_eq!(pool.stats().num_device_alloc, 1);
+        after(&pool);
     }
     g.finish();
 }
 
-/// Log-uniform sizes 512 B..16 MiB, drawn once.
-fn mixed_sizes(rng: &mut Rng) -> Vec<u64> {
-    (0..4096)
+/// Frees a random one of 1000 live blocks and allocates a random size
+/// (512 B..16 MiB, log-uniform, seeded) in its place; returns the pool.
+fn mixed_group<P: Allocator>(c: &mut Criterion, group: &str, mut pool: P) -> P {
+    const LIVE: usize = 1000;
+    let mut rng = Rng(0x5EED_CAFE_F00D_0001);
+    let sizes: Vec<u64> = (0..4096)
         .map(|_| {
             let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
             2f64.powf(9.0 + 15.0 * u) as u64
         })
-        .collect()
-}
-
-fn mixed(c: &mut Criterion) {
-    const LIVE: usize = 1000;
-    let mut rng = Rng(0x5EED_CAFE_F00D_0001);
-    let sizes = mixed_sizes(&mut rng);
-    let mut pool = new_pool();
-    let mut live: Vec<Block> = (0..LIVE).map(|i| pool.allocate(sizes[i % sizes.len()]).unwrap()).collect();
-    let mut g = c.benchmark_group("mixed");
+        .collect();
+    let mut live: Vec<Block> = (0..LIVE).map(|i| pool.alloc(sizes[i % sizes.len()])).collect();
+    let mut g = c.benchmark_group(group);
     g.bench_function("1000_live", |bench| {
         bench.iter(|| {
             let r = rng.next();
             let slot = (r % LIVE as u64) as usize;
-            pool.free(live[slot].id);
-            live[slot] = pool.allocate(sizes[(r >> 32) as usize % sizes.len()]).unwrap();
+            pool.release(live[slot].id);
+            live[slot] = pool.alloc(sizes[(r >> 32) as usize % sizes.len()]);
         })
     });
     g.finish();
-    pool.check_invariants().unwrap();
+    pool
+}
+
+fn pairs(c: &mut Criterion) {
+    let sizes = [("512B", 512u64), ("4KiB", 4 << 10), ("1MiB", 1 << 20), ("8MiB", 8 << 20), ("64MiB", 64 << 20)];
+    pair_group(c, "pair", &sizes, new_pool, |pool| assert_eq!(pool.stats().num_device_alloc, 1));
+}
+
+fn mixed(c: &mut Criterion) {
+    mixed_group(c, "mixed", new_pool()).check_invariants().unwrap();
 }
 
 fn contended(c: &mut Criterion) {
@@ -115,41 +154,12 @@ fn new_vmm_pool() -> VmmPool<SimulatedPages> {
 }
 
 fn vmm_pairs(c: &mut Criterion) {
-    let mut g = c.benchmark_group("vmm_pair");
-    for (name, size) in [("4KiB", 4u64 << 10), ("1MiB", 1 << 20), ("8MiB", 8 << 20)] {
-        let mut pool = new_vmm_pool();
-        for _ in 0..2 {
-            // Freed, given back, regrown: from then on the size cycles.
-            let b = pool.allocate(size).unwrap();
-            pool.free(b.id);
-        }
-        g.bench_function(name, |bench| {
-            bench.iter(|| {
-                let b = pool.allocate(black_box(size)).unwrap();
-                pool.free(b.id);
-                b.addr
-            })
-        });
-    }
-    g.finish();
+    let sizes = [("4KiB", 4u64 << 10), ("1MiB", 1 << 20), ("8MiB", 8 << 20)];
+    pair_group(c, "vmm_pair", &sizes, new_vmm_pool, |_| ());
 }
 
 fn vmm_mixed(c: &mut Criterion) {
-    const LIVE: usize = 1000;
-    let mut rng = Rng(0x5EED_CAFE_F00D_0001);
-    let sizes = mixed_sizes(&mut rng);
-    let mut pool = new_vmm_pool();
-    let mut live: Vec<Block> = (0..LIVE).map(|i| pool.allocate(sizes[i % sizes.len()]).unwrap()).collect();
-    let mut g = c.benchmark_group("vmm_mixed");
-    g.bench_function("1000_live", |bench| {
-        bench.iter(|| {
-            let r = rng.next();
-            let slot = (r % LIVE as u64) as usize;
-            pool.free(live[slot].id);
-            live[slot] = pool.allocate(sizes[(r >> 32) as usize % sizes.len()]).unwrap();
-        })
-    });
-    g.finish();
+    mixed_group(c, "vmm_mixed", new_vmm_pool());
 }
 
 criterion_group! {
