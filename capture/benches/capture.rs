@@ -1,6 +1,8 @@
 //! Cost of one native capture: a few frames, the whole stack under
-//! criterion, the same with a first frame whose unwind rule is not cached,
-//! and a 64-frame recursion cut at 64 and at 32 frames.
+//! criterion, eight sites in turn (each capture walks), the same with a first
+//! frame whose unwind rule is not cached, and a 64-frame recursion cut at 64
+//! and at 32 frames. A site captured again with its stack unchanged is
+//! answered from the thread's remembered walks.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -74,6 +76,18 @@ fn benches(c: &mut Criterion) {
         let n = shallow_1(&mut out);
         assert!((8..32).contains(&n), "{n} frames");
         b.iter(|| shallow_1(&mut out))
+    });
+    // Eight sites in turn: more than a thread remembers walks of, so every
+    // capture walks, with every rule cached (the rows above repeat one site,
+    // which is answered from memory: `memo.rs`).
+    group.bench_function("eight_sites_walked_len32", |b| {
+        let sites = &sites()[..8];
+        let mut out = [0u64; 32];
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % sites.len();
+            sites[i](&mut out)
+        })
     });
     // Every capture unwinds one frame whose rule is not cached.
     group.bench_function("uncached_first_frame_len32", |b| {

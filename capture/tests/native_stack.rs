@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 
 use common::{positions, ExeSymbols};
-use cupool_capture::native::{capture, init, loaded_modules, MAX_FRAMES};
+use cupool_capture::native::{capture, init, loaded_modules, memo_hits, MAX_FRAMES};
 
 #[inline(never)]
 fn marker_gamma(len: usize) -> Vec<u64> {
@@ -152,4 +152,47 @@ fn loaded_modules_names_the_executable_and_libc_with_build_ids() {
     let mut ranges: Vec<_> = modules.iter().map(|m| (m.start, m.end)).collect();
     ranges.sort();
     assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "{ranges:x?}");
+}
+
+/// One function calling the markers from two places: the capture point's
+/// registers are the same either way, only a return address deeper down differs.
+#[inline(never)]
+fn marker_twin(left: bool, len: usize) -> Vec<u64> {
+    if black_box(left) {
+        let frames = marker_alpha(black_box(len));
+        black_box(1);
+        frames
+    } else {
+        let frames = marker_alpha(black_box(len));
+        black_box(2);
+        frames
+    }
+}
+
+#[test]
+fn a_call_site_in_a_loop_is_answered_from_memory_and_only_with_its_own_stack() {
+    init();
+    std::thread::spawn(|| {
+        let hits = memo_hits();
+        let mut first: [Vec<u64>; 2] = Default::default();
+        for i in 0..1000 {
+            let which = i % 3 == 0;
+            let frames = marker_twin(which, 32);
+            if first[which as usize].is_empty() {
+                first[which as usize] = frames;
+            } else {
+                assert_eq!(frames, first[which as usize], "capture {i}");
+            }
+        }
+        let [right, left] = first;
+        assert_eq!(left[..3], right[..3]);
+        assert_ne!(left[3], right[3], "the two call sites in marker_twin");
+        assert_eq!(left[4..], right[4..]);
+        let names = ExeSymbols::load().names(&left);
+        assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha", "marker_twin"]), [0, 1, 2, 3]);
+        // Both walks are remembered and told apart by the words they read.
+        assert!(memo_hits() - hits >= 990, "{} of 1000 captures answered from memory", memo_hits() - hits);
+    })
+    .join()
+    .unwrap();
 }

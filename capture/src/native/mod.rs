@@ -18,6 +18,8 @@
 //!
 //! x86_64 only: elsewhere [`capture`] returns 0.
 
+#[cfg(target_arch = "x86_64")]
+mod memo;
 mod modules;
 #[cfg(target_arch = "x86_64")]
 mod table;
@@ -117,6 +119,15 @@ pub unsafe extern "C" fn capture_raw(out: *mut u64, len: usize) -> usize {
     // SAFETY: the caller guarantees `len` writable words at `out`.
     let out = unsafe { std::slice::from_raw_parts_mut(out, len) };
     capture_from_this_frame!(out)
+}
+
+/// Captures on the calling thread answered from a remembered walk instead of
+/// a new one (a call site in a loop): for tests and benchmarks.
+pub fn memo_hits() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    return unwind::memo_hits();
+    #[cfg(not(target_arch = "x86_64"))]
+    0
 }
 
 /// Registers the modules loaded now, so that the first captures neither pay

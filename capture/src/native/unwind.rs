@@ -7,6 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
+use super::memo::{Memos, Recording};
 use super::table::{read_table, rescan, rescan_due, Span, Table};
 
 /// Registers read at the capture point, inside the function whose frame is
@@ -32,6 +33,12 @@ type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
 const CACHES: usize = 4;
 
 struct ThreadState {
+    memos: Box<Memos>,
+    walker: Walker,
+}
+
+/// What a walk needs besides the module table.
+struct Walker {
     caches: [Cache; CACHES],
     stack_bottom: u64,
     stack_top: u64,
@@ -45,7 +52,7 @@ struct ThreadState {
 
 const RECENT_SPANS: usize = 8;
 
-impl ThreadState {
+impl Walker {
     #[inline]
     fn span(&mut self, table: &Table, pc: u64) -> Option<Span> {
         if let Some(s) = self.recent.iter().find(|s| s.contains(pc)) {
@@ -105,26 +112,38 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
             if let Slot::Unset = *slot {
                 *slot = match stack_bounds() {
                     Some((bottom, top)) => Slot::Ready(Box::new(ThreadState {
-                        caches: std::array::from_fn(|_| Cache::new_in()),
-                        stack_bottom: bottom,
-                        stack_top: top,
-                        recent: [Span::NONE; RECENT_SPANS],
-                        next_recent: 0,
+                        memos: Memos::new_boxed(),
+                        walker: Walker {
+                            caches: std::array::from_fn(|_| Cache::new_in()),
+                            stack_bottom: bottom,
+                            stack_top: top,
+                            recent: [Span::NONE; RECENT_SPANS],
+                            next_recent: 0,
+                        },
                     })),
                     None => Slot::NoStack,
                 };
             }
             let Slot::Ready(state) = &mut *slot else { return 0 };
-            let (n, stop) = walk(state, regs, out);
+            let ThreadState { memos, walker } = &mut **state;
+            if let Some(n) = memos.recall(regs, out) {
+                return n;
+            }
+            let mut recording = memos.record(regs, out.len());
+            let (n, stop) = walk(walker, regs, out, &mut recording);
             let retry = match stop {
-                Stop::End | Stop::Busy => false,
+                Stop::End => {
+                    recording.finish(&out[..n]);
+                    false
+                }
+                Stop::Busy => false,
                 // Rate-limited both: a rescan that cannot publish (see
                 // `PUBLISH_PATIENCE_NS`) must not be retried by every capture.
                 Stop::NoTable | Stop::UnknownAddress => rescan_due() && rescan(0),
             };
             if retry {
                 // The frame the registers come from is still live (it called us).
-                walk(state, regs, out).0
+                walk(walker, regs, out, &mut Recording::none()).0
             } else {
                 n
             }
@@ -142,7 +161,7 @@ enum Stop {
     UnknownAddress,
 }
 
-fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) {
+fn walk(state: &mut Walker, regs: &Regs, out: &mut [u64], recording: &mut Recording) -> (usize, Stop) {
     let Some(guard) = read_table() else { return (0, Stop::Busy) };
     let Some(table) = guard.as_ref() else { return (0, Stop::NoTable) };
     let (low, top) = (regs.sp, state.stack_top);
@@ -158,7 +177,9 @@ fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) 
         // SAFETY: an aligned word of this thread's own stack between the
         // capture point's sp and the top: mapped, and every frame in it
         // belongs to a caller suspended until the walk returns.
-        Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
+        let value = unsafe { std::ptr::read_volatile(addr as *const u64) };
+        recording.read(addr, value);
+        Ok(value)
     };
     if table.span(regs.ip).is_none() {
         return (0, Stop::UnknownAddress);
@@ -195,4 +216,14 @@ fn walk(state: &mut ThreadState, regs: &Regs, out: &mut [u64]) -> (usize, Stop) 
         }
     }
     (n, Stop::End)
+}
+
+/// Captures this thread answered from a remembered walk (`memo.rs`).
+pub(crate) fn memo_hits() -> u64 {
+    THREAD
+        .try_with(|slot| match &*slot.borrow() {
+            Slot::Ready(state) => state.memos.hits,
+            _ => 0,
+        })
+        .unwrap_or(0)
 }
