@@ -219,3 +219,29 @@ fn python_frames_name_the_scripts_lines_and_native_threads_have_none() {
     assert_eq!(native["python"], Value::Array(vec![]), "a thread that never ran Python: {native}");
     assert!(!native["native"].as_array().unwrap().is_empty(), "{native}");
 }
+
+/// A thread remembers the id of its last stack; a fork child starts a log of
+/// its own, so it must define that stack again rather than reuse the id.
+#[test]
+fn a_fork_child_defines_the_site_its_parent_used_last() {
+    let prog = compile_c_file("sites_fork", &fake_source_dir().join("sites_fork.c"), &{
+        // -O0: one call site for both rounds (-O1 peels the loop).
+        let mut args = vec!["-g".to_string(), "-O0".to_string()];
+        args.extend(link_fake_cudart());
+        args
+    });
+    let dir = scratch_dir("sites-fork");
+    let out = run_preloaded(&prog, &[], &dir, "");
+    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let logs = read_logs(&dir);
+    assert_eq!(logs.len(), 2, "a log from the parent and one from the child");
+    for log in &logs {
+        let file = dir.join(log["_file"].as_str().expect("read_logs names each file")).display().to_string();
+        let out = run_cupool(&["report", "--json", "--sites", "20", &file], &dir);
+        assert!(out.status.success(), "report failed: {}", stderr_of(&out));
+        let rep: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+        let sites = rep[0]["sites"]["by_peak"].as_array().expect("sites.by_peak").clone();
+        let site = site_of_size(&sites, 4321);
+        assert_eq!(functions(site).first().map(String::as_str), Some("forked_site"), "{file}: {site}");
+    }
+}

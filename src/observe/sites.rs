@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Upper bounds of the options `stack_depth` and `python_depth`.
 const MAX_NATIVE: usize = 128;
@@ -64,6 +65,13 @@ static TABLE: Mutex<Option<Table>> = Mutex::new(None);
 /// Why allocations have no Python frames although Python runs, once known.
 static PYTHON_NOTE: Mutex<Option<String>> = Mutex::new(None);
 
+/// Bumped when the table is emptied (a fork child starts a log of its own),
+/// so that no thread answers from a stack id of the old table.
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+
+/// The longest key a thread remembers with its id (the defaults make 81 words).
+const LAST_KEY: usize = 96;
+
 /// A thread's buffers for one capture, kept between allocations so that a
 /// capture neither zeroes kilobytes of stack nor shares a counter between threads.
 struct Scratch {
@@ -71,6 +79,16 @@ struct Scratch {
     frames: [python::PyFrame; MAX_PYTHON],
     /// Captures without Python frames since this thread last asked Python's status.
     without_python: u32,
+    /// The last stack this thread captured and its id (0: none): a call site
+    /// in a loop finds its id without the table's lock and hash.
+    last: LastStack,
+}
+
+struct LastStack {
+    key: [u64; LAST_KEY],
+    len: usize,
+    id: u32,
+    generation: u32,
 }
 
 thread_local! {
@@ -80,6 +98,7 @@ thread_local! {
             key: [0; MAX_KEY],
             frames: [python::PyFrame { code: 0, tag: 0, lasti: 0 }; MAX_PYTHON],
             without_python: 0,
+            last: LastStack { key: [0; LAST_KEY], len: 0, id: 0, generation: 0 },
         })
     };
 }
@@ -109,7 +128,7 @@ fn capture_at(native_depth: usize, python_depth: usize) -> u32 {
 }
 
 fn capture_into(s: &mut Scratch, native_depth: usize, python_depth: usize) -> u32 {
-    let Scratch { key, frames, without_python } = s;
+    let Scratch { key, frames, without_python, last } = s;
     let n = native::capture(&mut key[..native_depth]);
     let p = python::capture(&mut frames[..python_depth]);
     if p == 0 && python_depth > 0 {
@@ -126,6 +145,21 @@ fn capture_into(s: &mut Scratch, native_depth: usize, python_depth: usize) -> u3
         len += 3;
     }
     let key = &key[..len];
+    let generation = GENERATION.load(Ordering::Relaxed);
+    if last.id != 0 && last.generation == generation && last.key[..last.len] == *key {
+        return last.id;
+    }
+    let id = stack_id(key, n, &frames[..p]);
+    if id != 0 && len <= LAST_KEY {
+        last.key[..len].copy_from_slice(key);
+        (last.len, last.id, last.generation) = (len, id, generation);
+    }
+    id
+}
+
+/// The id of the stack `key` (its first `native` words native frames, then
+/// `frames`), defined in the log the first time; 0 when the table is full.
+fn stack_id(key: &[u64], native: usize, frames: &[python::PyFrame]) -> u32 {
     let mut guard = TABLE.lock();
     let table = guard.get_or_insert_with(Table::default);
     if let Some(&id) = table.ids.get(key) {
@@ -136,7 +170,7 @@ fn capture_into(s: &mut Scratch, native_depth: usize, python_depth: usize) -> u3
     }
     let id = table.ids.len() as u32 + 1;
     table.ids.insert(key.into(), id);
-    define_stack(table, id, &key[..n], &frames[..p]);
+    define_stack(table, id, &key[..native], frames);
     id
 }
 
@@ -219,5 +253,6 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
     if in_child {
         // The child writes a log of its own: every definition again.
         *TABLE.lock() = None;
+        GENERATION.fetch_add(1, Ordering::Relaxed);
     }
 }
