@@ -66,6 +66,11 @@ echo "threads  plain  pool(sites off)  pool(default)"
 for t in 1 2 4 8; do
   echo "$t  $(best $work/scaling $t 20000)  $(best $pool --no-trace -o stack_depth=0 -o python_depth=0 -- $work/scaling $t 20000)  $(best $pool -- $work/scaling $t 20000)"
 done
+echo "-- the same without the kernel (allocation alone; plain CUDA left out: its pair is ~80 us)"
+echo "threads  pool(sites off)  pool(default)"
+for t in 1 2 4 8; do
+  echo "$t  $(best $pool --no-trace -o stack_depth=0 -o python_depth=0 -- $work/scaling $t 200000 0)  $(best $pool -- $work/scaling $t 200000 0)"
+done
 fi
 if want traces; then
 echo "== traces"

@@ -1,8 +1,10 @@
 // Allocation throughput against threads: each thread makes its own
 // non-blocking stream and repeats cudaMalloc(4 KiB), an empty kernel on its
 // stream that takes the buffer, cudaFree. Prints pairs per second over all
-// threads (scripts/gpu-bench.sh, section "scaling").
-//   scaling THREADS PAIRS_PER_THREAD
+// threads (scripts/gpu-bench.sh, section "scaling"). LAUNCH 0 leaves the
+// kernel out (the streams still exist): allocation alone, which the driver's
+// launch path does not serialise.
+//   scaling THREADS PAIRS_PER_THREAD [LAUNCH]
 #include <cuda_runtime.h>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +19,7 @@ __global__ void touch(char *p) {
 int main(int argc, char **argv) {
     const int threads = argc > 1 ? atoi(argv[1]) : 1;
     const long pairs = argc > 2 ? atol(argv[2]) : 20000;
+    const bool launch = argc > 3 ? atoi(argv[3]) != 0 : true;
     cudaFree(nullptr);
     std::vector<cudaStream_t> streams(threads);
     for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -28,7 +31,7 @@ int main(int argc, char **argv) {
             for (long i = 0; i < pairs; i++) {
                 void *p;
                 if (cudaMalloc(&p, 4096) != cudaSuccess) { failed = 1; return; }
-                touch<<<1, 32, 0, streams[t]>>>((char *)p);
+                if (launch) touch<<<1, 32, 0, streams[t]>>>((char *)p);
                 cudaFree(p);
             }
         });
