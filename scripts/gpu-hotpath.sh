@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The hook bench's own loop (benches/hook_pair.c: cudaMalloc(4 KiB)+cudaFree,
+# best of 5 rounds of 300,000 pairs) against the real runtime, shared and
+# static, under the shim in .gpu/ and, when .gpu/old/libcupool.so exists (an
+# earlier build to compare with), under that one too, interleaved for ROUNDS
+# rounds (5) on one machine. Prints min and median ns per pair for each row.
+# Plain CUDA is left out: its pair costs ~80 us (scripts/gpu-bench.sh has it).
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+root=$(pwd); w=$(mktemp -d /tmp/cupool-hotpath.XXXX)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+{ echo "#include <cuda_runtime.h>"; grep -v "^int cuda" $root/benches/hook_pair.c; } > $w/hp.cu
+nvcc -O2 -cudart shared -o $w/hp_shared $w/hp.cu
+nvcc -O2 -o $w/hp_static $w/hp.cu
+builds="new"; [ -f $root/.gpu/old/libcupool.so ] && builds="old new"
+nost=stack_depth=0:python_depth=0
+rows="shared:trace=0:$nost shared:trace=0 shared:trace=1 static:trace=0:$nost static:trace=0"
+for round in $(seq ${ROUNDS:-5}); do
+  for row in $rows; do
+    for b in $builds; do
+      lib=$root/.gpu/libcupool.so; [ $b = old ] && lib=$root/.gpu/old/libcupool.so
+      rt=${row%%:*}; opts=${row#*:}
+      ns=$(CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$lib $w/hp_$rt 300000 | sed 's/.*=//')
+      echo "$rt $opts $b $ns" >> $w/all.txt
+    done
+  done
+done
+echo "cudart  options                                   build  min_ns  median_ns  (${ROUNDS:-5} rounds)"
+python3 - $w/all.txt <<'PY'
+import sys, statistics, collections
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    rt, opts, b, ns = line.split()
+    rows[(rt, opts, b)].append(float(ns))
+for (rt, opts, b), v in rows.items():
+    print(f"{rt:7s} {opts:41s} {b:5s} {min(v):7.1f}  {statistics.median(v):9.1f}")
+PY
