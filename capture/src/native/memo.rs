@@ -12,7 +12,7 @@
 //! execution per frame. Any difference, even in a word the result might not
 //! depend on, makes it walk.
 
-use super::unwind::Regs;
+use super::regs::Regs;
 
 /// Walks remembered per thread: a loop that allocates from a few sites in turn.
 const MEMOS: usize = 4;
@@ -23,9 +23,8 @@ const FRAMES: usize = 128;
 
 struct Memo {
     valid: bool,
-    ip: u64,
-    sp: u64,
-    bp: u64,
+    /// Where the walk started, and the buffer length it had.
+    at: Regs,
     len: usize,
     reads: [(u64, u64); READS],
     nreads: usize,
@@ -84,7 +83,7 @@ impl Memos {
         }
         self.next = (self.next + 1) % MEMOS;
         let m = &mut self.memos[self.next];
-        (m.valid, m.ip, m.sp, m.bp, m.len) = (false, regs.ip, regs.sp, regs.bp, len);
+        (m.valid, m.at, m.len) = (false, *regs, len);
         (m.nreads, m.overflow, m.n) = (0, false, 0);
         Recording(Some(m))
     }
@@ -93,7 +92,7 @@ impl Memos {
 impl Memo {
     #[inline]
     fn matches(&self, regs: &Regs, len: usize) -> bool {
-        self.ip == regs.ip && self.sp == regs.sp && self.bp == regs.bp && self.len == len
+        self.at == *regs && self.len == len
     }
 }
 

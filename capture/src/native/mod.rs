@@ -22,6 +22,8 @@
 mod memo;
 mod modules;
 #[cfg(target_arch = "x86_64")]
+mod regs;
+#[cfg(target_arch = "x86_64")]
 mod table;
 #[cfg(target_arch = "x86_64")]
 mod unwind;
@@ -67,7 +69,7 @@ macro_rules! registers_here {
                 options(nomem, nostack, preserves_flags),
             )
         };
-        unwind::Regs { ip, sp, bp }
+        regs::Regs { ip, sp, bp }
     }};
 }
 

@@ -8,15 +8,8 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
 use super::memo::{Memos, Recording};
+use super::regs::Regs;
 use super::table::{read_table, rescan, rescan_due, Span, Table};
-
-/// Registers read at the capture point, inside the function whose frame is
-/// live while the walk runs.
-pub(crate) struct Regs {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-}
 
 /// Frames unwound at most, kept and trimmed together: a bound on the time a
 /// capture can take whatever the stack looks like.
