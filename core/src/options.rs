@@ -57,6 +57,28 @@ impl GiveBack {
     }
 }
 
+/// Which threads keep small blocks in a magazine of their own (pool mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Magazines {
+    /// A thread that keeps finding the pool's lock taken by another.
+    #[default]
+    Auto,
+    /// Every thread, from its first pooled allocation.
+    Always,
+    Never,
+}
+
+impl Magazines {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Magazines::Auto => "auto",
+            Magazines::Always => "always",
+            Magazines::Never => "never",
+        }
+    }
+}
+
 /// What pooled blocks are carved from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -106,6 +128,8 @@ pub struct Options {
     pub give_back: GiveBack,
     /// Pool mode: fixed segments or VMM pages.
     pub backing: Backing,
+    /// Pool mode: which threads keep small blocks in a magazine of their own.
+    pub magazines: Magazines,
     /// Take NVTX ranges as phases (cupool attaches as the NVTX tool).
     pub nvtx: bool,
     /// Native frames kept per allocation site; 0 = no native stacks.
@@ -147,6 +171,7 @@ impl Default for Options {
             fence_us: 500,
             give_back: GiveBack::Auto,
             backing: Backing::Vmm,
+            magazines: Magazines::Auto,
             nvtx: true,
             stack_depth: 32,
             python_depth: 16,
@@ -189,6 +214,13 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "pool mode: vmm | segments: carve blocks from physical pages mapped into reserved address ranges \
          (cuMemCreate/cuMemMap; segments where the device has no VMM or a memory tool is attached), or from fixed \
          cuMemAlloc segments",
+    ),
+    (
+        "magazines",
+        "auto",
+        "pool mode: auto | always | never: threads that keep small blocks (up to 64 KiB) in a magazine of their own, \
+         taken from the pool and given back in batches (auto: a thread that keeps finding the pool's lock taken by \
+         another)",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),
@@ -405,6 +437,7 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "fence_us" => opts.fence_us.to_string(),
         "give_back" => opts.give_back.as_str().to_string(),
         "backing" => opts.backing.as_str().to_string(),
+        "magazines" => opts.magazines.as_str().to_string(),
         "nvtx" => u8::from(opts.nvtx).to_string(),
         "stack_depth" => opts.stack_depth.to_string(),
         "python_depth" => opts.python_depth.to_string(),
@@ -446,6 +479,14 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
                 "segments" => Backing::Segments,
                 "vmm" => Backing::Vmm,
                 _ => return Err(bad("segments or vmm")),
+            }
+        }
+        "magazines" => {
+            opts.magazines = match value {
+                "auto" => Magazines::Auto,
+                "always" => Magazines::Always,
+                "never" => Magazines::Never,
+                _ => return Err(bad("auto, always or never")),
             }
         }
         "log_dir" if value.is_empty() => return Err(bad("a directory")),
@@ -663,6 +704,7 @@ mod tests {
             nvtx in any::<bool>(),
             give_back in proptest::sample::select(vec![GiveBack::Auto, GiveBack::Always, GiveBack::Never]),
             backing in proptest::sample::select(vec![Backing::Segments, Backing::Vmm]),
+            magazines in proptest::sample::select(vec![Magazines::Auto, Magazines::Always, Magazines::Never]),
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
@@ -672,7 +714,7 @@ mod tests {
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
-                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, nvtx,
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, magazines, nvtx,
                 stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
             };
             let spec = format(&o);

@@ -208,8 +208,7 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     }
     let ctx = pool.ctx;
     let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
-    let (result, reserved_delta) = pool::allocate(pool, bytes, cap);
-    observe::reserved_changed(pool.device, reserved_delta);
+    let result = pool::allocate(pool, bytes, cap, &mut observe::reserved_changed);
     let Ok(result) = result else {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| {
@@ -263,16 +262,13 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     lifecycle::recording();
     let known = diag::shielded(|| observe::releasing(space, key)).flatten();
     let stamp = sink::stamp_for(EventKind::Free);
-    let result = match known.and_then(|a| a.pooled) {
-        Some(p) => match refused_by_capture() {
+    let result = match known.and_then(|a| Some((a.pooled?, a.size))) {
+        Some((p, size)) => match refused_by_capture() {
             Some(code) => code,
             None => {
                 pool::tools::block_freed(key); // before the pool may hand it out again
                 diag::shielded(|| {
-                    let (device, given_back) = pool::free(p.pool.get(), BlockId::from_raw(p.block));
-                    if given_back > 0 {
-                        observe::reserved_changed(device, -(given_back as i64));
-                    }
+                    pool::free(p.pool.get(), BlockId::from_raw(p.block), size, &mut observe::reserved_changed)
                 });
                 SUCCESS
             }
@@ -381,6 +377,7 @@ pub unsafe fn mem_info(free: *mut usize, total: *mut usize, real: impl FnOnce() 
     // stream capture, which a `cuMemFree` could break.
     if options::get().mode == Mode::Pool && !pool::any_capture() {
         diag::shielded(|| {
+            pool::settle(false, &mut observe::reserved_changed);
             for (device, released) in pool::give_back_free_segments(context::current().1) {
                 observe::reserved_changed(device, -(released as i64));
             }
@@ -446,15 +443,32 @@ pub enum PooledPointer {
     NotPooled,
 }
 
+/// What `ptr` is to the pools. A block the pool counts as allocated that
+/// the program does not hold sits in a thread's magazine (freed, or never
+/// handed out): the magazines give their blocks back, and the pools are asked again.
+pub fn find_as_the_program_sees_it(ptr: u64) -> pool::Found {
+    match pool::find(ptr) {
+        pool::Found::Block(b) if observe::live::get(Space::Pointer, b.addr).is_none() => {
+            let _guard = Guard::enter(); // the pools may call CUDA: not through the hooks
+            pool::settle(false, &mut observe::reserved_changed);
+            pool::find(ptr)
+        }
+        found => found,
+    }
+}
+
 pub fn pooled_pointer(ptr: u64) -> PooledPointer {
     if crate::runtime::guard::inside() {
         // cupool's own calls (and the runtime's under a hook) get the driver's answers.
         return PooledPointer::NotPooled;
     }
-    let found = diag::shielded(|| match pool::find(ptr) {
+    let found = diag::shielded(|| match find_as_the_program_sees_it(ptr) {
         pool::Found::Block(b) => {
-            let id = observe::live::get(Space::Pointer, b.addr).and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);
-            PooledPointer::Block(b.addr, b.size, id, b.vmm.then_some(b.shareable))
+            // The size the program asked for: a magazine's block was taken for its size class.
+            let live = observe::live::get(Space::Pointer, b.addr);
+            let id = live.and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);
+            let size = live.map_or(b.size, |a| a.size);
+            PooledPointer::Block(b.addr, size, id, b.vmm.then_some(b.shareable))
         }
         pool::Found::Freed => PooledPointer::Freed,
         pool::Found::Outside => PooledPointer::NotPooled,

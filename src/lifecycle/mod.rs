@@ -64,9 +64,17 @@ fn start() -> bool {
 /// The program's exit status as it leaves (`main`'s return or `exit`'s argument).
 pub fn note_exit_status(status: i32) {
     EXIT_STATUS.store(status as i64, Ordering::Relaxed);
+    settle_magazines();
     if crate::pool::tools::attached() {
         release_for_tools();
     }
+}
+
+/// Blocks kept in threads' magazines go back to their pools while the
+/// driver still runs, so that the end record's pool figures are the program's.
+fn settle_magazines() {
+    let Some(_guard) = crate::runtime::guard::Guard::enter() else { return };
+    diag::shielded(|| crate::pool::settle(false, &mut crate::observe::reserved_changed));
 }
 
 /// Before the runtime's exit handlers destroy the context (where a memory

@@ -80,6 +80,7 @@ impl Engine {
         Engine::Pages(VmmPool::new(pages, config))
     }
 
+    #[inline]
     pub fn allocate(&mut self, size: u64) -> Result<Result<Block, OutOfMemory>, Unusable> {
         match self {
             Engine::Segments(p) => Ok(p.allocate(size)),
@@ -94,6 +95,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub fn free(&mut self, id: BlockId) {
         match self {
             Engine::Segments(p) => p.free(id),

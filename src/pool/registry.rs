@@ -3,9 +3,10 @@
 
 use super::engine::{Engine, Unusable};
 use super::fence;
+use super::magazine::{self, Returns};
 use super::streams;
 use cupool_core::pool::{Block, BlockId, OutOfMemory, Timeline};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,40 +62,183 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
 }
 
 /// A block of `size` bytes from `pool`, which may reserve at most
-/// `cap(what it reserves now)` bytes in all; with it, how much the pool's
-/// reserved bytes changed on the way. `Unusable`: the call goes to CUDA.
+/// `cap(what it reserves now)` bytes in all. Every change of a pool's
+/// reserved bytes on the way goes to `on_reserved(device, delta)`.
+/// `Unusable`: the call goes to CUDA.
 #[inline]
 pub fn allocate(
     pool: &ContextPool,
     size: u64,
-    cap: impl FnOnce(u64) -> u64,
-) -> (Result<Result<Block, OutOfMemory>, Unusable>, i64) {
-    let mut pool = pool.pool.lock();
-    let before = pool.reserved();
-    let cap = cap(before);
-    if pool.limit() != cap {
-        pool.set_limit(cap);
+    cap: impl Fn(u64) -> u64,
+    on_reserved: &mut dyn FnMut(i32, i64),
+) -> Result<Result<Block, OutOfMemory>, Unusable> {
+    let addr = pool as *const ContextPool as usize;
+    magazine::start_if_always();
+    if magazine::active() {
+        if let Some(block) = magazine::take(addr, size).or_else(|| refill(pool, size, &cap, on_reserved)) {
+            return Ok(Ok(block));
+        }
     }
-    let result = pool.allocate(size);
-    (result, pool.reserved() as i64 - before as i64)
+    if magazine::orphans() {
+        settle(true, on_reserved);
+    }
+    let result = allocate_now(pool, size, &cap, on_reserved);
+    if matches!(result, Ok(Err(_))) && magazine::any() {
+        // Blocks kept by threads' magazines count as allocated: give them back first.
+        settle(false, on_reserved);
+        return allocate_now(pool, size, &cap, on_reserved);
+    }
+    result
 }
 
-/// Returns `block` to the pool at `pool` (a `ContextPool` address kept with
-/// the allocation). A pool whose context died still takes it: the memory is
-/// gone, the books stay straight. A block exported through IPC is never
-/// handed out again: another process may still read it through its handle.
-/// Returns the pool's device and the bytes it gave back to it (a free may
-/// empty a segment that then goes back).
+/// The pool's lock; found taken, it is counted toward this thread's magazine.
+#[inline(always)]
+fn lock(pool: &ContextPool) -> MutexGuard<'_, Engine> {
+    match pool.pool.try_lock() {
+        Some(guard) => guard,
+        None => lock_contended(pool),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn lock_contended(pool: &ContextPool) -> MutexGuard<'_, Engine> {
+    magazine::contended();
+    pool.pool.lock()
+}
+
 #[inline]
-pub fn free(pool: usize, block: BlockId) -> (i32, u64) {
+fn allocate_now(
+    pool: &ContextPool,
+    size: u64,
+    cap: &impl Fn(u64) -> u64,
+    on_reserved: &mut dyn FnMut(i32, i64),
+) -> Result<Result<Block, OutOfMemory>, Unusable> {
+    let mut p = lock(pool);
+    let before = p.reserved();
+    let cap = cap(before);
+    if p.limit() != cap {
+        p.set_limit(cap);
+    }
+    let result = p.allocate(size);
+    report(pool.device, before, p.reserved(), on_reserved);
+    result
+}
+
+/// Fills this thread's magazine (if it has one and serves `size`) under one
+/// lock, after giving back what it must; returns the first block taken.
+#[cold]
+fn refill(
+    pool: &ContextPool,
+    size: u64,
+    cap: &impl Fn(u64) -> u64,
+    on_reserved: &mut dyn FnMut(i32, i64),
+) -> Option<Block> {
+    let addr = pool as *const ContextPool as usize;
+    let mut returns = Returns::default();
+    let (class, want) = magazine::refill(addr, size, &mut returns)?;
+    give_back(&returns, on_reserved);
+    let mut taken = [Block { id: BlockId::from_raw(0), addr: 0, size: 0 }; magazine::REFILL];
+    let mut n = 0;
+    {
+        let mut p = lock(pool);
+        let before = p.reserved();
+        let cap = cap(before);
+        if p.limit() != cap {
+            p.set_limit(cap);
+        }
+        while n < want {
+            match p.allocate(class) {
+                Ok(Ok(b)) => taken[n] = b,
+                _ => break, // the caller asks again, alone, and gets the pool's answer
+            }
+            n += 1;
+        }
+        report(pool.device, before, p.reserved(), on_reserved);
+    }
+    let (first, rest) = taken[..n].split_first()?;
+    let unkept = magazine::store(addr, class, rest);
+    if !unkept.is_empty() {
+        let mut p = pool.pool.lock();
+        let before = p.reserved();
+        for b in unkept {
+            p.free(b.id);
+        }
+        report(pool.device, before, p.reserved(), on_reserved);
+    }
+    Some(*first)
+}
+
+#[inline]
+fn report(device: i32, before: u64, after: u64, on_reserved: &mut dyn FnMut(i32, i64)) {
+    if after != before {
+        on_reserved(device, after as i64 - before as i64);
+    }
+}
+
+/// Returns `block` (`bytes` asked) to the pool at `pool` (a `ContextPool`
+/// address kept with the allocation), now or, from a thread with a
+/// magazine, with its next batch. A pool whose context died still takes
+/// it: the memory is gone, the books stay straight. A block exported
+/// through IPC is never handed out again: another process may still read
+/// it through its handle. Bytes a pool gives back to its device (a free may
+/// empty a segment or a page) go to `on_reserved`.
+#[inline]
+pub fn free(pool: usize, block: BlockId, bytes: u64, on_reserved: &mut dyn FnMut(i32, i64)) {
+    match magazine::keep_freed(pool, block, bytes) {
+        magazine::Kept::Yes => {}
+        magazine::Kept::BatchFull => {
+            let mut returns = Returns::default();
+            magazine::take_frees(&mut returns);
+            give_back(&returns, on_reserved);
+        }
+        magazine::Kept::No => free_now(pool, block, on_reserved),
+    }
+}
+
+#[inline]
+fn free_now(pool: usize, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) {
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
     if ANY_EXPORTED.load(Ordering::Acquire) && EXPORTED.lock().remove(&(pool, block.to_raw())) {
-        return (pool_ref.device, 0);
+        return;
     }
-    let mut p = pool_ref.pool.lock();
+    let mut p = lock(pool_ref);
     let before = p.reserved();
     p.free(block);
-    (pool_ref.device, before.saturating_sub(p.reserved()))
+    report(pool_ref.device, before, p.reserved(), on_reserved);
+}
+
+/// Frees blocks a magazine gave back, under each pool's lock once per run
+/// of blocks of one pool.
+fn give_back(returns: &Returns, on_reserved: &mut dyn FnMut(i32, i64)) {
+    let mut rest = returns.as_slice();
+    while let Some(&(pool, _)) = rest.first() {
+        let run = rest.iter().take_while(|&&(p, _)| p == pool).count();
+        give_back_run(pool, &rest[..run], on_reserved);
+        rest = &rest[run..];
+    }
+}
+
+/// Frees `blocks`, all of the pool at `pool`, under one lock.
+fn give_back_run(pool: usize, blocks: &[(usize, u32)], on_reserved: &mut dyn FnMut(i32, i64)) {
+    let pool_ref = unsafe { &*(pool as *const ContextPool) };
+    let exported = ANY_EXPORTED.load(Ordering::Acquire);
+    let mut p = lock(pool_ref);
+    let before = p.reserved();
+    for &(_, block) in blocks {
+        if exported && EXPORTED.lock().remove(&(pool, block)) {
+            continue;
+        }
+        p.free(BlockId::from_raw(block));
+    }
+    report(pool_ref.device, before, p.reserved(), on_reserved);
+}
+
+/// Gives every block kept by threads' magazines (only exited threads' when
+/// `only_orphans`) back to its pool: before anything that must see the
+/// pools as the program does (pointer queries, IPC, free memory, the end).
+pub fn settle(only_orphans: bool, on_reserved: &mut dyn FnMut(i32, i64)) {
+    magazine::settle(only_orphans, |returns| give_back(returns, on_reserved));
 }
 
 /// Blocks exported through IPC, as (pool address, block id).
@@ -261,6 +405,7 @@ pub fn owns(ptr: u64) -> bool {
 }
 
 pub fn lock_for_fork() {
+    magazine::lock_for_fork();
     std::mem::forget(POOLS.lock());
     std::mem::forget(RETIRED.lock());
     std::mem::forget(EXPORTED.lock());
@@ -274,6 +419,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
     EXPORTED.force_unlock();
     RETIRED.force_unlock();
     POOLS.force_unlock();
+    magazine::unlock_after_fork(in_child);
     if in_child {
         EXPORTED.lock().clear();
         // The child has no CUDA context of its parent's: start with no pools.

@@ -1,0 +1,122 @@
+//! Thread magazines (`magazines=always`: every thread keeps small blocks of
+//! its own, taken from the pool 16 at a time and freed back 32 at a time)
+//! over the fake driver, on both backings. Every program must give the
+//! output it gives without cupool; a freed pointer must answer as freed
+//! memory however long its batch waits; a handle keeps exactly the exported
+//! block out of reuse; the end record must show the program's blocks only.
+//! `cargo test --test pool_magazines`
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::Value;
+use support::*;
+
+const ALWAYS: &str = "magazines=always";
+
+struct Run {
+    stdout: String,
+    result: Option<HashMap<String, u64>>,
+    log: Value,
+}
+
+fn run(prog: &Path, args: &[&str], options: &str) -> Run {
+    let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+    let dir = scratch_dir(&format!("mag-{name}"));
+    let out = run_preloaded(prog, args, &dir, options);
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(0), "{name} {args:?} {options}: {:?}\n{stdout}\n{stderr}", out.status);
+    let mut logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1, "{name}: {:?}", log_files(&dir));
+    let log = logs.remove(0);
+    assert_valid_log(&log, &name);
+    Run { result: result_line(&stdout), stdout, log }
+}
+
+fn plain_result(prog: &Path, args: &[&str]) -> HashMap<String, u64> {
+    let name = prog.file_name().unwrap().to_string_lossy().into_owned();
+    let out = run_plain(prog, args, &scratch_dir(&format!("mag-plain-{name}")));
+    assert!(out.status.success(), "{name} plain: {:?}\n{}", out.status, stderr_of(&out));
+    result_line(&stdout_of(&out)).unwrap_or_else(|| panic!("{name} plain: no result line"))
+}
+
+fn pools(log: &Value) -> &Vec<Value> {
+    log["end"]["pools"].as_array().expect("end.pools")
+}
+
+/// The pools' requested bytes now and at their peak, summed.
+fn requested(log: &Value) -> (u64, u64) {
+    pools(log).iter().fold((0, 0), |(c, p), pool| {
+        let r = &pool["requested_bytes"];
+        (c + r["current"].as_u64().unwrap(), p + r["peak"].as_u64().unwrap())
+    })
+}
+
+#[test]
+fn programs_run_unchanged_with_a_magazine_per_thread() {
+    for backing in ["backing=vmm", "backing=segments"] {
+        for prog in
+            ["prog_runtime", "prog_runtime_static", "prog_dlopen", "prog_driver", "prog_getproc", "prog_threads"]
+        {
+            let prog = fakes().prog(prog);
+            let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
+            assert_eq!(r.result.as_ref(), Some(&plain_result(&prog, &[])), "{prog:?} {backing}");
+            assert_eq!(r.log["options"]["magazines"], "always");
+        }
+    }
+}
+
+#[test]
+fn a_block_cycled_in_a_loop_comes_from_the_magazine_and_goes_back_at_exit() {
+    let reuse = compile_runtime_program("mag-reuse", "pool_reuse.c");
+    for args in [&[][..], &["stream"][..]] {
+        let r = run(&reuse, args, ALWAYS);
+        // The pool handed out a refill of 16 blocks of 4 KiB at once ...
+        let (current, peak) = requested(&r.log);
+        assert!(peak >= 16 * 4096, "{args:?}: requested peak {peak}: {}", r.log["end"]["pools"]);
+        // ... and took every one back when the program exited: it leaks nothing.
+        assert_eq!(current, 0, "{args:?}: {}", r.log["end"]["pools"]);
+        let never = run(&reuse, args, "magazines=never");
+        assert_eq!(requested(&never.log).1, 4096, "{args:?}: one block at a time without magazines");
+        assert_eq!(stdout_value(&never.stdout, "distinct"), stdout_value(&never.stdout, "distinct"));
+    }
+}
+
+#[test]
+fn a_freed_pointer_answers_as_freed_while_its_batch_waits() {
+    let prog = compile_driver_program("mag-ptrquery", "pool_ptr_query.c");
+    for backing in ["backing=vmm", "backing=segments"] {
+        let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
+        let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
+        let p = v("p");
+        assert_eq!((v("range_base"), v("range_size")), (p, 1000), "{backing}");
+        assert_eq!((v("freed_range"), v("freed_attr")), (500, 1), "{backing}: a freed block answers as freed memory");
+        assert_eq!([v("ids_differ"), v("id_same_inside"), v("id_new_after_reuse")], [1, 1, 1], "{backing}");
+    }
+}
+
+#[test]
+fn an_exported_block_stays_out_of_reuse_and_freed_memory_cannot_be_exported() {
+    let prog = compile_runtime_program("mag-ipcrules", "ipc_export_rules.c");
+    for backing in ["backing=vmm", "backing=segments"] {
+        let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
+        let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
+        assert_eq!(["freed_export", "b_reused", "a_export", "a_kept"].map(v), [1, 1, 0, 1], "{backing}");
+    }
+}
+
+#[test]
+fn a_fork_child_keeps_nothing_of_its_parents_magazines() {
+    let prog = fakes().prog("prog_fork");
+    let dir = scratch_dir("mag-fork");
+    let out = run_preloaded(&prog, &[], &dir, ALWAYS);
+    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let logs = read_logs(&dir);
+    assert_eq!(logs.len(), 2, "{:?}", log_files(&dir));
+    // Each process leaks exactly its own planted block (prog_fork's header).
+    let mut leaked: Vec<u64> =
+        logs.iter().map(|l| l["end"]["leak_summary"]["bytes"].as_u64().unwrap()).collect::<Vec<_>>();
+    leaked.sort();
+    assert_eq!(leaked, [6666, 7777]);
+}
