@@ -115,11 +115,7 @@ fn allocate_now(
     on_reserved: &mut dyn FnMut(i32, i64),
 ) -> Result<Result<Block, OutOfMemory>, Unusable> {
     let mut p = lock(pool);
-    let before = p.reserved();
-    let cap = cap(before);
-    if p.limit() != cap {
-        p.set_limit(cap);
-    }
+    let before = capped(&mut p, cap);
     let result = p.allocate(size);
     report(pool.device, before, p.reserved(), on_reserved);
     result
@@ -142,11 +138,7 @@ fn refill(
     let mut n = 0;
     {
         let mut p = lock(pool);
-        let before = p.reserved();
-        let cap = cap(before);
-        if p.limit() != cap {
-            p.set_limit(cap);
-        }
+        let before = capped(&mut p, cap);
         while n < want {
             match p.allocate(class) {
                 Ok(Ok(b)) => taken[n] = b,
@@ -167,6 +159,17 @@ fn refill(
         report(pool.device, before, p.reserved(), on_reserved);
     }
     Some(*first)
+}
+
+/// Applies the cap `cap(reserved now)` to the locked pool; returns its reserved bytes.
+#[inline]
+fn capped(p: &mut Engine, cap: &impl Fn(u64) -> u64) -> u64 {
+    let reserved = p.reserved();
+    let cap = cap(reserved);
+    if p.limit() != cap {
+        p.set_limit(cap);
+    }
+    reserved
 }
 
 #[inline]
