@@ -80,7 +80,7 @@ impl Engine {
         Engine::Pages(VmmPool::new(pages, config))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn allocate(&mut self, size: u64) -> Result<Result<Block, OutOfMemory>, Unusable> {
         match self {
             Engine::Segments(p) => Ok(p.allocate(size)),
@@ -95,7 +95,7 @@ impl Engine {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn free(&mut self, id: BlockId) {
         match self {
             Engine::Segments(p) => p.free(id),

@@ -107,7 +107,7 @@ fn lock_contended(pool: &ContextPool) -> MutexGuard<'_, Engine> {
     pool.pool.lock()
 }
 
-#[inline]
+#[inline(always)]
 fn allocate_now(
     pool: &ContextPool,
     size: u64,
