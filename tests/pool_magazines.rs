@@ -120,3 +120,54 @@ fn a_fork_child_keeps_nothing_of_its_parents_magazines() {
     leaked.sort();
     assert_eq!(leaked, [6666, 7777]);
 }
+
+/// Allocations logged (in `seq` order) at an address still live.
+fn allocs_at_a_live_address(log: &Value) -> Vec<String> {
+    let mut by_seq: Vec<&Value> = events(log, "alloc").into_iter().chain(events(log, "free")).collect();
+    by_seq.sort_by_key(|e| e["seq"].as_u64().unwrap());
+    let mut live: HashMap<&str, &Value> = HashMap::new();
+    let mut twice = Vec::new();
+    for e in by_seq {
+        let ptr = e["ptr"].as_str().unwrap();
+        if e["ev"] == "alloc" {
+            if let Some(prev) = live.insert(ptr, e) {
+                twice.push(format!("{e} while {prev} is live"));
+            }
+        } else {
+            live.remove(ptr);
+        }
+    }
+    twice
+}
+
+#[test]
+fn sixteen_threads_churning_never_get_a_live_block() {
+    // 16 threads x 4000 pairs of sizes up to 256 KiB: a quarter of them in
+    // magazine classes, which the 4 class slots of each magazine keep
+    // replacing, so blocks go back and forth between magazines and the pool.
+    let prog = compile_fake_program("mag-churn", "pool_churn.c", &link_fake_cudart());
+    for backing in ["backing=vmm", "backing=segments"] {
+        let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
+        assert_eq!(events(&r.log, "alloc").len(), 16 * 4000, "{backing}");
+        let twice = allocs_at_a_live_address(&r.log);
+        assert!(twice.is_empty(), "{backing}: {} blocks handed out while live, e.g. {}", twice.len(), twice[0]);
+        assert_eq!(requested(&r.log).0, 0, "{backing}: every magazine went back at exit");
+        assert_eq!(r.log["end"]["leak_summary"]["count"], 0, "{backing}");
+    }
+}
+
+#[test]
+fn blocks_held_at_once_by_eight_threads_never_overlap() {
+    let prog = compile_fake_program("mag-hold", "pool_hold.c", &{
+        let mut args = link_fake_cudart();
+        args.extend(link_fake_cuda());
+        args
+    });
+    for backing in ["backing=vmm", "backing=segments"] {
+        let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
+        assert_eq!(stdout_value(&r.stdout, "wrong"), Some(0), "{backing}: {}", r.stdout);
+        let twice = allocs_at_a_live_address(&r.log);
+        assert!(twice.is_empty(), "{backing}: {} blocks handed out while live, e.g. {}", twice.len(), twice[0]);
+        assert_eq!(requested(&r.log).0, 0, "{backing}");
+    }
+}

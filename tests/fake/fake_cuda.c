@@ -1867,8 +1867,29 @@ EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Copies: the device side must lie inside one known allocation, which      */
-/* catches out-of-bounds pointers handed out by a sub-allocating shim.      */
+/* Copies: the device side must lie inside one known allocation (or mapped */
+/* pages laid end to end), which catches out-of-bounds pointers handed out  */
+/* by a sub-allocating shim.                                                */
+
+/* Is [p, p + n) covered by one allocation, or by cuMemMap'ed ranges laid
+ * end to end (a range of VA backed by several physical allocations, as a
+ * VMM pool's block spanning pages is: fine on a GPU)? Under g_lock. */
+static int range_is_device_memory(uintptr_t p, size_t n)
+{
+    if (tab_find_range(p, n))
+        return 1;
+    while (n) {
+        struct alloc *a = tab_find_range(p, 1);
+        if (!a || a->kind != K_VMM_MAP)
+            return 0;
+        size_t in_this = a->base + a->size - p;
+        if (in_this >= n)
+            return 1;
+        p += in_this;
+        n -= in_this;
+    }
+    return 1;
+}
 
 static CUresult check_device_range(uintptr_t p, size_t n)
 {
@@ -1878,7 +1899,7 @@ static CUresult check_device_range(uintptr_t p, size_t n)
     pthread_mutex_lock(&g_lock);
     struct CUctx_st *c;
     r = need_ctx(&c);
-    if (!r && n && !tab_find_range(p, n))
+    if (!r && n && !range_is_device_memory(p, n))
         r = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&g_lock);
     return r;
