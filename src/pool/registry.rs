@@ -189,14 +189,18 @@ fn report(device: i32, before: u64, after: u64, on_reserved: &mut dyn FnMut(i32,
 #[inline]
 pub fn free(pool: usize, block: BlockId, bytes: u64, on_reserved: &mut dyn FnMut(i32, i64)) {
     match magazine::keep_freed(pool, block, bytes) {
-        magazine::Kept::Yes => {}
-        magazine::Kept::BatchFull => {
-            let mut returns = Returns::default();
-            magazine::take_frees(&mut returns);
-            give_back(&returns, on_reserved);
-        }
         magazine::Kept::No => free_now(pool, block, on_reserved),
+        magazine::Kept::Yes => {}
+        magazine::Kept::BatchFull => give_back_batch(on_reserved),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn give_back_batch(on_reserved: &mut dyn FnMut(i32, i64)) {
+    let mut returns = Returns::default();
+    magazine::take_frees(&mut returns);
+    give_back(&returns, on_reserved);
 }
 
 #[inline]
