@@ -254,9 +254,9 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
     })
 }
 
-/// Keeps `blocks` (just taken from `pool` for `class`) for later requests.
-/// Returns those it could not keep (the thread's magazine went meanwhile).
-pub fn store(pool: usize, class: u64, blocks: &[Block]) -> &[Block] {
+/// Keeps `blocks` (just taken from `pool` for `class`) for later requests;
+/// those it cannot keep (the thread's magazine went meanwhile) go into `unkept`.
+pub fn store(pool: usize, class: u64, blocks: &[Block], unkept: &mut Returns) {
     let kept = with_mine(|m| {
         let Some(c) = m.classes.iter_mut().find(|c| c.size == class) else { return 0 };
         if m.pool != pool {
@@ -270,7 +270,9 @@ pub fn store(pool: usize, class: u64, blocks: &[Block]) -> &[Block] {
         room
     })
     .unwrap_or(0);
-    &blocks[kept..]
+    for b in &blocks[kept..] {
+        unkept.push(pool, b.id.to_raw());
+    }
 }
 
 /// What became of a freed block.
@@ -424,7 +426,9 @@ mod tests {
             let (class, want) = refill(7, 4000, &mut r).unwrap();
             assert_eq!((class, want, r.n), (4096, 16, 0));
             let blocks: Vec<Block> = (0..want as u32).map(|i| block(i, 0x1000 * u64::from(i), 4096)).collect();
-            assert!(store(7, class, &blocks).is_empty());
+            let mut unkept = Returns::default();
+            store(7, class, &blocks, &mut unkept);
+            assert_eq!(unkept.n, 0);
             // Another pool's request is not served from pool 7's blocks.
             assert!(take(8, 4096).is_none());
             assert!(take(7, 3000).is_none(), "3000 B is the 3072 B class");
@@ -454,7 +458,9 @@ mod tests {
             start_here();
             let mut r = Returns::default();
             let (class, _) = refill(3, 512, &mut r).unwrap();
-            assert!(store(3, class, &[block(1, 0x100, 512), block(2, 0x300, 512)]).is_empty());
+            let mut unkept = Returns::default();
+            store(3, class, &[block(1, 0x100, 512), block(2, 0x300, 512)], &mut unkept);
+            assert_eq!(unkept.n, 0);
             assert_eq!(keep_freed(3, BlockId::from_raw(9), 512), Kept::Yes);
         })
         .join()

@@ -149,15 +149,9 @@ fn refill(
         report(pool.device, before, p.reserved(), on_reserved);
     }
     let (first, rest) = taken[..n].split_first()?;
-    let unkept = magazine::store(addr, class, rest);
-    if !unkept.is_empty() {
-        let mut p = pool.pool.lock();
-        let before = p.reserved();
-        for b in unkept {
-            p.free(b.id);
-        }
-        report(pool.device, before, p.reserved(), on_reserved);
-    }
+    let mut unkept = Returns::default();
+    magazine::store(addr, class, rest, &mut unkept);
+    give_back(&unkept, on_reserved);
     Some(*first)
 }
 
@@ -206,13 +200,20 @@ fn give_back_batch(on_reserved: &mut dyn FnMut(i32, i64)) {
 #[inline]
 fn free_now(pool: usize, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) {
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
-    if ANY_EXPORTED.load(Ordering::Acquire) && EXPORTED.lock().remove(&(pool, block.to_raw())) {
+    if kept_exported(pool, block.to_raw()) {
         return;
     }
     let mut p = lock(pool_ref);
     let before = p.reserved();
     p.free(block);
     report(pool_ref.device, before, p.reserved(), on_reserved);
+}
+
+/// Is this block exported through IPC? Then it is never freed into the pool
+/// (another process may still read it through its handle); this says so once.
+#[inline]
+fn kept_exported(pool: usize, block: u32) -> bool {
+    ANY_EXPORTED.load(Ordering::Acquire) && EXPORTED.lock().remove(&(pool, block))
 }
 
 /// Frees blocks a magazine gave back, under each pool's lock once per run
@@ -229,14 +230,12 @@ fn give_back(returns: &Returns, on_reserved: &mut dyn FnMut(i32, i64)) {
 /// Frees `blocks`, all of the pool at `pool`, under one lock.
 fn give_back_run(pool: usize, blocks: &[(usize, u32)], on_reserved: &mut dyn FnMut(i32, i64)) {
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
-    let exported = ANY_EXPORTED.load(Ordering::Acquire);
     let mut p = lock(pool_ref);
     let before = p.reserved();
     for &(_, block) in blocks {
-        if exported && EXPORTED.lock().remove(&(pool, block)) {
-            continue;
+        if !kept_exported(pool, block) {
+            p.free(BlockId::from_raw(block));
         }
-        p.free(BlockId::from_raw(block));
     }
     report(pool_ref.device, before, p.reserved(), on_reserved);
 }
