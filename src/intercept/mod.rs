@@ -443,15 +443,24 @@ pub enum PooledPointer {
     NotPooled,
 }
 
-/// What `ptr` is to the pools. A block the pool counts as allocated that
-/// the program does not hold sits in a thread's magazine (freed, or never
-/// handed out): the magazines give their blocks back, and the pools are asked again.
-pub fn find_as_the_program_sees_it(ptr: u64) -> pool::Found {
-    match pool::find(ptr) {
-        pool::Found::Block(b) if observe::live::get(Space::Pointer, b.addr).is_none() => {
+/// What `ptr` is to the pools, with the program's allocation there when it
+/// lies in a block. A block the pool counts as allocated that the program
+/// does not hold sits in a thread's magazine (freed, or never handed out):
+/// the magazines give their blocks back, and the pools are asked again.
+pub fn find_as_the_program_sees_it(ptr: u64) -> (pool::Found, Option<Allocation>) {
+    let ask = || {
+        let found = pool::find(ptr);
+        let live = match &found {
+            pool::Found::Block(b) => observe::live::get(Space::Pointer, b.addr),
+            _ => None,
+        };
+        (found, live)
+    };
+    match ask() {
+        (pool::Found::Block(_), None) => {
             let _guard = Guard::enter(); // the pools may call CUDA: not through the hooks
             pool::settle(false, &mut observe::reserved_changed);
-            pool::find(ptr)
+            ask()
         }
         found => found,
     }
@@ -463,15 +472,14 @@ pub fn pooled_pointer(ptr: u64) -> PooledPointer {
         return PooledPointer::NotPooled;
     }
     let found = diag::shielded(|| match find_as_the_program_sees_it(ptr) {
-        pool::Found::Block(b) => {
+        (pool::Found::Block(b), live) => {
             // The size the program asked for: a magazine's block was taken for its size class.
-            let live = observe::live::get(Space::Pointer, b.addr);
             let id = live.and_then(|a| a.pooled).map_or(0, |p| p.buffer_id);
             let size = live.map_or(b.size, |a| a.size);
             PooledPointer::Block(b.addr, size, id, b.vmm.then_some(b.shareable))
         }
-        pool::Found::Freed => PooledPointer::Freed,
-        pool::Found::Outside => PooledPointer::NotPooled,
+        (pool::Found::Freed, _) => PooledPointer::Freed,
+        (pool::Found::Outside, _) => PooledPointer::NotPooled,
     });
     found.unwrap_or(PooledPointer::NotPooled)
 }
