@@ -372,26 +372,6 @@ fn pool_prog_threads() {
     }
 }
 
-/// Allocations logged (in `seq` order) while an earlier allocation at the same
-/// address has not been logged as freed yet.
-fn allocs_before_their_free(log: &Value) -> Vec<String> {
-    let mut by_seq: Vec<&Value> = events(log, "alloc").into_iter().chain(events(log, "free")).collect();
-    by_seq.sort_by_key(|e| u64_of(e, "seq"));
-    let mut live: HashMap<u64, &Value> = HashMap::new();
-    let mut early = Vec::new();
-    for e in by_seq {
-        let ptr = hex(&e["ptr"]);
-        if e["ev"] == "alloc" {
-            if let Some(prev) = live.insert(ptr, e) {
-                early.push(format!("{e} while {prev} is live"));
-            }
-        } else {
-            live.remove(&ptr);
-        }
-    }
-    early
-}
-
 #[test]
 fn timeline_never_hands_out_a_block_before_its_free() {
     // A block freed by one thread and taken by another at once must appear in
@@ -402,7 +382,7 @@ fn timeline_never_hands_out_a_block_before_its_free() {
         let r = run_prog(&prog, &[], POOL);
         assert_eq!(mem_events(&r.log, "alloc").len(), 16 * 4000);
         assert_eq!(mem_events(&r.log, "free").len(), 16 * 4000);
-        let early = allocs_before_their_free(&r.log);
+        let early = allocs_at_a_live_address(&r.log);
         assert!(
             early.is_empty(),
             "run {run}: {} allocations logged before the free of the same block, e.g. {}",

@@ -121,25 +121,6 @@ fn a_fork_child_keeps_nothing_of_its_parents_magazines() {
     assert_eq!(leaked, [6666, 7777]);
 }
 
-/// Allocations logged (in `seq` order) at an address still live.
-fn allocs_at_a_live_address(log: &Value) -> Vec<String> {
-    let mut by_seq: Vec<&Value> = events(log, "alloc").into_iter().chain(events(log, "free")).collect();
-    by_seq.sort_by_key(|e| e["seq"].as_u64().unwrap());
-    let mut live: HashMap<&str, &Value> = HashMap::new();
-    let mut twice = Vec::new();
-    for e in by_seq {
-        let ptr = e["ptr"].as_str().unwrap();
-        if e["ev"] == "alloc" {
-            if let Some(prev) = live.insert(ptr, e) {
-                twice.push(format!("{e} while {prev} is live"));
-            }
-        } else {
-            live.remove(ptr);
-        }
-    }
-    twice
-}
-
 #[test]
 fn sixteen_threads_churning_never_get_a_live_block() {
     // 16 threads x 4000 pairs of sizes up to 256 KiB: a quarter of them in
@@ -158,11 +139,7 @@ fn sixteen_threads_churning_never_get_a_live_block() {
 
 #[test]
 fn blocks_held_at_once_by_eight_threads_never_overlap() {
-    let prog = compile_fake_program("mag-hold", "pool_hold.c", &{
-        let mut args = link_fake_cudart();
-        args.extend(link_fake_cuda());
-        args
-    });
+    let prog = compile_runtime_program("mag-hold", "pool_hold.c");
     for backing in ["backing=vmm", "backing=segments"] {
         let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
         assert_eq!(stdout_value(&r.stdout, "wrong"), Some(0), "{backing}: {}", r.stdout);

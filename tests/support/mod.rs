@@ -366,6 +366,29 @@ pub fn events<'a>(log: &'a Value, ev: &str) -> Vec<&'a Value> {
     log["events"].as_array().map(|a| a.iter().filter(|e| e["ev"] == ev).collect()).unwrap_or_default()
 }
 
+/// Allocations logged (in `seq` order) while an earlier allocation at the
+/// same address has not been logged as freed yet: a block handed out twice.
+pub fn allocs_at_a_live_address(log: &Value) -> Vec<String> {
+    let mut by_seq: Vec<&Value> = events(log, "alloc").into_iter().chain(events(log, "free")).collect();
+    by_seq.sort_by_key(|e| e["seq"].as_u64().expect("seq"));
+    let address = |e: &Value| {
+        let hex = e["ptr"].as_str().expect("ptr");
+        u64::from_str_radix(hex.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("ptr {hex}"))
+    };
+    let mut live: HashMap<u64, &Value> = HashMap::new();
+    let mut twice = Vec::new();
+    for e in by_seq {
+        if e["ev"] == "alloc" {
+            if let Some(prev) = live.insert(address(e), e) {
+                twice.push(format!("{e} while {prev} is live"));
+            }
+        } else {
+            live.remove(&address(e));
+        }
+    }
+    twice
+}
+
 // ---------------------------------------------------------------------------
 // Building
 
