@@ -268,7 +268,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
             None => {
                 pool::tools::block_freed(key); // before the pool may hand it out again
                 diag::shielded(|| {
-                    pool::free(p.pool.get(), BlockId::from_raw(p.block), size, &mut observe::reserved_changed)
+                    pool::free(p.pool.get(), BlockId::from_raw(p.block), key, size, &mut observe::reserved_changed)
                 });
                 SUCCESS
             }

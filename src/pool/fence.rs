@@ -21,7 +21,52 @@ use crate::runtime::{clock, options};
 use cupool_core::log::FenceCounters;
 use cupool_core::pool::{Backend, Timeline};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A pool's fence progress, readable without its lock: threads reusing the
+/// blocks they freed themselves (`magazine.rs`) tag each free with `epoch`
+/// and take the block again once `completed` has reached the tag.
+///
+/// `epoch` is raised *before* the events that close the old one are
+/// recorded (and before a synchronisation): a free that still reads the old
+/// epoch happened before that recording, so the work it must wait for was
+/// queued before it too and the fence covers it.
+#[derive(Default)]
+pub struct Progress {
+    epoch: AtomicU64,
+    completed: AtomicU64,
+}
+
+impl Progress {
+    /// The tag of a free now: 0 (reusable at once) while all work goes to one
+    /// stream, as the pool's own frees (`free_tag`).
+    #[inline]
+    pub fn tag_now(&self) -> u64 {
+        if streams::MULTI_STREAM.load(Ordering::Acquire) {
+            self.epoch.load(Ordering::Acquire)
+        } else {
+            0
+        }
+    }
+
+    /// Progress whose fences have completed every epoch up to `completed`.
+    #[cfg(test)]
+    pub fn completed_up_to(completed: u64) -> Progress {
+        Progress::at(completed + 1, completed)
+    }
+
+    #[cfg(test)]
+    pub fn at(epoch: u64, completed: u64) -> Progress {
+        Progress { epoch: AtomicU64::new(epoch), completed: AtomicU64::new(completed) }
+    }
+
+    /// May a block freed with `tag` be handed out again?
+    #[inline]
+    pub fn is_complete(&self, tag: u64) -> bool {
+        tag <= self.completed.load(Ordering::Acquire)
+    }
+}
 
 /// The device side of one context's pool.
 pub struct CudaBackend {
@@ -41,7 +86,11 @@ pub struct CudaBackend {
     /// them, and a stream created later is made to wait on them too.
     pub barrier: Vec<u64>,
     pub counters: FenceCounters,
+    pub progress: Arc<Progress>,
 }
+
+/// Shortest time between fences recorded for magazines' frees (`reuse_ready`).
+const REUSE_FENCE_NS: u64 = 50_000;
 
 /// A GPU-side barrier makes every stream wait on every event of a fence: past
 /// this many streams the host waits instead.
@@ -59,7 +108,22 @@ impl CudaBackend {
             last_fence_ns: 0,
             barrier: Vec::new(),
             counters: FenceCounters::default(),
+            progress: Arc::new(Progress { epoch: AtomicU64::new(1), completed: AtomicU64::new(0) }),
         }
+    }
+
+    /// Opens the next epoch; returns the one it closes. Published before the
+    /// caller records or synchronises anything (see [`Progress`]).
+    fn next_epoch(&mut self) -> u64 {
+        let closing = self.epoch;
+        self.epoch += 1;
+        self.progress.epoch.store(self.epoch, Ordering::SeqCst);
+        closing
+    }
+
+    fn complete_up_to(&mut self, epoch: u64) {
+        self.completed = self.completed.max(epoch);
+        self.progress.completed.store(self.completed, Ordering::Release);
     }
 
     /// Is a capture active on any of this context's streams? Asked with the
@@ -82,6 +146,7 @@ impl CudaBackend {
             self.counters.skipped_for_capture += 1;
             return false; // recording into a capture would change the captured graph
         }
+        let closing = self.next_epoch();
         let mut events = Vec::with_capacity(streams.len());
         let mut dead = Vec::new();
         for s in streams {
@@ -101,8 +166,7 @@ impl CudaBackend {
             streams::remove(s);
         }
         self.counters.recorded += 1;
-        self.fences.push_back((self.epoch, events));
-        self.epoch += 1;
+        self.fences.push_back((closing, events));
         self.last_fence_ns = clock::monotonic_ns();
         true
     }
@@ -145,7 +209,7 @@ impl CudaBackend {
         self.fences.pop_front();
         let previous = std::mem::replace(&mut self.barrier, events);
         self.spare_events.extend(previous);
-        self.completed = self.completed.max(epoch);
+        self.complete_up_to(epoch);
         self.counters.gpu_barriers += 1;
         true
     }
@@ -174,13 +238,32 @@ impl CudaBackend {
         tag <= mark(self)
     }
 
+    /// Has the GPU passed `tag`, the oldest free a thread's magazine waits
+    /// to take back? Records a fence for it only when none was recorded in
+    /// the last [`REUSE_FENCE_NS`]: with several threads each asking every
+    /// few dozen frees, a fence per question (an event on every stream, under
+    /// the pool's lock) would serialise them again. Until then the magazine
+    /// takes new blocks from the pool.
+    pub fn reuse_ready(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag > self.completed
+            && self.fences.back().is_none_or(|(e, _)| *e < tag)
+            && clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= REUSE_FENCE_NS
+            && self.record_fence()
+        {
+            self.poll();
+        }
+        tag <= self.completed
+    }
+
     fn poll(&mut self) {
         while let Some((epoch, events)) = self.fences.front() {
             if !events.iter().all(|&e| query(e)) {
                 return;
             }
-            self.completed = self.completed.max(*epoch);
-            self.finished = self.finished.max(*epoch);
+            let epoch = *epoch;
+            self.complete_up_to(epoch);
+            self.finished = self.finished.max(epoch);
             self.counters.completed += 1;
             let (_, events) = self.fences.pop_front().unwrap_or_default();
             self.spare_events.extend(events);
@@ -264,13 +347,13 @@ impl Timeline for CudaBackend {
         if self.any_capturing() {
             return false;
         }
+        let closing = self.next_epoch();
         if unsafe { real!(cuCtxSynchronize()) } != SUCCESS {
             return false;
         }
         self.counters.syncs += 1;
-        self.completed = self.epoch;
-        self.finished = self.epoch;
-        self.epoch += 1;
+        self.complete_up_to(closing);
+        self.finished = closing;
         while let Some((_, events)) = self.fences.pop_front() {
             self.spare_events.extend(events);
         }

@@ -9,18 +9,30 @@
 //! frees back a batch at a time. A thread that never meets another on the
 //! lock never starts one, so a single-threaded program runs as before.
 //!
-//! Stream safety stays the pool's: a block in a magazine was handed out by
-//! the pool (safe from then on) and used by nobody since; a freed block
-//! reaches the pool later than its free, so the fence it waits for is
-//! recorded later and covers at least the work the free's own would have.
+//! A thread also takes back the blocks it frees itself, without the pool:
+//! the pool's own work per block (placement, splitting, merging) under its
+//! one lock is what stops threads from scaling once they batch.
+//!
+//! Stream safety stays the pool's:
+//! - a block in a magazine's stock was handed out by the pool (safe from
+//!   then on) and used by nobody since;
+//! - a block a thread freed waits in its class's queue, tagged with its
+//!   pool's epoch at the free, until the pool's fences have completed that
+//!   epoch (`fence::Progress`): the rule the pool applies to its own frees,
+//!   read without its lock. While all work goes to one stream the tag is 0
+//!   and the block is reusable at once, as in the pool;
+//! - a freed block that goes back to the pool instead reaches it later than
+//!   its free, so the fence it waits for there is recorded later and covers
+//!   at least the work the free's own would have.
 //!
 //! What a magazine changes, and where that is made good (`registry.rs`):
 //! - The pool counts blocks in magazines, unused or freed, as allocated.
 //!   Pointer queries, IPC exports, `cudaMemGetInfo`, empty-cache and the end
 //!   record first give every magazine back ([`settle`]), and so does a
 //!   request the pool cannot serve, before it fails.
-//! - A freed block's page can go back to the device only once its batch
-//!   reaches the pool (at most [`FREED`] frees or [`FREED_BYTES`] later).
+//! - A freed block's page can go back to the device only once the block
+//!   reaches the pool: with its batch ([`FREED`] frees or [`FREED_BYTES`]),
+//!   pushed out of its class's queue by newer frees, or at a settle.
 //! - Blocks are taken by 512-byte size class: the pool's `requested`
 //!   statistic counts the class's size for them.
 //!
@@ -28,6 +40,7 @@
 //! never while holding a pool's lock, and a pool's lock is never taken
 //! while holding it (the caller gives blocks back after this module returns).
 
+use super::fence::Progress;
 use crate::runtime::options;
 use cupool_core::options::Magazines;
 use cupool_core::pool::{round_size, Block, BlockId};
@@ -48,6 +61,10 @@ const REFILL_BYTES: u64 = 256 << 10;
 /// Frees kept before they go back to the pool, and bytes at most.
 pub const FREED: usize = 32;
 pub const FREED_BYTES: u64 = 256 << 10;
+/// Freed blocks of one class waiting to be taken again by their thread, and
+/// bytes at most; past either, the oldest goes back to the pool.
+const WAITING: usize = 128;
+const WAITING_BYTES: u64 = 512 << 10;
 
 #[derive(Clone, Copy, Default)]
 struct Held {
@@ -56,12 +73,59 @@ struct Held {
     size: u64,
 }
 
-#[derive(Default)]
+/// A block its thread freed, with the tag of its free.
+#[derive(Clone, Copy, Default)]
+struct Waiting {
+    block: u32,
+    addr: u64,
+    tag: u64,
+}
+
 struct Class {
     /// Rounded request size (0: none).
     size: u64,
     blocks: [Held; REFILL],
     n: usize,
+    /// Freed blocks of this class, oldest first, in a ring from `head`.
+    waiting: [Waiting; WAITING],
+    head: usize,
+    nwaiting: usize,
+}
+
+impl Default for Class {
+    fn default() -> Class {
+        Class {
+            size: 0,
+            blocks: Default::default(),
+            n: 0,
+            waiting: [Waiting::default(); WAITING],
+            head: 0,
+            nwaiting: 0,
+        }
+    }
+}
+
+impl Class {
+    fn oldest(&self) -> Option<&Waiting> {
+        (self.nwaiting > 0).then(|| &self.waiting[self.head])
+    }
+
+    fn pop_oldest(&mut self) -> Waiting {
+        let w = self.waiting[self.head];
+        self.head = (self.head + 1) % WAITING;
+        self.nwaiting -= 1;
+        w
+    }
+
+    fn push_waiting(&mut self, w: Waiting) {
+        self.waiting[(self.head + self.nwaiting) % WAITING] = w;
+        self.nwaiting += 1;
+    }
+
+    /// Freed blocks this class keeps at most.
+    fn waiting_room(&self) -> usize {
+        ((WAITING_BYTES / self.size.max(1)) as usize).clamp(1, WAITING)
+    }
 }
 
 #[derive(Default)]
@@ -88,7 +152,7 @@ pub struct Returns {
 }
 
 /// A magazine's whole content fits.
-const RETURNS: usize = FREED + CLASSES * REFILL;
+const RETURNS: usize = FREED + CLASSES * (REFILL + WAITING);
 
 impl Default for Returns {
     fn default() -> Returns {
@@ -169,6 +233,18 @@ fn start() {
         let _ = ACTIVE.try_with(|a| a.set(true));
         ANY.store(true, Ordering::Relaxed);
     });
+    if let Some(started) = ON_START.get() {
+        started();
+    }
+}
+
+/// Told on the thread that starts a magazine (`on_start`).
+static ON_START: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// `started` runs on each thread that starts a magazine: its observers may
+/// change how they count it (the counters batch its calls).
+pub fn on_start(started: fn()) {
+    let _ = ON_START.set(started);
 }
 
 /// Has this thread a magazine? The hot path asks first. Until some thread
@@ -208,9 +284,11 @@ fn with_mine<R>(f: impl FnOnce(&mut Magazine) -> R) -> Option<R> {
 }
 
 /// A block for `size` bytes from this thread's magazine for `pool`, without
-/// the pool's lock. `None`: none held (see [`refill`]).
+/// the pool's lock: the oldest block of its class that this thread freed,
+/// once `progress` says no queued work can touch it any more, else one of
+/// the stock. `None`: none held (see [`refill`]).
 #[inline]
-pub fn take(pool: usize, size: u64) -> Option<Block> {
+pub fn take(pool: usize, size: u64, progress: &Progress) -> Option<Block> {
     if size > MAX_SIZE || !active() {
         return None;
     }
@@ -219,10 +297,31 @@ pub fn take(pool: usize, size: u64) -> Option<Block> {
         if m.pool != pool {
             return None;
         }
-        let c = m.classes.iter_mut().find(|c| c.size == class && c.n > 0)?;
+        let c = m.classes.iter_mut().find(|c| c.size == class)?;
+        if c.oldest().is_some_and(|w| progress.is_complete(w.tag)) {
+            let w = c.pop_oldest();
+            return Some(Block { id: BlockId::from_raw(w.block), addr: w.addr, size: class });
+        }
+        if c.n == 0 {
+            return None;
+        }
         c.n -= 1;
         let h = c.blocks[c.n];
         Some(Block { id: BlockId::from_raw(h.block), addr: h.addr, size: h.size })
+    })
+    .flatten()
+}
+
+/// The tag of the oldest block of `size`'s class this thread freed into its
+/// magazine for `pool`: the caller, holding the pool's lock, asks the pool's
+/// fences about it before taking new blocks.
+pub fn oldest_waiting(pool: usize, size: u64) -> Option<u64> {
+    let class = round_size(size)?;
+    with_mine(|m| {
+        if m.pool != pool {
+            return None;
+        }
+        m.classes.iter().find(|c| c.size == class)?.oldest().map(|w| w.tag)
     })
     .flatten()
 }
@@ -285,15 +384,33 @@ pub enum Kept {
     BatchFull,
 }
 
-/// The program freed `block` (`bytes` asked) of `pool`: kept in this
-/// thread's magazine until its batch goes back.
+/// The program freed `block` at `addr` (`bytes` asked) of `pool`, whose
+/// fences make `progress`: kept in this thread's magazine, to be taken again
+/// once its class is held and the fences have completed the free's tag,
+/// else until its batch goes back. The block holds at least its class's
+/// size: the pools round every request up to the same classes.
 #[inline]
-pub fn keep_freed(pool: usize, block: BlockId, bytes: u64) -> Kept {
+pub fn keep_freed(pool: usize, block: BlockId, addr: u64, bytes: u64, progress: &Progress) -> Kept {
     if bytes > MAX_SIZE || !active() {
         return Kept::No;
     }
+    let Some(class) = round_size(bytes) else { return Kept::No };
+    let tag = progress.tag_now();
     with_mine(|m| {
-        m.freed[m.nfreed] = (pool, block.to_raw());
+        let mut to_batch = (pool, block.to_raw(), bytes);
+        if m.pool == pool {
+            if let Some(c) = m.classes.iter_mut().find(|c| c.size == class) {
+                if c.nwaiting < c.waiting_room() {
+                    c.push_waiting(Waiting { block: block.to_raw(), addr, tag });
+                    return Kept::Yes;
+                }
+                let oldest = c.pop_oldest();
+                c.push_waiting(Waiting { block: block.to_raw(), addr, tag });
+                to_batch = (pool, oldest.block, class);
+            }
+        }
+        let (pool, block, bytes) = to_batch;
+        m.freed[m.nfreed] = (pool, block);
         m.nfreed += 1;
         m.freed_bytes += bytes;
         if m.nfreed == FREED || m.freed_bytes >= FREED_BYTES {
@@ -389,11 +506,15 @@ impl Magazine {
             returns.push(pool, h.block);
         }
         c.n = 0;
+        while c.nwaiting > 0 {
+            returns.push(pool, c.pop_oldest().block);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::streams;
     use super::*;
 
     fn start_here() {
@@ -406,47 +527,122 @@ mod tests {
         Block { id: BlockId::from_raw(id), addr, size }
     }
 
+    /// Starts a magazine on this thread holding `blocks` blocks of 4 KiB
+    /// (ids 0.., addresses 0x1000 × id) of `pool`.
+    fn magazine_with(pool: usize, blocks: u32) {
+        start_here();
+        let mut r = Returns::default();
+        let (class, _) = refill(pool, 4096, &mut r).unwrap();
+        let blocks: Vec<Block> = (0..blocks).map(|i| block(i, 0x1000 * u64::from(i), 4096)).collect();
+        let mut unkept = Returns::default();
+        store(pool, class, &blocks, &mut unkept);
+        assert_eq!(unkept.n, 0);
+    }
+
+    /// Frees tagged with `epoch` (several streams in use).
+    fn tagging(epoch: u64) -> Progress {
+        streams::MULTI_STREAM.store(true, std::sync::atomic::Ordering::Release);
+        Progress::at(epoch, 0)
+    }
+
+    fn id(b: Block) -> u32 {
+        b.id.to_raw()
+    }
+
     #[test]
     fn nothing_is_kept_until_the_thread_has_met_contention() {
         std::thread::spawn(|| {
             let mut r = Returns::default();
-            assert_eq!(keep_freed(1, BlockId::from_raw(1), 4096), Kept::No);
+            assert_eq!(keep_freed(1, BlockId::from_raw(1), 0x1000, 4096, &tagging(0)), Kept::No);
             assert_eq!(refill(1, 4096, &mut r), None);
-            assert!(take(1, 4096).is_none());
+            assert!(take(1, 4096, &Progress::completed_up_to(0)).is_none());
         })
         .join()
         .unwrap();
     }
 
     #[test]
-    fn blocks_are_handed_out_by_class_and_frees_go_back_in_batches() {
+    fn blocks_are_handed_out_by_class_and_other_frees_go_back_in_batches() {
         std::thread::spawn(|| {
-            start_here();
-            let mut r = Returns::default();
-            let (class, want) = refill(7, 4000, &mut r).unwrap();
-            assert_eq!((class, want, r.n), (4096, 16, 0));
-            let blocks: Vec<Block> = (0..want as u32).map(|i| block(i, 0x1000 * u64::from(i), 4096)).collect();
-            let mut unkept = Returns::default();
-            store(7, class, &blocks, &mut unkept);
-            assert_eq!(unkept.n, 0);
+            let done = Progress::completed_up_to(0);
+            magazine_with(7, 16);
             // Another pool's request is not served from pool 7's blocks.
-            assert!(take(8, 4096).is_none());
-            assert!(take(7, 3000).is_none(), "3000 B is the 3072 B class");
-            let got = take(7, 3900).unwrap();
+            assert!(take(8, 4096, &done).is_none());
+            assert!(take(7, 3000, &done).is_none(), "3000 B is the 3072 B class");
+            let got = take(7, 3900, &done).unwrap();
             assert_eq!(got.size, 4096);
-            assert!(take(7, 8192).is_none(), "another class");
+            assert!(take(7, 8192, &done).is_none(), "another class");
+            // Frees of a class the magazine does not hold go back in batches.
             for i in 0..FREED as u32 - 1 {
-                assert_eq!(keep_freed(7, BlockId::from_raw(100 + i), 4096), Kept::Yes);
+                assert_eq!(keep_freed(7, BlockId::from_raw(100 + i), 0, 8192, &tagging(0)), Kept::Yes);
             }
-            assert_eq!(keep_freed(7, BlockId::from_raw(999), 4096), Kept::BatchFull);
+            assert_eq!(keep_freed(7, BlockId::from_raw(999), 0, 8192, &tagging(0)), Kept::BatchFull);
+            let mut r = Returns::default();
             take_frees(&mut r);
             assert_eq!(r.n, FREED, "the batch goes back whole");
-            assert_eq!(keep_freed(7, BlockId::from_raw(5), MAX_SIZE + 1), Kept::No, "too large to keep");
+            assert_eq!(
+                keep_freed(7, BlockId::from_raw(5), 0, MAX_SIZE + 1, &tagging(0)),
+                Kept::No,
+                "too large to keep"
+            );
             // A refill for another pool gives back every block of this one.
             let mut r = Returns::default();
             refill(8, 4096, &mut r).unwrap();
-            assert_eq!(r.n, want - 1);
+            assert_eq!(r.n, 15);
             assert!(r.as_slice().iter().all(|&(p, _)| p == 7));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_freed_block_is_taken_again_only_once_its_fence_completed() {
+        std::thread::spawn(|| {
+            magazine_with(4, 2);
+            let a = take(4, 4096, &Progress::completed_up_to(0)).unwrap();
+            assert_eq!(keep_freed(4, a.id, a.addr, 4000, &tagging(5)), Kept::Yes);
+            // Epoch 5 has not completed: the stock serves, then nothing.
+            let pending = Progress::completed_up_to(4);
+            let b = take(4, 4096, &pending).unwrap();
+            assert_ne!(id(b), id(a));
+            assert!(take(4, 4096, &pending).is_none());
+            assert_eq!(oldest_waiting(4, 4096), Some(5));
+            assert_eq!(oldest_waiting(4, 8192), None, "a class not held");
+            // Completed: the freed block comes back, at its own address.
+            let again = take(4, 4096, &Progress::completed_up_to(5)).unwrap();
+            assert_eq!((id(again), again.addr), (id(a), a.addr));
+            assert!(take(4, 4096, &Progress::completed_up_to(9)).is_none());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn freed_blocks_come_back_oldest_first_and_the_overflow_goes_to_the_pool() {
+        std::thread::spawn(|| {
+            magazine_with(2, 0);
+            let room = (WAITING_BYTES / 4096) as u32;
+            assert_eq!(room as usize, WAITING.min(room as usize));
+            for i in 0..room {
+                assert_eq!(
+                    keep_freed(2, BlockId::from_raw(i), u64::from(i) << 12, 4096, &tagging(u64::from(i))),
+                    Kept::Yes
+                );
+            }
+            // One more: the oldest (block 0) goes to the batch for the pool.
+            assert_eq!(keep_freed(2, BlockId::from_raw(room), u64::from(room) << 12, 4096, &tagging(99)), Kept::Yes);
+            let mut r = Returns::default();
+            take_frees(&mut r);
+            assert_eq!(r.as_slice(), &[(2, 0)]);
+            // Completed up to 2: blocks 1 and 2 come back, in that order, and no more.
+            let done = Progress::completed_up_to(2);
+            assert_eq!(id(take(2, 4096, &done).unwrap()), 1);
+            assert_eq!(id(take(2, 4096, &done).unwrap()), 2);
+            assert!(take(2, 4096, &done).is_none());
+            // Giving the class back returns every block still waiting.
+            let mut r = Returns::default();
+            refill(3, 4096, &mut r).unwrap();
+            assert_eq!(r.n, room as usize - 2);
         })
         .join()
         .unwrap();
@@ -461,14 +657,15 @@ mod tests {
             let mut unkept = Returns::default();
             store(3, class, &[block(1, 0x100, 512), block(2, 0x300, 512)], &mut unkept);
             assert_eq!(unkept.n, 0);
-            assert_eq!(keep_freed(3, BlockId::from_raw(9), 512), Kept::Yes);
+            assert_eq!(keep_freed(3, BlockId::from_raw(9), 0x900, 512, &tagging(1)), Kept::Yes);
+            assert_eq!(keep_freed(3, BlockId::from_raw(10), 0xa00, 4096, &tagging(1)), Kept::Yes);
         })
         .join()
         .unwrap();
         assert!(orphans());
         let mut back = Vec::new();
         settle(true, |r| back.extend_from_slice(r.as_slice()));
-        for returned in [(3, 1), (3, 2), (3, 9)] {
+        for returned in [(3, 1), (3, 2), (3, 9), (3, 10)] {
             assert!(back.contains(&returned), "{back:?}");
         }
         assert!(!orphans());

@@ -6,6 +6,7 @@ mod engine;
 mod fence;
 pub mod ipc;
 mod magazine;
+pub use magazine::on_start as on_magazine_start;
 mod pages;
 pub mod records;
 mod registry;

@@ -2,7 +2,7 @@
 //! hot path (a per-thread cache invalidated by a generation counter).
 
 use super::engine::{Engine, Unusable};
-use super::fence;
+use super::fence::{self, Progress};
 use super::magazine::{self, Returns};
 use super::streams;
 use cupool_core::pool::{Block, BlockId, OutOfMemory, Timeline};
@@ -18,6 +18,8 @@ pub struct ContextPool {
     pub id: u64,
     pub device: i32,
     pub pool: Mutex<Engine>,
+    /// Its fences' progress, read without the lock by threads' magazines.
+    progress: std::sync::Arc<Progress>,
 }
 
 /// Pools are leaked on purpose: a thread may still hold a reference while a
@@ -51,8 +53,10 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
         None => {
             let (ctx, device) = current();
             let stale = pools.iter().any(|p| p.ctx == ctx).then_some(ctx);
+            let engine = Engine::new(ctx, device);
+            let progress = engine.timeline().progress.clone();
             let p: &'static ContextPool =
-                Box::leak(Box::new(ContextPool { ctx, id, device, pool: Mutex::new(Engine::new(ctx, device)) }));
+                Box::leak(Box::new(ContextPool { ctx, id, device, pool: Mutex::new(engine), progress }));
             pools.push(p);
             (p, stale)
         }
@@ -75,7 +79,9 @@ pub fn allocate(
     let addr = pool as *const ContextPool as usize;
     magazine::start_if_always();
     if magazine::active() {
-        if let Some(block) = magazine::take(addr, size).or_else(|| refill(pool, size, &cap, on_reserved)) {
+        if let Some(block) =
+            magazine::take(addr, size, &pool.progress).or_else(|| refill(pool, size, &cap, on_reserved))
+        {
             return Ok(Ok(block));
         }
     }
@@ -122,7 +128,9 @@ fn allocate_now(
 }
 
 /// Fills this thread's magazine (if it has one and serves `size`) under one
-/// lock, after giving back what it must; returns the first block taken.
+/// lock, after giving back what it must; returns the first block taken. When
+/// the pool's fences, asked under that lock, have meanwhile completed the
+/// oldest block this thread freed of that class, it is taken instead.
 #[cold]
 fn refill(
     pool: &ContextPool,
@@ -134,10 +142,15 @@ fn refill(
     let mut returns = Returns::default();
     let (class, want) = magazine::refill(addr, size, &mut returns)?;
     give_back(&returns, on_reserved);
+    let oldest = magazine::oldest_waiting(addr, size); // not under the pool's lock (see magazine.rs)
     let mut taken = [Block { id: BlockId::from_raw(0), addr: 0, size: 0 }; magazine::REFILL];
     let mut n = 0;
     {
         let mut p = lock(pool);
+        if oldest.is_some_and(|tag| p.timeline_mut().reuse_ready(tag)) {
+            drop(p);
+            return magazine::take(addr, size, &pool.progress);
+        }
         let before = capped(&mut p, cap);
         while n < want {
             match p.allocate(class) {
@@ -181,8 +194,12 @@ fn report(device: i32, before: u64, after: u64, on_reserved: &mut dyn FnMut(i32,
 /// it through its handle. Bytes a pool gives back to its device (a free may
 /// empty a segment or a page) go to `on_reserved`.
 #[inline]
-pub fn free(pool: usize, block: BlockId, bytes: u64, on_reserved: &mut dyn FnMut(i32, i64)) {
-    match magazine::keep_freed(pool, block, bytes) {
+pub fn free(pool: usize, block: BlockId, addr: u64, bytes: u64, on_reserved: &mut dyn FnMut(i32, i64)) {
+    if kept_exported(pool, block.to_raw()) {
+        return;
+    }
+    let progress = unsafe { &(*(pool as *const ContextPool)).progress };
+    match magazine::keep_freed(pool, block, addr, bytes, progress) {
         magazine::Kept::No => free_now(pool, block, on_reserved),
         magazine::Kept::Yes => {}
         magazine::Kept::BatchFull => give_back_batch(on_reserved),
@@ -200,9 +217,6 @@ fn give_back_batch(on_reserved: &mut dyn FnMut(i32, i64)) {
 #[inline]
 fn free_now(pool: usize, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) {
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
-    if kept_exported(pool, block.to_raw()) {
-        return;
-    }
     let mut p = lock(pool_ref);
     let before = p.reserved();
     p.free(block);
