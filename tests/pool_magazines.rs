@@ -134,7 +134,38 @@ fn sixteen_threads_churning_never_get_a_live_block() {
         assert!(twice.is_empty(), "{backing}: {} blocks handed out while live, e.g. {}", twice.len(), twice[0]);
         assert_eq!(requested(&r.log).0, 0, "{backing}: every magazine went back at exit");
         assert_eq!(r.log["end"]["leak_summary"]["count"], 0, "{backing}");
+        counters_agree_with_the_events(&r.log, 16, backing);
     }
+}
+
+/// The end record's counters of device 0 against the event stream: calls
+/// and what is held at the end exactly; the peaks within what threads with
+/// magazines keep in their counter batches (64 KiB and 64 calls each, the
+/// bound the log schema states) of the peaks replayed in `seq` order.
+fn counters_agree_with_the_events(log: &Value, threads: u64, what: &str) {
+    let d = log["end"]["devices"].as_array().and_then(|d| d.iter().find(|d| d["device"] == 0)).expect("device 0");
+    let get = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("{what}: {k} in {d}"));
+    let mut by_seq: Vec<&Value> = events(log, "alloc").into_iter().chain(events(log, "free")).collect();
+    by_seq.sort_by_key(|e| e["seq"].as_u64().expect("seq"));
+    let (mut bytes, mut count, mut peak_bytes, mut peak_count) = (0i64, 0i64, 0i64, 0i64);
+    for e in &by_seq {
+        let size = e["size"].as_i64().expect("size");
+        let sign = if e["ev"] == "alloc" { 1 } else { -1 };
+        bytes += sign * size;
+        count += sign;
+        peak_bytes = peak_bytes.max(bytes);
+        peak_count = peak_count.max(count);
+    }
+    assert_eq!(get("allocs"), events(log, "alloc").len() as u64, "{what}");
+    assert_eq!(get("frees"), events(log, "free").len() as u64, "{what}");
+    assert_eq!((get("current_bytes"), get("current_count")), (0, 0), "{what}");
+    let near = |counted: u64, replayed: i64, slack: u64| counted.abs_diff(replayed as u64) <= slack;
+    assert!(
+        near(get("peak_bytes"), peak_bytes, threads * (64 << 10)),
+        "{what}: {} against {peak_bytes}",
+        get("peak_bytes")
+    );
+    assert!(near(get("peak_count"), peak_count, threads * 64), "{what}: {} against {peak_count}", get("peak_count"));
 }
 
 #[test]
@@ -146,5 +177,6 @@ fn blocks_held_at_once_by_eight_threads_never_overlap() {
         let twice = allocs_at_a_live_address(&r.log);
         assert!(twice.is_empty(), "{backing}: {} blocks handed out while live, e.g. {}", twice.len(), twice[0]);
         assert_eq!(requested(&r.log).0, 0, "{backing}");
+        counters_agree_with_the_events(&r.log, 8, backing);
     }
 }

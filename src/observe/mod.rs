@@ -116,6 +116,7 @@ pub fn out_of_memory(api: Api, device: i32, bytes: u64, snapshot: impl FnOnce() 
 }
 
 pub fn lock_for_fork() {
+    counters::lock_for_fork();
     sites::lock_for_fork();
     live::lock_all();
     incidents::lock_for_fork();
@@ -129,6 +130,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
     incidents::unlock_after_fork(in_child);
     live::unlock_all();
     sites::unlock_after_fork(in_child);
+    counters::unlock_after_fork();
     if in_child {
         // A forked child owns none of its parent's allocations.
         live::clear();

@@ -1,7 +1,16 @@
 //! Per-device counters (and one set for pinned host memory): calls, bytes
 //! and allocations now and at peak, and the bytes held from CUDA (reserved:
 //! the pools' segments plus allocations CUDA made directly). Lock-free.
+//!
+//! Threads that allocate small blocks at once from a magazine of their own
+//! (`pool::magazine`) would meet on these counters' cache lines at every
+//! call, which costs them more than the rest of the call: such a thread adds
+//! its small allocations and frees here in batches ([`batch_on_this_thread`],
+//! `batch.rs`).
 
+mod batch;
+
+pub use batch::{batch_on_this_thread, flush_all, lock_for_fork, unlock_after_fork};
 use cupool_core::log::MemKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -21,13 +30,19 @@ pub struct Counters {
 
 impl Counters {
     #[inline]
-    pub fn add(&self, bytes: u64) {
+    pub fn add(&'static self, bytes: u64) {
+        if batch::batched(self, bytes, true) {
+            return;
+        }
         self.allocs.fetch_add(1, Ordering::Relaxed);
         self.hold(bytes);
     }
 
     #[inline]
-    pub fn sub(&self, bytes: u64) {
+    pub fn sub(&'static self, bytes: u64) {
+        if batch::batched(self, bytes, false) {
+            return;
+        }
         self.frees.fetch_add(1, Ordering::Relaxed);
         self.forget(bytes);
     }
@@ -57,6 +72,7 @@ impl Counters {
 
     /// Peaks start again from what is held now.
     pub fn reset_peaks(&self) {
+        flush_all();
         self.peak_bytes.store(self.current_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_count.store(self.current_count.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_reserved_bytes.store(self.reserved_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -93,9 +109,11 @@ impl Counters {
 
 /// A peak rarely moves once a program runs steadily: a plain load first spares
 /// the hot path a read-modify-write (a contended cache line) per allocation.
+/// A figure below zero (as `i64`: a batch of frees added before the batch of
+/// the allocations they free) is no peak.
 #[inline]
 fn raise_peak(peak: &AtomicU64, now: u64) {
-    if now > peak.load(Ordering::Relaxed) {
+    if (now as i64) > 0 && now > peak.load(Ordering::Relaxed) {
         peak.fetch_max(now, Ordering::Relaxed);
     }
 }
@@ -119,11 +137,14 @@ pub fn reserved_bytes(device: i32) -> u64 {
 }
 
 pub fn host() -> &'static Counters {
+    flush_all();
     &HOST
 }
 
-/// (device ordinal or -1, counters) for every device that saw any activity.
+/// (device ordinal or -1, counters) for every device that saw any activity,
+/// with every thread's batch added.
 pub fn devices() -> impl Iterator<Item = (i32, &'static Counters)> {
+    flush_all();
     DEVICES
         .iter()
         .enumerate()
@@ -133,6 +154,7 @@ pub fn devices() -> impl Iterator<Item = (i32, &'static Counters)> {
 
 /// A forked child starts from zero.
 pub fn clear() {
+    batch::forget_all();
     for c in DEVICES.iter().chain(std::iter::once(&*HOST)) {
         c.clear();
     }
