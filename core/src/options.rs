@@ -219,8 +219,8 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "magazines",
         "auto",
         "pool mode: auto | always | never: threads that keep small blocks (up to 64 KiB) in a magazine of their own, \
-         taken from the pool and given back in batches (auto: a thread that keeps finding the pool's lock taken by \
-         another)",
+         taken from the pool in batches, their own frees taken back once no queued GPU work can touch them (auto: a \
+         thread that keeps finding the pool's lock taken by another)",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),
