@@ -16,19 +16,25 @@
 //! `RESCAN_INTERVAL_NS`, and cheap when the loader's load count has not
 //! moved).
 //!
-//! Locking: captures share the table through an `RwLock` they only ever
-//! `try_read`, spinning briefly while a new table is swapped in, then giving
-//! up with 0 frames. The registry behind it is changed by one rescanning
-//! thread at a time (`try_lock`: a capture that finds a rescan under way does
-//! not wait for it), and a new table is swapped in with a `try_write` retried
-//! for a bounded time. No lock is ever waited for without a bound, so neither
-//! a lock the program holds (the loader's, during a rescan) nor one inherited
-//! by a fork child can hang a capture.
+//! Locking: a published table never changes. Each thread keeps the last
+//! one it took ([`Snapshot`]) and takes the newest, under a `try_lock`, only
+//! when the version number has moved: a capture writes no memory that other
+//! threads' captures read (an `RwLock`'s reader count was one such line, and
+//! threads capturing at once met on it). A thread that finds the lock taken
+//! walks with the table it has. The registry behind it is changed by one
+//! rescanning thread at a time (`try_lock`: a capture that finds a rescan
+//! under way does not wait for it), and a new table is put in place under a
+//! lock tried for a bounded time. No lock is ever waited for without a bound,
+//! so neither a lock the program holds (the loader's, during a rescan) nor
+//! one inherited by a fork child can hang a capture.
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, Module, MustNotAllocateDuringUnwind, Unwinder};
@@ -40,10 +46,10 @@ use super::modules::{self, Key, Parsed, Permanent, Region};
 /// would otherwise take the loader's lock on every capture).
 const RESCAN_INTERVAL_NS: u64 = 100_000_000;
 
-/// How long publishing a new table tries for the write lock before giving up
-/// (the next rescan publishes it). Captures stand aside while it tries, so
-/// the readers in the way finish within a walk; running out of patience
-/// means one cannot run (a read lock inherited by a fork child).
+/// How long publishing a new table tries for the lock before giving up (the
+/// next rescan publishes it). Captures hold it for an `Arc`'s clone;
+/// running out of patience means one cannot run (a lock inherited by a fork
+/// child).
 const PUBLISH_PATIENCE_NS: u64 = 5_000_000;
 
 /// How long [`init`] and [`lock_for_fork`] wait for a rescan under way, and
@@ -84,51 +90,65 @@ impl Table {
     }
 }
 
-static TABLE: RwLock<Option<Table>> = RwLock::new(None);
-/// Writers waiting for `TABLE`: captures stand aside rather than keep the
-/// read count from ever reaching zero.
-static WRITERS_WAITING: AtomicUsize = AtomicUsize::new(0);
+/// The newest table, and its version: bumped after each one is put in place.
+static CURRENT: Mutex<Option<Arc<Table>>> = Mutex::new(None);
+static VERSION: AtomicU64 = AtomicU64::new(0);
 
-/// How many times a capture looks again for the table while a new one is
-/// swapped in (tens of microseconds of spinning, no system call): the swap
-/// only waits for the walks already under way, then holds the lock for a
-/// pointer's write.
-const SWAP_SPINS: usize = 1000;
-
-pub(super) fn read_table() -> Option<RwLockReadGuard<'static, Option<Table>>> {
-    for _ in 0..SWAP_SPINS {
-        if WRITERS_WAITING.load(Relaxed) == 0 {
-            match TABLE.try_read() {
-                Ok(guard) => return Some(guard),
-                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-                Err(TryLockError::WouldBlock) => {}
-            }
-        }
-        std::hint::spin_loop();
-    }
-    None
+/// A thread's table: the newest it could take.
+#[derive(Default)]
+pub(super) struct Snapshot {
+    version: u64,
+    table: Option<Arc<Table>>,
 }
 
-/// The table's write lock, waited for at most `patience_ns`.
-fn write_table(patience_ns: u64) -> Option<RwLockWriteGuard<'static, Option<Table>>> {
-    WRITERS_WAITING.fetch_add(1, Relaxed);
-    let deadline = monotonic_ns().saturating_add(patience_ns);
-    let mut tries = 0usize;
-    let guard = loop {
-        match TABLE.try_write() {
-            Ok(guard) => break Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => break Some(poisoned.into_inner()),
-            // Spin first: the walks in the way end within microseconds, and
-            // captures return nothing for as long as this waits, so giving
-            // the CPU away at once would make that last a time slice.
-            Err(TryLockError::WouldBlock) if tries < SWAP_SPINS => std::hint::spin_loop(),
-            Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
-            Err(TryLockError::WouldBlock) => break None,
+/// What a walk has to read.
+pub(super) enum Current<'a> {
+    Table(&'a Table),
+    /// A new table is being put in place and this thread has none yet.
+    Busy,
+    NoTable,
+}
+
+impl Snapshot {
+    /// The newest table; this thread's last one while the newest is being
+    /// put in place (it holds fewer modules, never wrong rules).
+    #[inline]
+    pub fn current(&mut self) -> Current<'_> {
+        let version = VERSION.load(Acquire);
+        let mut busy = false;
+        if version != self.version {
+            match CURRENT.try_lock() {
+                Ok(newest) => self.take(version, &newest),
+                Err(TryLockError::Poisoned(poisoned)) => self.take(version, &poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) => busy = true,
+            }
         }
-        tries += 1;
-    };
-    WRITERS_WAITING.fetch_sub(1, Relaxed);
-    guard
+        match &self.table {
+            Some(t) => Current::Table(t),
+            None if busy => Current::Busy,
+            None => Current::NoTable,
+        }
+    }
+
+    fn take(&mut self, version: u64, newest: &Option<Arc<Table>>) {
+        // The version read before the lock: a table put in place meanwhile is
+        // taken again at the next capture.
+        self.table = newest.clone();
+        self.version = version;
+    }
+}
+
+/// `CURRENT`, waited for at most `patience_ns`.
+fn lock_current(patience_ns: u64) -> Option<MutexGuard<'static, Option<Arc<Table>>>> {
+    let deadline = monotonic_ns().saturating_add(patience_ns);
+    loop {
+        match CURRENT.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
+            Err(TryLockError::WouldBlock) => return None,
+        }
+    }
 }
 
 struct Registered {
@@ -273,8 +293,10 @@ fn publish(reg: &mut Registry) -> bool {
         spans.push(m.span);
     }
     spans.sort_by_key(|s| s.start);
-    let Some(mut guard) = write_table(PUBLISH_PATIENCE_NS) else { return false };
-    let old = guard.replace(Table { unwinder, spans });
+    let table = Arc::new(Table { unwinder, spans });
+    let Some(mut guard) = lock_current(PUBLISH_PATIENCE_NS) else { return false };
+    let old = guard.replace(table);
+    VERSION.fetch_add(1, Release);
     drop(guard);
     drop(old);
     reg.unpublished = false;
@@ -283,7 +305,7 @@ fn publish(reg: &mut Registry) -> bool {
 
 struct ForkGuards {
     _registry: Option<MutexGuard<'static, Registry>>,
-    _table: Option<RwLockWriteGuard<'static, Option<Table>>>,
+    _table: Option<MutexGuard<'static, Option<Arc<Table>>>>,
 }
 
 thread_local! {
@@ -294,7 +316,7 @@ pub(crate) fn lock_for_fork() {
     // Bounded: a rescanner may be waiting for the loader's lock, which this
     // thread can hold (a fork from a library constructor).
     let registry = lock_registry(SETUP_PATIENCE_NS);
-    let table = write_table(SETUP_PATIENCE_NS);
+    let table = lock_current(SETUP_PATIENCE_NS);
     let _ = FORK_GUARDS.try_with(|g| {
         if let Ok(mut g) = g.try_borrow_mut() {
             *g = Some(ForkGuards { _registry: registry, _table: table });

@@ -9,7 +9,7 @@ use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder};
 
 use super::memo::{Memos, Recording};
 use super::regs::Regs;
-use super::table::{read_table, rescan, rescan_due, Span, Table};
+use super::table::{rescan, rescan_due, Current, Snapshot, Span, Table};
 
 /// Frames unwound at most, kept and trimmed together: a bound on the time a
 /// capture can take whatever the stack looks like.
@@ -28,6 +28,7 @@ const CACHES: usize = 4;
 struct ThreadState {
     memos: Box<Memos>,
     walker: Walker,
+    table: Snapshot,
 }
 
 /// What a walk needs besides the module table.
@@ -113,17 +114,18 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
                             recent: [Span::NONE; RECENT_SPANS],
                             next_recent: 0,
                         },
+                        table: Snapshot::default(),
                     })),
                     None => Slot::NoStack,
                 };
             }
             let Slot::Ready(state) = &mut *slot else { return 0 };
-            let ThreadState { memos, walker } = &mut **state;
+            let ThreadState { memos, walker, table } = &mut **state;
             if let Some(n) = memos.recall(regs, out) {
                 return n;
             }
             let mut recording = memos.record(regs, out.len());
-            let (n, stop) = walk(walker, regs, out, &mut recording);
+            let (n, stop) = walk(walker, table.current(), regs, out, &mut recording);
             let retry = match stop {
                 Stop::End => {
                     recording.finish(&out[..n]);
@@ -136,7 +138,7 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
             };
             if retry {
                 // The frame the registers come from is still live (it called us).
-                walk(walker, regs, out, &mut Recording::none()).0
+                walk(walker, table.current(), regs, out, &mut Recording::none()).0
             } else {
                 n
             }
@@ -154,9 +156,12 @@ enum Stop {
     UnknownAddress,
 }
 
-fn walk(state: &mut Walker, regs: &Regs, out: &mut [u64], recording: &mut Recording) -> (usize, Stop) {
-    let Some(guard) = read_table() else { return (0, Stop::Busy) };
-    let Some(table) = guard.as_ref() else { return (0, Stop::NoTable) };
+fn walk(state: &mut Walker, table: Current, regs: &Regs, out: &mut [u64], recording: &mut Recording) -> (usize, Stop) {
+    let table = match table {
+        Current::Table(t) => t,
+        Current::Busy => return (0, Stop::Busy),
+        Current::NoTable => return (0, Stop::NoTable),
+    };
     let (low, top) = (regs.sp, state.stack_top);
     // Not on this thread's own stack (an alternate signal stack, a fiber):
     // its bounds are unknown, so nothing is read.
