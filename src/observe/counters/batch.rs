@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Largest allocation counted in a batch (the magazines' own limit).
 const MAX_SIZE: u64 = 64 << 10;
@@ -107,16 +108,23 @@ fn batched_here(c: &'static Counters, bytes: u64, alloc: bool) -> bool {
     .unwrap_or(false)
 }
 
-/// Adds every thread's batch to the counters.
+/// How long a flush waits for a lock: the end record may be written from a
+/// fatal signal's handler, on a thread that interrupted another one holding it.
+const FLUSH_PATIENCE: Duration = Duration::from_millis(200);
+
+/// Adds every thread's batch to the counters. A batch whose lock cannot be
+/// had in time (its thread was stopped inside it) is left out.
 pub fn flush_all() {
     if !ANY.load(Ordering::Acquire) {
         return;
     }
-    let mut all = ALL.lock();
-    all.retain(|b| {
-        let mut b = b.lock();
-        b.add_to_counters();
-        !b.gone
+    let Some(mut all) = ALL.try_lock_for(FLUSH_PATIENCE) else { return };
+    all.retain(|b| match b.try_lock_for(FLUSH_PATIENCE) {
+        Some(mut b) => {
+            b.add_to_counters();
+            !b.gone
+        }
+        None => true,
     });
 }
 
