@@ -30,6 +30,7 @@ pub fn memory(device: i32) -> Option<MemoryStats> {
     if !(0..counters::MAX_DEVICES as i32).contains(&device) {
         return None;
     }
+    counters::flush_all(); // threads' batches: see counters/batch.rs
     let c = counters::of(MemKind::Device, device);
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     Some(MemoryStats {

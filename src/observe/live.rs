@@ -35,8 +35,13 @@ const SHARDS: usize = 1024;
 #[repr(align(128))]
 struct Shard(Mutex<Table>);
 
-// Tables start empty: most shards of most programs hold a few entries.
-static POINTERS: LazyLock<[Shard; SHARDS]> = LazyLock::new(|| std::array::from_fn(|_| Shard(Mutex::default())));
+// Tables start empty: most shards of most programs hold a few entries. Made
+// on the heap: 128 KiB is too much for the stack of whichever thread comes
+// first (a fatal signal's alternate stack may be the first to ask).
+static POINTERS: LazyLock<Box<[Shard; SHARDS]>> = LazyLock::new(|| {
+    let shards: Box<[Shard]> = (0..SHARDS).map(|_| Shard(Mutex::default())).collect();
+    shards.try_into().unwrap_or_else(|_| unreachable!("SHARDS shards"))
+});
 static HANDLES: LazyLock<Mutex<Table>> = LazyLock::new(|| Mutex::new(Table::default()));
 
 #[inline]

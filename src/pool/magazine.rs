@@ -668,9 +668,11 @@ mod tests {
         for returned in [(3, 1), (3, 2), (3, 9), (3, 10)] {
             assert!(back.contains(&returned), "{back:?}");
         }
-        assert!(!orphans());
+        // (Whether other tests' threads have exited meanwhile, setting the
+        // flag again, is theirs: what this magazine held must not come back.)
         let mut again: Vec<(usize, u32)> = Vec::new();
-        settle(false, |r| again.extend(r.as_slice().iter().filter(|&&(p, _)| p == 3)));
+        // Only orphans: a full settle would empty the magazines of tests running beside this one.
+        settle(true, |r| again.extend(r.as_slice().iter().filter(|&&(p, _)| p == 3)));
         assert!(again.is_empty(), "{again:?}");
     }
 }

@@ -8,11 +8,13 @@
 //! the peak it adds is exact for an order of events in which each batch
 //! happens at once, where it is added; that order differs from the order of
 //! the calls only by what other threads still hold in their batches: less
-//! than [`NET_BYTES`] and [`OPS`] allocations each. Threads without a
-//! magazine, and larger allocations, count at once, as before.
+//! than [`NET_BYTES`] + [`MAX_SIZE`] (the call that passes `NET_BYTES` adds
+//! the batch) and [`OPS`] allocations each. Threads without a magazine, and
+//! larger allocations, count at once, as before.
 //!
-//! Readers (the end record, phases, `cupool_memory_stats`, peak resets) add
-//! every batch first ([`flush_all`]); a thread that exits adds its own.
+//! Readers (the end record, phases, `cupool_memory_stats`, peak resets, a
+//! refused free) add every batch first ([`flush_all`]); a thread that exits
+//! adds its own.
 
 use super::Counters;
 use parking_lot::Mutex;

@@ -54,7 +54,10 @@ impl Counters {
     }
 
     /// Takes back a `sub` whose free CUDA refused: the allocation is still live.
+    /// The `sub` may wait in this thread's batch: it is added first, or the
+    /// bytes would count twice meanwhile (and a peak would keep them).
     pub fn unfree(&self, bytes: u64) {
+        flush_all();
         self.frees.fetch_sub(1, Ordering::Relaxed);
         self.hold(bytes);
     }
