@@ -3,7 +3,8 @@
 #  1. cudaMalloc+cudaFree pair latency per size: plain vs cupool (pool, no trace; pool, traced; passthrough)
 #  2. the PyTorch transformer workload: caching allocator, expandable_segments,
 #     PYTORCH_NO_CUDA_MEMORY_CACHING=1 raw, and the same under cupool's pool
-#  3. stream safety: a freed block still written by a slow kernel on another stream
+#  3. stream safety: a freed block still written by a slow kernel on another stream; and
+#     one freed before the first stream existed, still written on the legacy stream
 #  4. allocation traces for `cupool replay` (recorded in passthrough mode), written to $OUT
 #  5. scaling: pairs per second over 1, 2, 4 and 8 threads, each on its own stream
 #  6. the cost of allocation sites: the transformer with PyTorch's cache off under
@@ -19,6 +20,7 @@ out=${OUT:-$work}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nvcc -O2 -arch=native -cudart shared -o $work/bench_pair $src/bench_pair.cu
 nvcc -O2 -arch=native -cudart shared -o $work/stream_safety $src/stream_safety.cu
+nvcc -O2 -arch=native -cudart shared -o $work/first_stream $src/first_stream.cu
 nvcc -O2 -arch=native -cudart shared -o $work/stress $src/stress.cu
 nvcc -O2 -arch=native -cudart shared -o $work/scaling $src/scaling.cu
 pool="$bin/cupool run -q --log-dir $work/logs --mode pool"
@@ -52,6 +54,9 @@ if want safety; then
 echo "== stream safety"
 $work/stream_safety | sed 's/^/plain: /'
 $pool -- $work/stream_safety | sed 's/^/cupool pool: /'
+echo "== the first created stream behind the legacy stream's work"
+$work/first_stream | sed 's/^/plain: /'
+$pool -- $work/first_stream | sed 's/^/cupool pool: /'
 fi
 if want stress; then
 echo "== multi-thread multi-stream stress (10^6 allocations+frees)"

@@ -238,6 +238,23 @@ impl CudaBackend {
         tag <= mark(self)
     }
 
+    /// Makes `stream`, just created, wait on the GPU for the work queued so
+    /// far in the context: an event on the legacy stream completes after
+    /// the work of every blocking stream queued before it (per-thread
+    /// default streams included), and before the first created stream
+    /// there is no other. Not during a capture, which the record would join.
+    pub fn order_behind_queued_work(&mut self, stream: u64) -> bool {
+        if streams::any_capture() {
+            return false;
+        }
+        let Some(_current) = InContext::enter(self.ctx) else { return false };
+        let Some(e) = self.event() else { return false };
+        let ordered = record(e, 0) && wait(stream, e);
+        // A wait holds the record it was queued behind: the event may be recorded again.
+        self.spare_events.push(e);
+        ordered
+    }
+
     /// Has the GPU passed `tag`, the oldest free a thread's magazine waits
     /// to take back? Records a fence for it only when none was recorded in
     /// the last [`REUSE_FENCE_NS`]: with several threads each asking every

@@ -337,10 +337,17 @@ pub fn exported(b: &PooledBlock) {
 /// barrier, or its work could touch a block handed out early while old work
 /// still runs.
 pub fn stream_created(ctx: u64, stream: u64) {
-    streams::add(ctx, stream);
+    let first = streams::add(ctx, stream);
     if let Some(pool) = all().into_iter().find(|p| p.ctx == ctx) {
-        for &e in &pool.pool.lock().timeline().barrier {
+        let mut p = pool.pool.lock();
+        for &e in &p.timeline().barrier {
             fence::wait(stream, e);
+        }
+        if first {
+            // Blocks freed before any stream existed were reusable at once:
+            // all work went to one stream. A non-blocking stream is not
+            // ordered behind that work by itself.
+            p.timeline_mut().order_behind_queued_work(stream);
         }
     }
 }

@@ -82,10 +82,15 @@ static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 /// A stream was created. The runtime launches its kernels through private
 /// driver entry points that no hook sees (measured: a kernel on a created
 /// stream was never reported to `note_work`), so a created stream is taken
-/// as a second stream in use.
-pub fn add(ctx: u64, stream: u64) {
+/// as a second stream in use. Returns whether it is the context's first:
+/// frees made before a stream existed were reusable at once, and the
+/// caller orders the new stream behind the work queued so far.
+pub fn add(ctx: u64, stream: u64) -> bool {
     MULTI_STREAM.store(true, Ordering::Release);
-    STREAMS.lock().push((ctx, stream));
+    let mut list = STREAMS.lock();
+    let first = !list.iter().any(|&(c, _)| c == ctx);
+    list.push((ctx, stream));
+    first
 }
 
 pub fn remove(stream: u64) {
