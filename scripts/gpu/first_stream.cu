@@ -30,6 +30,10 @@ int main() {
     unsigned long long* bad;
     cudaMalloc(&bad, sizeof *bad);
     cudaMemset(bad, 0, sizeof *bad);
+    // Both kernels once first: loading a kernel lazily at its first launch
+    // waits for the work already running, which would order the test for it.
+    late_write<<<1, 1>>>(nullptr, 0, 0);
+    write_wait_check<<<1, 1>>>(nullptr, 0, 0, bad);
     cudaDeviceSynchronize();
     int *a, *b;
     cudaMalloc(&a, n * sizeof(int));
