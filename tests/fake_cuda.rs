@@ -143,6 +143,7 @@ fn libcuda_exports_exactly_the_driver_api() {
         "cuEventCreate",
         "cuEventRecord",
         "cuEventQuery",
+        "cuStreamWaitEvent",
         "cuEventSynchronize",
         "cuEventDestroy_v2",
         "cuMemcpyHtoD_v2",

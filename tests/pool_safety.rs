@@ -263,3 +263,20 @@ fn a_segment_emptied_on_a_thread_without_a_context_goes_back_to_its_device() {
         assert_eq!((stats[made], stats[gone], stats["live"]), (count, count, 0), "{backing}: {stats:?}");
     }
 }
+
+#[test]
+fn a_contexts_first_stream_waits_for_the_work_queued_before_it() {
+    // A block freed before any stream existed was reusable at once; the
+    // first stream created afterwards must be ordered behind that work (on
+    // a GPU: a non-blocking stream is not ordered behind the legacy one).
+    let prog = compile_runtime_program("first-stream", "pool_first_stream.c");
+    for (options, waits) in [("", 1), ("mode=passthrough", 0)] {
+        let dir = scratch_dir(&format!("safety-first-stream{}", waits));
+        let out = run_preloaded(&prog, &[], &dir, options);
+        assert!(result_line(&stdout_of(&out)).is_some(), "{}{}", stdout_of(&out), stderr_of(&out));
+        let log = &read_logs(&dir)[0];
+        let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
+        // One wait: the first stream's; the second stream needs none.
+        assert_eq!(stats["stream_waits"], waits, "{options:?}: {stats:?}");
+    }
+}

@@ -17,6 +17,7 @@
  *                        of another context: refused, as CUDA does)
  *                        vmm_maps vmm_unmaps vmm_grants (cuMemSetAccess calls)
  *                        vmm_imports (cuMemImportFromShareableHandle calls)
+ *                        stream_waits (cuStreamWaitEvent calls)
  *
  * VMM memory (cuMemCreate + cuMemMap) is inaccessible until cuMemSetAccess
  * grants it, as on a GPU: a mapping without a grant faults when touched.
@@ -120,7 +121,7 @@ static size_t g_ntab, g_captab;
 /* Counters for FAKE_CUDA_STATS (successful calls only). */
 static struct {
     unsigned long long allocs, frees, host_allocs, host_frees, vmm_creates, vmm_releases, ipc_opens, ipc_closes,
-        cross_context_records, vmm_maps, vmm_unmaps, vmm_grants, vmm_imports;
+        cross_context_records, vmm_maps, vmm_unmaps, vmm_grants, vmm_imports, stream_waits;
 } g_stats;
 
 #define CTX_MAGIC 0xC0C0C7A1u
@@ -1849,6 +1850,17 @@ static CUresult check_event(CUevent e, CUstream s, int record)
 }
 
 EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return check_event(hEvent, hStream, 1); }
+
+/* Work runs at once here, so a wait orders nothing; both handles must be
+ * valid, and each wait is counted (stream_waits). */
+EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    (void)Flags;
+    CUresult r = check_event(hEvent, hStream, 0);
+    if (!r)
+        __atomic_fetch_add(&g_stats.stream_waits, 1, __ATOMIC_RELAXED);
+    return r;
+}
 EXPORT CUresult cuEventQuery(CUevent hEvent) { return check_event(hEvent, NULL, 0); }
 EXPORT CUresult cuEventSynchronize(CUevent hEvent) { return check_event(hEvent, NULL, 0); }
 
@@ -2021,6 +2033,7 @@ LOCAL_ALIAS(cuCtxGetId);
 LOCAL_ALIAS(cuEventCreate);
 LOCAL_ALIAS(cuEventRecord);
 LOCAL_ALIAS(cuEventQuery);
+LOCAL_ALIAS(cuStreamWaitEvent);
 LOCAL_ALIAS(cuEventSynchronize);
 LOCAL_ALIAS(cuEventDestroy_v2);
 LOCAL_ALIAS(cuMemcpyHtoD_v2);
@@ -2101,6 +2114,7 @@ static const struct proc_entry g_procs[] = {
     P("cuEventCreate", 2000, cuEventCreate),
     P("cuEventRecord", 2000, cuEventRecord),
     P("cuEventQuery", 2000, cuEventQuery),
+    P("cuStreamWaitEvent", 2000, cuStreamWaitEvent),
     P("cuEventSynchronize", 2000, cuEventSynchronize),
     P("cuEventDestroy", 2000, cuEventDestroy_v2),
     P("cuMemcpyHtoD", 2000, cuMemcpyHtoD_v2),
@@ -2181,15 +2195,15 @@ __attribute__((destructor)) static void fake_cuda_dtor(void)
                 live++;
                 live_bytes += g_tab[i].size;
             }
-        char line[512];
+        char line[768];
         int n = snprintf(line, sizeof(line),
                          "pid=%d allocs=%llu frees=%llu host_allocs=%llu host_frees=%llu vmm_creates=%llu "
                          "vmm_releases=%llu live=%llu live_bytes=%llu ipc_opens=%llu ipc_closes=%llu cross_context_records=%llu "
-                         "vmm_maps=%llu vmm_unmaps=%llu vmm_grants=%llu vmm_imports=%llu\n",
+                         "vmm_maps=%llu vmm_unmaps=%llu vmm_grants=%llu vmm_imports=%llu stream_waits=%llu\n",
                          (int)getpid(), g_stats.allocs, g_stats.frees, g_stats.host_allocs, g_stats.host_frees,
                          g_stats.vmm_creates, g_stats.vmm_releases, live, live_bytes, g_stats.ipc_opens,
                          g_stats.ipc_closes, g_stats.cross_context_records, g_stats.vmm_maps, g_stats.vmm_unmaps,
-                         g_stats.vmm_grants, g_stats.vmm_imports);
+                         g_stats.vmm_grants, g_stats.vmm_imports, g_stats.stream_waits);
         pthread_mutex_unlock(&g_lock);
         int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
         if (fd >= 0) {
