@@ -23,10 +23,14 @@ for o in mode=passthrough:trace=0:$nostacks mode=passthrough:trace=1:$nostacks \
   printf '%-62s %s\n' "$o" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n)"
 done
 # Several threads, each with a stream of its own (fenced frees): pairs per
-# second over all threads, best of 3. The pool takes one lock per context.
-for t in 1 2 4; do
-  best=$(for r in 1 2 3; do CUPOOL_OPTIONS=mode=pool:trace=0:$nostacks:log_dir=target/hook-bench-logs \
-    LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_threads $t $n | sed 's/.*=//'; done | sort -n | tail -1)
-  printf '%-62s %s\n' "pool, sites off, $t thread(s) on own streams" "pairs_per_s=$best"
+# second over all threads, best of 3, sites off and on. Threads that meet on
+# the pool's lock take blocks from magazines of their own (option magazines).
+for sites in off on; do
+  opts=mode=pool:trace=0; [ $sites = off ] && opts=$opts:$nostacks
+  for t in 1 2 4; do
+    best=$(for r in 1 2 3; do CUPOOL_OPTIONS=$opts:log_dir=target/hook-bench-logs \
+      LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_threads $t $n | sed 's/.*=//'; done | sort -n | tail -1)
+    printf '%-62s %s\n' "pool, sites $sites, $t thread(s) on own streams" "pairs_per_s=$best"
+  done
 done
 rm -rf target/hook-bench-logs
