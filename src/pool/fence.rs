@@ -248,6 +248,9 @@ impl CudaBackend {
             return false;
         }
         let Some(_current) = InContext::enter(self.ctx) else { return false };
+        if capturing(0) {
+            return false; // a capture cupool did not see begin: the record would join it
+        }
         let Some(e) = self.event() else { return false };
         let ordered = record(e, 0) && wait(stream, e);
         // A wait holds the record it was queued behind: the event may be recorded again.
