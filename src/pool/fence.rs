@@ -32,9 +32,13 @@ use std::sync::Arc;
 /// recorded (and before a synchronisation): a free that still reads the old
 /// epoch happened before that recording, so the work it must wait for was
 /// queued before it too and the fence covers it.
-#[derive(Default)]
+///
+/// The backend keeps its epochs here and nowhere else: it writes them under
+/// the pool's lock, threads' magazines read them without it.
 pub struct Progress {
+    /// Epoch that frees are tagged with now; a fence closes it.
     epoch: AtomicU64,
+    /// Every tag up to this is safe to reuse.
     completed: AtomicU64,
 }
 
@@ -56,7 +60,6 @@ impl Progress {
         Progress::at(completed + 1, completed)
     }
 
-    #[cfg(test)]
     pub fn at(epoch: u64, completed: u64) -> Progress {
         Progress { epoch: AtomicU64::new(epoch), completed: AtomicU64::new(completed) }
     }
@@ -71,10 +74,6 @@ impl Progress {
 /// The device side of one context's pool.
 pub struct CudaBackend {
     ctx: u64,
-    /// Epoch that frees are tagged with now; a fence closes it.
-    epoch: u64,
-    /// Every tag up to this is safe to reuse.
-    completed: u64,
     /// The GPU finished every tag up to this (a GPU-side barrier makes
     /// blocks safe to reuse, not pages safe to unmap).
     finished: u64,
@@ -100,30 +99,35 @@ impl CudaBackend {
     pub fn new(ctx: u64) -> CudaBackend {
         CudaBackend {
             ctx,
-            epoch: 1,
-            completed: 0,
             finished: 0,
             fences: VecDeque::new(),
             spare_events: Vec::new(),
             last_fence_ns: 0,
             barrier: Vec::new(),
             counters: FenceCounters::default(),
-            progress: Arc::new(Progress { epoch: AtomicU64::new(1), completed: AtomicU64::new(0) }),
+            progress: Arc::new(Progress::at(1, 0)),
         }
     }
 
     /// Opens the next epoch; returns the one it closes. Published before the
     /// caller records or synchronises anything (see [`Progress`]).
     fn next_epoch(&mut self) -> u64 {
-        let closing = self.epoch;
-        self.epoch += 1;
-        self.progress.epoch.store(self.epoch, Ordering::SeqCst);
+        let closing = self.epoch();
+        self.progress.epoch.store(closing + 1, Ordering::SeqCst);
         closing
     }
 
     fn complete_up_to(&mut self, epoch: u64) {
-        self.completed = self.completed.max(epoch);
-        self.progress.completed.store(self.completed, Ordering::Release);
+        self.progress.completed.fetch_max(epoch, Ordering::Release);
+    }
+
+    /// Read under the pool's lock, by the only writer: no ordering needed.
+    fn epoch(&self) -> u64 {
+        self.progress.epoch.load(Ordering::Relaxed)
+    }
+
+    fn completed(&self) -> u64 {
+        self.progress.completed.load(Ordering::Relaxed)
     }
 
     /// Is a capture active on any of this context's streams? Asked with the
@@ -221,7 +225,7 @@ impl CudaBackend {
     /// (behind all the work queued since). A fence costs an event record per
     /// stream; frees within one interval (`fence_us`) share it.
     fn tag_now(&mut self) -> u64 {
-        let tag = self.epoch;
+        let tag = self.epoch();
         if clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
             self.record_fence();
         }
@@ -243,19 +247,20 @@ impl CudaBackend {
     /// the work of every blocking stream queued before it (per-thread
     /// default streams included), and before the first created stream
     /// there is no other. Not during a capture, which the record would join.
-    pub fn order_behind_queued_work(&mut self, stream: u64) -> bool {
+    pub fn order_behind_queued_work(&mut self, stream: u64) {
         if streams::any_capture() {
-            return false;
+            return;
         }
-        let Some(_current) = InContext::enter(self.ctx) else { return false };
+        let Some(_current) = InContext::enter(self.ctx) else { return };
         if capturing(0) {
-            return false; // a capture cupool did not see begin: the record would join it
+            return; // a capture cupool did not see begin: the record would join it
         }
-        let Some(e) = self.event() else { return false };
-        let ordered = record(e, 0) && wait(stream, e);
+        let Some(e) = self.event() else { return };
+        if record(e, 0) {
+            wait(stream, e);
+        }
         // A wait holds the record it was queued behind: the event may be recorded again.
         self.spare_events.push(e);
-        ordered
     }
 
     /// Has the GPU passed `tag`, the oldest free a thread's magazine waits
@@ -266,14 +271,14 @@ impl CudaBackend {
     /// takes new blocks from the pool.
     pub fn reuse_ready(&mut self, tag: u64) -> bool {
         self.poll();
-        if tag > self.completed
+        if tag > self.completed()
             && self.fences.back().is_none_or(|(e, _)| *e < tag)
             && clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= REUSE_FENCE_NS
             && self.record_fence()
         {
             self.poll();
         }
-        tag <= self.completed
+        tag <= self.completed()
     }
 
     fn poll(&mut self) {
@@ -327,7 +332,7 @@ impl Timeline for CudaBackend {
     }
 
     fn is_complete(&mut self, tag: u64) -> bool {
-        self.reached(tag, |b| b.completed)
+        self.reached(tag, CudaBackend::completed)
     }
 
     fn is_finished(&mut self, tag: u64) -> bool {
@@ -336,7 +341,7 @@ impl Timeline for CudaBackend {
 
     fn wait_for(&mut self, tag: u64) -> bool {
         self.poll();
-        if tag <= self.completed {
+        if tag <= self.completed() {
             return true;
         }
         if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
@@ -352,7 +357,7 @@ impl Timeline for CudaBackend {
         }
         self.counters.waits += 1;
         self.poll();
-        tag <= self.completed
+        tag <= self.completed()
     }
 
     /// The pools time windows of seconds (the VMM high-water mark, segments
