@@ -294,10 +294,7 @@ pub fn take(pool: usize, size: u64, progress: &Progress) -> Option<Block> {
     }
     let class = round_size(size)?;
     with_mine(|m| {
-        if m.pool != pool {
-            return None;
-        }
-        let c = m.classes.iter_mut().find(|c| c.size == class)?;
+        let c = m.class(pool, class)?;
         if c.oldest().is_some_and(|w| progress.is_complete(w.tag)) {
             let w = c.pop_oldest();
             return Some(Block { id: BlockId::from_raw(w.block), addr: w.addr, size: class });
@@ -317,13 +314,7 @@ pub fn take(pool: usize, size: u64, progress: &Progress) -> Option<Block> {
 /// fences about it before taking new blocks.
 pub fn oldest_waiting(pool: usize, size: u64) -> Option<u64> {
     let class = round_size(size)?;
-    with_mine(|m| {
-        if m.pool != pool {
-            return None;
-        }
-        m.classes.iter().find(|c| c.size == class)?.oldest().map(|w| w.tag)
-    })
-    .flatten()
+    with_mine(|m| m.class(pool, class)?.oldest().map(|w| w.tag)).flatten()
 }
 
 /// A refill to make for `size` bytes from `pool`: the class size and how
@@ -357,10 +348,7 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
 /// those it cannot keep (the thread's magazine went meanwhile) go into `unkept`.
 pub fn store(pool: usize, class: u64, blocks: &[Block], unkept: &mut Returns) {
     let kept = with_mine(|m| {
-        let Some(c) = m.classes.iter_mut().find(|c| c.size == class) else { return 0 };
-        if m.pool != pool {
-            return 0;
-        }
+        let Some(c) = m.class(pool, class) else { return 0 };
         let room = (REFILL - c.n).min(blocks.len());
         for b in &blocks[..room] {
             c.blocks[c.n] = Held { block: b.id.to_raw(), addr: b.addr, size: b.size };
@@ -398,16 +386,14 @@ pub fn keep_freed(pool: usize, block: BlockId, addr: u64, bytes: u64, progress: 
     let tag = progress.tag_now();
     with_mine(|m| {
         let mut to_batch = (pool, block.to_raw(), bytes);
-        if m.pool == pool {
-            if let Some(c) = m.classes.iter_mut().find(|c| c.size == class) {
-                if c.nwaiting < c.waiting_room() {
-                    c.push_waiting(Waiting { block: block.to_raw(), addr, tag });
-                    return Kept::Yes;
-                }
-                let oldest = c.pop_oldest();
+        if let Some(c) = m.class(pool, class) {
+            if c.nwaiting < c.waiting_room() {
                 c.push_waiting(Waiting { block: block.to_raw(), addr, tag });
-                to_batch = (pool, oldest.block, class);
+                return Kept::Yes;
             }
+            let oldest = c.pop_oldest();
+            c.push_waiting(Waiting { block: block.to_raw(), addr, tag });
+            to_batch = (pool, oldest.block, class);
         }
         let (pool, block, bytes) = to_batch;
         m.freed[m.nfreed] = (pool, block);
@@ -491,6 +477,15 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
 }
 
 impl Magazine {
+    /// The class of `size` bytes this magazine holds for `pool`, if it does.
+    #[inline]
+    fn class(&mut self, pool: usize, size: u64) -> Option<&mut Class> {
+        if self.pool != pool {
+            return None;
+        }
+        self.classes.iter_mut().find(|c| c.size == size)
+    }
+
     fn give_back_frees(&mut self, returns: &mut Returns) {
         for &(pool, block) in &self.freed[..self.nfreed] {
             returns.push(pool, block);
