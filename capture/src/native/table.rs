@@ -117,10 +117,9 @@ impl Snapshot {
         let version = VERSION.load(Acquire);
         let mut busy = false;
         if version != self.version {
-            match CURRENT.try_lock() {
-                Ok(newest) => self.take(version, &newest),
-                Err(TryLockError::Poisoned(poisoned)) => self.take(version, &poisoned.into_inner()),
-                Err(TryLockError::WouldBlock) => busy = true,
+            match lock_current(0) {
+                Some(newest) => self.take(version, &newest),
+                None => busy = true,
             }
         }
         match &self.table {
@@ -140,15 +139,7 @@ impl Snapshot {
 
 /// `CURRENT`, waited for at most `patience_ns`.
 fn lock_current(patience_ns: u64) -> Option<MutexGuard<'static, Option<Arc<Table>>>> {
-    let deadline = monotonic_ns().saturating_add(patience_ns);
-    loop {
-        match CURRENT.try_lock() {
-            Ok(guard) => return Some(guard),
-            Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
-            Err(TryLockError::WouldBlock) => return None,
-        }
-    }
+    lock_within(&CURRENT, patience_ns)
 }
 
 struct Registered {
@@ -172,9 +163,15 @@ static REGISTRY: Mutex<Registry> =
 
 /// The registry, waited for at most `patience_ns` (0: tried once).
 fn lock_registry(patience_ns: u64) -> Option<MutexGuard<'static, Registry>> {
+    lock_within(&REGISTRY, patience_ns)
+}
+
+/// `lock`, waited for at most `patience_ns` (0: tried once), yielding the
+/// CPU between tries.
+fn lock_within<T>(lock: &'static Mutex<T>, patience_ns: u64) -> Option<MutexGuard<'static, T>> {
     let deadline = monotonic_ns().saturating_add(patience_ns);
     loop {
-        match REGISTRY.try_lock() {
+        match lock.try_lock() {
             Ok(guard) => return Some(guard),
             Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
             Err(TryLockError::WouldBlock) if monotonic_ns() < deadline => std::thread::yield_now(),
@@ -182,6 +179,7 @@ fn lock_registry(patience_ns: u64) -> Option<MutexGuard<'static, Registry>> {
         }
     }
 }
+
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: writes one timespec; CLOCK_MONOTONIC_COARSE is served by the vDSO.
