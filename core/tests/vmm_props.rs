@@ -59,6 +59,8 @@ enum Op {
     /// Waits order later work behind the tag on the GPU (the shim's
     /// barrier) instead of waiting for it: reuse, not unmapping, is safe.
     Barrier(bool),
+    /// Placements first order pending frees behind on the GPU (or not).
+    Order(bool),
 }
 
 /// A live block as the model keeps it: the block, its requested size, and
@@ -168,6 +170,7 @@ impl Harness {
             }
             Op::Complete(n) => self.pool.backend_mut().complete(n as u64),
             Op::Barrier(on) => self.pool.backend_mut().barrier = on,
+            Op::Order(on) => self.pool.backend_mut().order_every_ns = on.then_some(0),
             Op::EmptyCache => {
                 self.pool.empty_cache();
                 assert_eq!(self.pool.stats().idle_bytes.current, 0);
@@ -307,6 +310,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Launch),
         1 => (0u8..4).prop_map(Op::Complete),
         1 => any::<bool>().prop_map(Op::Barrier),
+        1 => any::<bool>().prop_map(Op::Order),
     ]
 }
 

@@ -81,6 +81,8 @@ pub struct CudaBackend {
     spare_events: Vec<u64>,
     /// When the last fence was recorded (monotonic ns).
     last_fence_ns: u64,
+    /// When `order_behind` last tried a barrier (monotonic ns).
+    last_order_ns: u64,
     /// Events of the last GPU-side barrier: every stream then live waits on
     /// them, and a stream created later is made to wait on them too.
     pub barrier: Vec<u64>,
@@ -103,6 +105,7 @@ impl CudaBackend {
             fences: VecDeque::new(),
             spare_events: Vec::new(),
             last_fence_ns: 0,
+            last_order_ns: 0,
             barrier: Vec::new(),
             counters: FenceCounters::default(),
             progress: Arc::new(Progress::at(1, 0)),
@@ -281,6 +284,15 @@ impl CudaBackend {
         tag <= self.completed()
     }
 
+    /// The oldest fence that covers `tag`, recorded now if none does;
+    /// None when none can be (a capture is active).
+    fn fence_covering(&mut self, tag: u64) -> Option<usize> {
+        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
+            return None;
+        }
+        self.fences.iter().position(|(e, _)| *e >= tag)
+    }
+
     fn poll(&mut self) {
         while let Some((epoch, events)) = self.fences.front() {
             if !events.iter().all(|&e| query(e)) {
@@ -344,10 +356,8 @@ impl Timeline for CudaBackend {
         if tag <= self.completed() {
             return true;
         }
-        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
-            return false; // a capture is active: waiting could deadlock it
-        }
-        let Some(index) = self.fences.iter().position(|(e, _)| *e >= tag) else { return false };
+        // None: a capture is active, and waiting could deadlock it.
+        let Some(index) = self.fence_covering(tag) else { return false };
         if self.gpu_barrier(index) {
             return true;
         }
@@ -358,6 +368,22 @@ impl Timeline for CudaBackend {
         self.counters.waits += 1;
         self.poll();
         tag <= self.completed()
+    }
+
+    /// At most once per `fence_us`: a barrier costs the program's thread an
+    /// event record and a wait per stream, and a program that frees and
+    /// allocates in turn would otherwise pay them on every allocation.
+    fn order_behind(&mut self, tag: u64) -> bool {
+        let now = clock::monotonic_ns();
+        if now.saturating_sub(self.last_order_ns) < options::get().fence_us * 1000 {
+            return false;
+        }
+        self.last_order_ns = now;
+        self.poll();
+        if tag <= self.completed() {
+            return true;
+        }
+        self.fence_covering(tag).is_some_and(|index| self.gpu_barrier(index))
     }
 
     /// The pools time windows of seconds (the VMM high-water mark, segments

@@ -39,6 +39,15 @@ pub trait Timeline {
         let _ = tag;
         self.synchronize()
     }
+    /// Orders all work queued from now on behind `tag` on the GPU, without
+    /// the host waiting, where that is cheap now (a GPU-side barrier); then
+    /// blocks freed up to `tag` may be reused in place, though their pages
+    /// may not yet be unmapped. False: nothing was done, the blocks stay
+    /// pending. The default can do nothing of the kind.
+    fn order_behind(&mut self, tag: u64) -> bool {
+        let _ = tag;
+        false
+    }
     /// A monotonic clock in nanoseconds, for giving memory back by time.
     fn now_ns(&mut self) -> u64 {
         0
@@ -67,6 +76,9 @@ macro_rules! delegate_timeline {
         }
         fn wait_for(&mut self, tag: u64) -> bool {
             self.$field.wait_for(tag)
+        }
+        fn order_behind(&mut self, tag: u64) -> bool {
+            self.$field.order_behind(tag)
         }
         fn now_ns(&mut self) -> u64 {
             self.$field.now_ns()

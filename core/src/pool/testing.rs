@@ -190,6 +190,13 @@ pub struct SimulatedTimeline {
     pub barrier: bool,
     /// Tags up to this were ordered by a barrier.
     pub ordered: u64,
+    /// `order_behind` places a barrier (as `wait_for` with `barrier`) at most
+    /// once in this many ns of `now`, as the shim does once per `fence_us`;
+    /// None: it places none.
+    pub order_every_ns: Option<u64>,
+    /// When `order_behind` last placed one, and how many it placed.
+    pub last_order: Option<u64>,
+    pub orders: u64,
 }
 
 impl SimulatedTimeline {
@@ -243,6 +250,17 @@ impl Timeline for SimulatedTimeline {
             return true;
         }
         self.synchronize()
+    }
+
+    fn order_behind(&mut self, tag: u64) -> bool {
+        let Some(every) = self.order_every_ns else { return false };
+        if self.capturing || self.last_order.is_some_and(|at| self.now.saturating_sub(at) < every) {
+            return false;
+        }
+        self.last_order = Some(self.now);
+        self.orders += 1;
+        self.ordered = self.ordered.max(tag);
+        true
     }
 
     fn synchronize(&mut self) -> bool {

@@ -407,6 +407,7 @@ impl<B: PageBackend> VmmPool<B> {
                 return Some(self.hand_out(i, requested));
             }
         }
+        self.order_pending();
         let (mut i, mut missing) = self.find_virtual(small, rounded)?;
         let flushed = missing > 0 && self.hot.bytes > 0;
         if flushed {
@@ -454,6 +455,23 @@ impl<B: PageBackend> VmmPool<B> {
             self.stats.at_peak.allocated += b.size;
         }
         Block { id: BlockId::from_raw(i), addr: b.addr, size: b.size }
+    }
+
+    /// Blocks freed before queued work stay where they are until their tag
+    /// completes, so a program running far ahead of its GPU places its next
+    /// blocks elsewhere: the hole a step freed is not the one its next step
+    /// fills, holes stop matching the sizes that come, and pages are made
+    /// beside idle ones that may not move yet (cooling). Where the GPU can
+    /// order later work behind the pending frees cheaply, do that before
+    /// every placement, so blocks are reused where they were freed, as with
+    /// one stream (on the CPU replay of the transformer trace with the GPU
+    /// 200 ms behind: 1.129 → 1.006 of its live peak).
+    fn order_pending(&mut self) {
+        let Some(&(_, tag)) = self.pending.back() else { return };
+        if self.completed_upto.is_none_or(|c| tag > c) && self.backend.order_behind(tag) {
+            self.completed_upto = Some(tag);
+            self.reclaim_completed();
+        }
     }
 
     /// Blocks freed before queued GPU work hold their pages: when the idle

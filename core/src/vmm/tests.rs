@@ -335,6 +335,46 @@ fn a_miss_behind_pending_frees_orders_them_and_reuses_their_pages_in_place() {
     assert!(p.backend().unmapped.is_empty(), "nothing unmapped while the work may run");
 }
 
+/// Several streams, the GPU behind: a block freed before queued work is
+/// reused where it was freed once the GPU can be told to order later work
+/// behind it (no waiting, no page made), at most once per `order_every_ns`;
+/// otherwise the request lands in another hole and the layout drifts.
+#[test]
+fn pending_frees_are_ordered_behind_before_placing_where_the_gpu_can_order_them() {
+    let placed = |order_every_ns: Option<u64>| {
+        let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { keep_free: u64::MAX, ..VmmConfig::default() });
+        let a = p.allocate(4 * MIB).unwrap();
+        p.allocate(2 * MIB).unwrap();
+        let h = p.allocate(6 * MIB).unwrap();
+        p.allocate(2 * MIB).unwrap();
+        p.free(h.id); // a 6 MiB hole of mapped pages, free at once
+        p.backend_mut().fences = Fences::AtQueued;
+        p.backend_mut().order_every_ns = order_every_ns;
+        p.backend_mut().launch();
+        p.free(a.id);
+        assert_eq!(p.pending_blocks(), 1);
+        let b = p.allocate(4 * MIB).unwrap();
+        let s = p.stats();
+        assert_eq!((s.num_page_creates, s.num_waits, s.num_syncs), (7, 0, 0), "no page made, no wait");
+        (b.addr == a.addr, b.addr == h.addr, p)
+    };
+    let (at_a, _, mut p) = placed(Some(1000));
+    assert!(at_a, "ordered behind: reused where it was freed");
+    assert_eq!((p.pending_blocks(), p.backend().orders), (0, 1));
+    assert!(p.backend().unmapped.is_empty(), "its pages are not unmapped while the work may run");
+    // Within the interval the next free stays pending; after it, it is ordered.
+    let c = p.allocate(MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(c.id);
+    p.allocate(MIB).unwrap();
+    assert_eq!((p.pending_blocks(), p.backend().orders), (1, 1));
+    p.backend_mut().now += 1000;
+    p.allocate(MIB).unwrap();
+    assert_eq!((p.pending_blocks(), p.backend().orders), (0, 2));
+    let (_, at_h, _) = placed(None);
+    assert!(at_h, "not ordered: the request takes the other hole, the freed one waits");
+}
+
 #[test]
 fn block_pages_are_the_mapped_pages_under_a_block() {
     let mut p = pool();
