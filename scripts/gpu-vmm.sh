@@ -6,7 +6,8 @@
 #     expandable_segments, and PyTorch without its cache under cupool with segments
 #     (unless NO_SEGMENTS is set) and with vmm, and with vmm under `--limit $VMM_LIMIT`
 #     when set, and with vmm under each option of VMM_VARIANTS (e.g. "fence_us=2000"),
-#     and with an earlier build's shim when .gpu/old/libcupool.so exists:
+#     and with the shim of each earlier build named in OTHER_BUILDS (default "old":
+#     .gpu/old/libcupool.so) where it exists:
 #     ms/iter and peak driver-used memory (nvidia-smi sampled every
 #     20 ms, less the idle reading before the run), and the vmm pool's page counts
 #  3. a workload that fragments fixed segments into an OOM under a 10 GiB cap
@@ -69,11 +70,12 @@ if want torch; then
     [ -z "${NO_SEGMENTS:-}" ] && MODE=nocache-cupool-segments PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $seg --no-trace -- python3 $T
     MODE=nocache-cupool-vmm PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm --no-trace -- python3 $T
     last_pools
-    if [ -f $bin/old/libcupool.so ]; then # an earlier build beside it, preloaded as `cupool run` would
-      MODE=nocache-cupool-vmm-old PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUPOOL_OPTIONS=backing=vmm:trace=0:log_dir=$work/logs \
-        LD_PRELOAD=$bin/old/libcupool.so peak_used python3 $T
+    for b in ${OTHER_BUILDS:-old}; do # earlier builds beside it, preloaded as `cupool run` would
+      [ -f $bin/$b/libcupool.so ] || continue
+      MODE=nocache-cupool-vmm-$b PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUPOOL_OPTIONS=backing=vmm:trace=0:log_dir=$work/logs \
+        LD_PRELOAD=$bin/$b/libcupool.so peak_used python3 $T
       last_pools
-    fi
+    done
     for v in ${VMM_VARIANTS:-}; do
       MODE=nocache-cupool-vmm-$v PYTORCH_NO_CUDA_MEMORY_CACHING=1 peak_used $vmm -o $v --no-trace -- python3 $T
       last_pools

@@ -192,7 +192,8 @@ impl CudaBackend {
         if streams.len() > MAX_BARRIER_STREAMS || streams.iter().any(|&s| capturing(s)) {
             return false;
         }
-        let (epoch, events) = (self.fences[index].0, self.fences[index].1.clone());
+        let (epoch, events) = &self.fences[index];
+        let epoch = *epoch;
         // The legacy stream waits for every stream's part of the fence; one
         // event after those waits then orders every other stream behind it
         // (2S-1 dependencies instead of S²).
@@ -204,17 +205,14 @@ impl CudaBackend {
             self.spare_events.push(joined);
             return false;
         }
-        self.spare_events.extend(events);
-        let events = vec![joined];
         drop(list);
-        // Fences up to this one are passed; keep its events alive as the barrier.
-        for _ in 0..index {
-            if let Some((_, old)) = self.fences.pop_front() {
-                self.spare_events.extend(old);
-            }
-        }
-        self.fences.pop_front();
-        let previous = std::mem::replace(&mut self.barrier, events);
+        // Reuse up to this fence is ordered now, but its pages may be
+        // unmapped only once the GPU *finished* the work, which only the
+        // fences' own events tell (`poll`): they stay queued until then. A
+        // barrier comes every `fence_us` while the GPU runs far behind, so
+        // dropping them left the pool unaware of finished work: idle pages
+        // stayed cooling and pages were made beside them.
+        let previous = std::mem::replace(&mut self.barrier, vec![joined]);
         self.spare_events.extend(previous);
         self.complete_up_to(epoch);
         self.counters.gpu_barriers += 1;
