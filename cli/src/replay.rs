@@ -437,7 +437,7 @@ mod tests {
     /// The shim's VMM pool on a device of `capacity` bytes whose GPU runs
     /// `lag_ns` behind the trace, with several streams (every free waits for
     /// a fence; a miss orders pending frees behind a GPU-side barrier, and so
-    /// does a placement at most every 500 µs, the shim's `fence_us`).
+    /// does a placement at most every 100 µs, the shim's `fence_us`).
     /// Counts the allocations that fail.
     struct Behind {
         pool: VmmPool<SimulatedPages>,
@@ -452,7 +452,7 @@ mod tests {
             let mut pool = VmmPool::new(SimulatedPages::new().with_capacity(Some(capacity)), VmmConfig::shim_default());
             pool.backend_mut().gpu.fences = Fences::AtQueued;
             pool.backend_mut().gpu.barrier = true;
-            pool.backend_mut().gpu.order_every_ns = Some(500_000);
+            pool.backend_mut().gpu.order_every_ns = Some(100_000);
             Behind { pool, lag_ns, queued_at: Default::default(), failed: 0 }
         }
     }
@@ -486,7 +486,7 @@ mod tests {
     /// stays pending, so without ordering the next step's blocks go
     /// elsewhere, holes stop matching the sizes that come, and pages are
     /// made beside idle ones that may not move yet. Ordered before
-    /// placements (at most every 500 µs), the transformer trace with the
+    /// placements (at most every 100 µs), the transformer trace with the
     /// GPU 200 ms behind peaks within 2 % of its live peak (1.129× without),
     /// and no trace peaks higher than without.
     #[test]

@@ -168,7 +168,7 @@ impl Default for Options {
             flush_ms: 100,
             limit: 0,
             verbosity: 1,
-            fence_us: 500,
+            fence_us: 100,
             give_back: GiveBack::Auto,
             backing: Backing::Vmm,
             magazines: Magazines::Auto,
@@ -200,8 +200,8 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ("verbosity", "1", "0 silent, 1 errors, 2 also notes from the shim on stderr"),
     (
         "fence_us",
-        "500",
-        "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable (10..100000)",
+        "100",
+        "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable, and between the GPU-side barriers that let them be reused where they were freed (10..100000)",
     ),
     (
         "give_back",

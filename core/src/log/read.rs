@@ -471,7 +471,7 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
         let log = read_log(dir.join("cupy.json.gz")).unwrap();
         assert_eq!(log.header.version, 1);
-        assert_eq!(log.header.options.fence_us, 500, "missing option reads as its default");
+        assert_eq!(log.header.options.fence_us, 100, "missing option reads as its default");
         let end = log.end.as_ref().expect("complete trace");
         assert_eq!(end.exit, ExitRecord::Exit { status: Some(0) });
         assert!(log.events.len() > 100);
