@@ -280,3 +280,21 @@ fn a_contexts_first_stream_waits_for_the_work_queued_before_it() {
         assert_eq!(stats["stream_waits"], waits, "{options:?}: {stats:?}");
     }
 }
+
+#[test]
+fn no_fence_leaves_out_a_live_stream_whose_record_failed() {
+    // The driver refuses a record on a stream that still exists: a fence
+    // without that stream would complete before the stream's work, so no
+    // fence is made and freed blocks stay pending (the pool grows instead).
+    // A stream destroyed behind the shim's back is left out, as before.
+    let prog = compile_runtime_program("reuse", "pool_reuse.c");
+    let dir = scratch_dir("safety-refused-record");
+    let out =
+        preloaded_command(&prog, &["stream"], &dir, "").env("FAKE_CUDA_REFUSE_STREAM_RECORDS", "1").output().unwrap();
+    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+    let log = &read_logs(&dir)[0];
+    let fences = &log["end"]["pools"][0]["fences"];
+    assert!(fences["record_errors"].as_u64().unwrap() > 0, "{fences}");
+    assert_eq!((fences["recorded"].as_u64(), fences["completed"].as_u64()), (Some(0), Some(0)), "{fences}");
+    assert_eq!(stdout_value(&stdout_of(&out), "same_as_first"), Some(1), "a freed block was reused without a fence");
+}

@@ -157,16 +157,23 @@ impl CudaBackend {
         let mut events = Vec::with_capacity(streams.len());
         let mut dead = Vec::new();
         for s in streams {
-            let Some(e) = self.event() else { return false };
+            let Some(e) = self.event() else {
+                self.spare_events.extend(events);
+                return false;
+            };
             if record(e, s) {
                 events.push(e);
-            } else {
-                self.counters.record_errors += 1;
-                self.spare_events.push(e);
-                if s != 0 {
-                    dead.push(s); // not a live stream of ours after all
-                }
+                continue;
             }
+            self.counters.record_errors += 1;
+            self.spare_events.push(e);
+            if s == 0 || is_live(s) {
+                // A fence without this stream would complete before its
+                // work: no fence now; the blocks wait for the next one.
+                self.spare_events.extend(events);
+                return false;
+            }
+            dead.push(s); // destroyed behind cupool's back
         }
         drop(list);
         for s in dead {
@@ -456,6 +463,13 @@ pub fn wait(stream: u64, event: u64) -> bool {
 
 fn query(event: u64) -> bool {
     unsafe { real!(cuEventQuery(event as CUevent)) == SUCCESS }
+}
+
+/// Does `stream` still exist? (The driver answers a capture query for any
+/// live stream; a destroyed one is an invalid handle.)
+fn is_live(stream: u64) -> bool {
+    let mut status = 0;
+    unsafe { real!(cuStreamIsCapturing(stream as CUstream, &mut status)) == SUCCESS }
 }
 
 /// Only an active or invalidated capture counts; an error (a stream that

@@ -1849,7 +1849,15 @@ static CUresult check_event(CUevent e, CUstream s, int record)
     return same ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return check_event(hEvent, hStream, 1); }
+/* FAKE_CUDA_REFUSE_STREAM_RECORDS=1: a record on a created stream fails while
+ * the stream lives (a driver may refuse one for reasons of its own). */
+EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    CUresult r = check_event(hEvent, hStream, 1);
+    if (!r && (uintptr_t)hStream > 2 && env_size("FAKE_CUDA_REFUSE_STREAM_RECORDS", 0))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return r;
+}
 
 /* Work runs at once here, so a wait orders nothing; both handles must be
  * valid, and each wait is counted (stream_waits). */
