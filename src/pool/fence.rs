@@ -156,10 +156,11 @@ impl CudaBackend {
         let closing = self.next_epoch();
         let mut events = Vec::with_capacity(streams.len());
         let mut dead = Vec::new();
+        let mut whole = true;
         for s in streams {
             let Some(e) = self.event() else {
-                self.spare_events.extend(events);
-                return false;
+                whole = false;
+                break;
             };
             if record(e, s) {
                 events.push(e);
@@ -167,21 +168,27 @@ impl CudaBackend {
             }
             self.counters.record_errors += 1;
             self.spare_events.push(e);
-            if s == 0 || is_live(s) {
-                // A fence without this stream would complete before its
-                // work: no fence now; the blocks wait for the next one.
-                self.spare_events.extend(events);
-                return false;
+            if s != 0 && !is_live(s) {
+                dead.push(s); // destroyed behind cupool's back
+                continue;
             }
-            dead.push(s); // destroyed behind cupool's back
+            // A fence without this stream would complete before its work:
+            // no fence now; the blocks wait for the next one.
+            whole = false;
+            break;
         }
         drop(list);
         for s in dead {
             streams::remove(s);
         }
+        // A refused fence is tried again a `fence_us` later, not on every free.
+        self.last_fence_ns = clock::monotonic_ns();
+        if !whole {
+            self.spare_events.extend(events);
+            return false;
+        }
         self.counters.recorded += 1;
         self.fences.push_back((closing, events));
-        self.last_fence_ns = clock::monotonic_ns();
         true
     }
 
