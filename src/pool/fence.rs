@@ -251,7 +251,7 @@ impl CudaBackend {
     /// records a fence for it when none covers it.
     fn reached(&mut self, tag: u64, mark: fn(&CudaBackend) -> u64) -> bool {
         self.poll();
-        if tag > mark(self) && self.fences.back().is_none_or(|(e, _)| *e < tag) && self.record_fence() {
+        if tag > mark(self) && !self.covered(tag) && self.record_fence() {
             self.poll();
         }
         tag <= mark(self)
@@ -287,7 +287,7 @@ impl CudaBackend {
     pub fn reuse_ready(&mut self, tag: u64) -> bool {
         self.poll();
         if tag > self.completed()
-            && self.fences.back().is_none_or(|(e, _)| *e < tag)
+            && !self.covered(tag)
             && clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= REUSE_FENCE_NS
             && self.record_fence()
         {
@@ -296,10 +296,15 @@ impl CudaBackend {
         tag <= self.completed()
     }
 
+    /// Does a queued fence close `tag`'s epoch or a later one?
+    fn covered(&self, tag: u64) -> bool {
+        self.fences.back().is_some_and(|(e, _)| *e >= tag)
+    }
+
     /// The oldest fence that covers `tag`, recorded now if none does;
     /// None when none can be (a capture is active).
     fn fence_covering(&mut self, tag: u64) -> Option<usize> {
-        if self.fences.back().is_none_or(|(e, _)| *e < tag) && !self.record_fence() {
+        if !self.covered(tag) && !self.record_fence() {
             return None;
         }
         self.fences.iter().position(|(e, _)| *e >= tag)
@@ -472,17 +477,21 @@ fn query(event: u64) -> bool {
     unsafe { real!(cuEventQuery(event as CUevent)) == SUCCESS }
 }
 
-/// Does `stream` still exist? (The driver answers a capture query for any
-/// live stream; a destroyed one is an invalid handle.)
+/// The driver's capture status of `stream`; None when it does not answer,
+/// as for a stream destroyed behind cupool's back.
+fn capture_status(stream: u64) -> Option<i32> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as i32;
+    let r = unsafe { real!(cuStreamIsCapturing(stream as CUstream, &mut status)) };
+    (r == SUCCESS).then_some(status)
+}
+
+/// Does `stream` still exist?
 fn is_live(stream: u64) -> bool {
-    let mut status = 0;
-    unsafe { real!(cuStreamIsCapturing(stream as CUstream, &mut status)) == SUCCESS }
+    capture_status(stream).is_some()
 }
 
 /// Only an active or invalidated capture counts; an error (a stream that
 /// died behind cupool's back) does not block fencing the others.
 fn capturing(stream: u64) -> bool {
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as i32;
-    let r = unsafe { real!(cuStreamIsCapturing(stream as CUstream, &mut status)) };
-    r == SUCCESS && status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as i32
+    capture_status(stream).is_some_and(|s| s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as i32)
 }
