@@ -8,6 +8,7 @@
 //! two threads' calls take turns on the same lines.
 
 use super::allocation::{Allocation, Space};
+use crate::runtime::bias::{self, Access};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -56,25 +57,40 @@ fn all_tables() -> impl Iterator<Item = &'static Mutex<Table>> {
     POINTERS.iter().map(|s| &s.0).chain(std::iter::once(&*HANDLES))
 }
 
+/// Runs `f` on the table of `key`: without its lock while this thread owns
+/// the tables (`runtime::bias`), else under it. None: this thread owns them
+/// and interrupted its own use of them (a signal handler).
+#[inline]
+fn with_table<R>(space: Space, key: u64, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
+    let t = table(space, key);
+    match bias::access() {
+        // SAFETY: the owner alone touches the tables while it holds a section.
+        Access::Owned(_section) => Some(f(unsafe { &mut *t.data_ptr() })),
+        Access::Shared => Some(f(&mut t.lock())),
+        Access::Busy => None,
+    }
+}
+
 /// Returns the allocation that was live at `key` already, if any.
 #[inline]
 pub fn insert(space: Space, key: u64, a: Allocation) -> Option<Allocation> {
-    table(space, key).lock().insert(key, a)
+    with_table(space, key, |t| t.insert(key, a)).flatten()
 }
 
 #[inline]
 pub fn remove(space: Space, key: u64) -> Option<Allocation> {
-    table(space, key).lock().remove(&key)
+    with_table(space, key, |t| t.remove(&key)).flatten()
 }
 
 /// The live allocation at `key`, if any.
 pub fn get(space: Space, key: u64) -> Option<Allocation> {
-    table(space, key).lock().get(&key).copied()
+    with_table(space, key, |t| t.get(&key).copied()).flatten()
 }
 
 /// Removes and returns every live allocation that `dies` selects (context destruction).
 pub fn take_where(mut dies: impl FnMut(&Allocation) -> bool) -> Vec<(u64, Allocation)> {
     let mut out = Vec::new();
+    bias::share();
     for t in all_tables() {
         t.lock().retain(|&k, l| {
             if dies(l) {
@@ -88,13 +104,20 @@ pub fn take_where(mut dies: impl FnMut(&Allocation) -> bool) -> Vec<(u64, Alloca
     out
 }
 
+/// How long the report at exit waits for a shard, or for the thread that
+/// owns the tables to leave them.
+const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Every live allocation, for the report at exit. Gives up on a shard whose
 /// lock cannot be had in time (a thread stopped by a signal may hold it).
 pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
     let mut out = Vec::new();
+    if !bias::share_within(SNAPSHOT_PATIENCE) {
+        return (out, false);
+    }
     let mut complete = true;
     for t in all_tables() {
-        match t.try_lock_for(std::time::Duration::from_millis(200)) {
+        match t.try_lock_for(SNAPSHOT_PATIENCE) {
             Some(g) => out.extend(g.iter().map(|(&k, &l)| (k, l))),
             None => complete = false,
         }
@@ -103,6 +126,7 @@ pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
 }
 
 pub fn lock_all() {
+    bias::share();
     for t in all_tables() {
         std::mem::forget(t.lock());
     }
@@ -118,6 +142,7 @@ pub unsafe fn unlock_all() {
 
 /// A forked child owns none of its parent's allocations.
 pub fn clear() {
+    bias::share();
     for t in all_tables() {
         t.lock().clear();
     }

@@ -135,5 +135,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         // A forked child owns none of its parent's allocations.
         live::clear();
         counters::clear();
+        // One thread is left: it may own the books again.
+        crate::runtime::bias::reset_in_child();
     }
 }

@@ -3,6 +3,7 @@
 //! "off / starting / on / finished" switch that both the session and the log
 //! file use. Nothing here calls CUDA or imports another layer of the shim.
 
+pub mod bias;
 pub mod clock;
 pub mod diag;
 pub mod guard;

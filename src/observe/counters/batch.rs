@@ -184,6 +184,7 @@ impl Batch {
             return;
         }
         let relaxed = Ordering::Relaxed;
+        let _section = crate::runtime::bias::access();
         if self.allocs > 0 {
             c.allocs.fetch_add(self.allocs, relaxed);
         }

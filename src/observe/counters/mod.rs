@@ -10,6 +10,7 @@
 
 mod batch;
 
+use crate::runtime::bias::{self, Access};
 pub use batch::{batch_on_this_thread, flush_all, lock_for_fork, unlock_after_fork};
 use cupool_core::log::MemKind;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,14 @@ impl Counters {
         if batch::batched(self, bytes, true) {
             return;
         }
+        if let Access::Owned(_section) = bias::access() {
+            bump(&self.allocs, 1);
+            let now = bump(&self.current_bytes, bytes);
+            raise_owned_peak(&self.peak_bytes, now);
+            let n = bump(&self.current_count, 1);
+            raise_owned_peak(&self.peak_count, n);
+            return;
+        }
         self.allocs.fetch_add(1, Ordering::Relaxed);
         self.hold(bytes);
     }
@@ -43,12 +52,20 @@ impl Counters {
         if batch::batched(self, bytes, false) {
             return;
         }
+        if let Access::Owned(_section) = bias::access() {
+            bump(&self.frees, 1);
+            bump(&self.current_bytes, bytes.wrapping_neg());
+            bump(&self.current_count, u64::MAX);
+            return;
+        }
         self.frees.fetch_add(1, Ordering::Relaxed);
-        self.forget(bytes);
+        self.current_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.current_count.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Memory that is gone without the program freeing it (its context died).
     pub fn forget(&self, bytes: u64) {
+        let _section = bias::access();
         self.current_bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.current_count.fetch_sub(1, Ordering::Relaxed);
     }
@@ -58,6 +75,7 @@ impl Counters {
     /// bytes would count twice meanwhile (and a peak would keep them).
     pub fn unfree(&self, bytes: u64) {
         flush_all();
+        let _section = bias::access();
         self.frees.fetch_sub(1, Ordering::Relaxed);
         self.hold(bytes);
     }
@@ -65,6 +83,10 @@ impl Counters {
     /// The bytes held from CUDA changed by `delta`.
     #[inline]
     pub fn reserve(&self, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let _section = bias::access();
         if delta > 0 {
             let now = self.reserved_bytes.fetch_add(delta as u64, Ordering::Relaxed) + delta as u64;
             raise_peak(&self.peak_reserved_bytes, now);
@@ -76,12 +98,14 @@ impl Counters {
     /// Peaks start again from what is held now.
     pub fn reset_peaks(&self) {
         flush_all();
+        let _section = bias::access();
         self.peak_bytes.store(self.current_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_count.store(self.current_count.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_reserved_bytes.store(self.reserved_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     pub fn failed(&self) {
+        let _section = bias::access();
         self.failures.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -94,6 +118,7 @@ impl Counters {
     }
 
     fn clear(&self) {
+        let _section = bias::access();
         for c in [
             &self.allocs,
             &self.frees,
@@ -107,6 +132,23 @@ impl Counters {
         ] {
             c.store(0, Ordering::Relaxed);
         }
+    }
+}
+
+/// Adds `delta` (wrapping: a two's complement subtracts) with a plain load
+/// and store, returning the new value: only for the owner of the books
+/// (`runtime::bias`), which no other thread writes meanwhile.
+#[inline]
+fn bump(a: &AtomicU64, delta: u64) -> u64 {
+    let now = a.load(Ordering::Relaxed).wrapping_add(delta);
+    a.store(now, Ordering::Relaxed);
+    now
+}
+
+#[inline]
+fn raise_owned_peak(peak: &AtomicU64, now: u64) {
+    if (now as i64) > 0 && now > peak.load(Ordering::Relaxed) {
+        peak.store(now, Ordering::Relaxed);
     }
 }
 
