@@ -60,7 +60,7 @@ fn all_tables() -> impl Iterator<Item = &'static Mutex<Table>> {
 /// Runs `f` on the table of `key`: without its lock while this thread owns
 /// the tables (`runtime::bias`), else under it. None: this thread owns them
 /// and interrupted its own use of them (a signal handler).
-#[inline]
+#[inline(always)]
 fn with_table<R>(space: Space, key: u64, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
     let t = table(space, key);
     match bias::access() {

@@ -27,12 +27,22 @@ const NONE: u64 = 0;
 /// Revoked (or never possible): every thread locks.
 const SHARED: u64 = u64::MAX;
 
-static OWNER: AtomicU64 = AtomicU64::new(NONE);
-/// The owner is inside a section (written by the owner only).
-static INSIDE: AtomicU32 = AtomicU32::new(0);
-/// The owner left its last biased section after the revocation: shared
-/// access is safe.
-static QUIET: AtomicBool = AtomicBool::new(false);
+/// The state every call reads, on cache lines of its own: a neighbour that
+/// other threads write would make each of those reads a miss.
+#[repr(align(128))]
+struct State {
+    owner: AtomicU64,
+    /// The owner is inside a section (written by the owner only).
+    inside: AtomicU32,
+    /// The owner left its last biased section after the revocation: shared
+    /// access is safe.
+    quiet: AtomicBool,
+}
+
+static STATE: State = State { owner: AtomicU64::new(NONE), inside: AtomicU32::new(0), quiet: AtomicBool::new(false) };
+static OWNER: &AtomicU64 = &STATE.owner;
+static INSIDE: &AtomicU32 = &STATE.inside;
+static QUIET: &AtomicBool = &STATE.quiet;
 /// The process this thread registered `membarrier` for (0: none).
 static REGISTERED: AtomicU64 = AtomicU64::new(0);
 
