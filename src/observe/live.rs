@@ -63,7 +63,7 @@ fn all_tables() -> impl Iterator<Item = &'static Mutex<Table>> {
 #[inline(always)]
 fn with_table<R>(space: Space, key: u64, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
     let t = table(space, key);
-    match bias::access() {
+    match bias::BOOKS.access() {
         // SAFETY: the owner alone touches the tables while it holds a section.
         Access::Owned(_section) => Some(f(unsafe { &mut *t.data_ptr() })),
         Access::Shared => Some(f(&mut t.lock())),
@@ -90,7 +90,7 @@ pub fn get(space: Space, key: u64) -> Option<Allocation> {
 /// Removes and returns every live allocation that `dies` selects (context destruction).
 pub fn take_where(mut dies: impl FnMut(&Allocation) -> bool) -> Vec<(u64, Allocation)> {
     let mut out = Vec::new();
-    bias::share();
+    bias::BOOKS.share();
     for t in all_tables() {
         t.lock().retain(|&k, l| {
             if dies(l) {
@@ -112,7 +112,7 @@ const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_millis(
 /// lock cannot be had in time (a thread stopped by a signal may hold it).
 pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
     let mut out = Vec::new();
-    if !bias::share_within(SNAPSHOT_PATIENCE) {
+    if !bias::BOOKS.share_within(SNAPSHOT_PATIENCE) {
         return (out, false);
     }
     let mut complete = true;
@@ -126,7 +126,7 @@ pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
 }
 
 pub fn lock_all() {
-    bias::share();
+    bias::BOOKS.share();
     for t in all_tables() {
         std::mem::forget(t.lock());
     }
@@ -142,7 +142,7 @@ pub unsafe fn unlock_all() {
 
 /// A forked child owns none of its parent's allocations.
 pub fn clear() {
-    bias::share();
+    bias::BOOKS.share();
     for t in all_tables() {
         t.lock().clear();
     }

@@ -136,6 +136,6 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         live::clear();
         counters::clear();
         // One thread is left: it may own the books again.
-        crate::runtime::bias::reset_in_child();
+        crate::runtime::bias::BOOKS.reset_in_child();
     }
 }

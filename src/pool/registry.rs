@@ -5,8 +5,9 @@ use super::engine::{Engine, Unusable};
 use super::fence::{self, Progress};
 use super::magazine::{self, Returns};
 use super::streams;
+use crate::runtime::bias::{BiasedGuard, BiasedMutex};
 use cupool_core::pool::{Block, BlockId, OutOfMemory, Timeline};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +18,9 @@ pub struct ContextPool {
     /// The context's unique id (`cuCtxGetId`): the handle outlives a reset.
     pub id: u64,
     pub device: i32,
-    pub pool: Mutex<Engine>,
+    /// Biased: a program that allocates from one thread takes it with no
+    /// atomic operation (`runtime::bias`).
+    pub pool: BiasedMutex<Engine>,
     /// Its fences' progress, read without the lock by threads' magazines.
     progress: std::sync::Arc<Progress>,
 }
@@ -56,7 +59,7 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
             let engine = Engine::new(ctx, device);
             let progress = engine.timeline().progress.clone();
             let p: &'static ContextPool =
-                Box::leak(Box::new(ContextPool { ctx, id, device, pool: Mutex::new(engine), progress }));
+                Box::leak(Box::new(ContextPool { ctx, id, device, pool: BiasedMutex::new(engine), progress }));
             pools.push(p);
             (p, stale)
         }
@@ -99,7 +102,7 @@ pub fn allocate(
 
 /// The pool's lock; found taken, it is counted toward this thread's magazine.
 #[inline(always)]
-fn lock(pool: &ContextPool) -> MutexGuard<'_, Engine> {
+fn lock(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
     match pool.pool.try_lock() {
         Some(guard) => guard,
         None => lock_contended(pool),
@@ -108,7 +111,7 @@ fn lock(pool: &ContextPool) -> MutexGuard<'_, Engine> {
 
 #[cold]
 #[inline(never)]
-fn lock_contended(pool: &ContextPool) -> MutexGuard<'_, Engine> {
+fn lock_contended(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
     magazine::contended();
     pool.pool.lock()
 }

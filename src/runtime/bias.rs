@@ -1,24 +1,27 @@
-//! Biased ownership of the shim's shared books (the live table's shards and
-//! the counters), for programs that allocate from one thread.
+//! Biased ownership of shared state, for programs that allocate from one
+//! thread: the shim's books (the live table's shards and the counters,
+//! [`BOOKS`]) and each pool's lock ([`BiasedMutex`]).
 //!
-//! Every pooled `cudaMalloc`+`cudaFree` pair locks and unlocks a live-table
-//! shard twice and bumps six counters: ten atomic read-modify-writes, about
-//! 5 ns each even uncontended (a `perf` of the hook bench put a third of the
-//! pair there). Most programs allocate from one thread, so the first thread
-//! that touches the books *owns* them: it reads and writes them with plain
-//! loads and stores and takes no lock. The first other thread that needs
-//! them revokes the bias for good (everyone locks and uses atomics from then
-//! on), after waiting for the owner to leave the section it may be in.
+//! Every pooled `cudaMalloc`+`cudaFree` pair locked and unlocked a
+//! live-table shard twice, the pool twice, and bumped six counters: fourteen
+//! atomic read-modify-writes, about 5 ns each even uncontended (a `perf` of
+//! the hook bench put half the pair there). Most programs allocate from one
+//! thread, so the first thread that touches a [`Bias`]'s state *owns* it: it
+//! reads and writes with plain loads and stores and takes no lock. The first
+//! other thread that needs the state revokes the bias for good (everyone
+//! locks and uses atomics from then on), after waiting for the owner to
+//! leave the section it may be in.
 //!
 //! The handshake is Dekker's, made cheap on the owner's side with an
 //! asymmetric fence: the owner marks itself inside a section and then checks
-//! that it still owns the books, with only a compiler fence between; the
-//! revoker marks the books shared, runs `membarrier` (a full barrier on
+//! that it still owns the state, with only a compiler fence between; the
+//! revoker marks the state shared, runs `membarrier` (a full barrier on
 //! every thread of the process, so the owner either saw the revocation or
 //! its mark is visible), and waits for the mark to clear. Where the kernel
-//! has no `membarrier` (private expedited, Linux 4.14), nothing is ever
-//! biased.
+//! has no `membarrier` (private expedited, Linux 4.14), nothing is biased.
 
+use parking_lot::{Mutex, MutexGuard};
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,10 +30,11 @@ const NONE: u64 = 0;
 /// Revoked (or never possible): every thread locks.
 const SHARED: u64 = u64::MAX;
 
-/// The state every call reads, on cache lines of its own: a neighbour that
-/// other threads write would make each of those reads a miss.
+/// One biased domain: who owns it, and whether the owner is inside. On cache
+/// lines of its own: a neighbour that other threads write would make every
+/// call's reads misses.
 #[repr(align(128))]
-struct State {
+pub struct Bias {
     owner: AtomicU64,
     /// The owner is inside a section (written by the owner only).
     inside: AtomicU32,
@@ -39,41 +43,41 @@ struct State {
     quiet: AtomicBool,
 }
 
-static STATE: State = State { owner: AtomicU64::new(NONE), inside: AtomicU32::new(0), quiet: AtomicBool::new(false) };
-static OWNER: &AtomicU64 = &STATE.owner;
-static INSIDE: &AtomicU32 = &STATE.inside;
-static QUIET: &AtomicBool = &STATE.quiet;
-/// The process this thread registered `membarrier` for (0: none).
+/// The live table and the counters (`observe`).
+pub static BOOKS: Bias = Bias::new();
+
+/// The process `membarrier` was registered for (0: none).
 static REGISTERED: AtomicU64 = AtomicU64::new(0);
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
 
-/// How the caller may touch the books now.
-pub enum Access {
-    /// This thread owns them: plain loads and stores, no lock, until the
+/// How the caller may touch a biased domain's state now.
+pub enum Access<'a> {
+    /// This thread owns it: plain loads and stores, no lock, until the
     /// section is dropped.
-    Owned(Section),
+    Owned(Section<'a>),
     /// Take the locks and use atomics, as without the bias.
     Shared,
-    /// This thread owns them and is inside a section already (a signal
+    /// This thread owns it and is inside a section already (a signal
     /// handler that interrupted it): touch nothing that section may be
     /// changing.
     Busy,
 }
 
 /// The owner is inside a biased section while this lives.
-pub struct Section {
+pub struct Section<'a> {
+    bias: &'a Bias,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
-impl Drop for Section {
+impl Drop for Section<'_> {
     #[inline]
     fn drop(&mut self) {
         // The section's plain stores come before the mark clears: a revoker
         // that reads it clear (acquire) sees them.
         compiler_fence(Ordering::SeqCst);
-        INSIDE.store(0, Ordering::Release);
+        self.bias.inside.store(0, Ordering::Release);
     }
 }
 
@@ -82,52 +86,110 @@ fn me() -> u64 {
     u64::from(super::guard::tid())
 }
 
-/// How this thread may touch the biased books; may revoke the bias (and
-/// wait for the owner to leave its section) first.
-#[inline]
-pub fn access() -> Access {
-    let owner = OWNER.load(Ordering::Relaxed);
-    if owner == SHARED && QUIET.load(Ordering::Acquire) {
-        return Access::Shared;
+impl Bias {
+    pub const fn new() -> Bias {
+        Bias { owner: AtomicU64::new(NONE), inside: AtomicU32::new(0), quiet: AtomicBool::new(false) }
     }
-    let me = me();
-    if owner == me || (owner == NONE && claim(me)) {
-        if INSIDE.load(Ordering::Relaxed) != 0 {
-            return Access::Busy;
+
+    /// How this thread may touch the state; may revoke the bias (and wait
+    /// for the owner to leave its section) first.
+    #[inline]
+    pub fn access(&self) -> Access<'_> {
+        let owner = self.owner.load(Ordering::Relaxed);
+        if owner == SHARED && self.quiet.load(Ordering::Acquire) {
+            return Access::Shared;
         }
-        INSIDE.store(1, Ordering::Relaxed);
-        // With the revoker's membarrier, a full fence: the mark is visible
-        // to it, or the revocation is visible here.
-        compiler_fence(Ordering::SeqCst);
-        if OWNER.load(Ordering::Relaxed) == me {
-            return Access::Owned(Section { _not_send: std::marker::PhantomData });
+        let me = me();
+        if owner == me || (owner == NONE && self.claim(me)) {
+            if self.inside.load(Ordering::Relaxed) != 0 {
+                return Access::Busy;
+            }
+            self.inside.store(1, Ordering::Relaxed);
+            // With the revoker's membarrier, a full fence: the mark is
+            // visible to it, or the revocation is visible here.
+            compiler_fence(Ordering::SeqCst);
+            if self.owner.load(Ordering::Relaxed) == me {
+                return Access::Owned(Section { bias: self, _not_send: std::marker::PhantomData });
+            }
+            self.inside.store(0, Ordering::Release);
+            // Revoked meanwhile; whoever did waits for the mark just cleared.
         }
-        INSIDE.store(0, Ordering::Release);
-        // Revoked meanwhile; whoever did waits for the mark just cleared.
+        self.revoke(None);
+        Access::Shared
     }
-    revoke(None);
-    Access::Shared
+
+    /// Makes the state shared, as [`Bias::access`] does for a second thread,
+    /// without waiting longer than `patience` for the owner (a fatal
+    /// signal's handler must not hang on a thread stopped inside a section).
+    /// False: the owner is still inside; do not touch the state.
+    pub fn share_within(&self, patience: Duration) -> bool {
+        if self.owner.load(Ordering::Relaxed) == me() && self.inside.load(Ordering::Relaxed) != 0 {
+            return false; // interrupted its own section
+        }
+        self.revoke(Some(patience))
+    }
+
+    /// Makes the state shared for good, waiting for the owner to leave its
+    /// section: for rare walks over all of it (context death, `fork`, which
+    /// takes every lock) that would rather lock than hold a section
+    /// throughout.
+    pub fn share(&self) {
+        self.revoke(None);
+    }
+
+    /// In a forked child, after its locks were released: one thread is
+    /// left, and it may own the state again.
+    pub fn reset_in_child(&self) {
+        self.inside.store(0, Ordering::Relaxed);
+        self.quiet.store(false, Ordering::Relaxed);
+        self.owner.store(NONE, Ordering::SeqCst);
+    }
+
+    #[cold]
+    fn claim(&self, me: u64) -> bool {
+        if !registered() {
+            let _ = self.owner.compare_exchange(NONE, SHARED, Ordering::SeqCst, Ordering::Relaxed);
+            self.quiet.store(true, Ordering::Release);
+            return false;
+        }
+        self.owner.compare_exchange(NONE, me, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+    }
+
+    /// Marks the state shared and waits (at most `patience`) for the owner
+    /// to leave its section. True once shared access is safe.
+    #[cold]
+    #[inline(never)]
+    fn revoke(&self, patience: Option<Duration>) -> bool {
+        if self.quiet.load(Ordering::Acquire) {
+            return true;
+        }
+        let was = self.owner.swap(SHARED, Ordering::SeqCst);
+        if was != NONE && REGISTERED.load(Ordering::Acquire) != 0 {
+            // Every revoker that reads the mark fences first (one that found
+            // the state shared already may read it before the first one's
+            // fence).
+            // SAFETY: a plain syscall; registered for this process.
+            unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) };
+        }
+        let start = Instant::now();
+        while self.inside.load(Ordering::Acquire) != 0 {
+            if was == me() {
+                break; // this thread is the owner, between its own sections
+            }
+            if patience.is_some_and(|p| start.elapsed() > p) {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        self.quiet.store(true, Ordering::Release);
+        true
+    }
 }
 
-/// Makes the books shared, as [`access`] does for a second thread, without
-/// waiting longer than `patience` for the owner (a fatal signal's handler
-/// must not hang on a thread stopped inside a section). False: the owner
-/// is still inside; do not touch the books.
-pub fn share_within(patience: Duration) -> bool {
-    if OWNER.load(Ordering::Relaxed) == me() && INSIDE.load(Ordering::Relaxed) != 0 {
-        return false; // interrupted its own section
+impl Default for Bias {
+    fn default() -> Self {
+        Bias::new()
     }
-    revoke(Some(patience))
-}
-
-#[cold]
-fn claim(me: u64) -> bool {
-    if !registered() {
-        let _ = OWNER.compare_exchange(NONE, SHARED, Ordering::SeqCst, Ordering::Relaxed);
-        QUIET.store(true, Ordering::Release);
-        return false;
-    }
-    OWNER.compare_exchange(NONE, me, Ordering::SeqCst, Ordering::Relaxed).is_ok()
 }
 
 /// `membarrier` registered for this process (again in a forked child).
@@ -145,48 +207,89 @@ fn registered() -> bool {
     true
 }
 
-/// Marks the books shared and waits (at most `patience`) for the owner to
-/// leave its section. True once shared access is safe.
-#[cold]
-#[inline(never)]
-fn revoke(patience: Option<Duration>) -> bool {
-    if QUIET.load(Ordering::Acquire) {
-        return true;
-    }
-    let was = OWNER.swap(SHARED, Ordering::SeqCst);
-    if was != NONE && REGISTERED.load(Ordering::Acquire) != 0 {
-        // Every revoker that reads the mark fences first (one that found the
-        // books shared already may read it before the first one's fence).
-        // SAFETY: a plain syscall; registered for this process.
-        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) };
-    }
-    let start = Instant::now();
-    while INSIDE.load(Ordering::Acquire) != 0 {
-        if was == me() {
-            break; // this thread is the owner, between its own sections
-        }
-        if patience.is_some_and(|p| start.elapsed() > p) {
-            return false;
-        }
-        std::thread::yield_now();
-    }
-    QUIET.store(true, Ordering::Release);
-    true
+/// A mutex that its owning thread enters without an atomic operation while
+/// no other thread has used it (a pool's lock: most programs allocate from
+/// one thread). Each has a [`Bias`] of its own, so that holding it nests
+/// with the books' sections.
+pub struct BiasedMutex<T> {
+    bias: Bias,
+    mutex: Mutex<T>,
 }
 
-/// Makes the books shared for good, waiting for the owner to leave its
-/// section: for rare walks over all of them (context death, `fork`, which
-/// takes every lock) that would rather lock than hold a section throughout.
-pub fn share() {
-    revoke(None);
+/// The guard of a [`BiasedMutex`].
+pub enum BiasedGuard<'a, T> {
+    /// The owner's: the section ends when the guard is dropped.
+    Owned {
+        _section: Section<'a>,
+        value: &'a mut T,
+    },
+    Locked(MutexGuard<'a, T>),
 }
 
-/// In a forked child, after its locks were released: one thread is left, and
-/// it may own the books again.
-pub fn reset_in_child() {
-    INSIDE.store(0, Ordering::Relaxed);
-    QUIET.store(false, Ordering::Relaxed);
-    OWNER.store(NONE, Ordering::SeqCst);
+impl<T> BiasedMutex<T> {
+    pub const fn new(value: T) -> Self {
+        BiasedMutex { bias: Bias::new(), mutex: Mutex::new(value) }
+    }
+
+    /// Locks. A thread that owns the mutex and holds it already (a signal
+    /// handler that interrupted it) would deadlock on a plain mutex; here it
+    /// panics (the shim's calls fall back to CUDA on a panic).
+    #[inline]
+    pub fn lock(&self) -> BiasedGuard<'_, T> {
+        match self.bias.access() {
+            Access::Owned(s) => BiasedGuard::Owned { _section: s, value: self.owned() },
+            Access::Shared => BiasedGuard::Locked(self.mutex.lock()),
+            Access::Busy => panic!("a biased mutex locked again by the thread that holds it"),
+        }
+    }
+
+    /// None: another thread holds it (or this one, interrupted inside it).
+    #[inline]
+    pub fn try_lock(&self) -> Option<BiasedGuard<'_, T>> {
+        match self.bias.access() {
+            Access::Owned(s) => Some(BiasedGuard::Owned { _section: s, value: self.owned() }),
+            Access::Shared => self.mutex.try_lock().map(BiasedGuard::Locked),
+            Access::Busy => None,
+        }
+    }
+
+    /// As [`BiasedMutex::try_lock`], waiting at most `patience` (for the
+    /// owner to leave, too).
+    pub fn try_lock_for(&self, patience: Duration) -> Option<BiasedGuard<'_, T>> {
+        if !self.bias.share_within(patience) {
+            return None;
+        }
+        self.mutex.try_lock_for(patience).map(BiasedGuard::Locked)
+    }
+
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    fn owned(&self) -> &mut T {
+        // SAFETY: only while the owner holds a section of this mutex's bias,
+        // which no other thread enters, and the owner enters once at a time.
+        unsafe { &mut *self.mutex.data_ptr() }
+    }
+}
+
+impl<T> Deref for BiasedGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        match self {
+            BiasedGuard::Owned { value, .. } => value,
+            BiasedGuard::Locked(g) => g,
+        }
+    }
+}
+
+impl<T> DerefMut for BiasedGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        match self {
+            BiasedGuard::Owned { value, .. } => value,
+            BiasedGuard::Locked(g) => g,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -196,7 +299,7 @@ mod tests {
     use std::sync::Arc;
 
     fn bump(n: &AtomicU64) -> bool {
-        match access() {
+        match BOOKS.access() {
             Access::Owned(_s) => {
                 // A long section: a revoker that did not wait for it to end
                 // would have its increments overwritten here.
@@ -259,6 +362,6 @@ mod tests {
         }
         assert_eq!(n.load(Ordering::Relaxed), 800_001);
         assert!(owned >= 1000 || !registered(), "owned until revoked: {owned}");
-        assert!(matches!(access(), Access::Shared), "revoked for good");
+        assert!(matches!(BOOKS.access(), Access::Shared), "revoked for good");
     }
 }

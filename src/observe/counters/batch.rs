@@ -184,7 +184,7 @@ impl Batch {
             return;
         }
         let relaxed = Ordering::Relaxed;
-        let _section = crate::runtime::bias::access();
+        let _section = crate::runtime::bias::BOOKS.access();
         if self.allocs > 0 {
             c.allocs.fetch_add(self.allocs, relaxed);
         }

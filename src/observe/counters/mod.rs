@@ -35,7 +35,7 @@ impl Counters {
         if batch::batched(self, bytes, true) {
             return;
         }
-        if let Access::Owned(_section) = bias::access() {
+        if let Access::Owned(_section) = bias::BOOKS.access() {
             bump(&self.allocs, 1);
             let now = bump(&self.current_bytes, bytes);
             raise_owned_peak(&self.peak_bytes, now);
@@ -52,7 +52,7 @@ impl Counters {
         if batch::batched(self, bytes, false) {
             return;
         }
-        if let Access::Owned(_section) = bias::access() {
+        if let Access::Owned(_section) = bias::BOOKS.access() {
             bump(&self.frees, 1);
             bump(&self.current_bytes, bytes.wrapping_neg());
             bump(&self.current_count, u64::MAX);
@@ -65,7 +65,7 @@ impl Counters {
 
     /// Memory that is gone without the program freeing it (its context died).
     pub fn forget(&self, bytes: u64) {
-        let _section = bias::access();
+        let _section = bias::BOOKS.access();
         self.current_bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.current_count.fetch_sub(1, Ordering::Relaxed);
     }
@@ -75,7 +75,7 @@ impl Counters {
     /// bytes would count twice meanwhile (and a peak would keep them).
     pub fn unfree(&self, bytes: u64) {
         flush_all();
-        let _section = bias::access();
+        let _section = bias::BOOKS.access();
         self.frees.fetch_sub(1, Ordering::Relaxed);
         self.hold(bytes);
     }
@@ -86,7 +86,7 @@ impl Counters {
         if delta == 0 {
             return;
         }
-        let _section = bias::access();
+        let _section = bias::BOOKS.access();
         if delta > 0 {
             let now = self.reserved_bytes.fetch_add(delta as u64, Ordering::Relaxed) + delta as u64;
             raise_peak(&self.peak_reserved_bytes, now);
@@ -98,14 +98,14 @@ impl Counters {
     /// Peaks start again from what is held now.
     pub fn reset_peaks(&self) {
         flush_all();
-        let _section = bias::access();
+        let _section = bias::BOOKS.access();
         self.peak_bytes.store(self.current_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_count.store(self.current_count.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_reserved_bytes.store(self.reserved_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     pub fn failed(&self) {
-        let _section = bias::access();
+        let _section = bias::BOOKS.access();
         self.failures.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -118,7 +118,7 @@ impl Counters {
     }
 
     fn clear(&self) {
-        let _section = bias::access();
+        let _section = bias::BOOKS.access();
         for c in [
             &self.allocs,
             &self.frees,
