@@ -275,7 +275,10 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
         },
         // Not a live allocation but inside a pool segment (a double free):
         // CUDA must not see it, or it would free the whole segment.
-        None if known.is_none() && space == Space::Pointer && pool::owns(key) => INVALID_VALUE,
+        // When cupool cannot tell (an internal failure), CUDA must not see it either.
+        None if known.is_none() && space == Space::Pointer && diag::shielded(|| pool::owns(key)).unwrap_or(true) => {
+            INVALID_VALUE
+        }
         None => real(),
     };
     diag::shielded(|| match (known, result) {

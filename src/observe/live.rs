@@ -90,7 +90,9 @@ pub fn get(space: Space, key: u64) -> Option<Allocation> {
 /// Removes and returns every live allocation that `dies` selects (context destruction).
 pub fn take_where(mut dies: impl FnMut(&Allocation) -> bool) -> Vec<(u64, Allocation)> {
     let mut out = Vec::new();
-    bias::BOOKS.share();
+    if !bias::BOOKS.share() {
+        return out; // a signal handler on the owner, inside the tables: leave them be
+    }
     for t in all_tables() {
         t.lock().retain(|&k, l| {
             if dies(l) {
@@ -126,7 +128,11 @@ pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
 }
 
 pub fn lock_all() {
-    bias::BOOKS.share();
+    // The owner forking needs only the locks: no other thread is inside a
+    // section. Any other thread revokes first, so that the owner leaves.
+    if !bias::BOOKS.owned_here() {
+        bias::BOOKS.share();
+    }
     for t in all_tables() {
         std::mem::forget(t.lock());
     }
@@ -142,7 +148,9 @@ pub unsafe fn unlock_all() {
 
 /// A forked child owns none of its parent's allocations.
 pub fn clear() {
-    bias::BOOKS.share();
+    if !bias::BOOKS.share() {
+        return;
+    }
     for t in all_tables() {
         t.lock().clear();
     }
