@@ -59,15 +59,13 @@ impl Counters {
             return;
         }
         self.frees.fetch_add(1, Ordering::Relaxed);
-        self.current_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.current_count.fetch_sub(1, Ordering::Relaxed);
+        self.let_go(bytes);
     }
 
     /// Memory that is gone without the program freeing it (its context died).
     pub fn forget(&self, bytes: u64) {
         let _section = bias::BOOKS.access();
-        self.current_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.current_count.fetch_sub(1, Ordering::Relaxed);
+        self.let_go(bytes);
     }
 
     /// Takes back a `sub` whose free CUDA refused: the allocation is still live.
@@ -115,6 +113,13 @@ impl Counters {
         raise_peak(&self.peak_bytes, now);
         let n = self.current_count.fetch_add(1, Ordering::Relaxed) + 1;
         raise_peak(&self.peak_count, n);
+    }
+
+    /// `hold`'s undoing: one allocation of `bytes` is no longer held.
+    #[inline]
+    fn let_go(&self, bytes: u64) {
+        self.current_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.current_count.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn clear(&self) {
