@@ -1,5 +1,23 @@
 //! The public vocabulary of the pool: the backend trait and block handles.
 
+/// Both pools' step before placing a request: orders later GPU work behind
+/// `newest` (the newest pending free's tag) where the timeline can do that
+/// cheaply now ([`Timeline::order_behind`]) and `completed_upto` does not
+/// cover it yet. True: every pending tag counts as complete now (the caller
+/// reclaims those blocks), and `completed_upto` says so.
+pub(crate) fn order_behind_pending(
+    newest: Option<u64>,
+    completed_upto: &mut Option<u64>,
+    timeline: &mut impl Timeline,
+) -> bool {
+    let Some(tag) = newest else { return false };
+    if completed_upto.is_none_or(|c| tag > c) && timeline.order_behind(tag) {
+        *completed_upto = Some(tag);
+        return true;
+    }
+    false
+}
+
 /// The GPU timeline as both pools see it: a freed block may still be
 /// touched by work queued before the free, so it waits for a tag.
 pub trait Timeline {

@@ -35,6 +35,7 @@ use block::{BlockRec, BlockSlab, SegRec, SegSlab, State, NIL};
 use cycles::Cycles;
 use free_index::FreeIndex;
 
+pub(crate) use api::order_behind_pending;
 pub use api::{Backend, Block, BlockId, BlockInfo, OutOfMemory, Timeline};
 pub use config::{GiveBack, PoolConfig};
 pub use inspect::{BlockSnapshot, BlockState, SegmentSnapshot};
@@ -346,9 +347,8 @@ impl<B: Backend> Pool<B> {
     /// `cuMemFree`, which waits for the device.
     #[inline(never)]
     fn order_pending(&mut self) {
-        let Some(&(_, tag)) = self.pending.back() else { return };
-        if self.completed_upto.is_none_or(|c| tag > c) && self.backend.order_behind(tag) {
-            self.completed_upto = Some(tag);
+        let newest = self.pending.back().map(|&(_, tag)| tag);
+        if order_behind_pending(newest, &mut self.completed_upto, &mut self.backend) {
             self.reclaim_completed();
         }
     }

@@ -101,7 +101,9 @@ pub use stats::{PeakBreakdown, VmmStats};
 use crate::pool::block::{BlockRec, BlockSlab, State, NIL};
 use crate::pool::cycles::Cycles;
 use crate::pool::free_index::{Entry, FreeIndex};
-use crate::pool::{round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Timeline, SEGMENT_ALIGN};
+use crate::pool::{
+    order_behind_pending, round_size, Block, BlockId, BlockInfo, Fragmentation, OutOfMemory, Timeline, SEGMENT_ALIGN,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -467,9 +469,8 @@ impl<B: PageBackend> VmmPool<B> {
     /// one stream (on the CPU replay of the transformer trace with the GPU
     /// 200 ms behind: 1.129 → 1.006 of its live peak).
     fn order_pending(&mut self) {
-        let Some(&(_, tag)) = self.pending.back() else { return };
-        if self.completed_upto.is_none_or(|c| tag > c) && self.backend.order_behind(tag) {
-            self.completed_upto = Some(tag);
+        let newest = self.pending.back().map(|&(_, tag)| tag);
+        if order_behind_pending(newest, &mut self.completed_upto, &mut self.backend) {
             self.reclaim_completed();
         }
     }
