@@ -54,6 +54,26 @@ fn every_event_kind_round_trips_through_event_record() {
     assert!(first.starts_with("{\"seq\":17,"), "{first}");
 }
 
+/// The hand-written number formatting at the edges: zero, one digit, carries, extremes.
+#[test]
+fn numbers_are_formatted_as_serde_formats_them() {
+    let values = [0, 1, 9, 10, 15, 16, 255, 256, 999, 1000, 0xdead_beef, i64::MAX as u64, u64::MAX];
+    for &kind in EventKind::ALL {
+        for (i, &v) in values.iter().enumerate() {
+            let mut e = event(kind, v);
+            (e.seq, e.t_ns, e.ptr, e.size) = (v, values[values.len() - 1 - i], v, v / 3);
+            e.tid = v as u32;
+            e.stack = (v >> 7) as u32;
+            e.device = [-1, 0, 7, 63, i32::MIN, i32::MAX][i % 6];
+            e.result = [0, -1, 2, 700, i32::MIN, i32::MAX][i % 6];
+            let line = line_of(&e);
+            let read: EventRecord = serde_json::from_str(&line).unwrap_or_else(|err| panic!("{kind:?}: {line}: {err}"));
+            assert_eq!(read, EventRecord::from(&e), "{line}");
+            assert_eq!(serde_json::to_string(&read).unwrap(), line, "{kind:?}");
+        }
+    }
+}
+
 fn process() -> ProcessInfo {
     ProcessInfo {
         pid: 4242,

@@ -24,7 +24,8 @@ pub fn write_header(out: &mut String, process: &ProcessInfo, options: &Options) 
 }
 
 /// Appends one event as one line: exactly the JSON of `EventRecord::from(e)`,
-/// formatted by hand because it runs for every allocation.
+/// formatted by hand because it runs for every allocation (the writer thread
+/// must keep up with millions a second; `write!` took three times as long).
 pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
     write_named_event(out, e, line, "");
 }
@@ -35,52 +36,89 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
     if line == EventLine::Later {
         out.push(',');
     }
-    let _ = write!(out, "{{\"seq\":{},\"t_ns\":{},\"ev\":\"{}\"", e.seq, e.t_ns, e.kind.as_str());
+    let mut o = Fields(out);
+    o.text("{\"seq\":").uint(e.seq).text(",\"t_ns\":").uint(e.t_ns);
+    o.text(",\"ev\":\"").text(e.kind.as_str()).text("\"");
     if e.kind != EventKind::Start {
-        let _ = write!(out, ",\"api\":\"{}\"", e.api.as_str());
+        o.text(",\"api\":\"").text(e.api.as_str()).text("\"");
     }
     match e.kind {
         EventKind::Start => {}
         EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap => {
-            let _ = write!(
-                out,
-                ",\"kind\":\"{}\",\"ptr\":\"{:#x}\",\"size\":{},\"device\":{}",
-                e.mem.as_str(),
-                e.ptr,
-                e.size,
-                e.device
-            );
+            o.text(",\"kind\":\"").text(e.mem.as_str()).text("\",\"ptr\":").hex(e.ptr);
+            o.text(",\"size\":").uint(e.size).text(",\"device\":").int(e.device.into());
             if e.aux != 0 {
-                let field = if matches!(e.kind, EventKind::Map | EventKind::Unmap) { "handle" } else { "stream" };
-                let _ = write!(out, ",\"{field}\":\"{:#x}\"", e.aux);
+                let field =
+                    if matches!(e.kind, EventKind::Map | EventKind::Unmap) { ",\"handle\":" } else { ",\"stream\":" };
+                o.text(field).hex(e.aux);
             }
             if e.kind == EventKind::Alloc && e.stack != 0 {
-                let _ = write!(out, ",\"stack\":{}", e.stack);
+                o.text(",\"stack\":").uint(e.stack.into());
             }
         }
         EventKind::AllocFailed | EventKind::Oom => {
-            let _ = write!(
-                out,
-                ",\"kind\":\"{}\",\"size\":{},\"device\":{},\"result\":{}",
-                e.mem.as_str(),
-                e.size,
-                e.device,
-                e.result
-            );
+            o.text(",\"kind\":\"").text(e.mem.as_str()).text("\",\"size\":").uint(e.size);
+            o.text(",\"device\":").int(e.device.into()).text(",\"result\":").int(e.result.into());
         }
         EventKind::InvalidFree => {
-            let _ = write!(out, ",\"ptr\":\"{:#x}\",\"device\":{},\"result\":{}", e.ptr, e.device, e.result);
+            o.text(",\"ptr\":").hex(e.ptr).text(",\"device\":").int(e.device.into());
+            o.text(",\"result\":").int(e.result.into());
         }
         EventKind::Checkpoint => {
-            let _ = write!(out, ",\"device\":{},\"leaked_bytes\":{},\"leaked_count\":{}", e.device, e.size, e.aux);
+            o.text(",\"device\":").int(e.device.into()).text(",\"leaked_bytes\":").uint(e.size);
+            o.text(",\"leaked_count\":").uint(e.aux);
         }
         EventKind::PhaseBegin | EventKind::PhaseEnd => {
             // A string of user text: serde_json escapes it (it cannot fail on a &str).
             let name = serde_json::to_string(name).unwrap_or_else(|_| "\"\"".into());
-            let _ = write!(out, ",\"device\":{},\"name\":{name},\"live\":{},\"reserved\":{}", e.device, e.size, e.ptr);
+            o.text(",\"device\":").int(e.device.into()).text(",\"name\":").text(&name);
+            o.text(",\"live\":").uint(e.size).text(",\"reserved\":").uint(e.ptr);
         }
     }
-    let _ = writeln!(out, ",\"tid\":{}}}", e.tid);
+    o.text(",\"tid\":").uint(e.tid.into()).text("}\n");
+}
+
+/// Appends the parts of a line: text as it is, numbers in decimal, pointers
+/// as a quoted `0x` hex string (what `{:#x}` writes).
+struct Fields<'a>(&'a mut String);
+
+impl Fields<'_> {
+    #[inline]
+    fn text(&mut self, s: &str) -> &mut Self {
+        self.0.push_str(s);
+        self
+    }
+
+    #[inline]
+    fn uint(&mut self, v: u64) -> &mut Self {
+        self.text(itoa::Buffer::new().format(v))
+    }
+
+    #[inline]
+    fn int(&mut self, v: i64) -> &mut Self {
+        self.text(itoa::Buffer::new().format(v))
+    }
+
+    fn hex(&mut self, v: u64) -> &mut Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 20];
+        let mut at = buf.len();
+        at -= 1;
+        buf[at] = b'"';
+        let mut rest = v;
+        loop {
+            at -= 1;
+            buf[at] = DIGITS[(rest & 0xf) as usize];
+            rest >>= 4;
+            if rest == 0 {
+                break;
+            }
+        }
+        at -= 3;
+        buf[at..at + 3].copy_from_slice(b"\"0x");
+        // Only ASCII was written.
+        self.text(std::str::from_utf8(&buf[at..]).unwrap_or("\"0x0\""))
+    }
 }
 
 /// Appends one definition line (a line of the `events` array; never the first).
