@@ -20,18 +20,23 @@ for round in $(seq ${ROUNDS:-5}); do
     for b in $builds; do
       lib=$root/.gpu/libcupool.so; [ $b = old ] && lib=$root/.gpu/old/libcupool.so
       rt=${row%%:*}; opts=${row#*:}
+      rm -rf $w/logs
       ns=$(CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$lib $w/hp_$rt 300000 | sed 's/.*=//')
-      echo "$rt $opts $b $ns" >> $w/all.txt
+      # Events the writer could not keep up with are dropped: a traced row
+      # counts only with its whole trace written.
+      dropped=$(cat $w/logs/*.json 2>/dev/null | grep -o '"dropped_events":[0-9]*' | sed 's/.*://' | head -1)
+      echo "$rt $opts $b $ns ${dropped:-0}" >> $w/all.txt
     done
   done
 done
-echo "cudart  options                                   build  min_ns  median_ns  (${ROUNDS:-5} rounds)"
+echo "cudart  options                                   build  min_ns  median_ns  max_dropped  (${ROUNDS:-5} rounds)"
 python3 - $w/all.txt <<'PY'
 import sys, statistics, collections
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    rt, opts, b, ns = line.split()
-    rows[(rt, opts, b)].append(float(ns))
+    rt, opts, b, ns, dropped = line.split()
+    rows[(rt, opts, b)].append((float(ns), int(dropped)))
 for (rt, opts, b), v in rows.items():
-    print(f"{rt:7s} {opts:41s} {b:5s} {min(v):7.1f}  {statistics.median(v):9.1f}")
+    ns = [x for x, _ in v]
+    print(f"{rt:7s} {opts:41s} {b:5s} {min(ns):7.1f}  {statistics.median(ns):9.1f}  {max(d for _, d in v):11d}")
 PY

@@ -20,7 +20,12 @@ for o in mode=passthrough:trace=0:$nostacks mode=passthrough:trace=1:$nostacks \
          mode=pool:backing=vmm:trace=0:$nostacks mode=pool:backing=segments:trace=0:$nostacks \
          mode=pool:backing=vmm:trace=1:$nostacks mode=pool:backing=segments:trace=1:$nostacks \
          mode=pool:trace=0 mode=pool:backing=segments:trace=0 mode=pool:trace=1; do
-  printf '%-62s %s\n' "$o" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n)"
+  logs=target/hook-bench-logs/row; rm -rf $logs
+  ns=$(CUPOOL_OPTIONS=$o:log_dir=$logs LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n)
+  # A traced row counts only with its whole trace written: events the writer
+  # could not keep up with are dropped (and counted in the log's end record).
+  dropped=$(cat $logs/*.json 2>/dev/null | grep -o '"dropped_events":[0-9]*' | sed 's/.*://' | head -1)
+  printf '%-62s %s%s\n' "$o" "$ns" "${dropped:+ dropped_events=$dropped}"
 done
 # Several threads, each with a stream of its own (fenced frees): pairs per
 # second over all threads, best of 3, sites off and on. Threads that meet on

@@ -1,10 +1,11 @@
 //! The writer thread: drains queued events into the log every `flush_ms`,
-//! so a SIGKILL loses at most that much of the timeline, and finishes the
-//! log for a process dying of a signal (the handler itself may not take locks).
+//! so a SIGKILL loses at most that much of the timeline, and sooner when
+//! many wait ([`nudge`]); and finishes the log for a process dying of a
+//! signal (the handler itself may not take locks).
 
 use super::file::LOG;
 use crate::runtime::{diag, guard, options};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::Duration;
 
 /// Write end of the pipe that wakes the writer: a byte 0 means "flush", a
@@ -12,6 +13,9 @@ use std::time::Duration;
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 /// The writer answers a finish request with a byte here.
 static ACK_FD: AtomicI32 = AtomicI32::new(-1);
+/// The writer sleeps until the next period and no one has woken it since.
+static DOZING: AtomicBool = AtomicBool::new(false);
+
 /// The writer thread's id: a synchronous fault in it cannot wait for itself.
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 
@@ -23,7 +27,11 @@ pub fn start(finish: FinishOnSignal) {
     let mut wake = [-1; 2];
     let mut ack = [-1; 2];
     unsafe {
-        if libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC) != 0 || libc::pipe2(ack.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+        // Non-blocking writes: a thread that wakes the writer never waits for it.
+        if libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC) != 0
+            || libc::fcntl(wake[1], libc::F_SETFL, libc::O_NONBLOCK) != 0
+            || libc::pipe2(ack.as_mut_ptr(), libc::O_CLOEXEC) != 0
+        {
             diag::error("cannot create the writer's pipe; events will be written at exit only");
             return;
         }
@@ -52,7 +60,9 @@ fn run(wake_rd: i32, ack_wr: i32, finish: FinishOnSignal) {
     let period = options::get().flush_ms as i32;
     loop {
         let mut pfd = libc::pollfd { fd: wake_rd, events: libc::POLLIN, revents: 0 };
+        DOZING.store(true, Ordering::Release);
         let ready = unsafe { libc::poll(&mut pfd, 1, period) };
+        DOZING.store(false, Ordering::Release);
         let mut byte = 0u8;
         if ready > 0 && unsafe { libc::read(wake_rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
             finish(byte as i32);
@@ -62,6 +72,19 @@ fn run(wake_rd: i32, ack_wr: i32, finish: FinishOnSignal) {
         match LOG.lock().as_mut() {
             Some(file) => file.drain(Duration::from_millis(10)),
             None => return, // finished
+        }
+    }
+}
+
+/// Wakes the writer before its period is up, if it sleeps: many events
+/// wait, and a fast program would fill the bounded buffers meanwhile and
+/// lose some. One `write` per wake-up, none while the writer is busy.
+pub fn nudge() {
+    if DOZING.swap(false, Ordering::AcqRel) {
+        let fd = WAKE_FD.load(Ordering::Acquire);
+        if fd >= 0 {
+            let flush = 0u8;
+            unsafe { libc::write(fd, (&flush as *const u8).cast(), 1) };
         }
     }
 }
