@@ -691,6 +691,35 @@ fn threads_every_alloc_and_free_recorded() {
     }
 }
 
+/// Event times are the program's own clock (CLOCK_MONOTONIC) since the
+/// start, whatever the shim stamps them with: the gaps between calls in the
+/// log are the gaps the program measured, across the writer's flushes.
+#[test]
+fn event_times_follow_the_programs_clock() {
+    let prog = compile_fake_program("timed", "prog_timed.c", &link_fake_cudart());
+    let dir = scratch_dir("timed");
+    let out = run_preloaded(&prog, &[], &dir, &observing("flush_ms=20"));
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
+    let result = result_line(&stdout).expect("result line");
+    let logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1);
+    let calls: Vec<&Value> =
+        logs[0]["events"].as_array().unwrap().iter().filter(|e| e["ev"] == "alloc" || e["ev"] == "free").collect();
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    let times: Vec<u64> = calls.iter().map(|e| u64_of(e, "t_ns")).collect();
+    for (k, gap) in ["gap1_us", "gap2_us", "gap3_us"].iter().enumerate() {
+        let logged_us = (times[k + 1] as i64 - times[k] as i64) / 1000;
+        let measured_us = result[*gap] as i64;
+        // The program reads its clock just before each call; the shim stamps
+        // inside it, microseconds later.
+        assert!(
+            (logged_us - measured_us).abs() <= 1000,
+            "{gap}: {logged_us} us between the events in the log, {measured_us} us measured by the program; times {times:?}"
+        );
+    }
+}
+
 #[test]
 fn threads_racing_the_lazy_start_are_all_recorded() {
     let prog = compile_fake_program("start_race", "preload_start_race.c", &link_fake_cudart());
