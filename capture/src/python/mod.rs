@@ -107,8 +107,17 @@ fn probe_now() -> Option<&'static Found> {
 fn runtime() -> Option<&'static Runtime> {
     let found = match FOUND.get() {
         Some(found) => found,
-        None if MISSES.fetch_add(1, Ordering::Relaxed).is_multiple_of(REPROBE_EVERY) => probe_now()?,
-        None => return None,
+        None => {
+            // Counted without a read-modify-write (every allocation of a
+            // program without Python comes here): threads that meet may lose
+            // a count, and look again a little later.
+            let misses = MISSES.load(Ordering::Relaxed);
+            MISSES.store(misses.wrapping_add(1), Ordering::Relaxed);
+            if !misses.is_multiple_of(REPROBE_EVERY) {
+                return None;
+            }
+            probe_now()?
+        }
     };
     match found {
         Found::Supported(rt) => Some(rt),
