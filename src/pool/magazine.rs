@@ -435,23 +435,30 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
     let magazines: Vec<_> = ALL.lock().clone();
     let epoch = FORK_EPOCH.load(Ordering::Acquire);
     let mut returns = Returns::default();
+    // Only magazines emptied here go: a thread that exits meanwhile orphans
+    // one this pass skipped or emptied while its thread still ran, and it
+    // must stay for the next settle, which gives its blocks back.
+    let mut emptied_orphans = Vec::new();
     for m in magazines {
         {
-            let mut m = m.lock();
-            if only_orphans && !m.orphaned {
+            let mut magazine = m.lock();
+            if only_orphans && !magazine.orphaned {
                 continue;
             }
             returns.n = 0;
-            if m.epoch == epoch {
-                m.give_back_frees(&mut returns);
+            if magazine.epoch == epoch {
+                magazine.give_back_frees(&mut returns);
                 for slot in 0..CLASSES {
-                    m.give_back_class(slot, &mut returns);
+                    magazine.give_back_class(slot, &mut returns);
                 }
+            }
+            if magazine.orphaned {
+                emptied_orphans.push(Arc::as_ptr(&m));
             }
         }
         give_back(&returns);
     }
-    ALL.lock().retain(|m| !m.lock().orphaned);
+    ALL.lock().retain(|m| !emptied_orphans.contains(&Arc::as_ptr(m)));
 }
 
 pub fn lock_for_fork() {
