@@ -57,12 +57,20 @@ fn rdtsc() -> u64 {
 }
 
 /// A counter reading and CLOCK_MONOTONIC (ns) taken together: the counter
-/// is read on both sides of the clock and the middle kept.
+/// is read on both sides of the clock and the middle kept, from the closest
+/// of three tries (a thread preempted between the reads would skew one).
 fn tsc_and_ns() -> (u64, u64) {
-    let before = rdtsc();
-    let ns = monotonic_ns();
-    let after = rdtsc();
-    (before + (after.wrapping_sub(before)) / 2, ns)
+    let mut best = (u64::MAX, 0, 0);
+    for _ in 0..3 {
+        let before = rdtsc();
+        let ns = monotonic_ns();
+        let after = rdtsc();
+        let gap = after.wrapping_sub(before);
+        if gap < best.0 {
+            best = (gap, before + gap / 2, ns);
+        }
+    }
+    (best.1, best.2)
 }
 
 /// An event's time stamp, in the unit the writer turns into nanoseconds
@@ -76,49 +84,64 @@ pub fn ticks() -> u64 {
     }
 }
 
-/// Turns [`ticks`] into nanoseconds since the start: between two points at
-/// which both the counter and the clock were read, by a straight line, so
-/// times follow CLOCK_MONOTONIC wherever it drifts from the counter's
-/// nominal rate and never jump. The writer takes a point after each batch
-/// of events it collects, so that every event of the batch lies before it.
+/// Turns [`ticks`] into nanoseconds since the start: one line through
+/// points at which both the counter and the clock were read, so that times
+/// follow CLOCK_MONOTONIC wherever it drifts from the counter's nominal
+/// rate, never jump, and never run backwards. The writer takes a point
+/// after each batch of events it collects, so that every event of the batch
+/// lies before it; an event pushed late (its thread preempted between
+/// stamping and queueing) lands in a later batch and is still converted on
+/// the segment its ticks lie in.
 pub struct TickScale {
-    /// The last point: (ticks, ns since the start).
-    last: (u64, u64),
-    /// Nanoseconds per tick over the last span long enough to measure.
-    rate: f64,
+    /// (ticks, ns since the start), both increasing; the oldest are dropped.
+    points: std::collections::VecDeque<(u64, u64)>,
 }
 
-/// Spans shorter than this (in ticks, about 30 µs) keep the previous rate:
-/// the two readings of a point are some 20 ns apart.
-const MIN_SPAN_TICKS: u64 = 100_000;
+/// Points closer than this are not kept: each is read to within tens of ns,
+/// and a short segment's slope would carry that error into its events.
+const MIN_SPAN_NS: u64 = 1_000_000;
+/// Points kept: a second or more of history for late events.
+const MAX_POINTS: usize = 1024;
 
 impl TickScale {
     /// From the session's start.
     pub fn new() -> TickScale {
-        TickScale { last: (T0_TICKS.load(Ordering::Relaxed), 0), rate: 0.0 }
+        TickScale { points: std::collections::VecDeque::from([(T0_TICKS.load(Ordering::Relaxed), 0)]) }
     }
 
-    /// Takes a point now; the conversion for ticks read before it.
-    pub fn advance(&mut self) -> impl Fn(u64) -> u64 {
-        let tsc = TSC.load(Ordering::Relaxed);
-        let from = self.last;
-        if tsc {
-            let (ticks, ns) = tsc_and_ns();
-            let to = (ticks, ns.saturating_sub(T0_NS.load(Ordering::Relaxed)));
-            let span = to.0.wrapping_sub(from.0);
-            if (span as i64) >= MIN_SPAN_TICKS as i64 || self.rate == 0.0 {
-                self.rate = if span as i64 > 0 { to.1.saturating_sub(from.1) as f64 / span as f64 } else { 0.0 };
-                self.last = to;
-            }
+    /// Takes a point now, for the events collected before.
+    pub fn advance(&mut self) {
+        if !TSC.load(Ordering::Relaxed) {
+            return;
         }
-        let rate = self.rate;
-        move |ticks| {
-            if !tsc {
-                return ticks;
+        let (ticks, ns) = tsc_and_ns();
+        let ns = ns.saturating_sub(T0_NS.load(Ordering::Relaxed));
+        let &(last_ticks, last_ns) = self.points.back().unwrap_or(&(0, 0));
+        let far_enough = self.points.len() < 2 || ns >= last_ns + MIN_SPAN_NS;
+        if far_enough && ticks > last_ticks && ns > last_ns {
+            if self.points.len() == MAX_POINTS {
+                self.points.pop_front();
             }
-            let since = ticks.wrapping_sub(from.0) as i64 as f64 * rate;
-            (from.1 as f64 + since).max(0.0) as u64
+            self.points.push_back((ticks, ns));
         }
+    }
+
+    /// Nanoseconds since the start at `ticks` (a [`ticks`] reading).
+    pub fn to_ns(&self, ticks: u64) -> u64 {
+        if !TSC.load(Ordering::Relaxed) {
+            return ticks;
+        }
+        // The segment that holds `ticks`; the first or last one extended
+        // beyond the ends.
+        let n = self.points.len();
+        if n < 2 {
+            return 0;
+        }
+        let at = self.points.partition_point(|&(t, _)| t <= ticks).clamp(1, n - 1);
+        let ((t0, ns0), (t1, ns1)) = (self.points[at - 1], self.points[at]);
+        let rate = (ns1 - ns0) as f64 / (t1 - t0) as f64;
+        let ns = ns0 as f64 + ticks.wrapping_sub(t0) as i64 as f64 * rate;
+        ns.max(0.0) as u64
     }
 }
 

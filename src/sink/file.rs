@@ -67,7 +67,7 @@ impl LogFile {
     pub fn drain(&mut self, patience: Duration) {
         buffers::drain(&mut self.batch, patience);
         // After the events are collected: each was stamped before this point.
-        let to_ns = self.scale.advance();
+        self.scale.advance();
         // Taken after the events: what they refer to was defined before they
         // were queued, so it is in this batch of definitions or an earlier one.
         definitions::drain(&mut self.definitions, patience);
@@ -79,7 +79,7 @@ impl LogFile {
             return;
         }
         for e in &mut self.batch {
-            e.t_ns = to_ns(e.t_ns);
+            e.t_ns = self.scale.to_ns(e.t_ns);
             let e = &*e;
             if matches!(e.kind, EventKind::PhaseBegin | EventKind::PhaseEnd) {
                 strings::with_text(e.aux as u32, |name| {
