@@ -16,10 +16,13 @@ use std::time::Duration;
 
 /// Events per chunk (64 KiB).
 const CHUNK: usize = 1024;
-/// Chunks ever made: at most a million events wait (64 MiB); beyond, new
-/// ones are dropped and counted, so memory stays bounded when the disk
+/// Chunks ever made: at most four million events wait (256 MiB); beyond,
+/// new ones are dropped and counted, so memory stays bounded when the disk
 /// cannot keep up.
-const MAX_CHUNKS: usize = 1024;
+const MAX_CHUNKS: usize = 4096;
+/// Events a thread drops without asking for a chunk again once none was
+/// left: a full queue must not have every thread queue on its lock.
+const DROP_RUN: u32 = 256;
 /// Chunks in use (written or waiting) from which the writer is woken
 /// before its period is up: 16 Ki events, about a millisecond and a half of a
 /// program that does nothing but allocate and free.
@@ -74,6 +77,8 @@ struct Lease {
     /// Inside `push`: a signal handler recording meanwhile must not write
     /// the slot the interrupted push is filling.
     pushing: Cell<bool>,
+    /// Events still to drop before asking for a chunk again.
+    dropping: Cell<u32>,
 }
 
 impl Drop for Lease {
@@ -85,7 +90,8 @@ impl Drop for Lease {
 }
 
 thread_local! {
-    static MINE: Lease = const { Lease { chunk: Cell::new(None), pushing: Cell::new(false) } };
+    static MINE: Lease =
+        const { Lease { chunk: Cell::new(None), pushing: Cell::new(false), dropping: Cell::new(0) } };
 }
 
 /// A place in the timeline taken before a call whose outcome is recorded after
@@ -128,9 +134,16 @@ pub fn push(mut e: Event, at: Option<Stamp>) {
         }
         let chunk = match lease.chunk.get() {
             Some((chunk, _)) if chunk.len.load(Ordering::Relaxed) < CHUNK => Some(chunk),
+            None if lease.dropping.get() > 0 => {
+                lease.dropping.set(lease.dropping.get() - 1);
+                None
+            }
             current => {
                 let next = refill(current.map(|(_, i)| i));
                 lease.chunk.set(next);
+                if next.is_none() {
+                    lease.dropping.set(DROP_RUN);
+                }
                 next.map(|(chunk, _)| chunk)
             }
         };
@@ -151,7 +164,7 @@ pub fn push(mut e: Event, at: Option<Stamp>) {
 }
 
 /// Retires this thread's full chunk (if any) and leases it an empty one;
-/// `None` when a million events wait already.
+/// `None` when four million events wait already.
 #[cold]
 fn refill(full: Option<usize>) -> Option<(&'static Chunk, usize)> {
     let mut chunks = CHUNKS.lock();
@@ -192,39 +205,116 @@ pub fn dropped() -> u64 {
 
 /// Moves every queued event into `batch`, in `seq` order. `patience` bounds
 /// the wait for a lock: a thread stopped by a fatal signal may hold one forever.
+///
+/// The events are read outside the lock, so that a thread trading its chunk
+/// never waits for a large batch: only the drain recycles chunks, and it
+/// does so after reading them.
 pub fn drain(batch: &mut Vec<Event>, patience: Duration) {
-    if let Some(mut chunks) = CHUNKS.try_lock_for(patience) {
-        let Chunks { all, free } = &mut *chunks;
-        // Each chunk's unread events are a run in `seq` order; taken in the
-        // order their runs start, one thread's events need no sorting.
-        let mut runs: Vec<(u64, usize)> = all
-            .iter()
-            .enumerate()
-            .filter(|(_, entry)| entry.chunk.len.load(Ordering::Acquire) > entry.read)
-            // SAFETY: slot `read` is below `len`: written, no longer changing.
-            .map(|(i, entry)| (unsafe { (*entry.chunk.events[entry.read].get()).seq }, i))
-            .collect();
-        runs.sort_unstable();
-        for (_, i) in runs {
-            let entry = &mut all[i];
-            let len = entry.chunk.len.load(Ordering::Acquire);
+    let mut streams: Vec<Stream> = Vec::new();
+    if let Some(mut waiting) = OVERFLOW.try_lock_for(patience) {
+        if !waiting.is_empty() {
+            let mut events = std::mem::take(&mut *waiting);
+            events.sort_unstable_by_key(|e| e.seq);
+            streams.push(Stream { runs: vec![Run::Owned(events)], next: 0, at: 0 });
+        }
+    }
+    let Some(mut chunks) = CHUNKS.try_lock_for(patience) else {
+        merge(streams, batch);
+        return;
+    };
+    // Each chunk's unread events are a run in `seq` order, and one thread's
+    // runs follow each other: a stream per thread, merged across threads.
+    let mut runs: Vec<(u32, u64, &'static Chunk, usize, usize)> = Vec::new();
+    for entry in chunks.all.iter_mut() {
+        let len = entry.chunk.len.load(Ordering::Acquire);
+        if len > entry.read {
             // SAFETY: slots below `len` are written and no longer change.
-            batch.extend((entry.read..len).map(|k| unsafe { *entry.chunk.events[k].get() }));
+            let first = unsafe { *entry.chunk.events[entry.read].get() };
+            runs.push((first.tid, first.seq, entry.chunk, entry.read, len));
             entry.read = len;
         }
-        for (i, entry) in all.iter_mut().enumerate() {
-            if entry.state == State::Retired && entry.read == entry.chunk.len.load(Ordering::Acquire) {
-                entry.chunk.len.store(0, Ordering::Relaxed);
-                (entry.read, entry.state) = (0, State::Free);
-                free.push(i);
-            }
+    }
+    drop(chunks);
+    runs.sort_unstable_by_key(|&(tid, seq, ..)| (tid, seq));
+    for (k, &(tid, _, chunk, from, to)) in runs.iter().enumerate() {
+        let run = Run::Slots { chunk, from, to };
+        match streams.last_mut() {
+            Some(stream) if k > 0 && runs[k - 1].0 == tid => stream.runs.push(run),
+            _ => streams.push(Stream { runs: vec![run], next: 0, at: from }),
         }
     }
-    if let Some(mut waiting) = OVERFLOW.try_lock_for(patience) {
-        batch.append(&mut waiting);
+    merge(streams, batch);
+    let mut chunks = CHUNKS.lock();
+    let Chunks { all, free } = &mut *chunks;
+    for (i, entry) in all.iter_mut().enumerate() {
+        if entry.state == State::Retired && entry.read == entry.chunk.len.load(Ordering::Acquire) {
+            entry.chunk.len.store(0, Ordering::Relaxed);
+            (entry.read, entry.state) = (0, State::Free);
+            free.push(i);
+        }
     }
-    // Runs of several threads interleave: the stable sort merges runs.
-    batch.sort_by_key(|e| e.seq);
+}
+
+/// Events in `seq` order: one thread's unread chunk slices, or the overflow.
+struct Stream {
+    runs: Vec<Run>,
+    /// The run being read, and the next event's place in it.
+    next: usize,
+    at: usize,
+}
+
+enum Run {
+    Slots { chunk: &'static Chunk, from: usize, to: usize },
+    Owned(Vec<Event>),
+}
+
+impl Stream {
+    /// The next event, if any, without taking it.
+    fn peek(&self) -> Option<Event> {
+        match self.runs.get(self.next)? {
+            // SAFETY: slots below the `len` read under the lock are written
+            // and stay so until this drain recycles the chunk.
+            Run::Slots { chunk, .. } => Some(unsafe { *chunk.events[self.at].get() }),
+            Run::Owned(events) => events.get(self.at).copied(),
+        }
+    }
+
+    fn advance(&mut self) {
+        self.at += 1;
+        let end = match &self.runs[self.next] {
+            Run::Slots { to, .. } => *to,
+            Run::Owned(events) => events.len(),
+        };
+        if self.at == end {
+            self.next += 1;
+            self.at = match self.runs.get(self.next) {
+                Some(Run::Slots { from, .. }) => *from,
+                _ => 0,
+            };
+        }
+    }
+}
+
+/// Appends the streams' events to `batch` in `seq` order: a k-way merge
+/// (each event moves once; sorting a million interleaved events took the
+/// writer longer than eight threads took to make them).
+fn merge(mut streams: Vec<Stream>, batch: &mut Vec<Event>) {
+    use std::cmp::Reverse;
+    let mut heads: std::collections::BinaryHeap<Reverse<(u64, usize)>> =
+        streams.iter().enumerate().filter_map(|(k, s)| Some(Reverse((s.peek()?.seq, k)))).collect();
+    while let Some(Reverse((_, k))) = heads.pop() {
+        let stream = &mut streams[k];
+        // Up to the next stream's head, this stream's events go in a row.
+        let bound = heads.peek().map_or(u64::MAX, |Reverse((seq, _))| *seq);
+        while let Some(e) = stream.peek() {
+            if e.seq > bound {
+                heads.push(Reverse((e.seq, k)));
+                break;
+            }
+            batch.push(e);
+            stream.advance();
+        }
+    }
 }
 
 pub fn lock_for_fork() {
@@ -269,7 +359,7 @@ mod tests {
     #[test]
     fn every_event_arrives_once_in_its_threads_order_and_exited_threads_chunks_are_reused() {
         const THREADS: u64 = 4;
-        const EACH: u64 = 3 * CHUNK as u64 + 17;
+        const EACH: u64 = 20 * CHUNK as u64 + 17;
         let producers: Vec<_> = (0..THREADS)
             .map(|t| std::thread::spawn(move || (0..EACH).for_each(|i| push(tagged(t, i), None))))
             .collect();
@@ -277,6 +367,7 @@ mod tests {
         let mut batch = Vec::new();
         while !producers.iter().all(|p| p.is_finished()) {
             drain(&mut batch, Duration::from_secs(1));
+            assert!(batch.windows(2).all(|w| w[0].seq < w[1].seq), "a batch out of seq order");
             seen.append(&mut batch);
         }
         producers.into_iter().for_each(|p| p.join().unwrap());
@@ -296,6 +387,30 @@ mod tests {
         seqs.sort_unstable();
         seqs.dedup();
         assert_eq!(seqs.len(), seen.len(), "a sequence number given twice");
+
+        // Threads taking turns: every drained run overlaps the other
+        // thread's, so the batch is in order only if the runs are merged.
+        let turn = std::sync::Arc::new(AtomicUsize::new(0));
+        let alternating: Vec<_> = (0..2u64)
+            .map(|t| {
+                let turn = turn.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2 * CHUNK as u64 {
+                        while turn.load(Ordering::Acquire) % 2 != t as usize {
+                            std::thread::yield_now();
+                        }
+                        push(tagged(100 + t, i), None);
+                        turn.fetch_add(1, Ordering::Release);
+                    }
+                })
+            })
+            .collect();
+        alternating.into_iter().for_each(|p| p.join().unwrap());
+        drain(&mut batch, Duration::from_secs(1));
+        assert_eq!(batch.len(), 4 * CHUNK);
+        assert!(batch.windows(2).all(|w| w[0].seq < w[1].seq), "two threads' runs not merged");
+        assert!(batch.windows(2).all(|w| w[0].ptr >> 32 != w[1].ptr >> 32), "the threads did not alternate");
+        batch.clear();
 
         // Threads that come and go hand their chunks back: more threads than
         // chunks may exist, one after another, and none of their events is lost.
