@@ -137,7 +137,12 @@ impl TickScale {
         if n < 2 {
             return 0;
         }
-        let at = self.points.partition_point(|&(t, _)| t <= ticks).clamp(1, n - 1);
+        // Nearly every event lies on the last segment: no search for those.
+        let at = if ticks >= self.points[n - 2].0 {
+            n - 1
+        } else {
+            self.points.partition_point(|&(t, _)| t <= ticks).clamp(1, n - 1)
+        };
         let ((t0, ns0), (t1, ns1)) = (self.points[at - 1], self.points[at]);
         let rate = (ns1 - ns0) as f64 / (t1 - t0) as f64;
         let ns = ns0 as f64 + ticks.wrapping_sub(t0) as i64 as f64 * rate;
