@@ -31,9 +31,20 @@ const NUDGE_CHUNKS: usize = 16;
 /// inside their own push).
 const MAX_OVERFLOW: usize = 1 << 16;
 
-static SEQ: AtomicU64 = AtomicU64::new(1);
+/// The next sequence number, on cache lines of its own: the recording
+/// thread reads and writes it for every event, and a neighbour the writer
+/// thread writes (a lock) made that read a miss (a third of a traced pair's
+/// added cost on the CPU).
+static SEQ: Aligned<AtomicU64> = Aligned(AtomicU64::new(1));
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
+#[repr(align(128))]
+struct Aligned<T>(T);
+
+/// On cache lines of its own for the same reason: its writer stores `len`
+/// for every event, and the heap would put the writer thread's small
+/// allocations beside it.
+#[repr(align(128))]
 struct Chunk {
     /// Events written so far: stored (release) by the chunk's one writer
     /// after each event, reset only by the reader while nobody writes it.
@@ -110,13 +121,13 @@ pub struct Stamp {
 pub fn stamp() -> Stamp {
     let seq = match bias::BOOKS.access() {
         Access::Owned(_section) => {
-            let seq = SEQ.load(Ordering::Relaxed);
-            SEQ.store(seq + 1, Ordering::Relaxed);
+            let seq = SEQ.0.load(Ordering::Relaxed);
+            SEQ.0.store(seq + 1, Ordering::Relaxed);
             seq
         }
         // Busy: a signal handler interrupting the owner may share a number
         // with the event being stamped; the log stays readable.
-        Access::Shared | Access::Busy => SEQ.fetch_add(1, Ordering::Relaxed),
+        Access::Shared | Access::Busy => SEQ.0.fetch_add(1, Ordering::Relaxed),
     };
     Stamp { seq, ticks: clock::ticks() }
 }
@@ -244,6 +255,12 @@ pub fn drain(batch: &mut Vec<Event>, patience: Duration) {
         }
     }
     merge(streams, batch);
+    // A thread's events are in its chunks in the order it stamped them,
+    // unless it recorded one between stamping another and queueing it: then
+    // its run is out of order, and the merge's result with it.
+    if !batch.is_sorted_by_key(|e| e.seq) {
+        batch.sort_by_key(|e| e.seq);
+    }
     let mut chunks = CHUNKS.lock();
     let Chunks { all, free } = &mut *chunks;
     for (i, entry) in all.iter_mut().enumerate() {
@@ -269,23 +286,24 @@ enum Run {
 }
 
 impl Stream {
-    /// The next event, if any, without taking it.
-    fn peek(&self) -> Option<Event> {
-        match self.runs.get(self.next)? {
+    /// What is left of the run being read: empty once the stream is done.
+    fn rest(&self) -> &[Event] {
+        match self.runs.get(self.next) {
             // SAFETY: slots below the `len` read under the lock are written
-            // and stay so until this drain recycles the chunk.
-            Run::Slots { chunk, .. } => Some(unsafe { *chunk.events[self.at].get() }),
-            Run::Owned(events) => events.get(self.at).copied(),
+            // and stay so until this drain recycles the chunk; `UnsafeCell`
+            // has its content's layout.
+            Some(Run::Slots { chunk, to, .. }) => unsafe {
+                std::slice::from_raw_parts(chunk.events[self.at..*to].as_ptr().cast::<Event>(), to - self.at)
+            },
+            Some(Run::Owned(events)) => &events[self.at..],
+            None => &[],
         }
     }
 
-    fn advance(&mut self) {
-        self.at += 1;
-        let end = match &self.runs[self.next] {
-            Run::Slots { to, .. } => *to,
-            Run::Owned(events) => events.len(),
-        };
-        if self.at == end {
+    /// Moves past `n` events of the current run (all that is left of it, or fewer).
+    fn skip(&mut self, n: usize) {
+        self.at += n;
+        if self.rest().is_empty() {
             self.next += 1;
             self.at = match self.runs.get(self.next) {
                 Some(Run::Slots { from, .. }) => *from,
@@ -296,23 +314,30 @@ impl Stream {
 }
 
 /// Appends the streams' events to `batch` in `seq` order: a k-way merge
-/// (each event moves once; sorting a million interleaved events took the
-/// writer longer than eight threads took to make them).
+/// that copies each stream's events in slices, up to the next stream's
+/// head (sorting a million interleaved events took the writer longer than
+/// eight threads took to make them).
 fn merge(mut streams: Vec<Stream>, batch: &mut Vec<Event>) {
     use std::cmp::Reverse;
     let mut heads: std::collections::BinaryHeap<Reverse<(u64, usize)>> =
-        streams.iter().enumerate().filter_map(|(k, s)| Some(Reverse((s.peek()?.seq, k)))).collect();
+        streams.iter().enumerate().filter_map(|(k, s)| Some(Reverse((s.rest().first()?.seq, k)))).collect();
     while let Some(Reverse((_, k))) = heads.pop() {
-        let stream = &mut streams[k];
-        // Up to the next stream's head, this stream's events go in a row.
         let bound = heads.peek().map_or(u64::MAX, |Reverse((seq, _))| *seq);
-        while let Some(e) = stream.peek() {
-            if e.seq > bound {
-                heads.push(Reverse((e.seq, k)));
-                break;
+        let stream = &mut streams[k];
+        loop {
+            let rest = stream.rest();
+            let n = rest.partition_point(|e| e.seq <= bound);
+            batch.extend_from_slice(&rest[..n]);
+            let next = rest.get(n).map(|e| e.seq);
+            stream.skip(n);
+            match next {
+                Some(seq) => {
+                    heads.push(Reverse((seq, k)));
+                    break;
+                }
+                None if stream.rest().is_empty() => break,
+                None => {} // the stream's next run
             }
-            batch.push(e);
-            stream.advance();
         }
     }
 }
@@ -339,7 +364,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
             free.push(i);
         }
         OVERFLOW.lock().clear();
-        SEQ.store(1, Ordering::Relaxed);
+        SEQ.0.store(1, Ordering::Relaxed);
         DROPPED.store(0, Ordering::Relaxed);
     }
 }
