@@ -193,7 +193,7 @@ fn refill(full: Option<usize>) -> Option<(&'static Chunk, usize)> {
         None => return None,
     };
     if chunks.all.len() - chunks.free.len() >= NUDGE_CHUNKS {
-        super::writer::nudge();
+        super::wake::nudge();
     }
     let entry = &mut chunks.all[i];
     entry.state = State::Writing;

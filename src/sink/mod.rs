@@ -7,6 +7,7 @@ mod buffers;
 mod definitions;
 mod file;
 mod strings;
+mod wake;
 mod writer;
 
 pub use buffers::{dropped, Stamp};

@@ -4,17 +4,14 @@
 //! signal (the handler itself may not take locks).
 
 use super::file::LOG;
+use super::wake;
 use crate::runtime::{diag, guard, options};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::Duration;
 
-/// Write end of the pipe that wakes the writer: a byte 0 means "flush", a
-/// signal number means "finish the log, the process is dying of it".
-static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
-/// The writer answers a finish request with a byte here.
+/// The writer answers a finish request with a byte here (it is woken
+/// through `wake`'s pipe).
 static ACK_FD: AtomicI32 = AtomicI32::new(-1);
-/// The writer sleeps until the next period and no one has woken it since.
-static DOZING: AtomicBool = AtomicBool::new(false);
 
 /// The writer thread's id: a synchronous fault in it cannot wait for itself.
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
@@ -36,7 +33,7 @@ pub fn start(finish: FinishOnSignal) {
             return;
         }
     }
-    WAKE_FD.store(wake[1], Ordering::Release);
+    wake::set_fd(wake[1]);
     ACK_FD.store(ack[0], Ordering::Release);
     let (wake_rd, ack_wr) = (wake[0], ack[1]);
     // The writer must never run a signal handler (the handler waits for the
@@ -60,9 +57,9 @@ fn run(wake_rd: i32, ack_wr: i32, finish: FinishOnSignal) {
     let period = options::get().flush_ms as i32;
     loop {
         let mut pfd = libc::pollfd { fd: wake_rd, events: libc::POLLIN, revents: 0 };
-        DOZING.store(true, Ordering::Release);
+        wake::dozing(true);
         let ready = unsafe { libc::poll(&mut pfd, 1, period) };
-        DOZING.store(false, Ordering::Release);
+        wake::dozing(false);
         let mut byte = 0u8;
         if ready > 0 && unsafe { libc::read(wake_rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
             finish(byte as i32);
@@ -76,24 +73,11 @@ fn run(wake_rd: i32, ack_wr: i32, finish: FinishOnSignal) {
     }
 }
 
-/// Wakes the writer before its period is up, if it sleeps: many events
-/// wait, and a fast program would fill the bounded buffers meanwhile and
-/// lose some. One `write` per wake-up, none while the writer is busy.
-pub fn nudge() {
-    if DOZING.swap(false, Ordering::AcqRel) {
-        let fd = WAKE_FD.load(Ordering::Acquire);
-        if fd >= 0 {
-            let flush = 0u8;
-            unsafe { libc::write(fd, (&flush as *const u8).cast(), 1) };
-        }
-    }
-}
-
 /// From a signal handler: has the writer finish the log, waiting at most
 /// `timeout_ms`. Only async-signal-safe calls. False when there is no writer
 /// to ask; `finish` then runs here if this is the writer thread itself.
 pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> bool {
-    let (wake, ack) = (WAKE_FD.load(Ordering::Acquire), ACK_FD.load(Ordering::Acquire));
+    let (wake, ack) = (wake::fd(), ACK_FD.load(Ordering::Acquire));
     if wake < 0 || ack < 0 {
         return false;
     }
@@ -114,7 +98,7 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> 
 
 /// In a forked child: the parent's pipes and writer thread are not ours.
 pub fn forget_in_child() {
-    for fd in [WAKE_FD.swap(-1, Ordering::AcqRel), ACK_FD.swap(-1, Ordering::AcqRel)] {
+    for fd in [wake::take_fd(), ACK_FD.swap(-1, Ordering::AcqRel)] {
         if fd >= 0 {
             unsafe { libc::close(fd) };
         }
