@@ -2,11 +2,11 @@
 //! its own with plain stores and publishes every event by storing the
 //! chunk's length; the writer thread reads up to that length. A thread takes
 //! the lock only to trade a full chunk for an empty one, once per [`CHUNK`]
-//! events: the hot path has no read-modify-write, where a shared buffer's
-//! lock made two per event (with the sequence number's, a fifth of a traced
-//! pair's cost on the CPU).
+//! events: while one thread records, the hot path has no read-modify-write,
+//! where a shared buffer's lock made two per event (with the sequence
+//! number's, a fifth of a traced pair's cost on the CPU).
 
-use crate::runtime::bias::{self, Access};
+use crate::runtime::bias::{Access, Bias};
 use crate::runtime::{clock, guard};
 use cupool_core::log::{Api, Event, EventKind};
 use parking_lot::Mutex;
@@ -16,9 +16,9 @@ use std::time::Duration;
 
 /// Events per chunk (64 KiB).
 const CHUNK: usize = 1024;
-/// Chunks ever made: at most four million events wait (256 MiB); beyond,
-/// new ones are dropped and counted, so memory stays bounded when the disk
-/// cannot keep up.
+/// Chunks ever made (room for four million events, 256 MiB): when all are
+/// in use, new events are dropped and counted, so memory stays bounded when
+/// the disk cannot keep up.
 const MAX_CHUNKS: usize = 4096;
 /// Events a thread drops without asking for a chunk again once none was
 /// left: a full queue must not have every thread queue on its lock.
@@ -27,15 +27,21 @@ const DROP_RUN: u32 = 256;
 /// before its period is up: 16 Ki events, about a millisecond and a half of a
 /// program that does nothing but allocate and free.
 const NUDGE_CHUNKS: usize = 16;
-/// Events of threads that cannot use a chunk (exiting, or recording from
-/// inside their own push).
-const MAX_OVERFLOW: usize = 1 << 16;
+/// Events of threads that cannot use a chunk: recording from inside their
+/// own push, or exiting (`exit` runs the main thread's thread-local
+/// destructors before the handlers and static destructors that may still
+/// free memory, and record it).
+const MAX_OVERFLOW: usize = 1 << 20;
 
 /// The next sequence number, on cache lines of its own: the recording
 /// thread reads and writes it for every event, and a neighbour the writer
 /// thread writes (a lock) made that read a miss (a third of a traced pair's
 /// added cost on the CPU).
 static SEQ: Aligned<AtomicU64> = Aligned(AtomicU64::new(1));
+/// Who may count `SEQ` with a plain load and store: the first thread that
+/// records (`runtime::bias`). A domain of its own, not the books': a thread
+/// that records without allocating (phases) then takes only this bias away.
+static SEQ_OWNER: Bias = Bias::new();
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
 #[repr(align(128))]
@@ -115,11 +121,11 @@ pub struct Stamp {
     ticks: u64,
 }
 
-/// The sequence number is part of the books (`runtime::bias`): while one
-/// thread records, it counts with a plain load and store.
+/// While one thread records, it counts the sequence number with a plain
+/// load and store (`SEQ_OWNER`).
 #[inline]
 pub fn stamp() -> Stamp {
-    let seq = match bias::BOOKS.access() {
+    let seq = match SEQ_OWNER.access() {
         Access::Owned(_section) => {
             let seq = SEQ.0.load(Ordering::Relaxed);
             SEQ.0.store(seq + 1, Ordering::Relaxed);
@@ -175,29 +181,44 @@ pub fn push(mut e: Event, at: Option<Stamp>) {
 }
 
 /// Retires this thread's full chunk (if any) and leases it an empty one;
-/// `None` when four million events wait already.
+/// `None` when all the chunks there may be are in use. No allocation and no
+/// syscall under the lock: a thread stopped there by a fatal signal must not
+/// keep the writer from finishing the log.
 #[cold]
-fn refill(full: Option<usize>) -> Option<(&'static Chunk, usize)> {
-    let mut chunks = CHUNKS.lock();
-    if let Some(i) = full {
-        chunks.all[i].state = State::Retired;
-    }
-    let i = match chunks.free.pop() {
-        Some(i) => i,
-        None if chunks.all.len() < MAX_CHUNKS => {
-            let events = (0..CHUNK).map(|_| UnsafeCell::new(Event::new(EventKind::Start, Api::None))).collect();
-            let chunk = Box::leak(Box::new(Chunk { len: AtomicUsize::new(0), events }));
-            chunks.all.push(Entry { chunk, read: 0, state: State::Free });
-            chunks.all.len() - 1
+fn refill(mut full: Option<usize>) -> Option<(&'static Chunk, usize)> {
+    let mut made: Option<&'static Chunk> = None;
+    loop {
+        let mut chunks = CHUNKS.lock();
+        // Once: a drain may recycle it as soon as the lock is let go.
+        if let Some(i) = full.take() {
+            chunks.all[i].state = State::Retired;
         }
-        None => return None,
-    };
-    if chunks.all.len() - chunks.free.len() >= NUDGE_CHUNKS {
-        super::wake::nudge();
+        if let Some(chunk) = made.take() {
+            // Threads making chunks at once may pass the bound by a few.
+            chunks.all.push(Entry { chunk, read: 0, state: State::Free });
+            let last = chunks.all.len() - 1;
+            chunks.free.push(last);
+        }
+        let i = match chunks.free.pop() {
+            Some(i) => i,
+            None if chunks.all.len() < MAX_CHUNKS => {
+                drop(chunks);
+                let events = (0..CHUNK).map(|_| UnsafeCell::new(Event::new(EventKind::Start, Api::None))).collect();
+                made = Some(Box::leak(Box::new(Chunk { len: AtomicUsize::new(0), events })));
+                continue;
+            }
+            None => return None,
+        };
+        let busy = chunks.all.len() - chunks.free.len() >= NUDGE_CHUNKS;
+        let entry = &mut chunks.all[i];
+        entry.state = State::Writing;
+        let leased = (entry.chunk, i);
+        drop(chunks);
+        if busy {
+            super::wake::nudge();
+        }
+        return Some(leased);
     }
-    let entry = &mut chunks.all[i];
-    entry.state = State::Writing;
-    Some((entry.chunk, i))
 }
 
 #[cold]
@@ -261,7 +282,8 @@ pub fn drain(batch: &mut Vec<Event>, patience: Duration) {
     if !batch.is_sorted_by_key(|e| e.seq) {
         batch.sort_by_key(|e| e.seq);
     }
-    let mut chunks = CHUNKS.lock();
+    // Recycled at the next drain if the lock cannot be had in time.
+    let Some(mut chunks) = CHUNKS.try_lock_for(patience) else { return };
     let Chunks { all, free } = &mut *chunks;
     for (i, entry) in all.iter_mut().enumerate() {
         if entry.state == State::Retired && entry.read == entry.chunk.len.load(Ordering::Acquire) {
@@ -354,7 +376,11 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
     CHUNKS.force_unlock();
     if in_child {
         // The parent's events are its own log's; its other threads are gone.
-        let _ = MINE.try_with(|lease| lease.chunk.set(None));
+        let _ = MINE.try_with(|lease| {
+            lease.chunk.set(None);
+            lease.pushing.set(false);
+            lease.dropping.set(0);
+        });
         let mut chunks = CHUNKS.lock();
         let Chunks { all, free } = &mut *chunks;
         free.clear();
@@ -365,6 +391,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         }
         OVERFLOW.lock().clear();
         SEQ.0.store(1, Ordering::Relaxed);
+        SEQ_OWNER.reset_in_child();
         DROPPED.store(0, Ordering::Relaxed);
     }
 }
