@@ -453,12 +453,15 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
                 }
             }
             if magazine.orphaned {
-                emptied_orphans.push(Arc::as_ptr(&m));
+                // The Arc itself, not its address: a magazine freed by a
+                // settle running beside this one may be reborn at the same
+                // address as a live thread's new one.
+                emptied_orphans.push(m.clone());
             }
         }
         give_back(&returns);
     }
-    ALL.lock().retain(|m| !emptied_orphans.contains(&Arc::as_ptr(m)));
+    ALL.lock().retain(|m| !emptied_orphans.iter().any(|gone| Arc::ptr_eq(gone, m)));
 }
 
 pub fn lock_for_fork() {
