@@ -87,20 +87,22 @@ pub fn ticks() -> u64 {
 /// Turns [`ticks`] into nanoseconds since the start: one line through
 /// points at which both the counter and the clock were read, so that times
 /// follow CLOCK_MONOTONIC wherever it drifts from the counter's nominal
-/// rate, never jump, and never run backwards. The writer takes a point
+/// rate, never jump, and do not run backwards. The writer takes a point
 /// after each batch of events it collects, so that every event of the batch
-/// lies before it; an event pushed late (its thread preempted between
-/// stamping and queueing) lands in a later batch and is still converted on
-/// the segment its ticks lie in.
+/// lies before it and is found between two points, never extrapolated past
+/// the last (a slope taken over a short span would be wrong there, and the
+/// next point would then give the same ticks other times); an event pushed
+/// late (its thread preempted between stamping and queueing) lands in a
+/// later batch and is still converted on the segment its ticks lie in. Only
+/// a point read within the clock's reading error of the last one (two drains
+/// microseconds apart) is left out, and its batch extrapolated.
 pub struct TickScale {
     /// (ticks, ns since the start), both increasing; the oldest are dropped.
     points: std::collections::VecDeque<(u64, u64)>,
 }
 
-/// Points closer than this are not kept: each is read to within tens of ns,
-/// and a short segment's slope would carry that error into its events.
-const MIN_SPAN_NS: u64 = 1_000_000;
-/// Points kept: a second or more of history for late events.
+/// Points kept: a second or more of history for late events (the writer
+/// drains at most about once a millisecond).
 const MAX_POINTS: usize = 1024;
 
 impl TickScale {
@@ -117,8 +119,7 @@ impl TickScale {
         let (ticks, ns) = tsc_and_ns();
         let ns = ns.saturating_sub(T0_NS.load(Ordering::Relaxed));
         let &(last_ticks, last_ns) = self.points.back().unwrap_or(&(0, 0));
-        let far_enough = self.points.len() < 2 || ns >= last_ns + MIN_SPAN_NS;
-        if far_enough && ticks > last_ticks && ns > last_ns {
+        if ticks > last_ticks && ns > last_ns {
             if self.points.len() == MAX_POINTS {
                 self.points.pop_front();
             }
