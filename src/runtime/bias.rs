@@ -1,6 +1,7 @@
 //! Biased ownership of shared state, for programs that allocate from one
-//! thread: the shim's books (the live table's shards, the counters and the
-//! log's sequence number, [`BOOKS`]) and each pool's lock ([`BiasedMutex`]).
+//! thread: the shim's books (the live table's shards and the counters,
+//! [`BOOKS`]), each pool's lock ([`BiasedMutex`]) and the log's sequence
+//! number (`sink`).
 //!
 //! Every pooled `cudaMalloc`+`cudaFree` pair locked and unlocked a
 //! live-table shard twice, the pool twice, and bumped six counters: fourteen
@@ -49,8 +50,7 @@ pub struct Bias {
     quiet: AtomicBool,
 }
 
-/// The live table and the counters (`observe`), and the sequence number of
-/// logged events (`sink`).
+/// The live table and the counters (`observe`).
 pub static BOOKS: Bias = Bias::new();
 
 /// The process `membarrier` was registered for (0: none), and its guard.
