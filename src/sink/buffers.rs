@@ -247,7 +247,7 @@ pub fn drain(batch: &mut Vec<Event>, patience: Duration) {
         if !waiting.is_empty() {
             let mut events = std::mem::take(&mut *waiting);
             events.sort_unstable_by_key(|e| e.seq);
-            streams.push(Stream { runs: vec![Run::Owned(events)], next: 0, at: 0 });
+            streams.push(Stream { runs: vec![Run::Owned { events, from: 0 }], next: 0 });
         }
     }
     let Some(mut chunks) = CHUNKS.try_lock_for(patience) else {
@@ -272,7 +272,7 @@ pub fn drain(batch: &mut Vec<Event>, patience: Duration) {
         let run = Run::Slots { chunk, from, to };
         match streams.last_mut() {
             Some(stream) if k > 0 && runs[k - 1].0 == tid => stream.runs.push(run),
-            _ => streams.push(Stream { runs: vec![run], next: 0, at: from }),
+            _ => streams.push(Stream { runs: vec![run], next: 0 }),
         }
     }
     merge(streams, batch);
@@ -297,40 +297,47 @@ pub fn drain(batch: &mut Vec<Event>, patience: Duration) {
 /// Events in `seq` order: one thread's unread chunk slices, or the overflow.
 struct Stream {
     runs: Vec<Run>,
-    /// The run being read, and the next event's place in it.
+    /// The run being read.
     next: usize,
-    at: usize,
 }
 
+/// Events in `seq` order from `from` on.
 enum Run {
     Slots { chunk: &'static Chunk, from: usize, to: usize },
-    Owned(Vec<Event>),
+    Owned { events: Vec<Event>, from: usize },
+}
+
+impl Run {
+    fn rest(&self) -> &[Event] {
+        match self {
+            // SAFETY: slots below the `len` read under the lock are written
+            // and stay so until this drain recycles the chunk; `UnsafeCell`
+            // has its content's layout.
+            Run::Slots { chunk, from, to } => unsafe {
+                std::slice::from_raw_parts(chunk.events[*from..*to].as_ptr().cast::<Event>(), to - from)
+            },
+            Run::Owned { events, from } => &events[*from..],
+        }
+    }
+
+    fn skip(&mut self, n: usize) {
+        match self {
+            Run::Slots { from, .. } | Run::Owned { from, .. } => *from += n,
+        }
+    }
 }
 
 impl Stream {
     /// What is left of the run being read: empty once the stream is done.
     fn rest(&self) -> &[Event] {
-        match self.runs.get(self.next) {
-            // SAFETY: slots below the `len` read under the lock are written
-            // and stay so until this drain recycles the chunk; `UnsafeCell`
-            // has its content's layout.
-            Some(Run::Slots { chunk, to, .. }) => unsafe {
-                std::slice::from_raw_parts(chunk.events[self.at..*to].as_ptr().cast::<Event>(), to - self.at)
-            },
-            Some(Run::Owned(events)) => &events[self.at..],
-            None => &[],
-        }
+        self.runs.get(self.next).map_or(&[], Run::rest)
     }
 
     /// Moves past `n` events of the current run (all that is left of it, or fewer).
     fn skip(&mut self, n: usize) {
-        self.at += n;
+        self.runs[self.next].skip(n);
         if self.rest().is_empty() {
             self.next += 1;
-            self.at = match self.runs.get(self.next) {
-                Some(Run::Slots { from, .. }) => *from,
-                _ => 0,
-            };
         }
     }
 }

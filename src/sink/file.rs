@@ -74,11 +74,9 @@ impl LogFile {
         for d in self.definitions.drain(..) {
             log::write_definition(&mut self.text, &d);
         }
-        if self.batch.is_empty() {
-            self.flush();
-            return;
-        }
-        for e in &mut self.batch {
+        // Out of `self` while it is written: `flush` borrows all of it.
+        let mut batch = std::mem::take(&mut self.batch);
+        for e in &mut batch {
             e.t_ns = self.scale.to_ns(e.t_ns);
             let e = &*e;
             if matches!(e.kind, EventKind::PhaseBegin | EventKind::PhaseEnd) {
@@ -89,11 +87,11 @@ impl LogFile {
                 log::write_event(&mut self.text, e, EventLine::Later);
             }
             if self.text.len() >= WRITE_BYTES {
-                write_all(self.fd, self.text.as_bytes());
-                self.text.clear();
+                self.flush();
             }
         }
-        self.batch.clear();
+        batch.clear();
+        self.batch = batch; // its capacity kept for the next drain
         self.flush();
     }
 
