@@ -245,3 +245,58 @@ fn a_fork_child_defines_the_site_its_parent_used_last() {
         assert_eq!(functions(site).first().map(String::as_str), Some("forked_site"), "{file}: {site}");
     }
 }
+
+const PY_ALTERNATING: &str = r#"
+import ctypes, os, sys
+ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)
+rt = ctypes.CDLL(None)
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+rt.cudaFree.argtypes = [ctypes.c_void_p]
+p = ctypes.c_void_p()
+for i in range(300):
+    if i % 2:
+        rt.cudaMalloc(ctypes.byref(p), 4096)  # PY-ODD
+    else:
+        rt.cudaMalloc(ctypes.byref(p), 8192)  # PY-EVEN
+    rt.cudaFree(p)
+print("result: ok")
+"#;
+
+/// One native path reached from two Python lines in turn: a thread that
+/// recognises a repeated native walk (and skips comparing its frames) must
+/// still tell the sites apart by their Python frames, every time.
+#[test]
+fn one_native_path_from_two_python_lines_in_turn_gets_two_sites() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let dir = scratch_dir("sites-alternating");
+    let script = dir.join("alternating.py");
+    std::fs::write(&script, PY_ALTERNATING).unwrap();
+    let logs = dir.join("logs");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(fakes().libcudart())
+        .envs(fakes().env())
+        .env("LD_PRELOAD", shim_path())
+        .env("CUPOOL_OPTIONS", cupool_options(&logs, ""))
+        .output()
+        .expect("run python3");
+    assert!(stdout_of(&out).contains("result: ok"), "{}{}", stdout_of(&out), stderr_of(&out));
+
+    let log = &read_logs(&logs)[0];
+    let defs = definitions(log);
+    let line_of_stack = |id: &Value| -> u64 {
+        let stack = defs.iter().find(|e| e["def"] == "stack" && e["id"] == *id).expect("defined");
+        assert!(!stack["native"].as_array().unwrap().is_empty(), "{stack}");
+        stack["python"][0][2].as_u64().expect("a Python frame")
+    };
+    let line = |marker: &str| PY_ALTERNATING.lines().position(|l| l.contains(marker)).unwrap() as u64 + 1;
+    let allocs = events(log, "alloc");
+    assert_eq!(allocs.len(), 300);
+    for (size, marker) in [(4096, "PY-ODD"), (8192, "PY-EVEN")] {
+        let ids: std::collections::BTreeSet<String> =
+            allocs.iter().filter(|e| e["size"] == size).map(|e| e["stack"].to_string()).collect();
+        assert_eq!(ids.len(), 1, "one site for every allocation of {size}: {ids:?}");
+        let id = allocs.iter().find(|e| e["size"] == size).unwrap()["stack"].clone();
+        assert_eq!(line_of_stack(&id), line(marker), "allocations of {size}");
+    }
+}

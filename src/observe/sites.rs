@@ -89,6 +89,8 @@ struct LastStack {
     len: usize,
     id: u32,
     generation: u32,
+    /// The native walk that gave `key`'s native frames (`native::Walk`), 0: none.
+    walk: u64,
 }
 
 thread_local! {
@@ -98,7 +100,7 @@ thread_local! {
             key: [0; MAX_KEY],
             frames: [python::PyFrame { code: 0, tag: 0, lasti: 0 }; MAX_PYTHON],
             without_python: 0,
-            last: LastStack { key: [0; LAST_KEY], len: 0, id: 0, generation: 0 },
+            last: LastStack { key: [0; LAST_KEY], len: 0, id: 0, generation: 0, walk: 0 },
         })
     };
 }
@@ -129,7 +131,13 @@ fn capture_at(native_depth: usize, python_depth: usize) -> u32 {
 
 fn capture_into(s: &mut Scratch, native_depth: usize, python_depth: usize) -> u32 {
     let Scratch { key, frames, without_python, last } = s;
-    let n = native::capture(&mut key[..native_depth]);
+    let generation = GENERATION.load(Ordering::Relaxed);
+    let current = last.id != 0 && last.generation == generation;
+    // The last stack's native frames, when its walk is repeated, are not
+    // copied into `key` (nor compared): they are `last`'s.
+    let known = if current { last.walk } else { 0 };
+    let walk = native::capture_known(&mut key[..native_depth], known);
+    let n = walk.frames;
     let p = python::capture(&mut frames[..python_depth]);
     if p == 0 && python_depth > 0 {
         note_python_status(without_python);
@@ -144,17 +152,29 @@ fn capture_into(s: &mut Scratch, native_depth: usize, python_depth: usize) -> u3
         key[len..len + 3].copy_from_slice(&[f.code, f.tag, u64::from(f.lasti)]);
         len += 3;
     }
-    let key = &key[..len];
-    let generation = GENERATION.load(Ordering::Relaxed);
-    if last.id != 0 && last.generation == generation && last.key[..last.len] == *key {
+    let same_walk = walk.serial != 0 && walk.serial == known;
+    if same_walk {
+        if same_words(&key[n..len], &last.key[n..last.len]) {
+            return last.id;
+        }
+        key[..n].copy_from_slice(&last.key[..n]);
+    } else if current && same_words(&last.key[..last.len], &key[..len]) {
         return last.id;
     }
+    let key = &key[..len];
     let id = stack_id(key, n, &frames[..p]);
     if id != 0 && len <= LAST_KEY {
         last.key[..len].copy_from_slice(key);
-        (last.len, last.id, last.generation) = (len, id, generation);
+        (last.len, last.id, last.generation, last.walk) = (len, id, generation, walk.serial);
     }
     id
+}
+
+/// Slice equality without a call to `memcmp`, whose call and dispatch cost
+/// more than comparing the few words a repeated stack leaves to compare.
+#[inline]
+fn same_words(a: &[u64], b: &[u64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(true, |same, (x, y)| same & (x == y))
 }
 
 /// The id of the stack `key` (its first `native` words native frames, then
@@ -219,16 +239,15 @@ fn define_string(table: &mut Table, text: &str) -> u32 {
     id
 }
 
-/// Finds out, now and then, whether Python runs but cannot be read. Asking
-/// may take the dynamic linker's lock (`dlsym`), so it is never done under a
-/// lock of cupool's: a thread inside `dlopen` may be allocating.
+/// Finds out, now and then, whether Python runs but cannot be read, as the
+/// capture's own rate-limited look for Python left it.
 fn note_python_status(without_python: &mut u32) {
     let asked_now = without_python.is_multiple_of(4096);
     *without_python = without_python.wrapping_add(1);
     if !asked_now || PYTHON_NOTE.lock().is_some() {
         return;
     }
-    if let status @ python::Status::Unsupported { .. } = python::status() {
+    if let status @ python::Status::Unsupported { .. } = python::status_so_far() {
         let note = status.to_string();
         diag::note(&note);
         *PYTHON_NOTE.lock() = Some(note);

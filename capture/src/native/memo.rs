@@ -23,6 +23,8 @@ const FRAMES: usize = 128;
 
 struct Memo {
     valid: bool,
+    /// This walk's number on its thread (never reused; 0: none yet).
+    serial: u64,
     /// Where the walk started, and the buffer length it had.
     at: Regs,
     len: usize,
@@ -37,6 +39,8 @@ struct Memo {
 pub(crate) struct Memos {
     memos: [Memo; MEMOS],
     next: usize,
+    /// The serial of the last walk recorded.
+    last_serial: u64,
     /// Captures answered from memory on this thread (tests and benches read it).
     pub hits: u64,
 }
@@ -52,14 +56,16 @@ impl Memos {
         unsafe { Box::<Memos>::new_zeroed().assume_init() }
     }
 
-    /// Fills `out` from a remembered walk that this one would repeat; `None`
-    /// when there is none.
+    /// Fills `out` from a remembered walk that this one would repeat, and
+    /// returns its frame count and serial; `None` when there is none. When
+    /// that walk's serial is `known`, the caller holds its frames already:
+    /// `out` is left as it is.
     ///
     /// Every remembered read lies between the remembered `sp`, which equals
     /// the caller's, and the top of this thread's stack: the caller's frame
     /// and its callers', mapped while the caller runs.
     #[inline]
-    pub fn recall(&mut self, regs: &Regs, out: &mut [u64]) -> Option<usize> {
+    pub fn recall(&mut self, regs: &Regs, out: &mut [u64], known: u64) -> Option<(usize, u64)> {
         let m = self.memos.iter().find(|m| {
             m.valid
                 && m.matches(regs, out.len())
@@ -68,9 +74,11 @@ impl Memos {
                     // SAFETY: see above; read as the walk read it.
                     .all(|&(addr, value)| unsafe { std::ptr::read_volatile(addr as *const u64) } == value)
         })?;
-        out[..m.n].copy_from_slice(&m.frames[..m.n]);
+        if m.serial != known {
+            out[..m.n].copy_from_slice(&m.frames[..m.n]);
+        }
         self.hits += 1;
-        Some(m.n)
+        Some((m.n, m.serial))
     }
 
     /// Starts remembering the walk about to be made from `regs` into a buffer
@@ -82,8 +90,9 @@ impl Memos {
             return Recording(None);
         }
         self.next = (self.next + 1) % MEMOS;
+        self.last_serial += 1;
         let m = &mut self.memos[self.next];
-        (m.valid, m.at, m.len) = (false, *regs, len);
+        (m.valid, m.serial, m.at, m.len) = (false, self.last_serial, *regs, len);
         (m.nreads, m.overflow, m.n) = (0, false, 0);
         Recording(Some(m))
     }
@@ -118,13 +127,16 @@ impl Recording<'_> {
 
     /// The walk ended with these frames and may be remembered: it ended on its
     /// own, not for want of a module table or an address it could not place.
-    pub fn finish(self, frames: &[u64]) {
-        if let Some(m) = self.0 {
-            if !m.overflow {
+    /// Returns its serial when it is remembered, else 0.
+    pub fn finish(self, frames: &[u64]) -> u64 {
+        match self.0 {
+            Some(m) if !m.overflow => {
                 m.frames[..frames.len()].copy_from_slice(frames);
                 m.n = frames.len();
                 m.valid = true;
+                m.serial
             }
+            _ => 0,
         }
     }
 }
@@ -148,18 +160,40 @@ mod tests {
         let mut stack = [10u64, 20, 30];
         walk_reading(&mut memos, &regs, &stack, &[7, 8, 9]);
         let mut out = [0; 8];
-        assert_eq!(memos.recall(&regs, &mut out), Some(3));
+        assert_eq!(memos.recall(&regs, &mut out, 0).map(|r| r.0), Some(3));
         assert_eq!(out[..3], [7, 8, 9]);
         // Another buffer length, another register: another walk.
-        assert_eq!(memos.recall(&regs, &mut out[..4]), None);
-        assert_eq!(memos.recall(&Regs { bp: 4, ..regs }, &mut out), None);
+        assert_eq!(memos.recall(&regs, &mut out[..4], 0), None);
+        assert_eq!(memos.recall(&Regs { bp: 4, ..regs }, &mut out, 0), None);
         // The last word read changes: the walk might go elsewhere. (Written
         // volatile: the memo reads the array through addresses only.)
         unsafe { std::ptr::write_volatile(&mut stack[2], 31) };
-        assert_eq!(memos.recall(&regs, &mut out), None);
+        assert_eq!(memos.recall(&regs, &mut out, 0), None);
         unsafe { std::ptr::write_volatile(&mut stack[2], 30) };
-        assert_eq!(memos.recall(&regs, &mut out), Some(3));
+        assert_eq!(memos.recall(&regs, &mut out, 0).map(|r| r.0), Some(3));
         assert_eq!(memos.hits, 2);
+    }
+
+    #[test]
+    fn a_known_walk_is_recalled_without_its_frames_and_a_new_walk_gets_a_new_serial() {
+        let mut memos = Memos::new_boxed();
+        let regs = Regs { ip: 1, sp: 2, bp: 3 };
+        let stack = [10u64];
+        walk_reading(&mut memos, &regs, &stack, &[7, 8]);
+        let mut out = [0; 8];
+        let (n, serial) = memos.recall(&regs, &mut out, 0).unwrap();
+        assert_eq!((n, out[..2].to_vec()), (2, vec![7, 8]));
+        assert_ne!(serial, 0);
+        // The caller has these frames: they are not written again.
+        let mut untouched = [0; 8];
+        assert_eq!(memos.recall(&regs, &mut untouched, serial), Some((2, serial)));
+        assert_eq!(untouched, [0; 8]);
+        // The same point walked again is another walk, even with the same frames.
+        walk_reading(&mut memos, &Regs { bp: 4, ..regs }, &stack, &[7, 8]);
+        let (_, other) = memos.recall(&Regs { bp: 4, ..regs }, &mut out, serial).unwrap();
+        assert!(other != serial && other != 0);
+        let finished = memos.record(&regs, 8).finish(&[1]);
+        assert!(finished > other);
     }
 
     #[test]
@@ -170,11 +204,11 @@ mod tests {
         walk_reading(&mut memos, &regs, &caller, &[1, 100]);
         unsafe { std::ptr::write_volatile(&mut caller[0], 200) };
         let mut out = [0; 8];
-        assert_eq!(memos.recall(&regs, &mut out), None);
+        assert_eq!(memos.recall(&regs, &mut out, 0), None);
         walk_reading(&mut memos, &regs, &caller, &[1, 200]);
         for c in [100, 200, 100, 200] {
             unsafe { std::ptr::write_volatile(&mut caller[0], c) };
-            assert_eq!(memos.recall(&regs, &mut out), Some(2));
+            assert_eq!(memos.recall(&regs, &mut out, 0).map(|r| r.0), Some(2));
             assert_eq!(out[..2], [1, c]);
         }
     }
@@ -190,13 +224,13 @@ mod tests {
             recording.read(&word as *const u64 as u64, word);
         }
         let mut out = [0; 8];
-        assert_eq!(memos.recall(&regs, &mut out), None);
+        assert_eq!(memos.recall(&regs, &mut out, 0), None);
         let mut recording = memos.record(&regs, 8);
         for _ in 0..=READS {
             recording.read(&word as *const u64 as u64, word);
         }
         recording.finish(&[1]);
-        assert_eq!(memos.recall(&regs, &mut out), None);
+        assert_eq!(memos.recall(&regs, &mut out, 0), None);
         assert!(matches!(memos.record(&regs, FRAMES + 1), Recording(None)));
     }
 }

@@ -76,24 +76,36 @@ macro_rules! registers_here {
 }
 
 /// Walks the stack from the frame of the function this expands in (see
-/// `registers_here`) into `$out`; 0 where there is no unwinder.
+/// `registers_here`) into `$out` (see [`capture_known`] for `$known`); no
+/// frames where there is no unwinder.
 macro_rules! capture_from_this_frame {
-    ($out:expr) => {{
+    ($out:expr, $known:expr) => {{
         #[cfg(target_arch = "x86_64")]
         {
             let regs = registers_here!();
-            let n = unwind::capture_from(&regs, $out);
+            let walk = unwind::capture_from(&regs, $out, $known);
             // Keeps this frame (which the walk read) from being replaced by a
             // tail call while the walk runs.
             std::hint::black_box(&regs);
-            n
+            walk
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = $out;
-            0
+            let _ = ($out, $known);
+            Walk { frames: 0, serial: 0 }
         }
     }};
+}
+
+/// What a capture gave: how many frames, and which of the calling thread's
+/// walks they came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walk {
+    pub frames: usize,
+    /// A number for this walk, unique on the calling thread, while the walk
+    /// is remembered (`memo.rs`): a later capture with the same serial
+    /// returned the same frames. 0: not remembered.
+    pub serial: u64,
 }
 
 /// Fills `out` with the calling thread's return addresses, innermost first,
@@ -107,7 +119,17 @@ macro_rules! capture_from_this_frame {
 /// they lead the stack.
 #[inline(never)]
 pub fn capture(out: &mut [u64]) -> usize {
-    capture_from_this_frame!(out)
+    capture_from_this_frame!(out, 0).frames
+}
+
+/// [`capture`], for a caller that keeps the frames of the walk numbered
+/// `known` (from an earlier [`Walk`], 0 for none): when the capture repeats
+/// that walk, `out` is left as it is and the serial says so. A caller that
+/// keeps derived data per walk (an id for the stack) then needs neither the
+/// frames copied nor compared.
+#[inline(never)]
+pub fn capture_known(out: &mut [u64], known: u64) -> Walk {
+    capture_from_this_frame!(out, known)
 }
 
 /// [`capture`] for callers across a C ABI (a hook written in C, a helper
@@ -122,7 +144,7 @@ pub unsafe extern "C" fn capture_raw(out: *mut u64, len: usize) -> usize {
     }
     // SAFETY: the caller guarantees `len` writable words at `out`.
     let out = unsafe { std::slice::from_raw_parts_mut(out, len) };
-    capture_from_this_frame!(out)
+    capture_from_this_frame!(out, 0).frames
 }
 
 /// Captures on the calling thread answered from a remembered walk instead of

@@ -89,20 +89,24 @@ fn stack_bounds() -> Option<(u64, u64)> {
     }
 }
 
-/// Fills `out` from the registers of a frame that stays live until this returns.
-pub(crate) fn capture_from(regs: &Regs, out: &mut [u64]) -> usize {
+/// Fills `out` from the registers of a frame that stays live until this
+/// returns, unless the walk is the remembered one numbered `known` (see
+/// [`super::Walk`]).
+pub(crate) fn capture_from(regs: &Regs, out: &mut [u64], known: u64) -> super::Walk {
+    let none = super::Walk { frames: 0, serial: 0 };
     if out.is_empty() {
-        return 0;
+        return none;
     }
-    catch_unwind(AssertUnwindSafe(|| capture_on_this_thread(regs, out))).unwrap_or(0)
+    catch_unwind(AssertUnwindSafe(|| capture_on_this_thread(regs, out, known))).unwrap_or(none)
 }
 
-fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
+fn capture_on_this_thread(regs: &Regs, out: &mut [u64], known: u64) -> super::Walk {
+    let walk = |frames, serial| super::Walk { frames, serial };
     // `try_with`: during the thread's teardown the state is gone; give up.
     THREAD
         .try_with(|slot| {
             // Borrowed already: a signal handler interrupted a capture on this thread.
-            let Ok(mut slot) = slot.try_borrow_mut() else { return 0 };
+            let Ok(mut slot) = slot.try_borrow_mut() else { return walk(0, 0) };
             if let Slot::Unset = *slot {
                 *slot = match stack_bounds() {
                     Some((bottom, top)) => Slot::Ready(Box::new(ThreadState {
@@ -119,18 +123,15 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
                     None => Slot::NoStack,
                 };
             }
-            let Slot::Ready(state) = &mut *slot else { return 0 };
+            let Slot::Ready(state) = &mut *slot else { return walk(0, 0) };
             let ThreadState { memos, walker, table } = &mut **state;
-            if let Some(n) = memos.recall(regs, out) {
-                return n;
+            if let Some((n, serial)) = memos.recall(regs, out, known) {
+                return walk(n, serial);
             }
             let mut recording = memos.record(regs, out.len());
-            let (n, stop) = walk(walker, table.current(), regs, out, &mut recording);
+            let (n, stop) = unwind(walker, table.current(), regs, out, &mut recording);
             let retry = match stop {
-                Stop::End => {
-                    recording.finish(&out[..n]);
-                    false
-                }
+                Stop::End => return walk(n, recording.finish(&out[..n])),
                 Stop::Busy => false,
                 // Rate-limited both: a rescan that cannot publish (see
                 // `PUBLISH_PATIENCE_NS`) must not be retried by every capture.
@@ -138,12 +139,12 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64]) -> usize {
             };
             if retry {
                 // The frame the registers come from is still live (it called us).
-                walk(walker, table.current(), regs, out, &mut Recording::none()).0
+                walk(unwind(walker, table.current(), regs, out, &mut Recording::none()).0, 0)
             } else {
-                n
+                walk(n, 0)
             }
         })
-        .unwrap_or(0)
+        .unwrap_or(walk(0, 0))
 }
 
 enum Stop {
@@ -156,7 +157,13 @@ enum Stop {
     UnknownAddress,
 }
 
-fn walk(state: &mut Walker, table: Current, regs: &Regs, out: &mut [u64], recording: &mut Recording) -> (usize, Stop) {
+fn unwind(
+    state: &mut Walker,
+    table: Current,
+    regs: &Regs,
+    out: &mut [u64],
+    recording: &mut Recording,
+) -> (usize, Stop) {
     let table = match table {
         Current::Table(t) => t,
         Current::Busy => return (0, Stop::Busy),
