@@ -55,6 +55,7 @@ impl<B: PageBackend> VmmPool<B> {
         }
         if old != NIL {
             self.hot.bytes -= old_size;
+            self.unlist_hot(old);
             self.release_block(old);
             self.trim_after_free();
         }
@@ -84,10 +85,16 @@ impl<B: PageBackend> VmmPool<B> {
         for k in 0..HOT_SLOTS {
             let i = std::mem::replace(&mut self.hot.slots[k], NIL);
             if i != NIL {
+                self.unlist_hot(i);
                 self.release_block(i);
             }
         }
         self.hot.bytes = 0;
+    }
+
+    /// A hot block leaves `live`, where it stayed listed while hot.
+    fn unlist_hot(&mut self, i: u32) {
+        self.live.remove(&self.blocks[i].addr);
     }
 
     /// Blocks kept hot, by slot.

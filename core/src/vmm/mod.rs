@@ -175,7 +175,8 @@ pub struct VmmPool<B: PageBackend> {
     free: [FreeIndex; 2],
     /// Mapped pages.
     pages: PageTable,
-    /// Allocated blocks by address.
+    /// Allocated blocks by address, and hot blocks (`State::Cached`): they
+    /// stay listed so that a loop reusing one pays no map update.
     live: BTreeMap<u64, u32>,
     /// Idle pages that may be unmapped, by address: `[large, small]`.
     idle: [BTreeSet<u64>; 2],
@@ -310,7 +311,7 @@ impl<B: PageBackend> VmmPool<B> {
 
     /// Requested sizes of the allocated blocks.
     pub fn live_requests(&self) -> impl Iterator<Item = u64> + '_ {
-        self.live.values().map(|&i| self.blocks[i].requested)
+        self.allocated().map(|i| self.blocks[i].requested)
     }
 
     /// Every mapped page, by address.
@@ -320,7 +321,11 @@ impl<B: PageBackend> VmmPool<B> {
 
     /// Every allocated block, by address.
     pub fn live_blocks(&self) -> impl Iterator<Item = Block> + '_ {
-        self.live.values().map(|&i| self.block(i))
+        self.allocated().map(|i| self.block(i))
+    }
+
+    fn allocated(&self) -> impl Iterator<Item = u32> + '_ {
+        self.live.values().copied().filter(|&i| self.blocks[i].state == State::Allocated)
     }
 
     /// The allocated block containing `addr`, or `None` (free by pointer),
@@ -329,6 +334,9 @@ impl<B: PageBackend> VmmPool<B> {
     pub fn lookup(&self, addr: u64) -> Option<BlockInfo> {
         let (_, &i) = self.live.range(..=addr).next_back()?;
         let b = &self.blocks[i];
+        if b.state != State::Allocated {
+            return None; // a hot block: free to the program
+        }
         let r = &self.ranges[b.seg as usize];
         (addr - b.addr < b.size).then_some(BlockInfo {
             id: BlockId::from_raw(i),
@@ -406,7 +414,7 @@ impl<B: PageBackend> VmmPool<B> {
     fn try_allocate(&mut self, small: bool, rounded: u64, requested: u64) -> Option<Block> {
         if small {
             if let Some(i) = self.take_hot(rounded) {
-                return Some(self.hand_out(i, requested));
+                return Some(self.hand_out_listed(i, requested));
             }
         }
         self.order_pending();
@@ -443,6 +451,12 @@ impl<B: PageBackend> VmmPool<B> {
 
     /// Hands block `i` (on its pages, counted active) to the caller.
     fn hand_out(&mut self, i: u32, requested: u64) -> Block {
+        self.live.insert(self.blocks[i].addr, i);
+        self.hand_out_listed(i, requested)
+    }
+
+    /// [`Self::hand_out`] for a block listed in `live` already (a hot one).
+    fn hand_out_listed(&mut self, i: u32, requested: u64) -> Block {
         let r = &mut self.blocks[i];
         r.state = State::Allocated;
         r.requested = requested;
@@ -452,7 +466,6 @@ impl<B: PageBackend> VmmPool<B> {
         s.requested_bytes.inc(requested);
         s.allocation.inc(1);
         self.high_water.0 = self.high_water.0.max(s.in_use_bytes.current);
-        self.live.insert(b.addr, i);
         if std::mem::take(&mut self.peak_moved) {
             self.stats.at_peak.allocated += b.size;
         }
@@ -531,9 +544,9 @@ impl<B: PageBackend> VmmPool<B> {
         s.allocated_bytes.dec(b.size);
         s.requested_bytes.dec(b.requested);
         s.allocation.dec(1);
-        self.live.remove(&b.addr);
         match self.backend.free_tag() {
             Some(tag) => {
+                self.live.remove(&b.addr);
                 debug_assert!(self.pending.back().is_none_or(|&(_, t)| t <= tag));
                 self.blocks[i].state = State::Pending;
                 self.stats.pending_bytes.inc(b.size);
@@ -546,6 +559,7 @@ impl<B: PageBackend> VmmPool<B> {
                 }
             }
             None => {
+                self.live.remove(&b.addr);
                 self.release_block(i);
                 self.trim_after_free();
             }
