@@ -57,15 +57,16 @@ fn all_tables() -> impl Iterator<Item = &'static Mutex<Table>> {
     POINTERS.iter().map(|s| &s.0).chain(std::iter::once(&*HANDLES))
 }
 
-/// Runs `f` on the table of `key`: without its lock while this thread owns
-/// the tables (`runtime::bias`), else under it. None: this thread owns them
-/// and interrupted its own use of them (a signal handler).
+/// Runs `f` on the table of `key` in the caller's access to the tables
+/// (`runtime::bias`): without its lock while this thread owns them, else
+/// under it. None: this thread owns them and interrupted its own use of
+/// them (a signal handler).
 #[inline(always)]
-fn with_table<R>(space: Space, key: u64, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
+fn with_table<R>(books: &Access, space: Space, key: u64, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
     let t = table(space, key);
-    match bias::BOOKS.access() {
+    match books {
         // SAFETY: the owner alone touches the tables while it holds a section.
-        Access::Owned(_section) => Some(f(unsafe { &mut *t.data_ptr() })),
+        Access::Owned(_) => Some(f(unsafe { &mut *t.data_ptr() })),
         Access::Shared => Some(f(&mut t.lock())),
         Access::Busy => None,
     }
@@ -73,18 +74,18 @@ fn with_table<R>(space: Space, key: u64, f: impl FnOnce(&mut Table) -> R) -> Opt
 
 /// Returns the allocation that was live at `key` already, if any.
 #[inline]
-pub fn insert(space: Space, key: u64, a: Allocation) -> Option<Allocation> {
-    with_table(space, key, |t| t.insert(key, a)).flatten()
+pub fn insert_in(books: &Access, space: Space, key: u64, a: Allocation) -> Option<Allocation> {
+    with_table(books, space, key, |t| t.insert(key, a)).flatten()
 }
 
 #[inline]
-pub fn remove(space: Space, key: u64) -> Option<Allocation> {
-    with_table(space, key, |t| t.remove(&key)).flatten()
+pub fn remove_in(books: &Access, space: Space, key: u64) -> Option<Allocation> {
+    with_table(books, space, key, |t| t.remove(&key)).flatten()
 }
 
 /// The live allocation at `key`, if any.
 pub fn get(space: Space, key: u64) -> Option<Allocation> {
-    with_table(space, key, |t| t.get(&key).copied()).flatten()
+    with_table(&bias::BOOKS.access(), space, key, |t| t.get(&key).copied()).flatten()
 }
 
 /// Removes and returns every live allocation that `dies` selects (context destruction).

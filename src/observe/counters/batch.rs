@@ -270,16 +270,20 @@ mod tests {
         assert_eq!(get(&c.peak_count), 0);
     }
 
+    fn books() -> crate::runtime::bias::Access<'static> {
+        crate::runtime::bias::BOOKS.access()
+    }
+
     #[test]
     fn a_threads_batch_is_added_when_it_exits_and_by_flush_all() {
         let c = leaked();
         std::thread::spawn(move || {
             batch_on_this_thread();
-            c.add(4096);
+            c.add_in(&books(), 4096);
             assert_eq!(get(&c.allocs), 0, "batched");
-            c.add(MAX_SIZE + 1);
+            c.add_in(&books(), MAX_SIZE + 1);
             assert_eq!(get(&c.allocs), 2, "a large call adds the batch and counts at once");
-            c.sub(4096);
+            c.sub_in(&books(), 4096);
         })
         .join()
         .unwrap();
@@ -289,7 +293,7 @@ mod tests {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
             batch_on_this_thread();
-            c2.add(4096);
+            c2.add_in(&books(), 4096);
             tx.send(()).unwrap();
             done_rx.recv().unwrap();
         });

@@ -30,12 +30,14 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Counts an allocation of `bytes`, in the caller's access to the books
+    /// (`runtime::bias`): one access serves the live table and the counters.
     #[inline]
-    pub fn add(&'static self, bytes: u64) {
+    pub fn add_in(&'static self, books: &Access, bytes: u64) {
         if batch::batched(self, bytes, true) {
             return;
         }
-        if let Access::Owned(_section) = bias::BOOKS.access() {
+        if let Access::Owned(_) = books {
             bump(&self.allocs, 1);
             let now = bump(&self.current_bytes, bytes);
             raise_owned_peak(&self.peak_bytes, now);
@@ -47,12 +49,13 @@ impl Counters {
         self.hold(bytes);
     }
 
+    /// Counts a free of `bytes`, as [`Counters::add_in`] an allocation.
     #[inline]
-    pub fn sub(&'static self, bytes: u64) {
+    pub fn sub_in(&'static self, books: &Access, bytes: u64) {
         if batch::batched(self, bytes, false) {
             return;
         }
-        if let Access::Owned(_section) = bias::BOOKS.access() {
+        if let Access::Owned(_) = books {
             bump(&self.frees, 1);
             bump(&self.current_bytes, bytes.wrapping_neg());
             bump(&self.current_count, u64::MAX);
@@ -81,10 +84,14 @@ impl Counters {
     /// The bytes held from CUDA changed by `delta`.
     #[inline]
     pub fn reserve(&self, delta: i64) {
-        if delta == 0 {
-            return;
+        if delta != 0 {
+            self.reserve_in(&bias::BOOKS.access(), delta);
         }
-        let _section = bias::BOOKS.access();
+    }
+
+    /// [`Counters::reserve`] in the caller's access to the books.
+    #[inline]
+    pub fn reserve_in(&self, _books: &Access, delta: i64) {
         if delta > 0 {
             let now = self.reserved_bytes.fetch_add(delta as u64, Ordering::Relaxed) + delta as u64;
             raise_peak(&self.peak_reserved_bytes, now);
