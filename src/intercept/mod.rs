@@ -415,9 +415,9 @@ pub fn work_queued(stream: u64, per_thread_api: bool) {
 static NEXT_BUFFER_IDS: AtomicU64 = AtomicU64::new(1 << 48);
 const BUFFER_IDS_AT_A_TIME: u64 = 1 << 16;
 
-thread_local! {
+crate::runtime::tls::static_tls! {
     /// (next id, end of this thread's range).
-    static BUFFER_IDS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    BUFFER_IDS: std::cell::Cell<(u64, u64)>;
 }
 
 #[inline]

@@ -188,7 +188,7 @@ struct ThreadMagazine {
 
 impl Drop for ThreadMagazine {
     fn drop(&mut self) {
-        let _ = ACTIVE.try_with(|a| a.set(false));
+        ACTIVE.with(|a| a.set(false));
         if let Some(m) = self.magazine.get_mut().take() {
             m.lock().orphaned = true;
             ORPHANS.store(true, Ordering::Release);
@@ -198,7 +198,13 @@ impl Drop for ThreadMagazine {
 
 thread_local! {
     static THREAD: ThreadMagazine = const { ThreadMagazine { contended: Cell::new(0), magazine: RefCell::new(None) } };
-    static ACTIVE: Cell<bool> = const { Cell::new(false) };
+}
+
+crate::runtime::tls::static_tls! {
+    /// Whether this thread has a magazine, for the hot path: no destructor,
+    /// in static TLS (asking `THREAD` costs a call even where `ANY` is
+    /// false, as the compiler computes a thread-local's address early).
+    ACTIVE: Cell<bool>;
 }
 
 /// This thread found a pool's lock taken: often enough, that starts its
@@ -230,7 +236,7 @@ fn start() {
         let m = Arc::new(Mutex::new(Magazine { epoch, ..Default::default() }));
         ALL.lock().push(m.clone());
         *slot = Some(m);
-        let _ = ACTIVE.try_with(|a| a.set(true));
+        ACTIVE.with(|a| a.set(true));
         ANY.store(true, Ordering::Relaxed);
     });
     if let Some(started) = ON_START.get() {
@@ -253,13 +259,13 @@ pub fn on_start(started: fn()) {
 /// with no destructor, cheaper to reach than `THREAD`.
 #[inline]
 pub fn active() -> bool {
-    ANY.load(Ordering::Relaxed) && ACTIVE.try_with(Cell::get).unwrap_or(false)
+    ANY.load(Ordering::Relaxed) && ACTIVE.with(Cell::get)
 }
 
 /// `magazines=always`: this thread starts one now, if it has none.
 #[inline]
 pub fn start_if_always() {
-    if options::get().magazines == Magazines::Always && !ACTIVE.try_with(Cell::get).unwrap_or(true) {
+    if options::get().magazines == Magazines::Always && !ACTIVE.with(Cell::get) {
         start();
     }
 }
@@ -481,7 +487,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
                 *m = None;
             }
             t.contended.set(0);
-            let _ = ACTIVE.try_with(|a| a.set(false));
+            ACTIVE.with(|a| a.set(false));
         });
     }
 }

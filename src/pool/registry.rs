@@ -33,8 +33,9 @@ static RETIRED: Mutex<Vec<&'static ContextPool>> = Mutex::new(Vec::new());
 /// Bumped when pools are dropped (context death, fork): invalidates thread caches.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
-thread_local! {
-    static CACHED: Cell<(u64, u64, *const ContextPool)> = const { Cell::new((0, 0, std::ptr::null())) };
+crate::runtime::tls::static_tls! {
+    /// The pool this thread used last: (context id, `GENERATION`, pool).
+    CACHED: Cell<(u64, u64, *const ContextPool)>;
 }
 
 /// The pool of the context with unique id `id`, created on first use with

@@ -7,10 +7,14 @@
 
 use std::cell::Cell;
 
-thread_local! {
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-    static TID: Cell<u32> = const { Cell::new(0) };
+/// This thread's guard depth and kernel thread id: read several times on
+/// every hooked call, hence in static TLS (`tls.rs`).
+struct Slot {
+    depth: Cell<u32>,
+    tid: Cell<u32>,
 }
+
+super::tls::static_tls!(SLOT: Slot;);
 
 /// Holds the guard for its lifetime.
 pub struct Guard {
@@ -22,7 +26,8 @@ impl Guard {
     /// cupool (the caller must then pass the call straight through).
     #[inline]
     pub fn enter() -> Option<Guard> {
-        DEPTH.with(|d| {
+        SLOT.with(|s| {
+            let d = &s.depth;
             let depth = d.get();
             d.set(depth + 1);
             if depth == 0 {
@@ -38,20 +43,21 @@ impl Guard {
 impl Drop for Guard {
     #[inline]
     fn drop(&mut self) {
-        DEPTH.with(|d| d.set(d.get() - 1));
+        SLOT.with(|s| s.depth.set(s.depth.get() - 1));
     }
 }
 
 /// True while this thread is inside a cupool hook.
 #[inline]
 pub fn inside() -> bool {
-    DEPTH.with(|d| d.get() > 0)
+    SLOT.with(|s| s.depth.get() > 0)
 }
 
 /// The kernel thread id, fetched once per thread (a syscall is too slow for every event).
 #[inline]
 pub fn tid() -> u32 {
-    TID.with(|t| {
+    SLOT.with(|s| {
+        let t = &s.tid;
         let mut id = t.get();
         if id == 0 {
             id = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
@@ -63,6 +69,8 @@ pub fn tid() -> u32 {
 
 /// After `fork` the surviving thread has a new id and is not inside any hook.
 pub fn reset_after_fork() {
-    TID.with(|t| t.set(0));
-    DEPTH.with(|d| d.set(0));
+    SLOT.with(|s| {
+        s.tid.set(0);
+        s.depth.set(0);
+    });
 }

@@ -10,6 +10,7 @@ pub mod guard;
 pub mod options;
 pub mod process;
 pub mod switch;
+pub mod tls;
 
 /// The recording session: on from the first CUDA memory call until the end
 /// of the log is written. Turned on and off by `lifecycle`; everyone else
