@@ -214,7 +214,7 @@ mod tests {
     fn seals_round_trip_and_differ_by_kind() {
         let mut driver = [0u8; 64];
         for (i, b) in driver[..56].iter_mut().enumerate() {
-            *b = i as u8 * 7;
+            *b = (i as u8).wrapping_mul(7);
         }
         let mut h = driver;
         assert!(seal(&mut h, 3 << 20));
