@@ -138,9 +138,9 @@ fn capture_into(s: &mut Scratch, native_depth: usize, python_depth: usize) -> u3
     let known = if current { last.walk } else { 0 };
     let walk = native::capture_known(&mut key[..native_depth], known);
     let n = walk.frames;
-    let p = python::capture(&mut frames[..python_depth]);
-    if p == 0 && python_depth > 0 {
-        note_python_status(without_python);
+    let mut p = python::capture_found(&mut frames[..python_depth]);
+    if p == 0 && python_depth > 0 && look_for_python(without_python) {
+        p = python::capture_found(&mut frames[..python_depth]);
     }
     if n == 0 && p == 0 {
         return 0;
@@ -239,19 +239,28 @@ fn define_string(table: &mut Table, text: &str) -> u32 {
     id
 }
 
-/// Finds out, now and then, whether Python runs but cannot be read, as the
-/// capture's own rate-limited look for Python left it.
-fn note_python_status(without_python: &mut u32) {
-    let asked_now = without_python.is_multiple_of(4096);
+/// Looks for Python now and then (on this thread's first capture without
+/// Python frames, then every `LOOK_EVERY`: a count of its own, which no
+/// other thread writes), and notes once if it runs but cannot be read.
+/// True: Python frames can be read (try again). A look may take the dynamic
+/// linker's lock, so it is never made under a lock of cupool's: a thread
+/// inside `dlopen` may be allocating.
+fn look_for_python(without_python: &mut u32) -> bool {
+    const LOOK_EVERY: u32 = 1024;
+    let look_now = without_python.is_multiple_of(LOOK_EVERY);
     *without_python = without_python.wrapping_add(1);
-    if !asked_now || PYTHON_NOTE.lock().is_some() {
-        return;
+    if !look_now {
+        return false;
     }
-    if let status @ python::Status::Unsupported { .. } = python::status_so_far() {
-        let note = status.to_string();
-        diag::note(&note);
-        *PYTHON_NOTE.lock() = Some(note);
+    let status = python::look_again();
+    if let python::Status::Unsupported { .. } = status {
+        let mut note = PYTHON_NOTE.lock();
+        if note.is_none() {
+            diag::note(&status.to_string());
+            *note = Some(status.to_string());
+        }
     }
+    matches!(status, python::Status::Supported { .. })
 }
 
 /// What the end record should say about sites that could not be captured.

@@ -123,22 +123,42 @@ fn runtime() -> Option<&'static Runtime> {
             // a count, and look again a little later.
             let misses = MISSES.load(Ordering::Relaxed);
             MISSES.store(misses.wrapping_add(1), Ordering::Relaxed);
-            if !misses.is_multiple_of(REPROBE_EVERY) || !worth_a_look(misses / REPROBE_EVERY) {
+            if !misses.is_multiple_of(REPROBE_EVERY) {
                 return None;
             }
-            probe_now()?
+            look()?
         }
     };
+    supported(found)
+}
+
+fn supported(found: &Found) -> Option<&Runtime> {
     match found {
         Found::Supported(rt) => Some(rt),
         Found::Unsupported { .. } => None,
     }
 }
 
-/// Whether the `nth` look for Python since the start should be made.
-fn worth_a_look(nth: u32) -> bool {
+/// Looks for Python, if none was found yet and the loader loaded an object
+/// since the last look (or every `LOOK_ANYWAY`th look regardless), and says
+/// what is known then. For a caller of [`capture_found`], on a cadence of
+/// its own.
+pub fn look_again() -> Status {
+    status_of(look())
+}
+
+fn look() -> Option<&'static Found> {
+    static LOOKS: AtomicU32 = AtomicU32::new(0);
+    if let Some(found) = FOUND.get() {
+        return Some(found);
+    }
+    let nth = LOOKS.fetch_add(1, Ordering::Relaxed);
     let adds = objects_loaded();
-    adds == 0 || adds != LOOKED_AT_ADDS.load(Ordering::Relaxed) || nth.is_multiple_of(LOOK_ANYWAY)
+    if adds == 0 || adds != LOOKED_AT_ADDS.load(Ordering::Relaxed) || nth.is_multiple_of(LOOK_ANYWAY) {
+        probe_now()
+    } else {
+        None
+    }
 }
 
 /// How many objects the dynamic linker has loaded since the start (never
@@ -166,7 +186,19 @@ fn objects_loaded() -> u64 {
 /// a few reads per frame (plus, while no Python was found, a probe every
 /// 1024 calls).
 pub fn capture(out: &mut [PyFrame]) -> usize {
-    let Some(rt) = runtime() else { return 0 };
+    runtime().map_or(0, |rt| capture_with(rt, out))
+}
+
+/// [`capture`] without looking for Python when none was found so far: the
+/// caller calls [`look_again`] on a cadence of its own. [`capture`]'s count
+/// of calls is one word that every allocating thread writes; a caller that
+/// counts per thread keeps threads off each other's cache lines.
+#[inline]
+pub fn capture_found(out: &mut [PyFrame]) -> usize {
+    FOUND.get().and_then(supported).map_or(0, |rt| capture_with(rt, out))
+}
+
+fn capture_with(rt: &Runtime, out: &mut [PyFrame]) -> usize {
     // SAFETY: reads only this thread's own frame chain, through a layout
     // the probe identified for this interpreter, validating every pointer.
     catch_unwind(AssertUnwindSafe(|| unsafe { rt.capture(out) })).unwrap_or(0)
@@ -203,12 +235,6 @@ pub fn status() -> Status {
         None => probe_now(),
     };
     status_of(found)
-}
-
-/// [`status`] as the last look found it, without looking again: for a
-/// caller on a hot path ([`capture`] looks by itself, rate-limited).
-pub fn status_so_far() -> Status {
-    status_of(FOUND.get())
 }
 
 fn status_of(found: Option<&Found>) -> Status {
