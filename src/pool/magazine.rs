@@ -177,6 +177,10 @@ static ANY: AtomicBool = AtomicBool::new(false);
 static ALL: Mutex<Vec<Arc<Mutex<Magazine>>>> = Mutex::new(Vec::new());
 /// Some thread with a magazine exited since the last settle.
 static ORPHANS: AtomicBool = AtomicBool::new(false);
+/// The magazines of exited threads, also in `ALL`: a settle of orphans
+/// takes only these, and never locks a live thread's magazine (whose next
+/// call would find it taken and go to the pool).
+static ORPHANED: Mutex<Vec<Arc<Mutex<Magazine>>>> = Mutex::new(Vec::new());
 /// Bumped in a fork child: the pools its parent's magazines point into are
 /// not the child's (and their locks may be held by threads that do not exist).
 static FORK_EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -191,6 +195,7 @@ impl Drop for ThreadMagazine {
         ACTIVE.with(|a| a.set(false));
         if let Some(m) = self.magazine.get_mut().take() {
             m.lock().orphaned = true;
+            ORPHANED.lock().push(m);
             ORPHANS.store(true, Ordering::Release);
         }
     }
@@ -438,7 +443,7 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
     if only_orphans {
         ORPHANS.store(false, Ordering::Release);
     }
-    let magazines: Vec<_> = ALL.lock().clone();
+    let magazines: Vec<_> = if only_orphans { ORPHANED.lock().clone() } else { ALL.lock().clone() };
     let epoch = FORK_EPOCH.load(Ordering::Acquire);
     let mut returns = Returns::default();
     // Only magazines emptied here go: a thread that exits meanwhile orphans
@@ -467,21 +472,26 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
         }
         give_back(&returns);
     }
-    ALL.lock().retain(|m| !emptied_orphans.iter().any(|gone| Arc::ptr_eq(gone, m)));
+    let kept = |m: &Arc<Mutex<Magazine>>| !emptied_orphans.iter().any(|gone| Arc::ptr_eq(gone, m));
+    ALL.lock().retain(kept);
+    ORPHANED.lock().retain(kept);
 }
 
 pub fn lock_for_fork() {
     std::mem::forget(ALL.lock());
+    std::mem::forget(ORPHANED.lock());
 }
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
+    ORPHANED.force_unlock();
     ALL.force_unlock();
     if in_child {
         // The parent's pools are not the child's: forget, never give back.
         FORK_EPOCH.fetch_add(1, Ordering::AcqRel);
         ALL.lock().clear();
+        ORPHANED.lock().clear();
         let _ = THREAD.try_with(|t| {
             if let Ok(mut m) = t.magazine.try_borrow_mut() {
                 *m = None;
