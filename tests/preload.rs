@@ -804,3 +804,27 @@ fn run_id_is_written_into_the_log() {
     assert_eq!(r.log["options"]["verbosity"], 0);
     assert!(r.stderr.is_empty(), "verbosity=0 but stderr:\n{}", r.stderr);
 }
+
+/// The hot path's thread-locals are in static TLS, which makes the shim's
+/// whole TLS segment static: it must stay small enough for a `dlopen` after
+/// start-up to fit in glibc's default surplus (a 5 KiB buffer once did not:
+/// "cannot allocate memory in static TLS block").
+#[test]
+fn the_shim_can_be_dlopened_after_start_up() {
+    let prog = compile_c(
+        "dlopen_shim",
+        r#"
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char** argv) {
+    void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    printf("%s\n", h ? "result: loaded" : dlerror());
+    return h ? 0 : 1;
+}
+"#,
+        &["-ldl".to_string()],
+    );
+    let out = std::process::Command::new(&prog).arg(shim_path()).env_remove("GLIBC_TUNABLES").output().unwrap();
+    assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+    assert_eq!(stdout_of(&out).trim(), "result: loaded");
+}

@@ -94,15 +94,20 @@ struct LastStack {
 }
 
 thread_local! {
-    // `const` and free of destructors: usable even while the thread exits.
-    static SCRATCH: RefCell<Scratch> = const {
-        RefCell::new(Scratch {
-            key: [0; MAX_KEY],
-            frames: [python::PyFrame { code: 0, tag: 0, lasti: 0 }; MAX_PYTHON],
-            without_python: 0,
-            last: LastStack { key: [0; LAST_KEY], len: 0, id: 0, generation: 0, walk: 0 },
-        })
-    };
+    // On the heap, made at the thread's first capture: in the shim's TLS
+    // segment its kilobytes would be static TLS (the hot path's
+    // initial-exec variables, `runtime::tls`, make the whole segment static),
+    // and a later `dlopen` of the shim could not fit them in glibc's surplus.
+    // During the thread's teardown, once this is gone, captures give no site.
+    static SCRATCH: RefCell<Option<Box<Scratch>>> = const { RefCell::new(None) };
+}
+
+impl Scratch {
+    fn new_boxed() -> Box<Scratch> {
+        // SAFETY: all zeroes is a valid `Scratch` (no frames, no last stack);
+        // made on the heap directly, not on a hook's stack.
+        unsafe { Box::<Scratch>::new_zeroed().assume_init() }
+    }
 }
 
 /// Registers the loaded modules with the unwinder.
@@ -125,7 +130,12 @@ pub fn capture() -> u32 {
 fn capture_at(native_depth: usize, python_depth: usize) -> u32 {
     // A hook run by a signal handler inside a capture finds the buffers taken: no site.
     SCRATCH
-        .try_with(|s| s.try_borrow_mut().map_or(0, |mut s| capture_into(&mut s, native_depth, python_depth)))
+        .try_with(|s| {
+            s.try_borrow_mut().map_or(0, |mut s| {
+                let s = s.get_or_insert_with(Scratch::new_boxed);
+                capture_into(s, native_depth, python_depth)
+            })
+        })
         .unwrap_or(0)
 }
 

@@ -5,8 +5,10 @@
 //! `cudaMalloc`+`cudaFree` pair. On x86-64 Linux, [`static_tls!`] places a
 //! variable in the initial-exec model instead: the thread pointer plus an
 //! offset the dynamic linker put in the GOT, two loads. The shim is loaded at
-//! start-up (`LD_PRELOAD`), where static TLS is always available; its few
-//! dozen bytes also fit the surplus glibc keeps for objects loaded later.
+//! start-up (`LD_PRELOAD`), where static TLS is always available. One such
+//! variable makes the shim's whole TLS segment static, so that segment is
+//! kept small (about 450 bytes, within the 512 bytes glibc keeps by default
+//! for objects loaded later): large per-thread buffers live on the heap.
 //! Elsewhere the macro falls back to `thread_local!`.
 //!
 //! Only for types that are valid all-zero (the initial value, as `.tbss`
@@ -39,12 +41,6 @@ macro_rules! static_tls {
             options(att_syntax)
         );
 
-        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-        thread_local! {
-            // SAFETY (of the zeroes): the macro's contract.
-            static FALLBACK: $t = const { unsafe { std::mem::zeroed() } };
-        }
-
         impl $name {
             /// Runs `f` on this thread's copy.
             #[inline(always)]
@@ -61,7 +57,8 @@ macro_rules! static_tls {
                             concat!("movq cupool_tls_", stringify!($name), "@GOTTPOFF(%rip), {p}"),
                             "addq %fs:0, {p}",
                             p = out(reg) p,
-                            options(att_syntax, pure, readonly, nostack, preserves_flags)
+                            // `addq` sets the flags: they are not preserved.
+                            options(att_syntax, pure, readonly, nostack)
                         )
                     };
                     // SAFETY: aligned, zero-initialised at thread start, and
@@ -70,7 +67,15 @@ macro_rules! static_tls {
                     f(unsafe { &*(p as *const $t) })
                 }
                 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-                FALLBACK.with(f)
+                {
+                    // One per macro use: a static in a function is not
+                    // copied per instantiation.
+                    thread_local! {
+                        // SAFETY (of the zeroes): the macro's contract.
+                        static FALLBACK: $t = const { unsafe { std::mem::zeroed() } };
+                    }
+                    FALLBACK.with(f)
+                }
             }
         }
     };
