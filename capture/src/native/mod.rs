@@ -16,7 +16,9 @@
 //! bounds are unknown or off its stack (an alternate signal stack), when
 //! re-entered on the same thread (a signal handler), during thread teardown,
 //! while another thread builds the first module table (hence [`init`]), or
-//! in the rare moment a new table is swapped in.
+//! in the rare moment a new table is swapped in (a thread's first capture
+//! waits up to 2 ms for the table's lock instead: threads that start
+//! capturing at once would otherwise fail their first captures in turn).
 //!
 //! x86_64 only: elsewhere [`capture`] returns 0.
 

@@ -55,6 +55,9 @@ const PUBLISH_PATIENCE_NS: u64 = 5_000_000;
 /// How long [`init`] and [`lock_for_fork`] wait for a rescan under way, and
 /// a fork for the table's write lock.
 const SETUP_PATIENCE_NS: u64 = 200_000_000;
+/// How long a thread's first capture waits for the table's lock (the
+/// coarse clock's tick is a few ms: this is at least one).
+const FIRST_TAKE_PATIENCE_NS: u64 = 2_000_000;
 
 type Data = &'static [u8];
 
@@ -117,7 +120,12 @@ impl Snapshot {
         let version = VERSION.load(Acquire);
         let mut busy = false;
         if version != self.version {
-            match lock_current(0) {
+            // A thread with a table of its own walks with it rather than
+            // wait; one without waits a little: the lock is held only to
+            // clone or swap the table, and threads that start capturing at
+            // once would otherwise take turns failing their first capture.
+            let patience = if self.table.is_none() { FIRST_TAKE_PATIENCE_NS } else { 0 };
+            match lock_current(patience) {
                 Some(newest) => self.take(version, &newest),
                 None => busy = true,
             }
