@@ -443,19 +443,18 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
     if only_orphans {
         ORPHANS.store(false, Ordering::Release);
     }
+    // `ORPHANED` holds only magazines whose threads exited.
     let magazines: Vec<_> = if only_orphans { ORPHANED.lock().clone() } else { ALL.lock().clone() };
     let epoch = FORK_EPOCH.load(Ordering::Acquire);
     let mut returns = Returns::default();
-    // Only magazines emptied here go: a thread that exits meanwhile orphans
-    // one this pass skipped or emptied while its thread still ran, and it
-    // must stay for the next settle, which gives its blocks back.
+    // Only magazines emptied here as orphans go: a thread that exits
+    // meanwhile orphans one this pass did not take or emptied while its
+    // thread still ran, and it must stay for the next settle, which gives
+    // its blocks back.
     let mut emptied_orphans = Vec::new();
     for m in magazines {
         {
             let mut magazine = m.lock();
-            if only_orphans && !magazine.orphaned {
-                continue;
-            }
             returns.n = 0;
             if magazine.epoch == epoch {
                 magazine.give_back_frees(&mut returns);
