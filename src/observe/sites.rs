@@ -250,14 +250,13 @@ fn define_string(table: &mut Table, text: &str) -> u32 {
 }
 
 /// Looks for Python now and then (on this thread's first capture without
-/// Python frames, then every `LOOK_EVERY`: a count of its own, which no
+/// Python frames, then every `python::LOOK_EVERY`: a count of its own, which no
 /// other thread writes), and notes once if it runs but cannot be read.
 /// True: Python frames can be read (try again). A look may take the dynamic
 /// linker's lock, so it is never made under a lock of cupool's: a thread
 /// inside `dlopen` may be allocating.
 fn look_for_python(without_python: &mut u32) -> bool {
-    const LOOK_EVERY: u32 = 1024;
-    let look_now = without_python.is_multiple_of(LOOK_EVERY);
+    let look_now = without_python.is_multiple_of(python::LOOK_EVERY);
     *without_python = without_python.wrapping_add(1);
     if !look_now {
         return false;
@@ -266,8 +265,9 @@ fn look_for_python(without_python: &mut u32) -> bool {
     if let python::Status::Unsupported { .. } = status {
         let mut note = PYTHON_NOTE.lock();
         if note.is_none() {
-            diag::note(&status.to_string());
-            *note = Some(status.to_string());
+            let text = status.to_string();
+            diag::note(&text);
+            *note = Some(text);
         }
     }
     matches!(status, python::Status::Supported { .. })

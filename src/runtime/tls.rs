@@ -44,7 +44,6 @@ macro_rules! static_tls {
         impl $name {
             /// Runs `f` on this thread's copy.
             #[inline(always)]
-            #[allow(dead_code)]
             $vis fn with<R>(&self, f: impl FnOnce(&$t) -> R) -> R {
                 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
                 {

@@ -83,10 +83,12 @@ static FOUND: OnceLock<Found> = OnceLock::new();
 /// rather than wait inside a hook.
 static PROBING: AtomicBool = AtomicBool::new(false);
 /// Calls of `capture` while no Python was found, to look again only every
-/// `REPROBE_EVERY` calls: a look is a few dynamic-linker lookups (microseconds),
+/// `LOOK_EVERY` calls: a look is a few dynamic-linker lookups (microseconds),
 /// and a program embedding Python may load it at any time.
 static MISSES: AtomicU32 = AtomicU32::new(0);
-const REPROBE_EVERY: u32 = 1024;
+/// How often [`capture`] looks for Python while none was found (in calls);
+/// a caller of [`capture_found`] that counts on its own looks as often.
+pub const LOOK_EVERY: u32 = 1024;
 /// The loader's count of objects loaded (`dlpi_adds`) at the last look that
 /// found no Python. A look asks the dynamic linker for a dozen missing
 /// symbols, about 9 µs: every 1024 calls that was 9 ns on each allocation of
@@ -123,7 +125,7 @@ fn runtime() -> Option<&'static Runtime> {
             // a count, and look again a little later.
             let misses = MISSES.load(Ordering::Relaxed);
             MISSES.store(misses.wrapping_add(1), Ordering::Relaxed);
-            if !misses.is_multiple_of(REPROBE_EVERY) {
+            if !misses.is_multiple_of(LOOK_EVERY) {
                 return None;
             }
             look()?
