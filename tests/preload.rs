@@ -44,8 +44,13 @@ fn observing(extra: &str) -> String {
 /// Runs `prog` preloaded, expects exit status `status`, a `result: ok` line,
 /// exactly one valid log and the fake driver's stats line for its pid.
 fn run_one(prog: &str, args: &[&str], extra: &str, status: i32) -> Run {
+    run_program(&fakes().prog(prog), prog, args, extra, status)
+}
+
+/// [`run_one`] for a program built elsewhere (`path`), named `prog` in messages.
+fn run_program(path: &std::path::Path, prog: &str, args: &[&str], extra: &str, status: i32) -> Run {
     let dir = scratch_dir(&format!("preload-{prog}"));
-    let out = run_preloaded(&fakes().prog(prog), args, &dir, &observing(extra));
+    let out = run_preloaded(path, args, &dir, &observing(extra));
     let stdout = stdout_of(&out);
     let stderr = stderr_of(&out);
     assert_eq!(
@@ -697,15 +702,9 @@ fn threads_every_alloc_and_free_recorded() {
 #[test]
 fn event_times_follow_the_programs_clock() {
     let prog = compile_fake_program("timed", "prog_timed.c", &link_fake_cudart());
-    let dir = scratch_dir("timed");
-    let out = run_preloaded(&prog, &[], &dir, &observing("flush_ms=20"));
-    let stdout = stdout_of(&out);
-    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
-    let result = result_line(&stdout).expect("result line");
-    let logs = read_logs(&dir);
-    assert_eq!(logs.len(), 1);
+    let Run { result, log, .. } = run_program(&prog, "timed", &[], "flush_ms=20", 0);
     let calls: Vec<&Value> =
-        logs[0]["events"].as_array().unwrap().iter().filter(|e| e["ev"] == "alloc" || e["ev"] == "free").collect();
+        log["events"].as_array().unwrap().iter().filter(|e| e["ev"] == "alloc" || e["ev"] == "free").collect();
     assert_eq!(calls.len(), 4, "{calls:?}");
     let times: Vec<u64> = calls.iter().map(|e| u64_of(e, "t_ns")).collect();
     for (k, gap) in ["gap1_us", "gap2_us", "gap3_us"].iter().enumerate() {
@@ -724,17 +723,8 @@ fn event_times_follow_the_programs_clock() {
 fn threads_racing_the_lazy_start_are_all_recorded() {
     let prog = compile_fake_program("start_race", "preload_start_race.c", &link_fake_cudart());
     for round in 0..8 {
-        let dir = scratch_dir("start-race");
-        let out = run_preloaded(&prog, &[], &dir, &observing(""));
-        let stdout = stdout_of(&out);
-        assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
-        let result = result_line(&stdout).expect("result line");
-        let logs = read_logs(&dir);
-        assert_eq!(logs.len(), 1);
-        let log = &logs[0];
-        assert_valid_log(log, "start_race");
-        let pid = log["process"]["pid"].as_u64().unwrap();
-        let stats = fake_stats_for(&dir, pid).expect("fake stats");
+        let Run { result, log, stats, .. } = run_program(&prog, "start_race", &[], "", 0);
+        let log = &log;
         let counted: u64 = log["end"]["devices"].as_array().unwrap().iter().map(|d| u64_of(d, "allocs")).sum();
         let tids: BTreeSet<u64> = events(log, "alloc").iter().map(|e| u64_of(e, "tid")).collect();
         assert_eq!(

@@ -149,29 +149,37 @@ helper.alloc_on_native_thread(ctypes.c_size_t(6666666))
 print("result: ok")
 "#;
 
+/// Runs `script` (saved as `<name>.py`) with python3 (or `$PYTHON`) under
+/// the shim, its arguments the fake runtime and then `args`; checks that it
+/// printed `result: ok` and returns the script's path and its log.
+fn run_python(name: &str, script: &str, args: &[&Path]) -> (PathBuf, Value) {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let dir = scratch_dir(&format!("sites-{name}"));
+    let path = dir.join(format!("{name}.py"));
+    std::fs::write(&path, script).unwrap();
+    let logs = dir.join("logs");
+    let out = Command::new(&python)
+        .arg(&path)
+        .arg(fakes().libcudart())
+        .args(args)
+        .envs(fakes().env())
+        .env("LD_PRELOAD", shim_path())
+        .env("CUPOOL_OPTIONS", cupool_options(&logs, ""))
+        .output()
+        .expect("run python3");
+    assert!(stdout_of(&out).contains("result: ok"), "{}{}", stdout_of(&out), stderr_of(&out));
+    (path, read_logs(&logs).remove(0))
+}
+
 #[test]
 fn python_frames_name_the_scripts_lines_and_native_threads_have_none() {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let dir = scratch_dir("sites-python");
-    let script = dir.join("planted.py");
-    std::fs::write(&script, PY_SCRIPT).unwrap();
     let helper = compile_c_file(
         "libsites_thread.so",
         &fake_source_dir().join("sites_thread.c"),
         &[vec!["-shared".into(), "-fPIC".into()], link_fake_cudart()].concat(),
     );
-    let logs = dir.join("logs");
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script)
-        .arg(fakes().libcudart())
-        .arg(&helper)
-        .envs(fakes().env())
-        .env("LD_PRELOAD", shim_path())
-        .env("CUPOOL_OPTIONS", cupool_options(&logs, ""));
-    let out = cmd.output().expect("run python3");
-    assert!(stdout_of(&out).contains("result: ok"), "{}{}", stdout_of(&out), stderr_of(&out));
-
-    let log = &read_logs(&logs)[0];
+    let (script, log) = run_python("planted", PY_SCRIPT, &[&helper]);
+    let log = &log;
     let strings: std::collections::HashMap<u64, String> = definitions(log)
         .iter()
         .filter(|e| e["def"] == "string")
@@ -267,22 +275,8 @@ print("result: ok")
 /// still tell the sites apart by their Python frames, every time.
 #[test]
 fn one_native_path_from_two_python_lines_in_turn_gets_two_sites() {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let dir = scratch_dir("sites-alternating");
-    let script = dir.join("alternating.py");
-    std::fs::write(&script, PY_ALTERNATING).unwrap();
-    let logs = dir.join("logs");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(fakes().libcudart())
-        .envs(fakes().env())
-        .env("LD_PRELOAD", shim_path())
-        .env("CUPOOL_OPTIONS", cupool_options(&logs, ""))
-        .output()
-        .expect("run python3");
-    assert!(stdout_of(&out).contains("result: ok"), "{}{}", stdout_of(&out), stderr_of(&out));
-
-    let log = &read_logs(&logs)[0];
+    let (_, log) = run_python("alternating", PY_ALTERNATING, &[]);
+    let log = &log;
     let defs = definitions(log);
     let line_of_stack = |id: &Value| -> u64 {
         let stack = defs.iter().find(|e| e["def"] == "stack" && e["id"] == *id).expect("defined");
