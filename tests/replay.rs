@@ -96,22 +96,17 @@ const TRACES: [&str; 7] = [
 ];
 
 /// Issue 12's goal: the VMM pool reserves at most 3% over the peak of live
-/// bytes on every bundled trace. Pages are 2 MiB and small and large
-/// requests keep to ranges of their own, so at most one partly used page
-/// per kind is unavoidable: on a trace of a few dozen MiB (CuPy's, 72 MiB)
-/// those two pages are the whole excess, and that is what is allowed there.
+/// bytes on every bundled trace.
 #[test]
 fn the_vmm_pool_reserves_within_three_percent_of_peak_live_bytes() {
     let out = Command::new(cli()).args(["replay", "--json"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let rows: Vec<serde_json::Value> =
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let page = 2u64 << 20;
     for trace in TRACES {
         let r = rows.iter().find(|r| r["trace"] == trace && r["policy"] == "cupool-vmm").expect(trace);
         let (live, reserved) = (r["peak_live"].as_u64().unwrap(), r["peak_reserved"].as_u64().unwrap());
-        let within = reserved as f64 <= live as f64 * 1.03 || reserved <= live.next_multiple_of(page) + 2 * page;
-        assert!(within, "{trace}: {reserved} reserved for {live} live");
+        assert!(reserved as f64 <= live as f64 * 1.03, "{trace}: {reserved} reserved for {live} live");
     }
 }
 

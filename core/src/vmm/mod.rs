@@ -16,7 +16,9 @@
 //!   `pool/free_index.rs`: smallest big enough, lowest address among equals)
 //!   unless one of the next few fits has more of its pages still mapped
 //!   (used in place, no driver call), and is always split: a virtual
-//!   remainder costs nothing. Freed
+//!   remainder costs nothing. A small request that would cross a page
+//!   boundary it need not cross starts at that boundary instead, when the
+//!   hole has room: the gap before it stays free for smaller blocks. Freed
 //!   virtual blocks merge with free neighbours of their range at once.
 //!   Ranges stay reserved for the pool's life; as with `Pool`, dropping the
 //!   pool tells the backend nothing.
@@ -708,9 +710,15 @@ impl<B: PageBackend> VmmPool<B> {
             });
             self.free[k].insert(size, addr, i);
         }
-        let (e, missing) = self.placement(k, rounded)?;
+        let (e, start, missing) = self.placement(k, rounded)?;
         self.free[k].remove(e.size, e.addr);
-        Some((e.idx, missing))
+        if start == e.addr {
+            return Some((e.idx, missing));
+        }
+        // The gap before the page boundary stays free for smaller blocks.
+        let placed = self.blocks.split_off(e.idx, start - e.addr);
+        self.index(e.idx);
+        Some((placed, missing))
     }
 
     /// Where a block of `rounded` bytes goes: the best fit, unless one of the
@@ -718,18 +726,44 @@ impl<B: PageBackend> VmmPool<B> {
     /// still mapped is used in place, with no driver call and nothing to wait
     /// for; one whose pages went elsewhere would take idle pages (unmapping
     /// them, punching a new hole) or new ones. With it, the pages it lacks.
-    fn placement(&self, k: usize, rounded: u64) -> Option<(Entry, u64)> {
-        let mut best: Option<(u64, Entry)> = None;
+    fn placement(&self, k: usize, rounded: u64) -> Option<(Entry, u64, u64)> {
+        let mut best: Option<(u64, Entry, u64)> = None;
         for e in self.free[k].fits(rounded).take(PLACEMENT_CANDIDATES) {
-            let missing = self.unmapped_pages(self.blocks[e.idx].seg, e.addr, rounded);
-            if best.is_none_or(|(m, _)| missing < m) {
-                best = Some((missing, e));
+            let seg = self.blocks[e.idx].seg;
+            let start = self.start_in(seg, e, rounded);
+            let missing = self.unmapped_pages(seg, start, rounded);
+            if best.is_none_or(|(m, ..)| missing < m) {
+                best = Some((missing, e, start));
             }
             if missing == 0 {
                 break;
             }
         }
-        best.map(|(missing, e)| (e, missing))
+        best.map(|(missing, e, start)| (e, start, missing))
+    }
+
+    /// Where in free block `e` a block of `rounded` bytes starts: at its
+    /// start, unless the block would then touch more pages than it must and
+    /// the next page boundary leaves room for it. A block that straddles a
+    /// boundary needlessly ties two pages together: each stays mapped while
+    /// either side is live (on CuPy's trace a 1 MiB block across two small
+    /// pages left one more page mapped at the peak, 1.056 → 1.028 of live).
+    /// Only small blocks: large ones packed end to end share the pages at
+    /// their ends, and aligning them too cost 0.3–0.7 % on three of the
+    /// bundled traces.
+    fn start_in(&self, seg: u32, e: Entry, rounded: u64) -> u64 {
+        let Range { addr: base, small, .. } = self.ranges[seg as usize];
+        let p = self.config.page(small);
+        let into_page = (e.addr - base) % p;
+        if !small || into_page == 0 || (into_page + rounded).div_ceil(p) == rounded.div_ceil(p) {
+            return e.addr;
+        }
+        let aligned = e.addr + (p - into_page);
+        if aligned + rounded <= e.addr + e.size {
+            aligned
+        } else {
+            e.addr
+        }
     }
 
     /// Pages under `[addr, addr + size)` of range `seg` that are not mapped,

@@ -70,6 +70,36 @@ fn small_requests_pack_into_their_own_pages() {
 /// without placing it again; a request that needs pages gives hot blocks up
 /// first, so they never cost a page.
 #[test]
+fn a_small_block_that_would_straddle_two_pages_starts_at_the_next_one() {
+    let mut p = pool();
+    let a = p.allocate(MIB).unwrap();
+    let b = p.allocate(192 << 10).unwrap();
+    // At b's end, 1 MiB would cross into the second page: it starts there.
+    let c = p.allocate(MIB).unwrap();
+    assert_eq!(c.addr, a.addr + 2 * MIB);
+    assert_eq!(p.block_pages(c.addr).unwrap().len(), 1);
+    // The first page's tail stays free for blocks that fit in it, so once
+    // c is gone one page holds every live block.
+    p.free(c.id);
+    let d = p.allocate(128 << 10).unwrap();
+    assert_eq!(d.addr, b.addr + (192 << 10));
+    assert_eq!(p.pages().filter(|pg| pg.refs > 0).count(), 1);
+    // A hole that crosses a boundary with too little room after it for
+    // the block is still used from its start.
+    let mut q = pool();
+    let k = 512 << 10;
+    let _a = q.allocate(MIB).unwrap();
+    let _b = q.allocate(k).unwrap();
+    let hole: Vec<Block> = (0..2).map(|_| q.allocate(k).unwrap()).collect();
+    let _e = q.allocate(k).unwrap();
+    assert_eq!(q.pages().count(), 2);
+    hole.iter().for_each(|h| q.free(h.id));
+    let f = q.allocate(MIB).unwrap();
+    assert_eq!(f.addr, hole[0].addr, "the hole, 1.5..2.5 MiB");
+    assert_eq!(q.pages().count(), 2, "no page for the straddling block");
+}
+
+#[test]
 fn a_small_block_freed_is_kept_hot_for_its_size() {
     let mut p = pool();
     let a = p.allocate(4096).unwrap();
