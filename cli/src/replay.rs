@@ -530,7 +530,9 @@ mod tests {
         for trace in bundled() {
             let ops = load(&trace).unwrap();
             let name = trace.path().display().to_string();
-            let vmm = peaks(&ops, || VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default()));
+            // Cooling pages moved at the peak would hide what ordering does.
+            let no_alias = VmmConfig { alias_cooling: false, ..VmmConfig::shim_default() };
+            let vmm = peaks(&ops, || VmmPool::new(SimulatedPages::new(), no_alias));
             let segments = peaks(&ops, || Pool::new(SimulatedDevice::new(), PoolConfig::shim_default()));
             for (backing, (ordered, unordered), within, without) in
                 [("vmm", &vmm, 1.02, 1.05), ("segments", &segments, 1.03, 1.1)]
@@ -545,6 +547,24 @@ mod tests {
             transformers += usize::from(name.contains("torch-transformer"));
         }
         assert_eq!(transformers, 1);
+    }
+
+    /// With the GPU behind, the pages idle when a step peaks are cooling:
+    /// made anew there, they stayed held for the rest of the run (gpt2 peaked
+    /// at 1.112x its live bytes, serving at 1.031x, jax at 1.038x). Cooling
+    /// pages moved where they are needed instead keep every trace within 1 %
+    /// (or one page over its live bytes' pages: cupy's peak is 72 MiB).
+    #[test]
+    fn with_the_gpu_behind_every_trace_peaks_within_one_percent_of_its_live_bytes() {
+        let page = 2 << 20;
+        for trace in bundled() {
+            let ops = load(&trace).unwrap();
+            let mut behind = Behind::new(200_000_000, u64::MAX);
+            let o = replay_on(&ops, &mut behind);
+            let one_page = o.peak_reserved <= o.peak_live.next_multiple_of(page) + page;
+            assert!(o.ratio() <= 1.01 || one_page, "{}: {o:?}", trace.path().display());
+            assert_eq!(behind.failed, 0);
+        }
     }
 
     /// A program that never synchronizes runs far ahead of its GPU: pages it

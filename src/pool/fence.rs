@@ -387,6 +387,24 @@ impl Timeline for CudaBackend {
         tag <= self.completed()
     }
 
+    /// Waits on the events of the fence covering `tag` (no barrier: a
+    /// barrier orders, it does not finish).
+    fn wait_finished(&mut self, tag: u64) -> bool {
+        self.poll();
+        if tag <= self.finished {
+            return true;
+        }
+        // None: a capture is active, and waiting could deadlock it.
+        let Some(index) = self.fence_covering(tag) else { return false };
+        for i in 0..self.fences[index].1.len() {
+            let e = self.fences[index].1[i];
+            unsafe { real!(cuEventSynchronize(e as CUevent)) };
+        }
+        self.counters.waits += 1;
+        self.poll();
+        tag <= self.finished
+    }
+
     /// At most once per `fence_us`: a barrier costs the program's thread an
     /// event record and a wait per stream, and a program that frees and
     /// allocates in turn would otherwise pay them on every allocation.

@@ -57,6 +57,13 @@ pub trait Timeline {
         let _ = tag;
         self.synchronize()
     }
+    /// Block until the GPU *finished* the work queued before `tag` (as
+    /// [`Timeline::is_finished`]: a GPU-side barrier does not do). Returns
+    /// false if waiting is impossible now. The default waits for everything.
+    fn wait_finished(&mut self, tag: u64) -> bool {
+        let _ = tag;
+        self.synchronize()
+    }
     /// Orders all work queued from now on behind `tag` on the GPU, without
     /// the host waiting, where that is cheap now (a GPU-side barrier); then
     /// blocks freed up to `tag` may be reused in place, though their pages
@@ -94,6 +101,9 @@ macro_rules! delegate_timeline {
         }
         fn wait_for(&mut self, tag: u64) -> bool {
             self.$field.wait_for(tag)
+        }
+        fn wait_finished(&mut self, tag: u64) -> bool {
+            self.$field.wait_finished(tag)
         }
         fn order_behind(&mut self, tag: u64) -> bool {
             self.$field.order_behind(tag)

@@ -252,6 +252,14 @@ impl Timeline for SimulatedTimeline {
         self.synchronize()
     }
 
+    fn wait_finished(&mut self, tag: u64) -> bool {
+        if self.capturing {
+            return false;
+        }
+        self.completed = self.completed.max(tag.min(self.queued));
+        true
+    }
+
     fn order_behind(&mut self, tag: u64) -> bool {
         let Some(every) = self.order_every_ns else { return false };
         if self.capturing || self.last_order.is_some_and(|at| self.now.saturating_sub(at) < every) {

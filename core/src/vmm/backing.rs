@@ -103,14 +103,27 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// A page of `size` bytes for a block, and where it was taken from while
-    /// cooling (a ghost now): an idle page the GPU is done with; else a new
-    /// page; else, when the device or the limit refuses one, a cooling page
-    /// (it costs a mapping more now and an unmap later, and measured on an
-    /// H200 these calls stall the program's thread: a move only where a page
-    /// cannot be had); else a new page after giving idle pages back.
+    /// cooling (a ghost now): an idle page the GPU is done with; else, when
+    /// a new page would set a new peak of reserved bytes, a cooling page;
+    /// else a new page; else, when the device or the limit refuses one, a
+    /// cooling page; else a new page after giving idle pages back.
+    ///
+    /// A move costs a mapping now and an unmap later, and on an H200 these
+    /// calls stall the program's thread (`cuMemSetAccess` about 0.4 ms while
+    /// kernels run), so below the peak a page is made instead. At the peak a
+    /// page made stays held for the rest of the run: a program that runs
+    /// ahead of its GPU has its pages cooling exactly when a step peaks, and
+    /// making pages there had raised the transformer's peak by 50 MiB
+    /// (BENCHMARKS.md, section 12).
     fn page_for(&mut self, size: u64) -> Option<(u64, Option<u64>)> {
         if let Some(h) = self.cooled_page(size) {
             return Some((h, None));
+        }
+        let s = &self.stats.reserved_bytes;
+        if s.current + size > s.peak {
+            if let Some((ghost, h)) = self.cooling_page(size) {
+                return Some((h, Some(ghost)));
+            }
         }
         if let Some(h) = self.new_page(size) {
             return Some((h, None));

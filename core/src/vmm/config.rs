@@ -18,9 +18,9 @@ pub struct VmmConfig {
     /// Take an idle page from elsewhere before creating one (on). Off, every
     /// page stays where it was first mapped until it is given back.
     pub remap_idle: bool,
-    /// With `remap_idle`, when no new page can be had: take a page that
-    /// queued work may still touch, leaving a ghost mapping where it was
-    /// until that work finished (on).
+    /// With `remap_idle`, when a new page would set a new peak or cannot be
+    /// had: take a page that queued work may still touch, leaving a ghost
+    /// mapping where it was until that work finished (on).
     pub alias_cooling: bool,
     /// Idle page bytes always kept after a free (64 MiB; `u64::MAX`: only
     /// `empty_cache` gives pages back).

@@ -91,9 +91,10 @@ impl<B: PageBackend> VmmPool<B> {
     pub(super) fn clear_ghost(&mut self, a: u64) -> bool {
         let tag = self.ghosts[&a].tag;
         if !self.tag_done(tag) {
-            if !self.cool_down() {
+            if !self.backend.wait_finished(tag) {
                 return false;
             }
+            self.finished_upto = self.finished_upto.max(Some(tag));
             self.stats.num_ghost_waits += 1;
         }
         self.drop_ghost(a);
@@ -118,8 +119,12 @@ impl<B: PageBackend> VmmPool<B> {
         }
         let mine = self.ghosts_of(owner);
         let newest = mine.iter().map(|g| self.ghosts[g].tag).max();
-        if newest.is_some_and(|t| !self.tag_done(t)) {
-            self.cool_down();
+        if let Some(t) = newest.filter(|&t| !self.tag_done(t)) {
+            if self.backend.wait_finished(t) {
+                self.finished_upto = self.finished_upto.max(Some(t));
+            } else {
+                self.cool_down();
+            }
         }
         for g in mine {
             self.drop_ghost(g);

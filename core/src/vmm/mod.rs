@@ -64,23 +64,26 @@
 //!   is at once, but it is unmapped (remapped elsewhere or given back) only
 //!   once the GPU *finished* everything queued when it went idle
 //!   ([`Timeline::unmap_tag`]).
-//! * **Ghosts.** When the device (or the `limit`) refuses a new page and no
-//!   cooled idle page is left, a request takes a cooling page anyway
+//! * **Ghosts.** When a new page would set a new peak of reserved bytes, or
+//!   the device (or the `limit`) refuses one, and no cooled idle page is
+//!   left, a request takes a cooling page instead
 //!   (`alias_cooling`), the oldest first: the page is mapped at its new
 //!   place while its old mapping stays, a *ghost*, until the work queued
 //!   before it went idle finished; then the ghost is unmapped. Using the page
 //!   elsewhere is ordered behind that work exactly as using it in place
 //!   would be (the blocks that lived on it were all released, so their reuse
 //!   was ordered); only the unmapping waits. No block is placed over a ghost
-//!   (placement avoids them; one that cannot waits for the GPU), and a
-//!   page's ghosts go before the page is unmapped or released (its own tag
-//!   there is newer than theirs, so their work is done by then). So a
-//!   program that never synchronizes, queuing whole steps ahead of its GPU,
-//!   still fits under a cap instead of waiting or failing; below the cap the
-//!   pool creates pages instead, because moving pages costs driver calls on
-//!   the program's thread every time (on an H200, a `cuMemSetAccess` while
-//!   kernels run took about 0.4 ms). A request that can get no page at all
-//!   waits for the GPU and gives idle pages back first.
+//!   (placement avoids them; one that cannot waits for the work queued
+//!   before that page went idle, not for newer work), and a page's ghosts
+//!   go before the page is unmapped or released (its own tag there is newer
+//!   than theirs, so their work is done by then). So a program that never
+//!   synchronizes, queuing whole steps ahead of its GPU, still fits under a
+//!   cap instead of waiting or failing, and its peak is not raised by pages
+//!   made beside cooling ones; below its peak the pool creates pages
+//!   instead, because moving pages costs driver calls on the program's
+//!   thread every time (on an H200, a `cuMemSetAccess` while kernels run
+//!   took about 0.4 ms). A request that can get no page at all waits for the
+//!   GPU and gives idle pages back first.
 
 mod backing;
 mod config;

@@ -534,6 +534,52 @@ fn a_cooling_page_serves_a_new_block_while_its_ghost_waits_for_the_gpu() {
     assert_eq!(p.backend().held(), 0);
 }
 
+/// A page that would set a new peak is a cooling page taken instead, its
+/// old mapping a ghost until the work queued before it went idle finished.
+/// A block placed over that ghost waits for that work only, not for
+/// everything queued since.
+#[test]
+fn a_page_that_would_set_a_new_peak_is_a_cooling_page_taken_instead() {
+    const GIB: u64 = 1 << 30;
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { va_chunk: GIB, ..VmmConfig::default() });
+    let a = p.allocate(2 * MIB).unwrap();
+    let _b = p.allocate(2 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(a.id); // cooling, with the work just queued
+                  // 4 MiB fits no hole with pages: of its two pages, one is a's, taken.
+    let _c = p.allocate(4 * MIB).unwrap();
+    assert_eq!((p.stats().num_page_creates, p.stats().num_aliases), (3, 1));
+    assert_eq!(p.stats().reserved_bytes.peak, 6 * MIB, "not 8");
+    assert_eq!(p.backend().ghosts().len(), 1);
+    p.backend_mut().launch(); // newer work
+                              // With the rest of the range taken, the one hole left is the ghost's:
+                              // the block there waits for the work before a's free, not the newer work.
+    let _rest = p.allocate(GIB - 8 * MIB).unwrap();
+    let again = p.allocate(2 * MIB).unwrap();
+    assert_eq!(again.addr, a.addr);
+    assert_eq!(p.stats().num_ghost_waits, 1);
+    assert_eq!((p.backend().completed, p.backend().queued), (1, 2), "only the ghost's work waited for");
+    assert!(p.backend().ghosts().is_empty());
+}
+
+/// Below its peak the pool makes a page rather than move a cooling one: a
+/// move costs driver calls every time, and a ghost may make a block wait.
+#[test]
+fn below_its_peak_the_pool_makes_pages_beside_cooling_ones() {
+    let mut p = pool();
+    let big = p.allocate(8 * MIB).unwrap();
+    p.free(big.id);
+    p.empty_cache();
+    let x = p.allocate(2 * MIB).unwrap();
+    let _w = p.allocate(2 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(x.id);
+    let _y = p.allocate(4 * MIB).unwrap(); // 4 + 4 MiB: the old peak, not past it
+    assert_eq!(p.stats().num_aliases, 0);
+    assert_eq!(p.stats().reserved_bytes.current, 8 * MIB);
+    assert_eq!(p.stats().cooling_bytes.current, 2 * MIB);
+}
+
 /// A block that cannot avoid a ghost waits for the GPU and then maps there.
 #[test]
 fn a_block_over_a_ghost_waits_for_the_gpu() {
@@ -588,7 +634,8 @@ fn pending_blocks_smaller_than_a_request_still_give_it_their_pages() {
 /// idle under queued work with one stream (cooling).
 #[test]
 fn the_peak_breakdown_names_pending_and_cooling_pages() {
-    let mut p = pool();
+    // Without aliasing, the cooling page stays beside the new ones.
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { alias_cooling: false, ..VmmConfig::default() });
     // Live memory beside them, so the pending bytes are too small a share
     // of what is held to be worth waiting for (`wait_share`).
     let _live = p.allocate(64 * MIB).unwrap();
