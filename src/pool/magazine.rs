@@ -62,9 +62,13 @@ const REFILL_BYTES: u64 = 256 << 10;
 pub const FREED: usize = 32;
 pub const FREED_BYTES: u64 = 256 << 10;
 /// Freed blocks of one class waiting to be taken again by their thread, and
-/// bytes at most; past either, the oldest goes back to the pool.
-const WAITING: usize = 128;
-const WAITING_BYTES: u64 = 512 << 10;
+/// bytes at most; past either, the oldest goes back to the pool. A thread
+/// making a pair every 150 ns frees about 330 blocks between two fences
+/// (`fence.rs`, one per 50 µs at most): with room for fewer (128 before),
+/// two threads on two cores took the pool's lock every few dozen pairs to
+/// give the overflow back and refill, and ran no faster than one.
+const WAITING: usize = 512;
+const WAITING_BYTES: u64 = 2 << 20;
 
 #[derive(Clone, Copy, Default)]
 struct Held {
@@ -86,8 +90,10 @@ struct Class {
     size: u64,
     blocks: [Held; REFILL],
     n: usize,
-    /// Freed blocks of this class, oldest first, in a ring from `head`.
-    waiting: [Waiting; WAITING],
+    /// Freed blocks of this class, oldest first, in a ring from `head`
+    /// (`WAITING` long; on the heap, as magazines are made on the stack of
+    /// whichever thread contends).
+    waiting: Box<[Waiting]>,
     head: usize,
     nwaiting: usize,
 }
@@ -96,9 +102,9 @@ impl Default for Class {
     fn default() -> Class {
         Class {
             size: 0,
-            blocks: Default::default(),
+            blocks: [Held::default(); REFILL],
             n: 0,
-            waiting: [Waiting::default(); WAITING],
+            waiting: vec![Waiting::default(); WAITING].into_boxed_slice(),
             head: 0,
             nwaiting: 0,
         }
@@ -145,10 +151,11 @@ struct Magazine {
 }
 
 /// Blocks to give back to their pools, as (pool address, block): filled
-/// here, freed by the caller under each pool's lock.
+/// here, freed by the caller under each pool's lock. On the heap (a
+/// magazine's whole content is 34 KiB of them), made once per thread:
+/// [`spare_returns`].
 pub struct Returns {
-    pub blocks: [(usize, u32); RETURNS],
-    pub n: usize,
+    blocks: Vec<(usize, u32)>,
 }
 
 /// A magazine's whole content fits.
@@ -156,18 +163,57 @@ const RETURNS: usize = FREED + CLASSES * (REFILL + WAITING);
 
 impl Default for Returns {
     fn default() -> Returns {
-        Returns { blocks: [(0, 0); RETURNS], n: 0 }
+        Returns { blocks: Vec::with_capacity(RETURNS) }
     }
 }
 
 impl Returns {
     fn push(&mut self, pool: usize, block: u32) {
-        self.blocks[self.n] = (pool, block);
-        self.n += 1;
+        self.blocks.push((pool, block));
     }
 
     pub fn as_slice(&self) -> &[(usize, u32)] {
-        &self.blocks[..self.n]
+        &self.blocks
+    }
+
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+    }
+}
+
+thread_local! {
+    static SPARE: Cell<Option<Returns>> = const { Cell::new(None) };
+}
+
+/// This thread's [`Returns`], empty, put back when dropped: a refill or a
+/// batch given back makes no allocation after the thread's first. A nested
+/// use (a signal handler) or one during the thread's exit gets a new one.
+pub fn spare_returns() -> SpareReturns {
+    let r = SPARE.try_with(Cell::take).ok().flatten().unwrap_or_default();
+    SpareReturns(Some(r))
+}
+
+pub struct SpareReturns(Option<Returns>);
+
+impl std::ops::Deref for SpareReturns {
+    type Target = Returns;
+    fn deref(&self) -> &Returns {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for SpareReturns {
+    fn deref_mut(&mut self) -> &mut Returns {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for SpareReturns {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.0.take() {
+            r.clear();
+            let _ = SPARE.try_with(|s| s.set(Some(r)));
+        }
     }
 }
 
@@ -455,7 +501,7 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
     for m in magazines {
         {
             let mut magazine = m.lock();
-            returns.n = 0;
+            returns.clear();
             if magazine.epoch == epoch {
                 magazine.give_back_frees(&mut returns);
                 for slot in 0..CLASSES {
@@ -556,7 +602,7 @@ mod tests {
         let blocks: Vec<Block> = (0..blocks).map(|i| block(i, 0x1000 * u64::from(i), 4096)).collect();
         let mut unkept = Returns::default();
         store(pool, class, &blocks, &mut unkept);
-        assert_eq!(unkept.n, 0);
+        assert!(unkept.as_slice().is_empty());
     }
 
     /// Frees tagged with `epoch` (several streams in use).
@@ -599,7 +645,7 @@ mod tests {
             assert_eq!(keep_freed(7, BlockId::from_raw(999), 0, 8192, &tagging(0)), Kept::BatchFull);
             let mut r = Returns::default();
             take_frees(&mut r);
-            assert_eq!(r.n, FREED, "the batch goes back whole");
+            assert_eq!(r.as_slice().len(), FREED, "the batch goes back whole");
             assert_eq!(
                 keep_freed(7, BlockId::from_raw(5), 0, MAX_SIZE + 1, &tagging(0)),
                 Kept::No,
@@ -608,7 +654,7 @@ mod tests {
             // A refill for another pool gives back every block of this one.
             let mut r = Returns::default();
             refill(8, 4096, &mut r).unwrap();
-            assert_eq!(r.n, 15);
+            assert_eq!(r.as_slice().len(), 15);
             assert!(r.as_slice().iter().all(|&(p, _)| p == 7));
         })
         .join()
@@ -662,7 +708,7 @@ mod tests {
             // Giving the class back returns every block still waiting.
             let mut r = Returns::default();
             refill(3, 4096, &mut r).unwrap();
-            assert_eq!(r.n, room as usize - 2);
+            assert_eq!(r.as_slice().len(), room as usize - 2);
         })
         .join()
         .unwrap();
@@ -676,7 +722,7 @@ mod tests {
             let (class, _) = refill(3, 512, &mut r).unwrap();
             let mut unkept = Returns::default();
             store(3, class, &[block(1, 0x100, 512), block(2, 0x300, 512)], &mut unkept);
-            assert_eq!(unkept.n, 0);
+            assert!(unkept.as_slice().is_empty());
             assert_eq!(keep_freed(3, BlockId::from_raw(9), 0x900, 512, &tagging(1)), Kept::Yes);
             assert_eq!(keep_freed(3, BlockId::from_raw(10), 0xa00, 4096, &tagging(1)), Kept::Yes);
         })

@@ -143,7 +143,7 @@ fn refill(
     on_reserved: &mut dyn FnMut(i32, i64),
 ) -> Option<Block> {
     let addr = pool as *const ContextPool as usize;
-    let mut returns = Returns::default();
+    let mut returns = magazine::spare_returns();
     let (class, want) = magazine::refill(addr, size, &mut returns)?;
     give_back(&returns, on_reserved);
     let oldest = magazine::oldest_waiting(addr, size); // not under the pool's lock (see magazine.rs)
@@ -166,9 +166,10 @@ fn refill(
         report(pool.device, before, p.reserved(), on_reserved);
     }
     let (first, rest) = taken[..n].split_first()?;
-    let mut unkept = Returns::default();
-    magazine::store(addr, class, rest, &mut unkept);
-    give_back(&unkept, on_reserved);
+    let unkept = &mut returns;
+    unkept.clear();
+    magazine::store(addr, class, rest, unkept);
+    give_back(unkept, on_reserved);
     Some(*first)
 }
 
@@ -213,7 +214,7 @@ pub fn free(pool: usize, block: BlockId, addr: u64, bytes: u64, on_reserved: &mu
 #[cold]
 #[inline(never)]
 fn give_back_batch(on_reserved: &mut dyn FnMut(i32, i64)) {
-    let mut returns = Returns::default();
+    let mut returns = magazine::spare_returns();
     magazine::take_frees(&mut returns);
     give_back(&returns, on_reserved);
 }
