@@ -387,18 +387,28 @@ impl Timeline for CudaBackend {
         tag <= self.completed()
     }
 
-    /// Waits on the events of the fence covering `tag` (no barrier: a
-    /// barrier orders, it does not finish).
+    /// Waits on the events of the fences up to the one covering `tag` (no
+    /// barrier: a barrier orders, it does not finish). An older fence may
+    /// hold an event of a stream destroyed since, which the covering one
+    /// does not: `finished` moves only past fences whose events are all done.
     fn wait_finished(&mut self, tag: u64) -> bool {
         self.poll();
         if tag <= self.finished {
             return true;
         }
-        // None: a capture is active, and waiting could deadlock it.
+        // Waiting inside a capture could deadlock it, and is illegal in a
+        // global-mode one.
+        if self.any_capturing() {
+            return false;
+        }
         let Some(index) = self.fence_covering(tag) else { return false };
-        for i in 0..self.fences[index].1.len() {
-            let e = self.fences[index].1[i];
-            unsafe { real!(cuEventSynchronize(e as CUevent)) };
+        for f in 0..=index {
+            for i in 0..self.fences[f].1.len() {
+                let e = self.fences[f].1[i];
+                if unsafe { real!(cuEventSynchronize(e as CUevent)) } != SUCCESS {
+                    return false;
+                }
+            }
         }
         self.counters.waits += 1;
         self.poll();

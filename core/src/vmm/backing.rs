@@ -119,8 +119,7 @@ impl<B: PageBackend> VmmPool<B> {
         if let Some(h) = self.cooled_page(size) {
             return Some((h, None));
         }
-        let s = &self.stats.reserved_bytes;
-        if s.current + size > s.peak {
+        if self.stats.reserved_bytes.current + size > self.most_reserved {
             if let Some((ghost, h)) = self.cooling_page(size) {
                 return Some((h, Some(ghost)));
             }
@@ -189,6 +188,7 @@ impl<B: PageBackend> VmmPool<B> {
         let h = self.try_create_page(size)?;
         self.stats.num_page_creates += 1;
         self.stats.reserved_bytes.inc(size);
+        self.most_reserved = self.most_reserved.max(self.stats.reserved_bytes.current);
         if self.stats.reserved_bytes.current == self.stats.reserved_bytes.peak {
             self.note_peak();
         }

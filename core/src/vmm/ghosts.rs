@@ -91,10 +91,11 @@ impl<B: PageBackend> VmmPool<B> {
     pub(super) fn clear_ghost(&mut self, a: u64) -> bool {
         let tag = self.ghosts[&a].tag;
         if !self.tag_done(tag) {
-            if !self.backend.wait_finished(tag) {
+            if self.backend.wait_finished(tag) {
+                self.finished_upto = self.finished_upto.max(Some(tag));
+            } else if !self.cool_down() {
                 return false;
             }
-            self.finished_upto = self.finished_upto.max(Some(tag));
             self.stats.num_ghost_waits += 1;
         }
         self.drop_ghost(a);

@@ -73,8 +73,9 @@
 //!   elsewhere is ordered behind that work exactly as using it in place
 //!   would be (the blocks that lived on it were all released, so their reuse
 //!   was ordered); only the unmapping waits. No block is placed over a ghost
-//!   (placement avoids them; one that cannot waits for the work queued
-//!   before that page went idle, not for newer work), and a page's ghosts
+//!   (placement avoids them; one that cannot waits for the GPU, up to the
+//!   first fence that covers the work queued before that page went idle
+//!   rather than for everything), and a page's ghosts
 //!   go before the page is unmapped or released (its own tag there is newer
 //!   than theirs, so their work is done by then). So a program that never
 //!   synchronizes, queuing whole steps ahead of its GPU, still fits under a
@@ -215,6 +216,10 @@ pub struct VmmPool<B: PageBackend> {
     /// A page made for the block being placed took reserved bytes to a new
     /// peak: the block is added to `at_peak` once it is counted.
     peak_moved: bool,
+    /// The most bytes of pages ever held: what a new page is weighed
+    /// against before a cooling page is moved instead. Not the peak
+    /// statistic, which [`VmmPool::reset_peak_stats`] lowers.
+    most_reserved: u64,
     /// High-water marks of in-use bytes in the current and the previous
     /// window, and when the current one began.
     high_water: (u64, u64),
@@ -247,6 +252,7 @@ impl<B: PageBackend> VmmPool<B> {
             completed_upto: None,
             finished_upto: None,
             peak_moved: false,
+            most_reserved: 0,
             high_water: (0, 0),
             window_start: 0,
             stats: VmmStats::default(),
