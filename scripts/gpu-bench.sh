@@ -9,8 +9,13 @@
 #  5. scaling: pairs per second over 1, 2, 4 and 8 threads, each on its own stream
 #  6. the cost of allocation sites: the transformer with PyTorch's cache off under
 #     cupool's pool, stacks (native + Python) on vs off, beside the caching allocator
+#  7. vmm: issue 12's side-by-side figures, from scripts/gpu-vmm.sh: the transformer's peak
+#     driver-used memory (nvidia-smi sampled every 20 ms) and ms/iter for PyTorch's caching
+#     allocator, expandable_segments and PyTorch without its cache under cupool's VMM pool,
+#     ROUNDS alternating rounds (3); and the workload that fragments the caching allocator
+#     into an out-of-memory error under a 10 GiB cap
 # Run from the repository root with the built shim and CLI in .gpu/.
-# SECTIONS="pair torch safety stress scaling traces sites" (the default: all) picks sections.
+# SECTIONS="pair torch safety stress scaling traces sites vmm" (the default: all) picks sections.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 bin=$(pwd)/.gpu
@@ -24,7 +29,7 @@ nvcc -O2 -arch=native -cudart shared -o $work/first_stream $src/first_stream.cu
 nvcc -O2 -arch=native -cudart shared -o $work/stress $src/stress.cu
 nvcc -O2 -arch=native -cudart shared -o $work/scaling $src/scaling.cu
 pool="$bin/cupool run -q --log-dir $work/logs --mode pool"
-sections=" ${SECTIONS:-pair torch safety stress scaling traces sites} "
+sections=" ${SECTIONS:-pair torch safety stress scaling traces sites vmm} "
 want() { [[ $sections == *" $1 "* ]]; }
 
 if want pair; then
@@ -97,4 +102,9 @@ for round in 1 2 3; do
   MODE=nocache-pool-stacks-notrace PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool --no-trace -- python3 $T
 done
 python3 -c "import json,glob; l=max((l for l in (json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')) if any('def' in e for e in l['events'])), key=lambda l: l['process']['start_unix_ms']); d=[e for e in l['events'] if 'def' in e]; print('definitions in the last traced log:', {k: sum(1 for e in d if e['def']==k) for k in ('module','string','stack')}, 'allocs:', sum(1 for e in l['events'] if e.get('ev')=='alloc'))"
+fi
+
+if want vmm; then
+echo "== VMM pool against PyTorch's two modes (scripts/gpu-vmm.sh: torch, frag)"
+OTHER_BUILDS=none SECTIONS="torch frag" ROUNDS=${ROUNDS:-3} NO_SEGMENTS=1 bash scripts/gpu-vmm.sh
 fi

@@ -89,7 +89,13 @@ fn cupool_run_summary_names_the_page_work() {
     let out = run_ok(&mut cmd, "cupool run");
     let err = stderr_of(&out);
     let line = err.lines().find(|l| l.contains("VMM pages:")).unwrap_or_else(|| panic!("no VMM line in:\n{err}"));
-    assert!(line.contains(" made, ") && line.contains("ms in cuMem*") && line.len() <= 100, "{line}");
+    assert!(line.contains(" made, ") && line.contains(" unmaps, ") && line.len() <= 100, "{line}");
+    // And the time those calls took, by call.
+    let calls = err.lines().find(|l| l.contains("VMM cuMem*:")).unwrap_or_else(|| panic!("no cuMem line in:\n{err}"));
+    for call in [" ms (create ", ", map ", ", access ", ", unmap ", ", release "] {
+        assert!(calls.contains(call), "{call}: {calls}");
+    }
+    assert!(calls.len() <= 100, "{calls}");
     // Where the pages were at their peak: the workload's blocks, nothing
     // else on a GPU (the fake one) that never falls behind.
     let peak = err.lines().find(|l| l.contains("VMM peak")).unwrap_or_else(|| panic!("no peak line in:\n{err}"));
@@ -160,4 +166,39 @@ fn ipc_export_of_a_vmm_block_keeps_it_out_of_reuse() {
         "freed_export b_reused a_export a_kept"
     );
     assert_eq!(r.log["end"]["pools"][0]["backing"], "vmm");
+}
+
+/// Under `limit`, the device looks as large as the limit and as full as the
+/// pool's pages plus the program's other memory, and a request past it gets
+/// CUDA's out-of-memory code and a snapshot naming the pages held, the live
+/// blocks and the addresses reserved. Pages come from anywhere: a 50 MiB
+/// request beside a live block fits, where fixed segments (tests/pool.rs)
+/// could not place it.
+#[test]
+fn a_capped_vmm_pool_shapes_mem_get_info_and_names_its_addresses_at_oom() {
+    let prog = compile_runtime_program("vmmlimit", "pool_limit.c");
+    let r = run(&prog, &[], &format!("{VMM}:limit=64m"));
+    let v = |k: &str| r.result.get(k).copied().or_else(|| stdout_value(&r.stdout, k)).unwrap();
+    assert_eq!((v("total0"), v("free0")), (64 * MIB, 64 * MIB));
+    // 3,000,000 B on two 2 MiB pages, and 1 MiB of managed memory.
+    for (f, t) in [("free1", "total1"), ("drv_free1", "drv_total1")] {
+        assert_eq!((v(t), v(f)), (64 * MIB, 64 * MIB - 4 * MIB - MIB), "{f}, {t}");
+    }
+    assert_eq!((v("big"), v("big_untouched")), (2, 1), "cudaMalloc(100 MiB) under limit=64m");
+    assert_eq!(v("mid"), 0, "50 MiB beside the 4 MiB held fits in pages");
+    assert_eq!(v("small_works"), 1);
+    assert_eq!(v("mid_after_free"), 2, "a second 50 MiB does not");
+    assert_eq!(v("mid_works"), 1);
+    let ooms = r.log["end"]["ooms"].as_array().expect("end.ooms");
+    assert_eq!(ooms.len(), 2, "{ooms:?}");
+    let first = &ooms[0];
+    assert_eq!(first["requested"].as_u64(), Some(100 * MIB), "{first}");
+    assert_eq!(first["reserved"].as_u64(), Some(4 * MIB), "{first}: the pages mapped");
+    let allocated = first["allocated"].as_u64().unwrap();
+    assert!((3_000_000..4 * MIB).contains(&allocated), "{first}: the live block, rounded");
+    assert_eq!(first["largest_live"], serde_json::json!([3_000_000]), "{first}");
+    assert!(first["address_reserved"].as_u64().unwrap() >= 64 << 30, "{first}: one 64 GiB range at least");
+    let p = &pools(&r.log)[0];
+    assert!(p["reserved_bytes"]["peak"].as_u64().unwrap() <= 64 * MIB - MIB, "the pool passed its limit: {p}");
+    assert_valid_log(&r.log, "vmmlimit");
 }

@@ -132,11 +132,23 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
         for p in log.end.as_ref().map_or(&[][..], |e| &e.pools[..]) {
             let Some(pg) = &p.pages else { continue };
             let c = &pg.costs;
-            let ms = (c.create_ns + c.map_ns + c.access_ns + c.unmap_ns + c.release_ns) as f64 / 1e6;
+            let ms = |ns: u64| ns as f64 / 1e6;
+            let all = c.create_ns + c.map_ns + c.access_ns + c.unmap_ns + c.release_ns;
             let _ = writeln!(
                 out,
-                "    device {:>2} VMM pages: {} made, {} released, {} maps ({} moves), {} grants, {ms:.1} ms in cuMem*",
-                p.device, pg.creates, pg.releases, pg.maps, pg.remaps, pg.grants
+                "    device {:>2} VMM pages: {} made, {} released, {} maps ({} moves), {} unmaps, {} grants",
+                p.device, pg.creates, pg.releases, pg.maps, pg.remaps, pg.unmaps, pg.grants
+            );
+            let _ = writeln!(
+                out,
+                "    device {:>2} VMM cuMem*: {:.1} ms (create {:.1}, map {:.1}, access {:.1}, unmap {:.1}, release {:.1})",
+                p.device,
+                ms(all),
+                ms(c.create_ns),
+                ms(c.map_ns),
+                ms(c.access_ns),
+                ms(c.unmap_ns),
+                ms(c.release_ns)
             );
             let b = &pg.at_peak;
             if b.reserved > 0 {

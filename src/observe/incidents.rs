@@ -62,12 +62,12 @@ pub fn checkpoint(at: Api, died: &[(u64, Allocation)]) {
 }
 
 /// `snapshot` is taken only while there is room to keep it.
-pub fn out_of_memory(device: i32, bytes: u64, snapshot: impl FnOnce() -> (Fragmentation, Vec<u64>)) {
+pub fn out_of_memory(device: i32, bytes: u64, snapshot: impl FnOnce() -> (Fragmentation, Vec<u64>, u64)) {
     let mut ooms = OOMS.lock();
     if ooms.len() >= MAX_OOMS {
         return;
     }
-    let (f, largest) = snapshot();
+    let (f, largest, address_reserved) = snapshot();
     ooms.push(OomRecord {
         t_ns: clock::now_ns(),
         device,
@@ -77,6 +77,7 @@ pub fn out_of_memory(device: i32, bytes: u64, snapshot: impl FnOnce() -> (Fragme
         free_in_pool: f.free_bytes,
         largest_free_block: f.largest_free_block,
         largest_live: largest,
+        address_reserved,
     });
 }
 

@@ -117,7 +117,7 @@ pub fn context_died(at: Api, device: i32, dies: impl FnMut(&Allocation) -> bool)
 }
 
 /// The pool could not serve `bytes` even after releasing its cache.
-pub fn out_of_memory(api: Api, device: i32, bytes: u64, snapshot: impl FnOnce() -> (Fragmentation, Vec<u64>)) {
+pub fn out_of_memory(api: Api, device: i32, bytes: u64, snapshot: impl FnOnce() -> (Fragmentation, Vec<u64>, u64)) {
     timeline::out_of_memory(api, device, bytes);
     incidents::out_of_memory(device, bytes, snapshot);
 }

@@ -209,14 +209,16 @@ impl Engine {
     }
 
     /// The picture when a request failed: fragmentation and the largest live requests.
-    pub fn at_oom(&self) -> (Fragmentation, Vec<u64>) {
-        let (f, mut largest): (_, Vec<u64>) = match self {
-            Engine::Segments(p) => (p.fragmentation(), p.live_blocks().map(|b| b.requested).collect()),
-            Engine::Pages(p) => (p.fragmentation(), p.live_requests().collect()),
+    /// What the pool held when a request failed: its fragmentation, the 10
+    /// largest live requests, and the virtual addresses it had reserved (VMM).
+    pub fn at_oom(&self) -> (Fragmentation, Vec<u64>, u64) {
+        let (f, mut largest, addresses): (_, Vec<u64>, _) = match self {
+            Engine::Segments(p) => (p.fragmentation(), p.live_blocks().map(|b| b.requested).collect(), 0),
+            Engine::Pages(p) => (p.fragmentation(), p.live_requests().collect(), p.stats().va_reserved_bytes),
         };
         largest.sort_unstable_by(|a, b| b.cmp(a));
         largest.truncate(10);
-        (f, largest)
+        (f, largest, addresses)
     }
 
     /// The end record's figures (`dead`: the context died, current figures read 0).

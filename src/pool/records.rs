@@ -22,6 +22,6 @@ fn record(p: &ContextPool, dead: bool) -> Option<PoolRecord> {
 }
 
 /// The pool's state when a request failed: fragmentation and the largest live blocks.
-pub fn at_oom(p: &ContextPool) -> (Fragmentation, Vec<u64>) {
+pub fn at_oom(p: &ContextPool) -> (Fragmentation, Vec<u64>, u64) {
     p.pool.lock().at_oom()
 }

@@ -295,6 +295,9 @@ fn print_ooms(view: &ProcessView, out: &mut dyn Write) {
                 human_bytes(s.free_in_pool),
                 human_bytes(s.largest_free_block)
             );
+            if s.address_reserved > 0 {
+                let _ = writeln!(out, "  in {} of reserved addresses (VMM pages)", human_bytes(s.address_reserved));
+            }
             if !s.largest_live.is_empty() {
                 let live: Vec<String> = s.largest_live.iter().map(|b| human_bytes(*b)).collect();
                 let _ = writeln!(out, "  largest live: {}", cut(&live.join(", "), 84));

@@ -455,6 +455,10 @@ pub struct OomRecord {
     pub largest_free_block: u64,
     /// The 10 largest live requests, largest first.
     pub largest_live: Vec<u64>,
+    /// Virtual addresses the pool had reserved (VMM backing; 0 for
+    /// segments, whose reserved bytes are their addresses).
+    #[serde(default)]
+    pub address_reserved: u64,
 }
 
 /// `end`: the record written when the process ends.

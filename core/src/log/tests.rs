@@ -181,6 +181,7 @@ fn full_end() -> End {
             free_in_pool: 5,
             largest_free_block: 6,
             largest_live: vec![8, 7],
+            address_reserved: 64 << 30,
         }],
         complete: false,
         notes: vec!["Python 3.9 is not one cupool can read frames of".into()],
