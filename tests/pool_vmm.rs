@@ -202,3 +202,26 @@ fn a_capped_vmm_pool_shapes_mem_get_info_and_names_its_addresses_at_oom() {
     assert!(p["reserved_bytes"]["peak"].as_u64().unwrap() <= 64 * MIB - MIB, "the pool passed its limit: {p}");
     assert_valid_log(&r.log, "vmmlimit");
 }
+
+/// A device that cannot map pages (no VMM support) gets the fixed-segment
+/// pool, says so once in the log, and the program runs as without cupool.
+#[test]
+fn a_device_without_vmm_gets_segments_and_a_note() {
+    let prog = fakes().prog("prog_runtime");
+    let plain = plain_result(&prog, &[]);
+    let dir = scratch_dir("vmm-unsupported");
+    let mut cmd = preloaded_command(&prog, &[], &dir, VMM);
+    let out = cmd.env("FAKE_CUDA_NO_VMM", "1").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(result_line(&stdout_of(&out)).unwrap(), plain, "result line without VMM vs plain");
+    let log = read_logs(&dir).remove(0);
+    assert_eq!(log["options"]["backing"], "vmm", "asked for");
+    assert!(!pools(&log).is_empty());
+    for p in pools(&log) {
+        assert_eq!(p["backing"], "segments", "{p}");
+        assert!(p["pages"].is_null(), "{p}");
+    }
+    let notes: Vec<&str> = log["end"]["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(notes.iter().any(|n| n.contains("cannot map pages") && n.contains("pool segments instead")), "{notes:?}");
+    assert_valid_log(&log, "prog_runtime");
+}

@@ -19,22 +19,7 @@ pub struct CheckpointLeak {
 const MAX_CHECKPOINT_LEAKS: usize = 100_000;
 static CHECKPOINT_LEAKS: Mutex<Vec<CheckpointLeak>> = Mutex::new(Vec::new());
 
-/// Remarks for the end record's notes: what cupool did differently from
-/// usual and why (each said once).
-const MAX_REMARKS: usize = 32;
-static REMARKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-pub fn remark(text: &str) {
-    let mut remarks = REMARKS.lock();
-    if remarks.len() < MAX_REMARKS && !remarks.iter().any(|r| r == text) {
-        crate::runtime::diag::note(text);
-        remarks.push(text.to_string());
-    }
-}
-
-pub fn remarks() -> Vec<String> {
-    REMARKS.try_lock().map(|r| r.clone()).unwrap_or_default()
-}
+pub use crate::runtime::diag::{remark, remarks};
 
 /// Stream-ordered allocations captured into graphs (the graphs own them).
 static GRAPH_ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -89,7 +74,7 @@ pub fn take() -> (Vec<CheckpointLeak>, Vec<OomRecord>) {
 pub fn lock_for_fork() {
     std::mem::forget(CHECKPOINT_LEAKS.lock());
     std::mem::forget(OOMS.lock());
-    std::mem::forget(REMARKS.lock());
+    crate::runtime::diag::lock_remarks_for_fork();
 }
 
 /// # Safety
@@ -97,10 +82,9 @@ pub fn lock_for_fork() {
 pub unsafe fn unlock_after_fork(in_child: bool) {
     CHECKPOINT_LEAKS.force_unlock();
     OOMS.force_unlock();
-    REMARKS.force_unlock();
+    crate::runtime::diag::unlock_remarks_after_fork(in_child);
     if in_child {
         CHECKPOINT_LEAKS.lock().clear();
         OOMS.lock().clear();
-        REMARKS.lock().clear();
     }
 }

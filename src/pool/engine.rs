@@ -55,11 +55,11 @@ impl Engine {
             return segments(ctx);
         }
         if tools::attached() {
-            diag::note("backing=vmm: a memory tool is attached, which is told of segments; pool segments instead");
+            diag::remark("backing=vmm: a memory tool is attached, which is told of segments; pool segments instead");
             return segments(ctx);
         }
         let Some((pages, page)) = CudaPages::new(ctx, device) else {
-            diag::note(&format!(
+            diag::remark(&format!(
                 "backing=vmm: device {device} cannot map pages (no VMM support); pool segments instead"
             ));
             return segments(ctx);

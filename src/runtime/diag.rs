@@ -15,6 +15,38 @@ fn write_line(prefix: &str, msg: &str) {
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
+/// Remarks for the end record's notes: what cupool did differently from
+/// usual and why (each said once). Kept here, below the pool and the
+/// observers, so that either may make one.
+const MAX_REMARKS: usize = 32;
+static REMARKS: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+
+/// Says `text` as a note and keeps it for the end record, once.
+pub fn remark(text: &str) {
+    let mut remarks = REMARKS.lock();
+    if remarks.len() < MAX_REMARKS && !remarks.iter().any(|r| r == text) {
+        note(text);
+        remarks.push(text.to_string());
+    }
+}
+
+pub fn remarks() -> Vec<String> {
+    REMARKS.try_lock().map(|r| r.clone()).unwrap_or_default()
+}
+
+pub fn lock_remarks_for_fork() {
+    std::mem::forget(REMARKS.lock());
+}
+
+/// # Safety
+/// Only after `lock_remarks_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_remarks_after_fork(in_child: bool) {
+    REMARKS.force_unlock();
+    if in_child {
+        REMARKS.lock().clear();
+    }
+}
+
 pub fn error(msg: &str) {
     if VERBOSITY.load(Ordering::Relaxed) >= 1 {
         write_line("", msg);

@@ -1297,6 +1297,9 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAl
         return r;
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 || prop->location.id >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
+    /* FAKE_CUDA_NO_VMM=1: a device without virtual memory management. */
+    if (env_size("FAKE_CUDA_NO_VMM", 0))
+        return CUDA_ERROR_NOT_SUPPORTED;
     *granularity = 2u << 20;
     return CUDA_SUCCESS;
 }
