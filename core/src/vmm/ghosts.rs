@@ -91,15 +91,24 @@ impl<B: PageBackend> VmmPool<B> {
     pub(super) fn clear_ghost(&mut self, a: u64) -> bool {
         let tag = self.ghosts[&a].tag;
         if !self.tag_done(tag) {
-            if self.backend.wait_finished(tag) {
-                self.finished_upto = self.finished_upto.max(Some(tag));
-            } else if !self.cool_down() {
+            if !self.wait_until_finished(tag) {
                 return false;
             }
             self.stats.num_ghost_waits += 1;
         }
         self.drop_ghost(a);
         true
+    }
+
+    /// Waits until the GPU finished the work before `tag`: up to the fence
+    /// covering it, or for everything where that wait fails. False when it
+    /// cannot wait now (a capture).
+    fn wait_until_finished(&mut self, tag: u64) -> bool {
+        if self.backend.wait_finished(tag) {
+            self.finished_upto = self.finished_upto.max(Some(tag));
+            return true;
+        }
+        self.cool_down()
     }
 
     /// Unmaps the ghost at `a` (its work is done).
@@ -121,11 +130,7 @@ impl<B: PageBackend> VmmPool<B> {
         let mine = self.ghosts_of(owner);
         let newest = mine.iter().map(|g| self.ghosts[g].tag).max();
         if let Some(t) = newest.filter(|&t| !self.tag_done(t)) {
-            if self.backend.wait_finished(t) {
-                self.finished_upto = self.finished_upto.max(Some(t));
-            } else {
-                self.cool_down();
-            }
+            self.wait_until_finished(t);
         }
         for g in mine {
             self.drop_ghost(g);

@@ -548,15 +548,17 @@ fn a_page_that_would_set_a_new_peak_is_a_cooling_page_taken_instead() {
     let a = p.allocate(2 * MIB).unwrap();
     let _b = p.allocate(2 * MIB).unwrap();
     p.backend_mut().launch();
-    p.free(a.id); // cooling, with the work just queued
-                  // 4 MiB fits no hole with pages: of its two pages, one is a's, taken.
+    // a's page cools: the work just queued may still touch it.
+    p.free(a.id);
+    // 4 MiB fits no hole with pages: of its two pages, one is a's, taken.
     let _c = p.allocate(4 * MIB).unwrap();
     assert_eq!((p.stats().num_page_creates, p.stats().num_aliases), (3, 1));
     assert_eq!(p.stats().reserved_bytes.peak, 6 * MIB, "not 8");
     assert_eq!(p.backend().ghosts().len(), 1);
-    p.backend_mut().launch(); // newer work
-                              // With the rest of the range taken, the one hole left is the ghost's:
-                              // the block there waits for the work before a's free, not the newer work.
+    // Newer work. With the rest of the range taken, the one hole left is the
+    // ghost's: the block there waits for the work before a's free, not the
+    // newer work.
+    p.backend_mut().launch();
     let _rest = p.allocate(GIB - 8 * MIB).unwrap();
     let again = p.allocate(2 * MIB).unwrap();
     assert_eq!(again.addr, a.addr);
