@@ -45,10 +45,21 @@ static POINTERS: LazyLock<Box<[Shard; SHARDS]>> = LazyLock::new(|| {
 });
 static HANDLES: LazyLock<Mutex<Table>> = LazyLock::new(|| Mutex::new(Table::default()));
 
+/// The shard of a pointer: by the 64 KiB granule it lies in, hashed. Threads
+/// that allocate at once each reuse blocks of their own (thread magazines,
+/// handed out in runs of neighbours), so keyed by granule each thread keeps
+/// to shards of its own. Keyed by the pointer's low bits, 4 KiB blocks used
+/// only every eighth shard, and every thread's blocks met on those: each
+/// lock was a cache miss, a tenth of the time of eight threads' pairs.
+#[inline]
+fn shard_of(key: u64) -> usize {
+    ((key >> 16).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARDS.trailing_zeros())) as usize
+}
+
 #[inline]
 fn table(space: Space, key: u64) -> &'static Mutex<Table> {
     match space {
-        Space::Pointer => &POINTERS[((key >> 9) as usize ^ (key >> 21) as usize) % SHARDS].0,
+        Space::Pointer => &POINTERS[shard_of(key)].0,
         Space::VmmHandle => &HANDLES,
     }
 }
@@ -154,5 +165,23 @@ pub fn clear() {
     }
     for t in all_tables() {
         t.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_granule_keeps_to_one_shard_and_granules_spread_over_the_shards() {
+        let base = 0x7f00_0000_0000_u64;
+        // A thread's run of 4 KiB blocks inside one 64 KiB granule: one shard.
+        let first = shard_of(base);
+        assert!((0..16).all(|i| shard_of(base + i * 4096) == first));
+        // 1024 granules side by side (64 MiB of blocks) over most of the shards:
+        // a pointer's low bits no longer pick a few shards for everyone.
+        let used: std::collections::HashSet<usize> = (0..1024).map(|g| shard_of(base + (g << 16))).collect();
+        assert!(used.len() > SHARDS / 2, "{} shards", used.len());
+        assert!(used.iter().all(|&s| s < SHARDS));
     }
 }
