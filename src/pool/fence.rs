@@ -182,7 +182,7 @@ impl CudaBackend {
             streams::remove(s);
         }
         // A refused fence is tried again a `fence_us` later, not on every free.
-        self.last_fence_ns = clock::monotonic_ns();
+        self.last_fence_ns = clock::pace_ns();
         if !whole {
             self.spare_events.extend(events);
             return false;
@@ -241,7 +241,7 @@ impl CudaBackend {
     /// stream; frees within one interval (`fence_us`) share it.
     fn tag_now(&mut self) -> u64 {
         let tag = self.epoch();
-        if clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
+        if clock::pace_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
             self.record_fence();
         }
         tag
@@ -288,7 +288,7 @@ impl CudaBackend {
         self.poll();
         if tag > self.completed()
             && !self.covered(tag)
-            && clock::monotonic_ns().saturating_sub(self.last_fence_ns) >= REUSE_FENCE_NS
+            && clock::pace_ns().saturating_sub(self.last_fence_ns) >= REUSE_FENCE_NS
             && self.record_fence()
         {
             self.poll();
@@ -419,7 +419,7 @@ impl Timeline for CudaBackend {
     /// event record and a wait per stream, and a program that frees and
     /// allocates in turn would otherwise pay them on every allocation.
     fn order_behind(&mut self, tag: u64) -> bool {
-        let now = clock::monotonic_ns();
+        let now = clock::pace_ns();
         if now.saturating_sub(self.last_order_ns) < options::get().fence_us * 1000 {
             return false;
         }
