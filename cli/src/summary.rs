@@ -1,7 +1,7 @@
 //! One-screen summaries of cupool logs.
 
 use crate::units::human_bytes;
-use cupool_core::log::{read_log, summarize, ExitRecord, Log, Summary};
+use cupool_core::log::{read_log, summarize, ExitRecord, FenceCounters, Log, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -128,8 +128,11 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
             }
             let _ = writeln!(out, "{line}");
         }
-        // A VMM-backed pool's driver work: the cost that backing adds.
         for p in log.end.as_ref().map_or(&[][..], |e| &e.pools[..]) {
+            if let Some(line) = wait_line(p.device, &p.fences) {
+                let _ = writeln!(out, "{line}");
+            }
+            // A VMM-backed pool's driver work: the cost that backing adds.
             let Some(pg) = &p.pages else { continue };
             let c = &pg.costs;
             let ms = |ns: u64| ns as f64 / 1e6;
@@ -239,6 +242,19 @@ fn peak_line(device: i32, b: &cupool_core::log::PagesAtPeak) -> String {
     format!("{head}{},\n        {last}\n", parts.join(", "))
 }
 
+/// How long a pool held the program's threads back, waiting for the GPU
+/// (`None`: it never did).
+fn wait_line(device: i32, f: &FenceCounters) -> Option<String> {
+    (f.waits + f.syncs > 0).then(|| {
+        format!(
+            "    device {device:>2} pool waited for the GPU: {:.1} ms ({} waits, {} synchronizations)",
+            f.wait_ns as f64 / 1e6,
+            f.waits,
+            f.syncs
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,6 +283,16 @@ mod tests {
         assert_eq!(when_text("exit"), "live at exit");
         assert_eq!(when_text("not finished"), "still live when the log stopped");
         assert_eq!(when_text("cudaDeviceReset"), "live when cudaDeviceReset destroyed its context");
+    }
+
+    #[test]
+    fn the_wait_line_gives_the_time_blocked_and_only_when_the_pool_waited() {
+        assert_eq!(wait_line(0, &FenceCounters { recorded: 9, gpu_barriers: 3, ..Default::default() }), None);
+        let f = FenceCounters { waits: 7, syncs: 1, wait_ns: 12_345_678, ..Default::default() };
+        assert_eq!(
+            wait_line(3, &f).as_deref(),
+            Some("    device  3 pool waited for the GPU: 12.3 ms (7 waits, 1 synchronizations)")
+        );
     }
 
     #[test]

@@ -379,9 +379,11 @@ impl Timeline for CudaBackend {
             return true;
         }
         let events = self.fences[index].1.clone();
+        let t = clock::monotonic_ns();
         for e in events {
             unsafe { real!(cuEventSynchronize(e as CUevent)) };
         }
+        self.counters.wait_ns += clock::monotonic_ns() - t;
         self.counters.waits += 1;
         self.poll();
         tag <= self.completed()
@@ -402,13 +404,14 @@ impl Timeline for CudaBackend {
             return false;
         }
         let Some(index) = self.fence_covering(tag) else { return false };
-        for f in 0..=index {
-            for i in 0..self.fences[f].1.len() {
-                let e = self.fences[f].1[i];
-                if unsafe { real!(cuEventSynchronize(e as CUevent)) } != SUCCESS {
-                    return false;
-                }
-            }
+        let t = clock::monotonic_ns();
+        let waited = (0..=index).all(|f| {
+            (0..self.fences[f].1.len())
+                .all(|i| unsafe { real!(cuEventSynchronize(self.fences[f].1[i] as CUevent)) } == SUCCESS)
+        });
+        self.counters.wait_ns += clock::monotonic_ns() - t;
+        if !waited {
+            return false;
         }
         self.counters.waits += 1;
         self.poll();
@@ -444,7 +447,10 @@ impl Timeline for CudaBackend {
             return false;
         }
         let closing = self.next_epoch();
-        if unsafe { real!(cuCtxSynchronize()) } != SUCCESS {
+        let t = clock::monotonic_ns();
+        let synced = unsafe { real!(cuCtxSynchronize()) } == SUCCESS;
+        self.counters.wait_ns += clock::monotonic_ns() - t;
+        if !synced {
             return false;
         }
         self.counters.syncs += 1;

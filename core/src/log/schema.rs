@@ -315,6 +315,10 @@ pub struct FenceCounters {
     pub gpu_barriers: u64,
     pub waits: u64,
     pub syncs: u64,
+    /// Nanoseconds the program's threads spent blocked in those waits and
+    /// synchronizations.
+    #[serde(default)]
+    pub wait_ns: u64,
 }
 
 impl FenceCounters {
@@ -335,6 +339,7 @@ impl FenceCounters {
             gpu_barriers: get("gpu_barriers"),
             waits: get("waits"),
             syncs: get("syncs"),
+            wait_ns: get("wait_ns"),
         }
     }
 }

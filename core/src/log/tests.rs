@@ -152,6 +152,7 @@ fn full_end() -> End {
                 gpu_barriers: 5,
                 waits: 6,
                 syncs: 7,
+                wait_ns: 8,
             },
             peak_reserved_over_peak_requested: 1.25,
             backing: crate::options::Backing::Vmm,
