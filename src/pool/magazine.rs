@@ -41,6 +41,7 @@
 //! while holding it (the caller gives blocks back after this module returns).
 
 use super::fence::Progress;
+use crate::runtime::bias::BiasedMutex;
 use crate::runtime::options;
 use cupool_core::options::Magazines;
 use cupool_core::pool::{round_size, Block, BlockId};
@@ -220,20 +221,20 @@ impl Drop for SpareReturns {
 /// Some thread started a magazine (never reset: a hint for the hot path).
 static ANY: AtomicBool = AtomicBool::new(false);
 /// Every magazine started, for [`settle`].
-static ALL: Mutex<Vec<Arc<Mutex<Magazine>>>> = Mutex::new(Vec::new());
+static ALL: Mutex<Vec<Arc<BiasedMutex<Magazine>>>> = Mutex::new(Vec::new());
 /// Some thread with a magazine exited since the last settle.
 static ORPHANS: AtomicBool = AtomicBool::new(false);
 /// The magazines of exited threads, also in `ALL`: a settle of orphans
 /// takes only these, and never locks a live thread's magazine (whose next
 /// call would find it taken and go to the pool).
-static ORPHANED: Mutex<Vec<Arc<Mutex<Magazine>>>> = Mutex::new(Vec::new());
+static ORPHANED: Mutex<Vec<Arc<BiasedMutex<Magazine>>>> = Mutex::new(Vec::new());
 /// Bumped in a fork child: the pools its parent's magazines point into are
 /// not the child's (and their locks may be held by threads that do not exist).
 static FORK_EPOCH: AtomicU64 = AtomicU64::new(0);
 
 struct ThreadMagazine {
     contended: Cell<u32>,
-    magazine: RefCell<Option<Arc<Mutex<Magazine>>>>,
+    magazine: RefCell<Option<Arc<BiasedMutex<Magazine>>>>,
 }
 
 impl Drop for ThreadMagazine {
@@ -284,7 +285,7 @@ fn start() {
             return;
         }
         let epoch = FORK_EPOCH.load(Ordering::Acquire);
-        let m = Arc::new(Mutex::new(Magazine { epoch, ..Default::default() }));
+        let m = Arc::new(BiasedMutex::new(Magazine { epoch, ..Default::default() }));
         ALL.lock().push(m.clone());
         *slot = Some(m);
         ACTIVE.with(|a| a.set(true));
@@ -517,7 +518,7 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
         }
         give_back(&returns);
     }
-    let kept = |m: &Arc<Mutex<Magazine>>| !emptied_orphans.iter().any(|gone| Arc::ptr_eq(gone, m));
+    let kept = |m: &Arc<BiasedMutex<Magazine>>| !emptied_orphans.iter().any(|gone| Arc::ptr_eq(gone, m));
     ALL.lock().retain(kept);
     ORPHANED.lock().retain(kept);
 }

@@ -146,6 +146,11 @@ impl Bias {
         self.owner.load(Ordering::Relaxed) == me() && self.inside.load(Ordering::Relaxed) == 0
     }
 
+    /// Does this thread own the state (inside a section or not)?
+    pub fn claimed_here(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) == me()
+    }
+
     /// Makes the state shared, as [`Bias::access`] does for a second thread,
     /// without waiting longer than `patience` for the owner (a fatal
     /// signal's handler must not hang on a thread stopped inside a section).
@@ -315,6 +320,10 @@ impl<T> BiasedMutex<T> {
     /// As [`BiasedMutex::try_lock`], waiting at most `patience` (for the
     /// owner to leave, too).
     pub fn try_lock_for(&self, patience: Duration) -> Option<BiasedGuard<'_, T>> {
+        if self.bias.claimed_here() {
+            // Its owner: no one to wait for, and no reason to give the bias up.
+            return self.try_lock();
+        }
         if !self.bias.share_within(patience) {
             return None;
         }
