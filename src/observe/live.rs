@@ -184,4 +184,48 @@ mod tests {
         assert!(used.len() > SHARDS / 2, "{} shards", used.len());
         assert!(used.iter().all(|&s| s < SHARDS));
     }
+
+    fn allocation(tid: u32) -> Allocation {
+        use cupool_core::log::{Api, MemKind};
+        let (kind, api) = (MemKind::Device, Api::CudaMalloc);
+        Allocation { size: 4096, t_ns: 0, ctx: 1, device: 0, kind, api, tid, stream: 0, pooled: None, stack: 0 }
+    }
+
+    /// Threads on shards of their own and on one shard they all take lose
+    /// no entry and find none twice.
+    #[test]
+    fn threads_on_their_own_shards_and_on_a_common_one_keep_every_entry() {
+        assert!(bias::BOOKS.share());
+        let base = 0x5a00_0000_0000_u64; // this test's keys only
+        let common = base + (0xff << 32);
+        let threads: Vec<_> = (0..4u32)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for round in 0..3000u64 {
+                        let own = base + (u64::from(t) << 32) + ((round % 64) << 16);
+                        // One granule for all: the same shard.
+                        let shared = common + (u64::from(t) << 9) + ((round % 8) << 12);
+                        for key in [own, shared] {
+                            let books = bias::BOOKS.access();
+                            assert!(insert_in(&books, Space::Pointer, key, allocation(t)).is_none(), "{key:x}");
+                        }
+                        for key in [own, shared] {
+                            let books = bias::BOOKS.access();
+                            assert_eq!(remove_in(&books, Space::Pointer, key).map(|a| a.tid), Some(t), "{key:x}");
+                        }
+                    }
+                    let books = bias::BOOKS.access();
+                    insert_in(&books, Space::Pointer, common + (u64::from(t) << 9), allocation(t));
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let (all, complete) = snapshot();
+        assert!(complete);
+        let mut left: Vec<u64> = all.iter().map(|&(k, _)| k).filter(|k| (base..base + (1 << 40)).contains(k)).collect();
+        left.sort_unstable();
+        assert_eq!(left, (0..4u64).map(|t| common + (t << 9)).collect::<Vec<_>>());
+    }
 }
