@@ -32,7 +32,7 @@ const OPS: u32 = 64;
 const NET_BYTES: i64 = 64 << 10;
 
 #[derive(Default)]
-pub(super) struct Batch {
+struct Batch {
     /// The counters the batch is for (one device's): another device's call
     /// adds the batch first.
     counters: Option<&'static Counters>,
@@ -61,7 +61,7 @@ static ALL: Mutex<Vec<Arc<ThreadBatchLock>>> = Mutex::new(Vec::new());
 type ThreadBatchLock = BiasedMutex<Batch>;
 
 fn new_batch() -> Arc<ThreadBatchLock> {
-    Arc::new(BiasedMutex::new(Batch::EMPTY))
+    Arc::new(BiasedMutex::new(Batch::default()))
 }
 
 struct ThreadBatch(RefCell<Option<Arc<ThreadBatchLock>>>);
@@ -171,18 +171,6 @@ pub unsafe fn unlock_after_fork() {
 }
 
 impl Batch {
-    const EMPTY: Batch = Batch {
-        counters: None,
-        allocs: 0,
-        frees: 0,
-        bytes: 0,
-        count: 0,
-        top_bytes: 0,
-        top_count: 0,
-        ops: 0,
-        gone: false,
-    };
-
     #[inline]
     fn count_one(&mut self, c: &'static Counters, bytes: i64, alloc: bool) {
         if !self.counters.is_some_and(|mine| std::ptr::eq(mine, c)) {
