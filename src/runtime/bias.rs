@@ -258,7 +258,10 @@ fn registered() -> bool {
     if REGISTERED.load(Ordering::Acquire) == pid {
         return true;
     }
-    let _one_at_a_time = REGISTERING.lock();
+    // Another thread registering (for up to a grace period) may have been
+    // stopped by a fatal signal, or not exist (a forked child): never wait
+    // for it; the global command needs no registration.
+    let Some(_one_at_a_time) = REGISTERING.try_lock() else { return false };
     if REGISTERED.load(Ordering::Acquire) == pid {
         return true;
     }
@@ -321,8 +324,13 @@ impl<T> BiasedMutex<T> {
     /// owner to leave, too).
     pub fn try_lock_for(&self, patience: Duration) -> Option<BiasedGuard<'_, T>> {
         if self.bias.claimed_here() {
-            // Its owner: no one to wait for, and no reason to give the bias up.
-            return self.try_lock();
+            // Its owner: no reason to give the bias up. Another thread may
+            // have taken it away meanwhile, and hold the lock: wait for that.
+            return match self.bias.access() {
+                Access::Owned(s) => Some(BiasedGuard::Owned { _section: s, value: self.owned() }),
+                Access::Shared => self.mutex.try_lock_for(patience).map(BiasedGuard::Locked),
+                Access::Busy => None,
+            };
         }
         if !self.bias.share_within(patience) {
             return None;
