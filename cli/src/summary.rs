@@ -245,7 +245,8 @@ fn peak_line(device: i32, b: &cupool_core::log::PagesAtPeak) -> String {
 /// How long a pool held the program's threads back, waiting for the GPU
 /// (`None`: it never did).
 fn wait_line(device: i32, f: &FenceCounters) -> Option<String> {
-    (f.waits + f.syncs > 0).then(|| {
+    // Time in a wait that failed counts too, though the wait does not.
+    (f.waits + f.syncs > 0 || f.wait_ns > 0).then(|| {
         format!(
             "    device {device:>2} pool waited for the GPU: {:.1} ms ({} waits, {} synchronizations)",
             f.wait_ns as f64 / 1e6,
@@ -293,6 +294,9 @@ mod tests {
             wait_line(3, &f).as_deref(),
             Some("    device  3 pool waited for the GPU: 12.3 ms (7 waits, 1 synchronizations)")
         );
+        // Only a wait that failed: its time still shows.
+        let failed = FenceCounters { wait_ns: 2_000_000, ..Default::default() };
+        assert!(wait_line(0, &failed).is_some_and(|l| l.contains("2.0 ms (0 waits")));
     }
 
     #[test]

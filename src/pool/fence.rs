@@ -241,7 +241,7 @@ impl CudaBackend {
     /// stream; frees within one interval (`fence_us`) share it.
     fn tag_now(&mut self) -> u64 {
         let tag = self.epoch();
-        if clock::pace_ns().saturating_sub(self.last_fence_ns) >= options::get().fence_us * 1000 {
+        if clock::at_least_since(self.last_fence_ns, options::get().fence_us * 1000) {
             self.record_fence();
         }
         tag
@@ -288,7 +288,7 @@ impl CudaBackend {
         self.poll();
         if tag > self.completed()
             && !self.covered(tag)
-            && clock::pace_ns().saturating_sub(self.last_fence_ns) >= REUSE_FENCE_NS
+            && clock::at_least_since(self.last_fence_ns, REUSE_FENCE_NS)
             && self.record_fence()
         {
             self.poll();
@@ -422,11 +422,10 @@ impl Timeline for CudaBackend {
     /// event record and a wait per stream, and a program that frees and
     /// allocates in turn would otherwise pay them on every allocation.
     fn order_behind(&mut self, tag: u64) -> bool {
-        let now = clock::pace_ns();
-        if now.saturating_sub(self.last_order_ns) < options::get().fence_us * 1000 {
+        if !clock::at_least_since(self.last_order_ns, options::get().fence_us * 1000) {
             return false;
         }
-        self.last_order_ns = now;
+        self.last_order_ns = clock::pace_ns();
         self.poll();
         if tag <= self.completed() {
             return true;

@@ -171,6 +171,8 @@ struct PaceLine {
 /// counter), and the line measured from it once [`CALIBRATION_SPAN_NS`] passed.
 static PACE_FROM: OnceLock<Option<(u64, u64)>> = OnceLock::new();
 static PACE: OnceLock<PaceLine> = OnceLock::new();
+/// The counter could not be measured: the clock serves.
+static PACE_GAVE_UP: AtomicBool = AtomicBool::new(false);
 /// The span the counter's rate is measured over: the readings' error (tens
 /// of ns) is then a millionth of it.
 const CALIBRATION_SPAN_NS: u64 = 50_000_000;
@@ -195,18 +197,34 @@ pub fn pace_ns() -> u64 {
 #[cold]
 fn pace_ns_measuring() -> u64 {
     let now = monotonic_ns();
+    if PACE_GAVE_UP.load(Ordering::Relaxed) {
+        return now;
+    }
     if let Some((ticks0, ns0)) = *PACE_FROM.get_or_init(|| kernel_keeps_time_with_tsc().then(tsc_and_ns)) {
         if now.saturating_sub(ns0) >= CALIBRATION_SPAN_NS {
             let (ticks, ns) = tsc_and_ns();
-            if ticks > ticks0 && ns > ns0 {
-                let fx = (u128::from(ns - ns0) << 32) / u128::from(ticks - ticks0);
-                if let Ok(ns_per_tick_fx32) = u64::try_from(fx) {
+            let fx = (ticks > ticks0 && ns > ns0)
+                .then(|| (u128::from(ns - ns0) << 32) / u128::from(ticks - ticks0))
+                .and_then(|fx| u64::try_from(fx).ok());
+            match fx {
+                Some(ns_per_tick_fx32) => {
                     let _ = PACE.set(PaceLine { ticks, ns, ns_per_tick_fx32 });
                 }
+                // A counter that went back or stood still: the clock from now on.
+                None => PACE_GAVE_UP.store(true, Ordering::Relaxed),
             }
         }
     }
     now
+}
+
+/// Has `interval` ns passed since `last` (a [`pace_ns`] reading)? Also when
+/// the counter reads earlier than `last` (a virtual machine moved to another
+/// host, a resume): an interval too early costs a fence, one never over
+/// would stop them.
+#[inline]
+pub fn at_least_since(last: u64, interval: u64) -> bool {
+    pace_ns().checked_sub(last).is_none_or(|d| d >= interval)
 }
 
 /// Nanoseconds since the session started, to a few milliseconds: cheap
@@ -244,5 +262,14 @@ mod tests {
         }
         // Where the kernel keeps time with the counter, the counter did it.
         assert_eq!(PACE.get().is_some(), kernel_keeps_time_with_tsc());
+    }
+
+    #[test]
+    fn an_interval_has_passed_when_the_counter_reads_earlier_than_its_start() {
+        let now = pace_ns();
+        assert!(!at_least_since(now, 10_000_000_000), "ten seconds have not passed");
+        assert!(at_least_since(now.saturating_sub(20_000_000_000), 10_000_000_000));
+        // A reading from after a move to another host's counter: time passed.
+        assert!(at_least_since(u64::MAX, 10_000_000_000));
     }
 }
