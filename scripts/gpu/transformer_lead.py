@@ -2,17 +2,11 @@
 # the GPU at each step: an event recorded at each step's start, its GPU time
 # against the CPU time it was queued at (both from a synchronized start), and
 # the GPU's time per step by sequence length (BENCHMARKS.md, section 12).
-import os, time, sys, torch, torch.nn as nn
-torch.manual_seed(0)
-dev = "cuda"
-model = nn.TransformerEncoder(nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True), 6).to(dev)
-opt = torch.optim.AdamW(model.parameters(), 1e-4)
-lens = [64, 128, 192, 256, 320, 384, 448, 512]
-def step(i):
-    L = lens[(i * 7) % len(lens)]
-    x = torch.randn(32, L, 512, device=dev)
-    loss = model(x).float().pow(2).mean()
-    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+import os, time, torch
+# The baseline workload's own definitions (model, optimizer, step), not a copy
+# of them: everything in torch_transformer.py before its warm-up.
+_base = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_transformer.py")).read()
+exec(_base[:_base.index("for i in range(5): step(i)")])
 for i in range(5): step(i)
 torch.cuda.synchronize(); N = 60
 evs, cpu = [], []
