@@ -208,7 +208,6 @@ impl Engine {
         matches!(self, Engine::Pages(_))
     }
 
-    /// The picture when a request failed: fragmentation and the largest live requests.
     /// What the pool held when a request failed: its fragmentation, the 10
     /// largest live requests, and the virtual addresses it had reserved (VMM).
     pub fn at_oom(&self) -> (Fragmentation, Vec<u64>, u64) {

@@ -21,7 +21,7 @@ fn record(p: &ContextPool, dead: bool) -> Option<PoolRecord> {
     Some(pool.record(p.device, dead, MULTI_STREAM.load(Ordering::Relaxed)))
 }
 
-/// The pool's state when a request failed: fragmentation and the largest live blocks.
+/// The pool's state when a request failed (`Engine::at_oom`).
 pub fn at_oom(p: &ContextPool) -> (Fragmentation, Vec<u64>, u64) {
     p.pool.lock().at_oom()
 }

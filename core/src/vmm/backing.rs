@@ -108,9 +108,10 @@ impl<B: PageBackend> VmmPool<B> {
     /// else a new page; else, when the device or the limit refuses one, a
     /// cooling page; else a new page after giving idle pages back.
     ///
-    /// A move costs a mapping now and an unmap later, and on an H200 these
-    /// calls stall the program's thread (`cuMemSetAccess` about 0.4 ms while
-    /// kernels run), so below the peak a page is made instead. At the peak a
+    /// A move costs the program's thread an unmap more than a new page does
+    /// (on an H100, 16-25 µs per page mapping, beside 25-40 µs to grant
+    /// access either way), and its ghost can make a later block wait for the
+    /// GPU, so below the peak a page is made instead. At the peak a
     /// page made stays held for the rest of the run: a program that runs
     /// ahead of its GPU has its pages cooling exactly when a step peaks, and
     /// making pages there had raised the transformer's peak by 50 MiB

@@ -75,16 +75,15 @@
 //!   was ordered); only the unmapping waits. No block is placed over a ghost
 //!   (placement avoids them; one that cannot waits for the GPU, up to the
 //!   first fence that covers the work queued before that page went idle
-//!   rather than for everything), and a page's ghosts
-//!   go before the page is unmapped or released (its own tag there is newer
-//!   than theirs, so their work is done by then). So a program that never
-//!   synchronizes, queuing whole steps ahead of its GPU, still fits under a
-//!   cap instead of waiting or failing, and its peak is not raised by pages
-//!   made beside cooling ones; below its peak the pool creates pages
-//!   instead, because moving pages costs driver calls on the program's
-//!   thread every time (on an H200, a `cuMemSetAccess` while kernels run
-//!   took about 0.4 ms). A request that can get no page at all waits for the
-//!   GPU and gives idle pages back first.
+//!   rather than for everything), and a page's ghosts go before the page is
+//!   unmapped or released (its own tag there is newer than theirs, so their
+//!   work is done by then). So a program that never synchronizes, queuing
+//!   whole steps ahead of its GPU, still fits under a cap instead of waiting
+//!   or failing, and its peak is not raised by pages made beside cooling
+//!   ones; below its peak the pool creates pages instead, because a move
+//!   costs the program's thread an unmap more (on an H100, 16-25 µs per page
+//!   mapping) and its ghost may make a later block wait. A request that can
+//!   get no page at all waits for the GPU and gives idle pages back first.
 
 mod backing;
 mod config;
