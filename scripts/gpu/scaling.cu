@@ -3,12 +3,22 @@
 // stream that takes the buffer, cudaFree. Prints pairs per second over all
 // threads (scripts/gpu-bench.sh, section "scaling"). LAUNCH 0 leaves the
 // kernel out (the streams still exist): allocation alone, which the driver's
-// launch path does not serialise.
-//   scaling THREADS PAIRS_PER_THREAD [LAUNCH]
+// launch path does not serialise. ALLOCATOR "async" uses CUDA's own
+// stream-ordered pool instead (cudaMallocAsync/cudaFreeAsync on the thread's
+// stream), the baseline that a pool must scale against.
+//
+// Besides the wall-clock rate it prints the CPU time the threads spent per
+// pair (CLOCK_THREAD_CPUTIME_ID over each thread's loop): a rate can fall
+// because threads wait for each other or because the machine runs eight
+// busy cores slower than one, and only the first is the allocator's doing.
+//   scaling THREADS PAIRS_PER_THREAD [LAUNCH] [ALLOCATOR]
 #include <cuda_runtime.h>
+#include <time.h>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -16,28 +26,42 @@ __global__ void touch(char *p) {
     if (threadIdx.x == 0 && p == nullptr) p[0] = 0;
 }
 
+static double thread_cpu_s() {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 int main(int argc, char **argv) {
     const int threads = argc > 1 ? atoi(argv[1]) : 1;
     const long pairs = argc > 2 ? atol(argv[2]) : 20000;
     const bool launch = argc > 3 ? atoi(argv[3]) != 0 : true;
+    const bool async = argc > 4 && strcmp(argv[4], "async") == 0;
     cudaFree(nullptr);
     std::vector<cudaStream_t> streams(threads);
     for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    int failed = 0;
+    std::atomic<int> failed{0};
+    std::vector<double> cpu(threads);
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; t++)
         pool.emplace_back([&, t] {
+            const double c0 = thread_cpu_s();
             for (long i = 0; i < pairs; i++) {
                 void *p;
-                if (cudaMalloc(&p, 4096) != cudaSuccess) { failed = 1; return; }
+                cudaError_t e = async ? cudaMallocAsync(&p, 4096, streams[t]) : cudaMalloc(&p, 4096);
+                if (e != cudaSuccess) { failed = 1; break; }
                 if (launch) touch<<<1, 32, 0, streams[t]>>>((char *)p);
-                cudaFree(p);
+                if (async) cudaFreeAsync(p, streams[t]); else cudaFree(p);
             }
+            cpu[t] = thread_cpu_s() - c0;
         });
     for (auto &th : pool) th.join();
     cudaDeviceSynchronize();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    printf("result: threads=%d pairs_per_s=%.0f failed=%d\n", threads, threads * pairs / s, failed);
+    double cpu_s = 0;
+    for (double c : cpu) cpu_s += c;
+    printf("result: threads=%d pairs_per_s=%.0f cpu_ns_per_pair=%.0f failed=%d\n", threads, threads * pairs / s,
+           cpu_s * 1e9 / (threads * pairs), failed.load());
     return failed;
 }
