@@ -73,9 +73,12 @@
 //!   elsewhere is ordered behind that work exactly as using it in place
 //!   would be (the blocks that lived on it were all released, so their reuse
 //!   was ordered); only the unmapping waits. No block is placed over a ghost
-//!   (placement avoids them; one that cannot waits for the GPU, up to the
-//!   first fence that covers the work queued before that page went idle
-//!   rather than for everything), and a page's ghosts go before the page is
+//!   (placement avoids them; with no cap, a block whose every candidate lies
+//!   over one starts past the ghosts in the largest free block when that
+//!   lacks no more pages and the ghost's hole is not an exact fit; one that
+//!   cannot waits for the GPU, up to the first fence that covers the work
+//!   queued before that page went idle rather than for everything), and a
+//!   page's ghosts go before the page is
 //!   unmapped or released (its own tag there is newer than theirs, so their
 //!   work is done by then). So a program that never synchronizes, queuing
 //!   whole steps ahead of its GPU, still fits under a cap instead of waiting
@@ -747,7 +750,45 @@ impl<B: PageBackend> VmmPool<B> {
                 break;
             }
         }
+        // A wait for the GPU costs the program's thread about 20 ms; addresses
+        // cost nothing. An exact fit is worth the wait: it leaves no remainder.
+        if let Some((over_ghost, e, _)) = best.filter(|&(m, ..)| m >= GHOST_COST && self.config.limit == u64::MAX) {
+            let pages_there = over_ghost % GHOST_COST;
+            let past = self.past_ghosts_in_largest(k, rounded).filter(|&(m, ..)| m <= pages_there);
+            if let Some((missing, e, start)) = past.filter(|_| e.size != rounded) {
+                return Some((e, start, missing));
+            }
+        }
         best.map(|(missing, e, start)| (e, start, missing))
+    }
+
+    /// Where a block of `rounded` bytes goes in the largest free block of
+    /// kind `k` (most often a range's free tail) past the ghosts in its way,
+    /// with the pages it lacks there; `None` when it does not fit past them.
+    /// Asked when every placement weighed would start over a ghost, and so
+    /// wait for the GPU to finish the work queued before that page moved:
+    /// 6-15 such waits of about 20 ms blocked the transformer's thread each
+    /// run (an H100 and an H200), where a start further on costs nothing
+    /// when it lacks no more pages. Not under a cap (the `limit`): there the
+    /// wait is what lets cooling pages cool, and taking more of them instead
+    /// failed allocations in the replays.
+    fn past_ghosts_in_largest(&self, k: usize, rounded: u64) -> Option<(u64, Entry, u64)> {
+        let e = self.free[k].largest().filter(|e| e.size >= rounded)?;
+        let seg = self.blocks[e.idx].seg;
+        let widest = self.config.page(false).max(self.config.page(true));
+        let mut start = self.start_in(seg, e, rounded);
+        loop {
+            let in_way = self.ghosts.range(start.saturating_sub(widest)..start + rounded);
+            let Some(past) = in_way.filter(|(&g, gh)| g + gh.size > start).map(|(&g, gh)| g + gh.size).max() else {
+                let missing = self.unmapped_pages(seg, start, rounded);
+                return Some((missing, e, start));
+            };
+            // Ghosts are whole pages of their range: `past` is a page boundary.
+            if past + rounded > e.addr + e.size {
+                return None;
+            }
+            start = past;
+        }
     }
 
     /// Where in free block `e` a block of `rounded` bytes starts: at its

@@ -588,31 +588,50 @@ fn below_its_peak_the_pool_makes_pages_beside_cooling_ones() {
     assert_eq!(p.stats().cooling_bytes.current, 2 * MIB);
 }
 
-/// A block that cannot avoid a ghost waits for the GPU and then maps there.
-#[test]
-fn a_block_over_a_ghost_waits_for_the_gpu() {
+/// The first range full (a, b, then the rest), a freed, then a second
+/// range whole on a device one page short of both: a's cooling page is
+/// taken for it, and a ghost stays where a was. Then b is freed.
+fn ghost_beside_a_free_page(limit: u64) -> (VmmPool<SimulatedPages>, Block, Block) {
     const GIB: u64 = 1 << 30;
     let pages = SimulatedPages::new().with_capacity(Some(2 * GIB - 2 * MIB));
-    let mut p = VmmPool::new(pages, VmmConfig { va_chunk: GIB, ..VmmConfig::default() });
-    // The first range full: a, then b, then the rest.
+    let mut p = VmmPool::new(pages, VmmConfig { va_chunk: GIB, limit, ..VmmConfig::default() });
     let a = p.allocate(2 * MIB).unwrap();
     let b = p.allocate(2 * MIB).unwrap();
     let _rest = p.allocate(GIB - 4 * MIB).unwrap();
     p.backend_mut().launch();
     p.free(a.id);
-    // A second range, whole: the device has one page too few, so a's
-    // cooling page is taken for it, and a ghost stays.
     let _second = p.allocate(GIB).unwrap();
     assert_eq!(p.stats().num_aliases, 1);
     assert_eq!(p.backend().ghosts().len(), 1);
     p.free(b.id);
-    // The one hole left is the ghost's page: placing there waits for the
-    // GPU, which also lets b's page move there.
+    (p, a, b)
+}
+
+/// Under a cap, a block over a ghost waits for the GPU and then maps there:
+/// the wait lets cooling pages cool (here b's, which moves to a's place).
+#[test]
+fn a_block_over_a_ghost_waits_for_the_gpu() {
+    let (mut p, a, _) = ghost_beside_a_free_page(2 * (1 << 30) - 2 * MIB);
     let again = p.allocate(2 * MIB).unwrap();
     assert_eq!(again.addr, a.addr);
     assert_eq!(p.stats().num_ghost_waits, 1);
     assert!(p.backend().ghosts().is_empty());
     assert!(p.backend().unmapped.iter().all(|&(_, done)| done >= 1), "unmapped only after the work");
+}
+
+/// With no cap, the same block starts past the ghost, on b's page where it
+/// is mapped: no wait, no page made, and the ghost waits for its work alone.
+/// (It fails if placement ignores the ghost or only weighs the best fits.)
+#[test]
+fn a_block_that_would_wait_for_a_ghost_starts_past_it_without_a_cap() {
+    let (mut p, _, b) = ghost_beside_a_free_page(u64::MAX);
+    let creates = p.stats().num_page_creates;
+    let again = p.allocate(2 * MIB).unwrap();
+    assert_eq!(again.addr, b.addr);
+    assert_eq!(p.stats().num_ghost_waits, 0);
+    assert_eq!(p.stats().num_page_creates, creates);
+    assert_eq!(p.backend().completed, 0, "nothing waited for the GPU");
+    assert_eq!(p.backend().ghosts().len(), 1);
 }
 
 /// Pages are interchangeable: a request larger than the blocks pending on
