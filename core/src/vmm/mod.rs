@@ -765,13 +765,13 @@ impl<B: PageBackend> VmmPool<B> {
     /// Where a block of `rounded` bytes goes in the largest free block of
     /// kind `k` (most often a range's free tail) past the ghosts in its way,
     /// with the pages it lacks there; `None` when it does not fit past them.
-    /// Asked when every placement weighed would start over a ghost, and so
+    /// Asked when every placement weighed would lie over a ghost, and so
     /// wait for the GPU to finish the work queued before that page moved:
     /// 6-15 such waits of about 20 ms blocked the transformer's thread each
     /// run (an H100 and an H200), where a start further on costs nothing
     /// when it lacks no more pages. Not under a cap (the `limit`): there the
-    /// wait is what lets cooling pages cool, and taking more of them instead
-    /// failed allocations in the replays.
+    /// wait lets cooling pages cool before the next one is needed, which is
+    /// how capped runs were measured on the GPU; this rule was not.
     fn past_ghosts_in_largest(&self, k: usize, rounded: u64) -> Option<(u64, Entry, u64)> {
         let e = self.free[k].largest().filter(|e| e.size >= rounded)?;
         let seg = self.blocks[e.idx].seg;

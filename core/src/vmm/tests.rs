@@ -634,6 +634,31 @@ fn a_block_that_would_wait_for_a_ghost_starts_past_it_without_a_cap() {
     assert_eq!(p.backend().ghosts().len(), 1);
 }
 
+/// Going past a ghost must not cost pages: a block whose place over the
+/// ghost would share a mapped page with a live neighbour waits for the GPU
+/// rather than start past the ghost on two unmapped pages.
+#[test]
+fn a_block_that_would_lack_more_pages_past_a_ghost_waits_for_it() {
+    const GIB: u64 = 1 << 30;
+    let page = 2 * MIB;
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig { va_chunk: GIB + 4 * page, ..VmmConfig::default() });
+    // Range 1: pages 0..=508 live, then P (1.5 MiB) at page 509 and G across pages 509 and 510.
+    let _l = p.allocate(GIB - 3 * page).unwrap();
+    let _p = p.allocate(3 * MIB / 2).unwrap();
+    let g = p.allocate(page).unwrap();
+    p.backend_mut().launch();
+    p.free(g.id);
+    // A new range at the peak takes G's cooling page 510 (a ghost stays), then fills up.
+    let _z = p.allocate(8 * page).unwrap();
+    assert_eq!(p.stats().num_aliases, 1);
+    let _w = p.allocate(GIB + 4 * page - 8 * page).unwrap();
+    // Over the ghost, 2.5 MiB lacks one page (509 is mapped); past it, two.
+    let again = p.allocate(5 * MIB / 2).unwrap();
+    assert_eq!(again.addr, g.addr);
+    assert_eq!(p.stats().num_ghost_waits, 1);
+    assert!(p.backend().ghosts().is_empty());
+}
+
 /// Pages are interchangeable: a request larger than the blocks pending on
 /// queued work still orders them behind (a GPU-side barrier) and takes their
 /// pages, creating only the rest.
