@@ -752,10 +752,11 @@ impl<B: PageBackend> VmmPool<B> {
         }
         // A wait for the GPU costs the program's thread about 20 ms; addresses
         // cost nothing. An exact fit is worth the wait: it leaves no remainder.
-        if let Some((over_ghost, e, _)) = best.filter(|&(m, ..)| m >= GHOST_COST && self.config.limit == u64::MAX) {
+        let waits = best.filter(|&(m, hole, _)| m >= GHOST_COST && hole.size != rounded);
+        if let Some((over_ghost, ..)) = waits.filter(|_| self.config.limit == u64::MAX) {
             let pages_there = over_ghost % GHOST_COST;
             let past = self.past_ghosts_in_largest(k, rounded).filter(|&(m, ..)| m <= pages_there);
-            if let Some((missing, e, start)) = past.filter(|_| e.size != rounded) {
+            if let Some((missing, e, start)) = past {
                 return Some((e, start, missing));
             }
         }
@@ -775,11 +776,9 @@ impl<B: PageBackend> VmmPool<B> {
     fn past_ghosts_in_largest(&self, k: usize, rounded: u64) -> Option<(u64, Entry, u64)> {
         let e = self.free[k].largest().filter(|e| e.size >= rounded)?;
         let seg = self.blocks[e.idx].seg;
-        let widest = self.config.page(false).max(self.config.page(true));
         let mut start = self.start_in(seg, e, rounded);
         loop {
-            let in_way = self.ghosts.range(start.saturating_sub(widest)..start + rounded);
-            let Some(past) = in_way.filter(|(&g, gh)| g + gh.size > start).map(|(&g, gh)| g + gh.size).max() else {
+            let Some(past) = self.ghosts_over(start, rounded).map(|(g, gh)| g + gh.size).max() else {
                 let missing = self.unmapped_pages(seg, start, rounded);
                 return Some((missing, e, start));
             };
@@ -823,10 +822,15 @@ impl<B: PageBackend> VmmPool<B> {
         if missing == 0 || self.ghosts.is_empty() {
             return missing;
         }
-        let ghosts =
-            self.ghosts.range(addr.saturating_sub(self.config.page(false).max(self.config.page(true)))..addr + size);
-        let over = ghosts.filter(|(&g, gh)| g + gh.size > addr).count() as u64;
-        missing + over * GHOST_COST
+        missing + self.ghosts_over(addr, size).count() as u64 * GHOST_COST
+    }
+
+    /// The ghosts that overlap `[addr, addr + size)`, as (address, ghost).
+    fn ghosts_over(&self, addr: u64, size: u64) -> impl Iterator<Item = (u64, &Ghost)> {
+        // A ghost is one page: one that starts up to a page before `addr` may reach it.
+        let widest = self.config.page(false).max(self.config.page(true));
+        let near = self.ghosts.range(addr.saturating_sub(widest)..addr + size);
+        near.filter(move |(&g, gh)| g + gh.size > addr).map(|(&g, gh)| (g, gh))
     }
 
     /// Cuts block `i` (free, not indexed) to `rounded` bytes; the rest is a
