@@ -67,11 +67,13 @@ for line in open(sys.argv[1]):
 print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10}")
 for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
     one = rows.get((name, 1))
+    if not one:
+        continue
+    rate1, cpu1 = st.median(x for x, _ in one), st.median(c for _, c in one)
     for t in [1, 2, 4, 8]:
         r = rows.get((name, t))
-        if not r or not one:
+        if not r:
             continue
         rate, cpu = st.median(x for x, _ in r), st.median(c for _, c in r)
-        rate1, cpu1 = st.median(x for x, _ in one), st.median(c for _, c in one)
         print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f}")
 PY
