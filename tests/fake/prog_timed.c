@@ -1,17 +1,20 @@
 /* Two allocations and two frees with sleeps between them (shared runtime).
- * Prints the gaps between the calls as this program measured them
- * (CLOCK_MONOTONIC), for a test to compare with the log's event times. */
+ * Reads its clock (CLOCK_MONOTONIC) just before and just after each call and
+ * prints, for each gap between two calls, the least and the most it can be,
+ * for a test to compare with the log's event times. The bracket matters: the
+ * first call also starts the shim, which on a loaded machine takes
+ * milliseconds before the event is stamped. */
 #include <stdio.h>
 #include <time.h>
 
 #include "fake_cudart_api.h"
 #include "check.h"
 
-static long long now_us(void)
+static long long now_ns(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000LL + t.tv_nsec / 1000;
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
 static void sleep_ms(long ms)
@@ -24,23 +27,30 @@ static void sleep_ms(long ms)
 int main(void)
 {
     void *a = NULL, *b = NULL;
-    long long t[4];
-    t[0] = now_us();
+    long long before[4], after[4];
+    before[0] = now_ns();
     if (cudaMalloc(&a, 4096) != cudaSuccess)
         FAIL("cudaMalloc a");
+    after[0] = now_ns();
     sleep_ms(30);
-    t[1] = now_us();
+    before[1] = now_ns();
     if (cudaMalloc(&b, 8192) != cudaSuccess)
         FAIL("cudaMalloc b");
+    after[1] = now_ns();
     sleep_ms(250);
-    t[2] = now_us();
+    before[2] = now_ns();
     if (cudaFree(a) != cudaSuccess)
         FAIL("cudaFree a");
+    after[2] = now_ns();
     sleep_ms(5);
-    t[3] = now_us();
+    before[3] = now_ns();
     if (cudaFree(b) != cudaSuccess)
         FAIL("cudaFree b");
-    printf("result: ok allocs=2 frees=2 leaked_bytes=0 gap1_us=%lld gap2_us=%lld gap3_us=%lld\n", t[1] - t[0],
-           t[2] - t[1], t[3] - t[2]);
+    after[3] = now_ns();
+    printf("result: ok allocs=2 frees=2 leaked_bytes=0");
+    for (int k = 0; k < 3; k++)
+        printf(" gap%d_min_ns=%lld gap%d_max_ns=%lld", k + 1, before[k + 1] - after[k], k + 1,
+               after[k + 1] - before[k]);
+    printf("\n");
     return 0;
 }
