@@ -640,7 +640,7 @@ fn summary_explains_failures_and_cuts_long_command_lines() {
 fn summary_of_a_killed_process_says_so_plainly() {
     let dir = scratch_dir("cli-summary-killed");
     let (mut cupool, pid) = start_sleep_under_cupool(&dir);
-    std::thread::sleep(Duration::from_millis(300)); // a few flushes (flush_ms=20): the allocations reach the log
+    wait_for_flushed(&dir, "alloc", 50); // the allocations reach the log before the kill
     send_signal(pid, libc::SIGKILL);
     let status = wait_for_cupool(&mut cupool, pid, "SIGKILL to the program");
     assert_eq!(status.code(), Some(137), "{status:?}");

@@ -337,6 +337,26 @@ pub fn read_logs(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Waits (10 s at most) until the one log in `dir` holds at least `count`
+/// events of kind `ev`: a writer that flushes every few milliseconds can
+/// still be held off for longer on a loaded machine, so a test that must see
+/// events flushed before it acts waits for them instead of sleeping a fixed
+/// time.
+pub fn wait_for_flushed(dir: &Path, ev: &str, count: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let logs = read_logs(dir);
+        if logs.len() == 1 && events(&logs[0], ev).len() >= count {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{count} {ev} events not flushed to the log in {dir:?} within 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Parses the text of one cupool log (complete or partial) with the core's
 /// reader; see [`read_logs`].
 pub fn parse_log(text: &str) -> Option<Value> {
