@@ -18,6 +18,9 @@
  *                        vmm_maps vmm_unmaps vmm_grants (cuMemSetAccess calls)
  *                        vmm_imports (cuMemImportFromShareableHandle calls)
  *                        stream_waits (cuStreamWaitEvent calls)
+ *   FAKE_CUDA_EVENT_LATENCY_US  a recorded event completes this many us after
+ *                        its record (cuEventQuery says CUDA_ERROR_NOT_READY
+ *                        until then), as a GPU's lags the host; default 0
  *
  * VMM memory (cuMemCreate + cuMemMap) is inaccessible until cuMemSetAccess
  * grants it, as on a GPU: a mapping without a grant faults when touched.
@@ -42,6 +45,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake_cuda_api.h"
@@ -154,6 +158,8 @@ struct CUstream_st {
 struct CUevent_st {
     struct CUctx_st *ctx;
     unsigned flags;
+    /* CLOCK_MONOTONIC ns of its last record (FAKE_CUDA_EVENT_LATENCY_US). */
+    long long recorded_ns;
 };
 /* VMM handles and reservations belong to the context current when they were
  * made and die with it (cuCtxDestroy), as cuMemAlloc memory does: on an H100
@@ -1852,6 +1858,27 @@ static CUresult check_event(CUevent e, CUstream s, int record)
     return same ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+static long long monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* FAKE_CUDA_EVENT_LATENCY_US=N: a recorded event completes N us after its
+ * record, as a GPU's does some microseconds after the host queued it (work
+ * itself still runs at once); 0, the default, completes it at once. */
+static long long event_latency_ns(void)
+{
+    static long long latency = -1;
+    long long l = __atomic_load_n(&latency, __ATOMIC_RELAXED);
+    if (l < 0) {
+        l = (long long)env_size("FAKE_CUDA_EVENT_LATENCY_US", 0) * 1000;
+        __atomic_store_n(&latency, l, __ATOMIC_RELAXED);
+    }
+    return l;
+}
+
 /* FAKE_CUDA_REFUSE_STREAM_RECORDS=1: a record on a created stream fails while
  * the stream lives (a driver may refuse one for reasons of its own). */
 EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -1859,7 +1886,15 @@ EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult r = check_event(hEvent, hStream, 1);
     if (!r && (uintptr_t)hStream > 2 && env_size("FAKE_CUDA_REFUSE_STREAM_RECORDS", 0))
         return CUDA_ERROR_NOT_SUPPORTED;
+    if (!r && event_latency_ns())
+        __atomic_store_n(&hEvent->recorded_ns, monotonic_ns(), __ATOMIC_RELEASE);
     return r;
+}
+
+static int event_pending(CUevent e)
+{
+    long long latency = event_latency_ns();
+    return latency && monotonic_ns() - __atomic_load_n(&e->recorded_ns, __ATOMIC_ACQUIRE) < latency;
 }
 
 /* Work runs at once here, so a wait orders nothing; both handles must be
@@ -1872,8 +1907,19 @@ EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int
         __atomic_fetch_add(&g_stats.stream_waits, 1, __ATOMIC_RELAXED);
     return r;
 }
-EXPORT CUresult cuEventQuery(CUevent hEvent) { return check_event(hEvent, NULL, 0); }
-EXPORT CUresult cuEventSynchronize(CUevent hEvent) { return check_event(hEvent, NULL, 0); }
+EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
+    CUresult r = check_event(hEvent, NULL, 0);
+    return !r && event_pending(hEvent) ? CUDA_ERROR_NOT_READY : r;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent hEvent)
+{
+    CUresult r = check_event(hEvent, NULL, 0);
+    while (!r && event_pending(hEvent)) {
+    }
+    return r;
+}
 
 EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
 {
