@@ -302,3 +302,28 @@ fn no_fence_leaves_out_a_live_stream_whose_record_failed() {
     assert_eq!((fences["recorded"].as_u64(), fences["completed"].as_u64()), (Some(0), Some(0)), "{fences}");
     assert_eq!(stdout_value(&stdout_of(&out), "same_as_first"), Some(1), "a freed block was reused without a fence");
 }
+
+/// A request larger than the device fails as `cudaMalloc` would, and leaves
+/// the device's memory free for other allocators even while the GPU is
+/// behind (events complete 100 ms after their record): the pages made for
+/// it go back at once instead of cooling, and are not the run's peak. One of
+/// twice the device's memory makes no page at all.
+#[test]
+fn a_request_larger_than_the_device_leaves_its_memory_free_with_the_gpu_behind() {
+    let prog = compile_runtime_program("oom_behind", "pool_oom_behind.c");
+    let total: u64 = 1 << 30;
+    for (times, most_pages_made) in [("1", total >> 21), ("2", 2)] {
+        let dir = scratch_dir(&format!("safety-oom-behind-{times}"));
+        let mut cmd = preloaded_command(&prog, &[times], &dir, "");
+        cmd.env("FAKE_CUDA_EVENT_LATENCY_US", "100000").env("FAKE_CUDA_TOTAL_MEM", total.to_string());
+        let out = cmd.output().expect("run oom_behind");
+        assert!(result_line(&stdout_of(&out)).is_some(), "{times}: {}{}", stdout_of(&out), stderr_of(&out));
+        let log = &read_logs(&dir)[0];
+        let pool = &log["end"]["pools"][0];
+        assert_eq!(pool["num_ooms"], 1, "{pool}");
+        let peak = pool["reserved_bytes"]["peak"].as_u64().unwrap();
+        assert!(peak < total / 16, "{times}: the failed request is the pool's peak: {peak} of {total}");
+        let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
+        assert!(stats["vmm_creates"] <= most_pages_made, "{times}: pages made: {stats:?}");
+    }
+}

@@ -123,6 +123,7 @@ impl Harness {
         match *op {
             Op::Alloc(req) => {
                 let before = self.pool.stats().clone();
+                let held = self.pool.backend().held();
                 match self.pool.allocate(req) {
                     Ok(b) => {
                         assert!(b.size >= req.max(1) && b.size.is_multiple_of(512) && b.size - req.max(1) < 512);
@@ -138,6 +139,9 @@ impl Harness {
                         let s = self.pool.stats();
                         assert_eq!(s.allocation.current, before.allocation.current);
                         assert!(s.in_use_bytes.current <= before.in_use_bytes.current);
+                        // What it made for nothing went back, and is no peak.
+                        assert!(self.pool.backend().held() <= held, "a failed request left pages held");
+                        assert_eq!(s.reserved_bytes.peak, before.reserved_bytes.peak);
                     }
                 }
             }

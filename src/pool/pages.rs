@@ -143,6 +143,13 @@ impl PageBackend for CudaPages {
         r == SUCCESS || self.refused()
     }
 
+    fn device_free(&mut self) -> Option<u64> {
+        let _current = InContext::enter(self.ctx)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        let r = unsafe { real!(cuMemGetInfo_v2(&mut free, &mut total)) };
+        (r == SUCCESS).then_some(free as u64)
+    }
+
     fn grant(&mut self, addr: u64, size: u64) -> bool {
         let Some(_current) = InContext::enter(self.ctx) else { return self.refused() };
         let t = clock::monotonic_ns();

@@ -5,6 +5,10 @@
 use super::pages::Slot;
 use super::{Cooling, PageBackend, Range, VmmPool};
 
+/// Missing pages from which a block first asks whether they could be had
+/// (`could_have`: one driver call; fewer pages cost little to try).
+const EARLY_FAILURE_PAGES: u64 = 64;
+
 impl<B: PageBackend> VmmPool<B> {
     /// Pages overlapping `[addr, addr + size)` of range `seg`, by address.
     pub(super) fn page_span(&self, seg: u32, addr: u64, size: u64) -> impl Iterator<Item = u64> {
@@ -47,9 +51,18 @@ impl<B: PageBackend> VmmPool<B> {
         if missing == 0 {
             return true;
         }
+        if missing >= EARLY_FAILURE_PAGES && !self.could_have(missing * p) {
+            self.unback(seg, addr, size, false);
+            return false;
+        }
         // The span from the first page mapped here to the last is mapped
         // throughout once they are: it is granted access in one call.
         let mut granted: Option<(u64, u64)> = None;
+        // Pages mapped here that are mapped nowhere else (no ghost): should
+        // the block fail, no work can have touched them. (This path maps
+        // pages, tens of microseconds each: a list costs nothing here.)
+        let mut fresh = Vec::new();
+        let before = (self.stats.clone(), self.most_reserved);
         let mut ok = true;
         for a in self.page_span(seg, addr, size) {
             if self.pages.get(a).is_some() {
@@ -72,8 +85,9 @@ impl<B: PageBackend> VmmPool<B> {
                 break;
             }
             self.stats.num_maps += 1;
-            if let Some(ghost) = from {
-                self.adopt_ghosts(ghost, a);
+            match from {
+                Some(ghost) => self.adopt_ghosts(ghost, a),
+                None => fresh.push(a),
             }
             self.pages.insert(a, Slot { handle, refs: 1, cooling: None });
             self.stats.in_use_bytes.inc(p);
@@ -84,15 +98,41 @@ impl<B: PageBackend> VmmPool<B> {
             ok &= self.backend.grant(from, to - from);
         }
         if !ok {
-            // Undo the counts: the pages of the span mapped so far (here or
-            // before) lose this block; those it alone held become idle.
+            // The pages mapped here for nothing else go back now: left to
+            // cool behind queued work, they would hold device memory that
+            // no block uses (a request larger than the device made it all
+            // pages, and a `cudaMallocAsync` right after it failed).
+            for a in fresh {
+                let Slot { handle, .. } = self.pages.remove(a).expect("mapped above");
+                self.backend.unmap(a, p);
+                self.stats.num_unmaps += 1;
+                self.stats.in_use_bytes.dec(p);
+                self.release_unmapped(handle, p);
+            }
+            // Undo the counts: the pages of the span mapped before lose this
+            // block; those it alone held become idle.
             self.unback(seg, addr, size, false);
             if granted.is_some() {
                 // Pages mapped here may not be accessible: none may stay idle.
                 self.trim_idle(0);
             }
+            self.stats.forget_failed_peaks(&before.0);
+            self.most_reserved = before.1.max(self.stats.reserved_bytes.current);
         }
         ok
+    }
+
+    /// Could the pool have `bytes` more pages now: idle ones moved (cooling
+    /// ones included), new ones within the limit and what the device has
+    /// free? Made one by one until the device refuses, the pages of a
+    /// request larger than the device took seconds on a large GPU and held
+    /// all its memory meanwhile, where `cudaMalloc` fails at once. Within a
+    /// sixteenth of the answer the pages are tried: the device decides.
+    fn could_have(&mut self, bytes: u64) -> bool {
+        let under_limit = self.config.limit.saturating_sub(self.stats.reserved_bytes.current);
+        let new = self.backend.device_free().map_or(under_limit, |free| free.min(under_limit));
+        let have = self.stats.idle_bytes.current.saturating_add(new);
+        bytes <= have.saturating_add(bytes / 16)
     }
 
     /// Gives back a page held but mapped nowhere.

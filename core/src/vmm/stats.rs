@@ -50,6 +50,28 @@ pub struct VmmStats {
     pub at_peak: PeakBreakdown,
 }
 
+impl VmmStats {
+    /// Lowers the page peaks that a failed request raised back to `before`'s
+    /// (taken before it made or moved pages), as far as the current figures
+    /// allow: its pages were held for microseconds and used by no block, and
+    /// a request larger than the device would otherwise leave the device's
+    /// whole memory as the run's peak. Counts of driver calls stay.
+    pub(super) fn forget_failed_peaks(&mut self, before: &VmmStats) {
+        let reserved_peak = self.reserved_bytes.peak;
+        for (now, then) in [
+            (&mut self.reserved_bytes, &before.reserved_bytes),
+            (&mut self.in_use_bytes, &before.in_use_bytes),
+            (&mut self.idle_bytes, &before.idle_bytes),
+            (&mut self.cooling_bytes, &before.cooling_bytes),
+        ] {
+            now.peak = then.peak.max(now.current);
+        }
+        if self.reserved_bytes.peak < reserved_peak {
+            self.at_peak = before.at_peak;
+        }
+    }
+}
+
 /// Where a pool's physical bytes were when they peaked: under allocated
 /// blocks, under blocks freed but still waiting for queued GPU work, or on
 /// idle pages (cooling: queued work may still touch them, so they could be

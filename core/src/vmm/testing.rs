@@ -135,6 +135,10 @@ impl PageBackend for SimulatedPages {
         self.held -= size;
     }
 
+    fn device_free(&mut self) -> Option<u64> {
+        self.capacity.map(|c| c.saturating_sub(self.held))
+    }
+
     fn grant(&mut self, addr: u64, size: u64) -> bool {
         assert!(size > 0, "an empty grant");
         if self.refuse_grants {

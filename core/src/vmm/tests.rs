@@ -150,7 +150,8 @@ fn out_of_memory_undoes_the_attempt() {
     assert_eq!(p.stats().num_ooms, 1);
     assert_eq!(p.stats().allocation.current, 1);
     assert_eq!(p.stats().in_use_bytes.current, 4 * MIB);
-    // What the failed attempt mapped is idle now and serves the next request.
+    // The page the failed attempt made went back; the next request is served.
+    assert_eq!(p.backend().held(), 4 * MIB);
     let b = p.allocate(MIB + 512).unwrap();
     p.free(a.id);
     p.free(b.id);
@@ -751,4 +752,51 @@ fn a_forgotten_pool_keeps_no_hot_blocks() {
     assert_eq!(p.hot_blocks().count(), 0);
     assert_eq!(p.stats().active_bytes.current, 0);
     assert_eq!(p.stats().allocated_bytes.current, 0);
+}
+
+/// A request the device cannot back fails with the GPU behind as with it
+/// idle: the pages made for it were touched by no work, so they go back at
+/// once instead of cooling, and what the device holds for the pool is what
+/// it held before (else the next allocation outside the pool, or of another
+/// process, fails for memory this one only tried to use).
+#[test]
+fn a_failed_request_gives_back_the_pages_it_made_at_once_with_the_gpu_behind() {
+    let mut p = VmmPool::new(SimulatedPages::new().with_capacity(Some(64 * MIB)), VmmConfig::default());
+    let a = p.allocate(3 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(a.id); // its pages cool
+    p.backend_mut().launch();
+    let (held, reserved) = (p.backend().held(), p.stats().reserved_bytes.current);
+    let peaks = p.stats().clone();
+    assert_eq!(p.allocate(64 * MIB + 1), Err(OutOfMemory));
+    assert_eq!(p.backend().held(), held, "the failed attempt's pages went back");
+    assert_eq!(p.stats().reserved_bytes.current, reserved);
+    // Nor is it the pool's peak: no block used those pages.
+    assert_eq!(p.stats().reserved_bytes.peak, peaks.reserved_bytes.peak);
+    assert_eq!(p.stats().in_use_bytes.peak, peaks.in_use_bytes.peak);
+    assert_eq!(p.stats().at_peak, peaks.at_peak);
+    assert_eq!(p.stats().in_use_bytes.current, 0);
+    assert_eq!(p.stats().idle_bytes.current, reserved, "idle, cooling ones included, is all that is held");
+    let b = p.allocate(60 * MIB).unwrap();
+    p.free(b.id);
+}
+
+/// A block that needs far more pages than the pool could have (idle pages
+/// and what the device has free) fails before a page is made, as
+/// `cudaMalloc` fails at once; close to what it could have, the pages are
+/// tried and the device decides.
+#[test]
+fn a_request_far_beyond_the_device_fails_before_any_page_is_made() {
+    const GIB: u64 = 1 << 30;
+    let mut p = VmmPool::new(SimulatedPages::new().with_capacity(Some(GIB)), VmmConfig::default());
+    let a = p.allocate(100 * MIB).unwrap();
+    p.free(a.id);
+    let made = p.stats().num_page_creates;
+    assert_eq!(p.allocate(2 * GIB), Err(OutOfMemory));
+    assert_eq!(p.stats().num_page_creates, made, "no page made for a request twice the device");
+    assert_eq!(p.allocate(GIB + 32 * MIB), Err(OutOfMemory));
+    assert!(p.stats().num_page_creates > made, "within a sixteenth, the device is asked");
+    assert_eq!(p.backend().held(), p.stats().reserved_bytes.current);
+    let b = p.allocate(GIB - 4 * MIB).unwrap();
+    p.free(b.id);
 }

@@ -1,0 +1,34 @@
+/* Test-local program of tests/pool_safety.rs (`oom_behind`).
+ * Usage: oom_behind [TIMES]
+ * With a stream (so freed memory waits for fences) and the GPU behind
+ * (FAKE_CUDA_EVENT_LATENCY_US), asks for TIMES (default 1) times the
+ * device's memory plus one byte; then allocates through CUDA's own
+ * stream-ordered pool, which only succeeds if the failed request left the
+ * device's memory free, as cudaMalloc does. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "fake_cudart_api.h"
+#include "check.h"
+
+int main(int argc, char **argv)
+{
+    size_t times = argc > 1 ? (size_t)atoi(argv[1]) : 1;
+    cudaStream_t s;
+    void *a = NULL, *big = NULL, *other = NULL;
+    CHECK(cudaStreamCreate(&s));
+    CHECK(cudaMalloc(&a, 3u << 20));
+    CHECK(cudaFree(a));
+    size_t free_b = 0, total_b = 0;
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
+    cudaError_t e = cudaMalloc(&big, times * total_b + 1);
+    if (e != cudaErrorMemoryAllocation)
+        FAIL("cudaMalloc(%zu x total + 1) returned %d, expected %d", times, e, cudaErrorMemoryAllocation);
+    (void)cudaGetLastError();
+    CHECK(cudaMallocAsync(&other, total_b / 2, s));
+    CHECK(cudaFreeAsync(other, s));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaStreamDestroy(s));
+    printf("result: ok allocs=3 frees=2 leaked_bytes=0\n");
+    return 0;
+}
