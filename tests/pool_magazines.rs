@@ -180,3 +180,34 @@ fn blocks_held_at_once_by_eight_threads_never_overlap() {
         counters_agree_with_the_events(&r.log, 8, backing);
     }
 }
+
+/// `end.magazines` says what the magazines did, and shows when fences come
+/// too late for a thread's pace: 10,000 pairs of one thread reuse its own
+/// frees while events complete at once (or while the pool can order the
+/// streams behind each fence on the GPU), and push them back to the pool
+/// (overflow) with twelve streams and the GPU 5 ms behind.
+#[test]
+fn the_end_record_counts_what_magazines_did() {
+    let prog = compile_runtime_program("reuse", "pool_reuse.c");
+    let counts = |streams: &str, latency_us: &str| {
+        let dir = scratch_dir(&format!("mag-counts-{streams}-{latency_us}"));
+        let mut cmd = preloaded_command(&prog, &[streams], &dir, ALWAYS);
+        let out = cmd.env("FAKE_CUDA_EVENT_LATENCY_US", latency_us).output().expect("run reuse");
+        assert!(out.status.success(), "{}{}", stdout_of(&out), stderr_of(&out));
+        let log = &read_logs(&dir)[0];
+        let m = log["end"]["magazines"].clone();
+        let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
+        assert_eq!(n("threads"), 1, "{m}");
+        assert_eq!(n("own_frees_reused") + n("stock_handed_out"), 10_000, "every pair served by the magazine: {m}");
+        assert!(n("refills") >= n("stock_handed_out") / 16, "16 blocks a refill at most: {m}");
+        (n("own_frees_reused"), n("overflowed"))
+    };
+    for (streams, latency) in [("stream", "0"), ("streams", "0"), ("stream", "100000")] {
+        let (reused, overflowed) = counts(streams, latency);
+        assert!(reused > 9_000 && overflowed < 1_000, "{streams} {latency}: reused {reused}, overflowed {overflowed}");
+    }
+    // Half the frees overflow; the rest are reused after the pool itself
+    // waits for the GPU (it holds too much that is pending).
+    let (reused, overflowed) = counts("streams", "5000");
+    assert!(reused < 6_000 && overflowed > 4_000, "GPU behind: reused {reused}, overflowed {overflowed}");
+}

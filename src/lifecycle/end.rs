@@ -41,6 +41,7 @@ pub fn write(how: ExitInfo) {
         leaks,
         dropped_events: sink::dropped(),
         pools: pool::records::all(),
+        magazines: pool::records::magazines(),
         ooms,
         complete,
         notes: notes(),

@@ -43,6 +43,7 @@
 use super::fence::Progress;
 use crate::runtime::bias::BiasedMutex;
 use crate::runtime::options;
+use cupool_core::log::MagazineRecord;
 use cupool_core::options::Magazines;
 use cupool_core::pool::{round_size, Block, BlockId};
 use parking_lot::Mutex;
@@ -149,6 +150,8 @@ struct Magazine {
     epoch: u64,
     /// Its thread has exited: a settle gives its blocks back and drops it.
     orphaned: bool,
+    /// What it did since its counts were last added to [`GONE`].
+    counts: MagazineRecord,
 }
 
 /// Blocks to give back to their pools, as (pool address, block): filled
@@ -228,6 +231,8 @@ static ORPHANS: AtomicBool = AtomicBool::new(false);
 /// takes only these, and never locks a live thread's magazine (whose next
 /// call would find it taken and go to the pool).
 static ORPHANED: Mutex<Vec<Arc<BiasedMutex<Magazine>>>> = Mutex::new(Vec::new());
+/// The counts of magazines a settle dropped (their threads exited).
+static GONE: Mutex<Option<MagazineRecord>> = Mutex::new(None);
 /// Bumped in a fork child: the pools its parent's magazines point into are
 /// not the child's (and their locks may be held by threads that do not exist).
 static FORK_EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -285,7 +290,8 @@ fn start() {
             return;
         }
         let epoch = FORK_EPOCH.load(Ordering::Acquire);
-        let m = Arc::new(BiasedMutex::new(Magazine { epoch, ..Default::default() }));
+        let counts = MagazineRecord { threads: 1, ..Default::default() };
+        let m = Arc::new(BiasedMutex::new(Magazine { epoch, counts, ..Default::default() }));
         ALL.lock().push(m.clone());
         *slot = Some(m);
         ACTIVE.with(|a| a.set(true));
@@ -355,6 +361,7 @@ pub fn take(pool: usize, size: u64, progress: &Progress) -> Option<Block> {
         let c = m.class(pool, class)?;
         if c.oldest().is_some_and(|w| progress.is_complete(w.tag)) {
             let w = c.pop_oldest();
+            m.counts.own_frees_reused += 1;
             return Some(Block { id: BlockId::from_raw(w.block), addr: w.addr, size: class });
         }
         if c.n == 0 {
@@ -362,6 +369,7 @@ pub fn take(pool: usize, size: u64, progress: &Progress) -> Option<Block> {
         }
         c.n -= 1;
         let h = c.blocks[c.n];
+        m.counts.stock_handed_out += 1;
         Some(Block { id: BlockId::from_raw(h.block), addr: h.addr, size: h.size })
     })
     .flatten()
@@ -385,6 +393,7 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
     }
     let class = round_size(size)?;
     with_mine(|m| {
+        m.counts.refills += 1;
         m.give_back_frees(returns);
         if m.pool != pool {
             for slot in 0..CLASSES {
@@ -402,10 +411,12 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
     })
 }
 
-/// Keeps `blocks` (just taken from `pool` for `class`) for later requests;
-/// those it cannot keep (the thread's magazine went meanwhile) go into `unkept`.
+/// Keeps `blocks` (just taken from `pool` for `class`, beside the one the
+/// refill hands out at once) for later requests; those it cannot keep (the
+/// thread's magazine went meanwhile) go into `unkept`.
 pub fn store(pool: usize, class: u64, blocks: &[Block], unkept: &mut Returns) {
     let kept = with_mine(|m| {
+        m.counts.stock_handed_out += 1; // the refill's first block
         let Some(c) = m.class(pool, class) else { return 0 };
         let room = (REFILL - c.n).min(blocks.len());
         for b in &blocks[..room] {
@@ -452,6 +463,7 @@ pub fn keep_freed(pool: usize, block: BlockId, addr: u64, bytes: u64, progress: 
             let oldest = c.pop_oldest();
             c.push_waiting(Waiting { block: block.to_raw(), addr, tag });
             to_batch = (pool, oldest.block, class);
+            m.counts.overflowed += 1;
         }
         let (pool, block, bytes) = to_batch;
         m.freed[m.nfreed] = (pool, block);
@@ -514,6 +526,8 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
                 // settle running beside this one may be reborn at the same
                 // address as a live thread's new one.
                 emptied_orphans.push(m.clone());
+                // Taken under its lock: a settle beside this one adds nothing twice.
+                *GONE.lock().get_or_insert_with(Default::default) += std::mem::take(&mut magazine.counts);
             }
         }
         give_back(&returns);
@@ -523,14 +537,29 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
     ORPHANED.lock().retain(kept);
 }
 
+/// What every magazine of this process did (`end.magazines`); `None` when
+/// no thread started one. A magazine its thread holds at this moment is
+/// left out rather than waited for.
+pub fn record() -> Option<MagazineRecord> {
+    let mut total = *GONE.lock();
+    for m in ALL.lock().iter() {
+        if let Some(m) = m.try_lock() {
+            *total.get_or_insert_with(Default::default) += m.counts;
+        }
+    }
+    total
+}
+
 pub fn lock_for_fork() {
     std::mem::forget(ALL.lock());
     std::mem::forget(ORPHANED.lock());
+    std::mem::forget(GONE.lock());
 }
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
+    GONE.force_unlock();
     ORPHANED.force_unlock();
     ALL.force_unlock();
     if in_child {
@@ -538,6 +567,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         FORK_EPOCH.fetch_add(1, Ordering::AcqRel);
         ALL.lock().clear();
         ORPHANED.lock().clear();
+        *GONE.lock() = None;
         let _ = THREAD.try_with(|t| {
             if let Ok(mut m) = t.magazine.try_borrow_mut() {
                 *m = None;

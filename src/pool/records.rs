@@ -21,6 +21,11 @@ fn record(p: &ContextPool, dead: bool) -> Option<PoolRecord> {
     Some(pool.record(p.device, dead, MULTI_STREAM.load(Ordering::Relaxed)))
 }
 
+/// What threads' magazines did, if any thread started one.
+pub fn magazines() -> Option<cupool_core::log::MagazineRecord> {
+    super::magazine::record()
+}
+
 /// The pool's state when a request failed (`Engine::at_oom`).
 pub fn at_oom(p: &ContextPool) -> (Fragmentation, Vec<u64>, u64) {
     p.pool.lock().at_oom()

@@ -1,10 +1,12 @@
 /* Test-local program of tests/pool.rs (`reuse`).
- * Usage: reuse [stream]
+ * Usage: reuse [stream|streams]
  * 10000 x cudaMalloc(4096) / cudaFree, each block written through the driver
  * (which checks that the range lies inside a live driver allocation). With
  * `stream`, a stream is created first, so freed blocks are reused only
- * behind fences. Prints same_as_first= (blocks at the first block's address)
- * and distinct= (distinct addresses). */
+ * behind fences; with `streams`, twelve (more than the pool orders behind a
+ * fence on the GPU, so reuse waits for fences to complete). Prints
+ * same_as_first= (blocks at the first block's address) and distinct=
+ * (distinct addresses). */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -23,10 +25,10 @@ static int cmp(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     static uintptr_t ptrs[N];
-    cudaStream_t s = NULL;
-    int with_stream = argc > 1 && strcmp(argv[1], "stream") == 0;
-    if (with_stream)
-        CHECK(cudaStreamCreate(&s));
+    cudaStream_t s[12];
+    int streams = argc < 2 ? 0 : strcmp(argv[1], "stream") == 0 ? 1 : strcmp(argv[1], "streams") == 0 ? 12 : 0;
+    for (int i = 0; i < streams; i++)
+        CHECK(cudaStreamCreate(&s[i]));
     unsigned same_as_first = 0;
     for (int i = 0; i < N; i++) {
         void *p = NULL;
@@ -43,8 +45,8 @@ int main(int argc, char **argv)
     unsigned distinct = 0;
     for (int i = 0; i < N; i++)
         distinct += i == 0 || ptrs[i] != ptrs[i - 1];
-    if (with_stream)
-        CHECK(cudaStreamDestroy(s));
+    for (int i = 0; i < streams; i++)
+        CHECK(cudaStreamDestroy(s[i]));
     printf("same_as_first=%u\n", same_as_first);
     printf("distinct=%u\n", distinct);
     printf("result: ok allocs=%d frees=%d leaked_bytes=0\n", N, N);

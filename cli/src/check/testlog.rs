@@ -219,6 +219,7 @@ impl LogBuilder {
             leaks,
             dropped_events: 0,
             pools: vec![],
+            magazines: None,
             ooms: vec![],
             complete: true,
             notes: vec![],

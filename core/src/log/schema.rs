@@ -344,6 +344,35 @@ impl FenceCounters {
     }
 }
 
+/// `end.magazines`: what threads' magazines (option `magazines`) did, over
+/// every thread that started one. A pooled block a magazine handed out came
+/// from its thread's own frees or from its stock; a free that found its
+/// class's waiting room full pushed the oldest one back to the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MagazineRecord {
+    /// Threads that started a magazine.
+    pub threads: u64,
+    /// Blocks handed out again from their thread's own frees, without the pool's lock.
+    pub own_frees_reused: u64,
+    /// Blocks handed out from the stock taken from the pool.
+    pub stock_handed_out: u64,
+    /// Times a thread took the pool's lock to fill its stock.
+    pub refills: u64,
+    /// Frees pushed back to the pool because their class's waiting room was
+    /// full before the fence of the oldest completed.
+    pub overflowed: u64,
+}
+
+impl std::ops::AddAssign for MagazineRecord {
+    fn add_assign(&mut self, o: MagazineRecord) {
+        self.threads += o.threads;
+        self.own_frees_reused += o.own_frees_reused;
+        self.stock_handed_out += o.stock_handed_out;
+        self.refills += o.refills;
+        self.overflowed += o.overflowed;
+    }
+}
+
 /// `end.pools[]`: one pool (one CUDA context) in pool mode. Named after PyTorch's statistics.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PoolRecord {
@@ -479,6 +508,9 @@ pub struct End {
     pub leaks: Vec<Leak>,
     pub dropped_events: u64,
     pub pools: Vec<PoolRecord>,
+    /// Only when some thread started a magazine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub magazines: Option<MagazineRecord>,
     pub ooms: Vec<OomRecord>,
     pub complete: bool,
     /// What cupool could not do in this process, one sentence each (e.g. a

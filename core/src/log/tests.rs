@@ -173,6 +173,13 @@ fn full_end() -> End {
                 at_peak: PagesAtPeak { reserved: 29, allocated: 30, pending: 31, idle: 32, cooling: 33 },
             }),
         }],
+        magazines: Some(MagazineRecord {
+            threads: 8,
+            own_frees_reused: 900,
+            stock_handed_out: 100,
+            refills: 7,
+            overflowed: 3,
+        }),
         ooms: vec![OomRecord {
             t_ns: 1,
             device: 0,
@@ -306,6 +313,7 @@ fn record_fields() -> BTreeMap<&'static str, BTreeSet<String>> {
     m.insert("end.pools[].pages", keys(&e["pools"][0]["pages"]));
     m.insert("end.pools[].pages.costs", keys(&e["pools"][0]["pages"]["costs"]));
     m.insert("end.pools[].pages.at_peak", keys(&e["pools"][0]["pages"]["at_peak"]));
+    m.insert("end.magazines", keys(&e["magazines"]));
     m.insert("end.ooms[]", keys(&e["ooms"][0]));
     m.insert("module", def("module"));
     m.insert("string", def("string"));

@@ -178,6 +178,7 @@ mod tests {
             leaks: vec![],
             dropped_events: 0,
             pools: vec![],
+            magazines: None,
             ooms: vec![],
             complete: true,
             notes: vec![],
