@@ -46,7 +46,11 @@ pub fn write(how: ExitInfo) {
         complete,
         notes: notes(),
     };
-    sink::close_with(|out| log::write_end(out, &end));
+    // Events the last drain could not write are counted by then.
+    sink::close_with(|out| {
+        let end = End { dropped_events: sink::dropped(), ..end };
+        log::write_end(out, &end)
+    });
 }
 
 fn notes() -> Vec<String> {

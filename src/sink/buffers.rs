@@ -235,6 +235,11 @@ pub fn dropped() -> u64 {
     DROPPED.load(Ordering::Relaxed)
 }
 
+/// `n` queued events that will not be written (the log stopped).
+pub fn count_dropped(n: usize) {
+    DROPPED.fetch_add(n as u64, Ordering::Relaxed);
+}
+
 /// Moves every queued event into `batch`, in `seq` order. `patience` bounds
 /// the wait for a lock: a thread stopped by a fatal signal may hold one forever.
 ///

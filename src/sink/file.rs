@@ -17,11 +17,19 @@ const WRITE_BYTES: usize = 1 << 20;
 
 pub struct LogFile {
     fd: i32,
+    path: String,
     text: String,
     batch: Vec<Event>,
     definitions: Vec<log::Definition>,
     /// Turns the events' ticks into nanoseconds since the start.
     scale: TickScale,
+    /// Bytes written whole: the file always ends with a whole line there.
+    written: u64,
+    /// A write failed (a full disk): no more events are written, only the
+    /// end record is tried once more at the close.
+    stopped: bool,
+    /// Events in `text`, counted as dropped if its write fails.
+    in_text: usize,
 }
 
 impl LogFile {
@@ -57,15 +65,36 @@ impl LogFile {
         let mut text = String::with_capacity(WRITE_BYTES + 4096);
         log::write_header(&mut text, &process::info(), opts);
         log::write_event(&mut text, &Event::new(EventKind::Start, log::Api::None), EventLine::First);
-        write_all(fd, text.as_bytes());
+        if let Err(e) = write_all(fd, text.as_bytes()) {
+            diag::error(&format!("cannot write {path}: {e}; no log will be written"));
+            unsafe { libc::close(fd) };
+            let _ = std::fs::remove_file(&path);
+            return None;
+        }
+        let written = text.len() as u64;
         text.clear();
         diag::note(&format!("writing {path}"));
-        Some(LogFile { fd, text, batch: Vec::with_capacity(1024), definitions: Vec::new(), scale: TickScale::new() })
+        Some(LogFile {
+            fd,
+            path,
+            text,
+            batch: Vec::with_capacity(1024),
+            definitions: Vec::new(),
+            scale: TickScale::new(),
+            written,
+            stopped: false,
+            in_text: 0,
+        })
     }
 
     /// Writes every queued event.
     pub fn drain(&mut self, patience: Duration) {
         buffers::drain(&mut self.batch, patience);
+        if self.stopped {
+            buffers::count_dropped(self.batch.len());
+            self.batch.clear();
+            return;
+        }
         // After the events are collected: each was stamped before this point.
         self.scale.advance();
         // Taken after the events: what they refer to was defined before they
@@ -75,8 +104,13 @@ impl LogFile {
             log::write_definition(&mut self.text, &d);
         }
         // Out of `self` while it is written: `flush` borrows all of it.
+        let batch_len = self.batch.len();
         let mut batch = std::mem::take(&mut self.batch);
-        for e in &mut batch {
+        for (k, e) in batch.iter_mut().enumerate() {
+            if self.stopped {
+                buffers::count_dropped(batch_len - k);
+                break;
+            }
             e.t_ns = self.scale.to_ns(e.t_ns);
             let e = &*e;
             if matches!(e.kind, EventKind::PhaseBegin | EventKind::PhaseEnd) {
@@ -86,6 +120,7 @@ impl LogFile {
             } else {
                 log::write_event(&mut self.text, e, EventLine::Later);
             }
+            self.in_text += 1;
             if self.text.len() >= WRITE_BYTES {
                 self.flush();
             }
@@ -95,11 +130,20 @@ impl LogFile {
         self.flush();
     }
 
-    /// Writes what is queued, then `tail` (the end record), and closes the file.
+    /// Writes what is queued, then `tail` (the end record), and closes the
+    /// file. After a failed write the end record is tried once more: the
+    /// log is then whole but for the events it counts as dropped, or, if
+    /// that fails too, a log cut short (as by SIGKILL), still readable.
     pub fn close_with(mut self, tail: impl FnOnce(&mut String)) {
         self.drain(Duration::from_millis(100));
         tail(&mut self.text);
-        self.flush();
+        if self.stopped {
+            if write_all(self.fd, self.text.as_bytes()).is_err() {
+                self.cut_back();
+            }
+        } else {
+            self.flush();
+        }
         unsafe { libc::close(self.fd) };
     }
 
@@ -109,20 +153,51 @@ impl LogFile {
     }
 
     fn flush(&mut self) {
-        write_all(self.fd, self.text.as_bytes());
+        if !self.stopped && !self.text.is_empty() {
+            match write_all(self.fd, self.text.as_bytes()) {
+                Ok(()) => self.written += self.text.len() as u64,
+                Err(e) => {
+                    buffers::count_dropped(self.in_text);
+                    self.stop(e);
+                }
+            }
+        }
+        self.in_text = 0;
         self.text.clear();
+    }
+
+    /// A write failed (a full disk, say): the log is best effort, the
+    /// program is not. What the write left of a line would make the whole
+    /// file unreadable, so the file is cut back to its last whole write.
+    #[cold]
+    fn stop(&mut self, e: std::io::Error) {
+        self.cut_back();
+        self.stopped = true;
+        diag::error(&format!(
+            "cannot write {}: {e}; later events are dropped (counted in the log's end), the program runs on",
+            self.path
+        ));
+    }
+
+    fn cut_back(&mut self) {
+        unsafe {
+            libc::ftruncate(self.fd, self.written as libc::off_t);
+            libc::lseek(self.fd, self.written as libc::off_t, libc::SEEK_SET);
+        }
     }
 }
 
-fn write_all(fd: i32, mut bytes: &[u8]) {
+fn write_all(fd: i32, mut bytes: &[u8]) -> std::io::Result<()> {
     while !bytes.is_empty() {
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            return; // disk full or similar: the log is best effort, the program is not
+            return Err(e);
         }
         bytes = &bytes[n as usize..];
     }
+    Ok(())
 }
