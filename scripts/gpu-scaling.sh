@@ -11,8 +11,15 @@
 # from the same threads, which share nothing).
 # Rows: cudaMallocAsync (no shim); cupool's default path (trace off, sites
 # on); cupool's magazine path alone (magazines=always, sites off), the same
-# path from one thread to eight. Run from the repository root on the GPU,
-# with the shim in .gpu/libcupool.so (or SHIM=path).
+# path from one thread to eight (THREADS="1 2 4 8" unless set). For the
+# magazine rows the last table reads each run's log (one block is left
+# allocated so that a log is written with the trace off): what the threads'
+# magazines did (own frees reused, refills, frees that overflowed the
+# waiting room) and the fences (recorded, GPU-side barriers, host waits).
+# Beyond 8 streams (7 threads' plus the legacy one) the pool places no
+# GPU-side barrier, and reuse waits for the GPU's events instead.
+# Run from the repository root on the GPU, with the shim in
+# .gpu/libcupool.so (or SHIM=path).
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 root=$(pwd); w=$(mktemp -d /tmp/sc.XXXX); shim=${SHIM:-$root/.gpu/libcupool.so}
@@ -47,19 +54,21 @@ row() { # name threads command...
   local name=$1 t=$2; shift 2
   "$@" | sed -n "s/.*pairs_per_s=\([0-9]*\).*cpu_ns_per_pair=\([0-9.]*\).*/$name $t \1 \2/p"
 }
+threads=${THREADS:-1 2 4 8}
 for r in $(seq ${ROUNDS:-5}); do
-  for t in 1 2 4 8; do
+  for t in $threads; do
     row control $t $w/ctl $t $((pairs * 10))
     # CUDA's pool slows to ~0.2 M pairs/s from several threads: fewer pairs keep its rows short.
     row cudaMallocAsync $t $w/scaling $t $((pairs / 20)) 0 async
     row cupool-default $t env CUPOOL_OPTIONS=trace=0:log_dir=$w/l LD_PRELOAD=$shim $w/scaling $t $pairs 0
-    row cupool-magazines $t env CUPOOL_OPTIONS=trace=0:stack_depth=0:python_depth=0:magazines=always:log_dir=$w/l \
-      LD_PRELOAD=$shim $w/scaling $t $pairs 0
+    row cupool-magazines $t env CUPOOL_OPTIONS=trace=0:stack_depth=0:python_depth=0:magazines=always:log_dir=$w/m/$t.$r \
+      LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
   done
 done > $w/rows
 echo "rows (every round): name threads pairs/s cpu_ns_per_pair"; sort -k1,1 -k2n $w/rows
-python3 - $w/rows <<'PY'
+python3 - $w/rows "$threads" <<'PY'
 import sys, statistics as st
+counts = [int(t) for t in sys.argv[2].split()]
 rows = {}
 for line in open(sys.argv[1]):
     name, t, rate, cpu = line.split()
@@ -70,10 +79,28 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]
     if not one:
         continue
     rate1, cpu1 = st.median(x for x, _ in one), st.median(c for _, c in one)
-    for t in [1, 2, 4, 8]:
+    for t in counts:
         r = rows.get((name, t))
         if not r:
             continue
         rate, cpu = st.median(x for x, _ in r), st.median(c for _, c in r)
         print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f}")
+PY
+python3 - $w/m <<'PY'
+import glob, json, os, statistics as st, sys
+runs = {}
+for d in glob.glob(os.path.join(sys.argv[1], "*")):
+    t = int(os.path.basename(d).split(".")[0])
+    for f in glob.glob(os.path.join(d, "cupool.*.json")):
+        end = json.load(open(f)).get("end") or {}
+        m, p = end.get("magazines") or {}, (end.get("pools") or [{}])[0]
+        fences = p.get("fences", {})
+        pairs = (m.get("own_frees_reused", 0) + m.get("stock_handed_out", 0)) or 1
+        runs.setdefault(t, []).append((m.get("own_frees_reused", 0) / pairs, m.get("refills", 0) / pairs * 1000,
+                                       m.get("overflowed", 0) / pairs, fences.get("recorded", 0),
+                                       fences.get("gpu_barriers", 0), fences.get("waits", 0)))
+print(f"{'magazines (medians)':20} {'threads':>7} {'reused':>7} {'refills/1k':>10} {'overflow':>8} {'fences':>7} {'barriers':>8} {'waits':>6}")
+for t in sorted(runs):
+    med = [st.median(x[i] for x in runs[t]) for i in range(6)]
+    print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f}")
 PY

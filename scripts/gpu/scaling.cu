@@ -11,6 +11,11 @@
 // pair (CLOCK_THREAD_CPUTIME_ID over each thread's loop): a rate can fall
 // because threads wait for each other or because the machine runs eight
 // busy cores slower than one, and only the first is the allocator's doing.
+//
+// ALLOCATOR "keep" is cudaMalloc as by default, with one 512-byte block left
+// allocated to the end: with its trace off cupool writes a log only when
+// something is left, and the log's end record says what the pool's fences
+// and the threads' magazines did (scripts/gpu-scaling.sh reads it).
 //   scaling THREADS PAIRS_PER_THREAD [LAUNCH] [ALLOCATOR]
 #include <cuda_runtime.h>
 #include <time.h>
@@ -37,7 +42,10 @@ int main(int argc, char **argv) {
     const long pairs = argc > 2 ? atol(argv[2]) : 20000;
     const bool launch = argc > 3 ? atoi(argv[3]) != 0 : true;
     const bool async = argc > 4 && strcmp(argv[4], "async") == 0;
+    const bool keep = argc > 4 && strcmp(argv[4], "keep") == 0;
     cudaFree(nullptr);
+    void *kept = nullptr;
+    if (keep) cudaMalloc(&kept, 512);
     std::vector<cudaStream_t> streams(threads);
     for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     std::atomic<int> failed{0};
