@@ -178,11 +178,31 @@ pub fn target_dir() -> PathBuf {
 /// A fresh, empty directory under `target/fake-cuda/scratch/` for one test.
 pub fn scratch_dir(name: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let scratch = target_dir().join("fake-cuda").join("scratch");
+    SWEPT.call_once(|| sweep_scratch(&scratch));
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let dir = target_dir().join("fake-cuda").join("scratch").join(format!("{name}-{}-{n}", std::process::id()));
+    let dir = scratch.join(format!("{name}-{}-{n}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
     dir
+}
+
+/// Removes the scratch directories of test processes that have exited more
+/// than an hour ago (their names end in `-<pid>-<n>`): every run leaves its
+/// logs there, and over many runs they filled a disk. A running test
+/// binary's, and a recent failure's, stay.
+fn sweep_scratch(scratch: &Path) {
+    let Ok(entries) = fs::read_dir(scratch) else { return };
+    let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t < an_hour_ago);
+        if old && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// `CUPOOL_OPTIONS` value: `log_dir=<dir>` plus `:<extra>` when non-empty.
