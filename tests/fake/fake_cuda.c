@@ -158,8 +158,12 @@ struct CUstream_st {
 struct CUevent_st {
     struct CUctx_st *ctx;
     unsigned flags;
-    /* CLOCK_MONOTONIC ns of its last record (FAKE_CUDA_EVENT_LATENCY_US). */
+    /* CLOCK_MONOTONIC ns of its last record (FAKE_CUDA_EVENT_LATENCY_US),
+     * the stream it was recorded on, and whether a synchronization since
+     * completed it. */
     long long recorded_ns;
+    CUstream stream;
+    int synced;
 };
 /* VMM handles and reservations belong to the context current when they were
  * made and die with it (cuCtxDestroy), as cuMemAlloc memory does: on an H100
@@ -188,6 +192,7 @@ struct handle_set {
     size_t n, cap;
 };
 static struct handle_set g_ctxs, g_streams, g_events, g_vmm, g_resv;
+static void complete_events_locked(CUstream stream, int all);
 
 static int set_add(struct handle_set *s, void *p)
 {
@@ -847,6 +852,8 @@ EXPORT CUresult cuCtxSynchronize(void)
     r = need_ctx(&c);
     if (!r && capture_forbids_locked())
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!r)
+        complete_events_locked(NULL, 1);
     pthread_mutex_unlock(&g_lock);
     return r;
 }
@@ -1693,7 +1700,17 @@ static CUresult check_stream(CUstream s)
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-EXPORT CUresult cuStreamSynchronize(CUstream hStream) { return check_stream(hStream); }
+EXPORT CUresult cuStreamSynchronize(CUstream hStream)
+{
+    CUresult r = check_stream(hStream);
+    if (!r) {
+        /* The legacy stream waits for every blocking stream: all of them, here. */
+        pthread_mutex_lock(&g_lock);
+        complete_events_locked(hStream, (uintptr_t)hStream <= 1);
+        pthread_mutex_unlock(&g_lock);
+    }
+    return r;
+}
 
 EXPORT CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
 {
@@ -1886,15 +1903,36 @@ EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult r = check_event(hEvent, hStream, 1);
     if (!r && (uintptr_t)hStream > 2 && env_size("FAKE_CUDA_REFUSE_STREAM_RECORDS", 0))
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (!r && event_latency_ns())
-        __atomic_store_n(&hEvent->recorded_ns, monotonic_ns(), __ATOMIC_RELEASE);
+    if (!r && event_latency_ns()) {
+        pthread_mutex_lock(&g_lock);
+        hEvent->recorded_ns = monotonic_ns();
+        hEvent->stream = hStream;
+        hEvent->synced = 0;
+        pthread_mutex_unlock(&g_lock);
+    }
     return r;
 }
 
 static int event_pending(CUevent e)
 {
     long long latency = event_latency_ns();
-    return latency && monotonic_ns() - __atomic_load_n(&e->recorded_ns, __ATOMIC_ACQUIRE) < latency;
+    if (!latency)
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    int pending = !e->synced && monotonic_ns() - e->recorded_ns < latency;
+    pthread_mutex_unlock(&g_lock);
+    return pending;
+}
+
+/* A synchronization completes the events recorded before it: on `stream`,
+ * or on every stream (NULL with `all`). Under g_lock. */
+static void complete_events_locked(CUstream stream, int all)
+{
+    for (size_t i = 0; i < g_events.n; i++) {
+        struct CUevent_st *e = g_events.items[i];
+        if (all || e->stream == stream)
+            e->synced = 1;
+    }
 }
 
 /* Work runs at once here, so a wait orders nothing; both handles must be
@@ -1913,10 +1951,15 @@ EXPORT CUresult cuEventQuery(CUevent hEvent)
     return !r && event_pending(hEvent) ? CUDA_ERROR_NOT_READY : r;
 }
 
+/* The host waits: the event is complete when this returns (at once here,
+ * however far behind the fake GPU is). */
 EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 {
     CUresult r = check_event(hEvent, NULL, 0);
-    while (!r && event_pending(hEvent)) {
+    if (!r) {
+        pthread_mutex_lock(&g_lock);
+        hEvent->synced = 1;
+        pthread_mutex_unlock(&g_lock);
     }
     return r;
 }
