@@ -39,6 +39,9 @@
 //! Locks: a magazine's own mutex is taken by its thread and by [`settle`];
 //! never while holding a pool's lock, and a pool's lock is never taken
 //! while holding it (the caller gives blocks back after this module returns).
+//! A settle adds a dropped magazine's counts to `GONE` under the magazine's
+//! lock; [`record`] takes `GONE`, then `ALL`, then each magazine, each for a
+//! moment at most, so the reverse order cannot deadlock.
 
 use super::fence::Progress;
 use crate::runtime::bias::BiasedMutex;
@@ -393,7 +396,6 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
     }
     let class = round_size(size)?;
     with_mine(|m| {
-        m.counts.refills += 1;
         m.give_back_frees(returns);
         if m.pool != pool {
             for slot in 0..CLASSES {
@@ -416,6 +418,7 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
 /// thread's magazine went meanwhile) go into `unkept`.
 pub fn store(pool: usize, class: u64, blocks: &[Block], unkept: &mut Returns) {
     let kept = with_mine(|m| {
+        m.counts.refills += 1;
         m.counts.stock_handed_out += 1; // the refill's first block
         let Some(c) = m.class(pool, class) else { return 0 };
         let room = (REFILL - c.n).min(blocks.len());
@@ -538,12 +541,19 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
 }
 
 /// What every magazine of this process did (`end.magazines`); `None` when
-/// no thread started one. A magazine its thread holds at this moment is
-/// left out rather than waited for.
+/// no thread started one (or the books could not be had in time). Built for the end record, perhaps from a signal
+/// handler's request: every lock is waited for a moment at most, and a
+/// magazine its thread keeps using (a thread stopped inside it by the
+/// signal) is left out. `GONE` is held throughout, so a settle meanwhile
+/// cannot move a magazine's counts past this walk: they are counted once,
+/// or (a settle holding that magazine) not at all.
 pub fn record() -> Option<MagazineRecord> {
-    let mut total = *GONE.lock();
-    for m in ALL.lock().iter() {
-        if let Some(m) = m.try_lock() {
+    let patience = std::time::Duration::from_millis(50);
+    let gone = GONE.try_lock_for(patience)?;
+    let mut total = *gone;
+    let all = ALL.try_lock_for(patience)?;
+    for m in all.iter() {
+        if let Some(m) = m.try_lock_for(patience) {
             *total.get_or_insert_with(Default::default) += m.counts;
         }
     }

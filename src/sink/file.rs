@@ -93,6 +93,8 @@ impl LogFile {
         if self.stopped {
             buffers::count_dropped(self.batch.len());
             self.batch.clear();
+            // Kept for the end record's leaks, which may name their stacks.
+            definitions::drain(&mut self.definitions, patience);
             return;
         }
         // After the events are collected: each was stamped before this point.
@@ -136,6 +138,11 @@ impl LogFile {
     /// that fails too, a log cut short (as by SIGKILL), still readable.
     pub fn close_with(mut self, tail: impl FnOnce(&mut String)) {
         self.drain(Duration::from_millis(100));
+        if self.stopped {
+            for d in self.definitions.drain(..) {
+                log::write_definition(&mut self.text, &d);
+            }
+        }
         tail(&mut self.text);
         if self.stopped {
             if write_all(self.fd, self.text.as_bytes()).is_err() {

@@ -356,7 +356,7 @@ pub struct MagazineRecord {
     pub own_frees_reused: u64,
     /// Blocks handed out from the stock taken from the pool.
     pub stock_handed_out: u64,
-    /// Times a thread took the pool's lock to fill its stock.
+    /// Times a thread took blocks from the pool, under its lock, to fill its stock.
     pub refills: u64,
     /// Frees pushed back to the pool because their class's waiting room was
     /// full before the fence of the oldest completed.

@@ -25,6 +25,14 @@ impl<B: PageBackend> VmmPool<B> {
     pub(super) fn back(&mut self, seg: u32, addr: u64, size: u64) -> bool {
         let small = self.ranges[seg as usize].small;
         let p = self.config.page(small);
+        if size / p >= EARLY_FAILURE_PAGES {
+            // Asked before anything is counted, so that a refusal leaves no trace.
+            let missing = self.page_span(seg, addr, size).filter(|&a| self.pages.get(a).is_none()).count() as u64;
+            if missing >= EARLY_FAILURE_PAGES && !self.could_have(missing * p) {
+                return false;
+            }
+        }
+        let in_use_peak = self.stats.in_use_bytes.peak;
         // Pages already mapped first, so that none of them is taken as idle
         // for another page of the same block.
         let mut missing = 0;
@@ -51,10 +59,6 @@ impl<B: PageBackend> VmmPool<B> {
         if missing == 0 {
             return true;
         }
-        if missing >= EARLY_FAILURE_PAGES && !self.could_have(missing * p) {
-            self.unback(seg, addr, size, false);
-            return false;
-        }
         // The span from the first page mapped here to the last is mapped
         // throughout once they are: it is granted access in one call.
         let mut granted: Option<(u64, u64)> = None;
@@ -62,7 +66,8 @@ impl<B: PageBackend> VmmPool<B> {
         // the block fail, no work can have touched them. (This path maps
         // pages, tens of microseconds each: a list costs nothing here.)
         let mut fresh = Vec::new();
-        let before = (self.stats.clone(), self.most_reserved);
+        let mut before = (self.stats.clone(), self.most_reserved);
+        before.0.in_use_bytes.peak = in_use_peak; // before this block's pages in place were counted
         let mut ok = true;
         for a in self.page_span(seg, addr, size) {
             if self.pages.get(a).is_some() {

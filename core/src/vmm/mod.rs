@@ -86,7 +86,10 @@
 //!   ones; below its peak the pool creates pages instead, because a move
 //!   costs the program's thread an unmap more (on an H100, 16-25 µs per page
 //!   mapping) and its ghost may make a later block wait. A request that can
-//!   get no page at all waits for the GPU and gives idle pages back first.
+//!   get no page at all waits for the GPU and gives idle pages back first;
+//!   one that needs far more pages than the idle ones and the device's free
+//!   memory fails at once. A request that fails holds nothing afterwards:
+//!   the pages made or moved for it go back.
 
 mod backing;
 mod config;
@@ -386,7 +389,8 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// Allocates a block of at least `requested` bytes (0 is served as 1).
-    /// Fails after waiting for the GPU and giving idle pages back failed too.
+    /// Fails after waiting for the GPU and giving idle pages back failed
+    /// too, or at once when far more pages are needed than could be had.
     pub fn allocate(&mut self, requested: u64) -> Result<Block, OutOfMemory> {
         let Some(rounded) = round_size(requested).filter(|&r| r <= self.config.limit && !self.forgotten) else {
             self.stats.num_ooms += 1;

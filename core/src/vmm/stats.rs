@@ -57,7 +57,6 @@ impl VmmStats {
     /// a request larger than the device would otherwise leave the device's
     /// whole memory as the run's peak. Counts of driver calls stay.
     pub(super) fn forget_failed_peaks(&mut self, before: &VmmStats) {
-        let reserved_peak = self.reserved_bytes.peak;
         for (now, then) in [
             (&mut self.reserved_bytes, &before.reserved_bytes),
             (&mut self.in_use_bytes, &before.in_use_bytes),
@@ -66,9 +65,10 @@ impl VmmStats {
         ] {
             now.peak = then.peak.max(now.current);
         }
-        if self.reserved_bytes.peak < reserved_peak {
-            self.at_peak = before.at_peak;
-        }
+        // Reserved bytes are back to at most what they were, so their peak
+        // is the earlier one (a failed attempt that only reached it had
+        // written its own breakdown over it).
+        self.at_peak = before.at_peak;
     }
 }
 

@@ -791,9 +791,13 @@ fn a_request_far_beyond_the_device_fails_before_any_page_is_made() {
     let mut p = VmmPool::new(SimulatedPages::new().with_capacity(Some(GIB)), VmmConfig::default());
     let a = p.allocate(100 * MIB).unwrap();
     p.free(a.id);
-    let made = p.stats().num_page_creates;
+    let before = p.stats().clone();
+    let made = before.num_page_creates;
     assert_eq!(p.allocate(2 * GIB), Err(OutOfMemory));
     assert_eq!(p.stats().num_page_creates, made, "no page made for a request twice the device");
+    // Nor anything else changed: no page moved, none counted, no peak.
+    let expected = VmmStats { num_ooms: before.num_ooms + 1, va_reserved_bytes: p.stats().va_reserved_bytes, ..before };
+    assert_eq!(p.stats(), &expected);
     assert_eq!(p.allocate(GIB + 32 * MIB), Err(OutOfMemory));
     assert!(p.stats().num_page_creates > made, "within a sixteenth, the device is asked");
     assert_eq!(p.backend().held(), p.stats().reserved_bytes.current);
