@@ -38,4 +38,13 @@ for sites in off on; do
     printf '%-62s %s\n' "pool, sites $sites, $t thread(s) on own streams" "pairs_per_s=$best"
   done
 done
+# Sizes that seldom come back (each drawn from 1..64 KiB): a magazine must
+# not make them dearer than the pool alone (magazines=never).
+for mag in auto never; do
+  for t in 1 2; do
+    best=$(for r in 1 2 3; do CUPOOL_OPTIONS=mode=pool:trace=0:$nostacks:magazines=$mag:log_dir=target/hook-bench-logs \
+      LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_threads $t $n 65536 | sed 's/.*=//'; done | sort -n | tail -1)
+    printf '%-62s %s\n' "pool, sizes up to 64 KiB, magazines=$mag, $t thread(s)" "pairs_per_s=$best"
+  done
+done
 rm -rf target/hook-bench-logs

@@ -663,3 +663,20 @@ fn summary_names_no_directory_that_does_not_exist() {
     assert!(!stderr.contains(path_str(&logs)), "{stderr}");
     assert!(!logs.exists(), "cupool run left an empty log directory behind");
 }
+
+#[test]
+fn summary_says_what_threads_magazines_did() {
+    let dir = scratch_dir("cli-summary-magazines");
+    let logs = dir.join("logs");
+    let prog = compile_runtime_program("reuse", "pool_reuse.c");
+    let out = run_cupool(
+        &["run", "--log-dir", path_str(&logs), "-o", "magazines=always", "--", path_str(&prog), "stream"],
+        &dir,
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let stderr = stderr_of(&out);
+    let line = stderr.lines().find(|l| l.trim_start().starts_with("magazines:")).unwrap_or_else(|| panic!("{stderr}"));
+    // One thread's 10,000 pairs of 4 KiB: all but the first, which the pool
+    // serves while the size is not yet taken on, come from its magazine.
+    assert!(line.contains("1 thread(s) served 9999 small blocks"), "{line}");
+}

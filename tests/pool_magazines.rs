@@ -72,9 +72,10 @@ fn a_block_cycled_in_a_loop_comes_from_the_magazine_and_goes_back_at_exit() {
     let reuse = compile_runtime_program("mag-reuse", "pool_reuse.c");
     for args in [&[][..], &["stream"][..]] {
         let r = run(&reuse, args, ALWAYS);
-        // The pool handed out a refill of 16 blocks of 4 KiB at once ...
+        // The pool handed out a refill of several blocks of 4 KiB at once
+        // (two: a class's first refill) ...
         let (current, peak) = requested(&r.log);
-        assert!(peak >= 16 * 4096, "{args:?}: requested peak {peak}: {}", r.log["end"]["pools"]);
+        assert!(peak >= 2 * 4096, "{args:?}: requested peak {peak}: {}", r.log["end"]["pools"]);
         // ... and took every one back when the program exited: it leaks nothing.
         assert_eq!(current, 0, "{args:?}: {}", r.log["end"]["pools"]);
         let never = run(&reuse, args, "magazines=never");
@@ -198,7 +199,12 @@ fn the_end_record_counts_what_magazines_did() {
         let m = log["end"]["magazines"].clone();
         let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
         assert_eq!(n("threads"), 1, "{m}");
-        assert_eq!(n("own_frees_reused") + n("stock_handed_out"), 10_000, "every pair served by the magazine: {m}");
+        // All but the first, which the pool serves while 4 KiB is not yet taken on.
+        assert_eq!(
+            n("own_frees_reused") + n("stock_handed_out"),
+            9_999,
+            "every later pair served by the magazine: {m}"
+        );
         assert!(n("refills") >= n("stock_handed_out") / 16, "16 blocks a refill at most: {m}");
         (n("own_frees_reused"), n("overflowed"))
     };

@@ -1,7 +1,7 @@
 //! One-screen summaries of cupool logs.
 
 use crate::units::human_bytes;
-use cupool_core::log::{read_log, summarize, ExitRecord, FenceCounters, Log, Summary};
+use cupool_core::log::{read_log, summarize, ExitRecord, FenceCounters, Log, MagazineRecord, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -158,6 +158,9 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
                 let _ = write!(out, "{}", peak_line(p.device, b));
             }
         }
+        if let Some(line) = log.end.as_ref().and_then(|e| e.magazines.as_ref()).and_then(magazine_line) {
+            let _ = writeln!(out, "{line}");
+        }
         // What cupool did differently in this process (a pool fallback, graph
         // allocations left untracked, Python it could not read).
         for note in log.end.as_ref().map_or(&[][..], |e| &e.notes[..]) {
@@ -256,6 +259,26 @@ fn wait_line(device: i32, f: &FenceCounters) -> Option<String> {
     })
 }
 
+/// What threads' magazines did; said only where some served blocks. Frees
+/// that overflowed are named: many of them mean fences complete too late
+/// for the threads' pace (README, option `magazines`).
+fn magazine_line(m: &MagazineRecord) -> Option<String> {
+    let served = m.own_frees_reused + m.stock_handed_out;
+    if served == 0 {
+        return None;
+    }
+    let mut line = format!(
+        "    magazines: {} thread(s) served {served} small blocks, {:.1} % from their own frees, {} refills",
+        m.threads,
+        100.0 * m.own_frees_reused as f64 / served as f64,
+        m.refills
+    );
+    if m.overflowed > 0 {
+        line.push_str(&format!(", {} frees back to the pool before their fence completed", m.overflowed));
+    }
+    Some(line)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +320,19 @@ mod tests {
         // Only a wait that failed: its time still shows.
         let failed = FenceCounters { wait_ns: 2_000_000, ..Default::default() };
         assert!(wait_line(0, &failed).is_some_and(|l| l.contains("2.0 ms (0 waits")));
+    }
+
+    #[test]
+    fn the_magazine_line_names_overflow_only_when_there_was_some() {
+        assert_eq!(magazine_line(&MagazineRecord { threads: 2, ..Default::default() }), None);
+        let m = MagazineRecord { threads: 8, own_frees_reused: 900, stock_handed_out: 100, refills: 7, overflowed: 0 };
+        assert_eq!(
+            magazine_line(&m).as_deref(),
+            Some("    magazines: 8 thread(s) served 1000 small blocks, 90.0 % from their own frees, 7 refills")
+        );
+        let late = MagazineRecord { overflowed: 40, ..m };
+        assert!(magazine_line(&late)
+            .is_some_and(|l| l.ends_with(", 40 frees back to the pool before their fence completed")));
     }
 
     #[test]
