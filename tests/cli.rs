@@ -640,9 +640,10 @@ fn summary_explains_failures_and_cuts_long_command_lines() {
 fn summary_of_a_killed_process_says_so_plainly() {
     let dir = scratch_dir("cli-summary-killed");
     let (mut cupool, pid) = start_sleep_under_cupool(&dir);
-    wait_for_flushed(&dir, "alloc", 50); // the allocations reach the log before the kill
+    let flushed = wait_for_flushed(&dir, "alloc", 50); // the allocations reach the log before the kill
     send_signal(pid, libc::SIGKILL);
     let status = wait_for_cupool(&mut cupool, pid, "SIGKILL to the program");
+    assert!(flushed, "the allocations never reached the log");
     assert_eq!(status.code(), Some(137), "{status:?}");
     let out = run_cupool(&["report", path_str(&dir)], &dir);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));

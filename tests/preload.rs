@@ -602,9 +602,10 @@ fn sigkill_leaves_a_readable_partial_log() {
     let cmd = preloaded_command(&fakes().prog("prog_sleep"), &[], &dir, "flush_ms=50");
     let (mut child, lines) = spawn_until(cmd, "ready");
     assert!(lines.iter().any(|l| l.starts_with("result: ok allocs=50")), "{lines:?}");
-    wait_for_flushed(&dir, "alloc", 50);
+    let flushed = wait_for_flushed(&dir, "alloc", 50);
     child.kill().unwrap();
     let status = child.wait().unwrap();
+    assert!(flushed, "the allocations never reached the log");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
 
