@@ -21,7 +21,8 @@
 //!   with the pages that live blocks touch; with one page size and idle
 //!   pages remapped, the peak of reserved is the peak of in-use;
 //! * an out-of-memory happens only when the device capacity leaves no room
-//!   for the pages the request could need.
+//!   for the pages the request could need, and leaves the device holding no
+//!   more than before and the reserved peak where it was.
 //!
 //! With fences on (frees wait for simulated GPU work, which completes only
 //! when the test says so or the pool synchronizes), a freed block is
@@ -307,6 +308,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u64..=MIB).prop_map(Op::Alloc),
         3 => (MIB..12 * MIB).prop_map(Op::Alloc),
         1 => (12 * MIB..48 * MIB).prop_map(Op::Alloc),
+        // Past 64 pages: the pool asks whether the device could give them before making any.
+        1 => (128 * MIB..320 * MIB).prop_map(Op::Alloc),
         5 => any::<usize>().prop_map(Op::Free),
         1 => Just(Op::EmptyCache),
         1 => (0u8..30).prop_map(Op::Tick),
