@@ -29,6 +29,7 @@ build -cudart shared -o $work/limit_shared $src/limit.cu -lcuda
 build -o $work/limit_static $src/limit.cu -lcuda
 build -cudart shared -o $work/ipc $root/tests/fake/ipc_blocks.c -lcuda
 build -o $work/ptr_query $src/ptr_query.cu -lcuda
+build -cudart shared -o $work/oom_other $src/oom_other.cu
 echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
 
 # case NAME [--sanitize] -- CMD...
@@ -86,6 +87,13 @@ done
 plain=$($work/ptr_query | grep '^result:')
 pooled=$($bin/cupool run -q --log-dir $work/ptr-query --mode pool -- $work/ptr_query | grep '^result:')
 rows+=("ptr-query-pool         | $([ -n "$plain" ] && [ "$plain" = "$pooled" ] && echo PASS || echo FAIL)                                     | pool: ${pooled#result: } (plain: ${plain#result: })")
+
+# A request larger than the device fails as without cupool and holds nothing after:
+# CUDA's own pool then gets half the device, and the pool's reserved peak stays small.
+plain=$($work/oom_other | grep '^result:')
+pooled=$($bin/cupool run -q --log-dir $work/oom-other -- $work/oom_other | grep -E '^(result|times):' | tr '\n' ' ')
+peak=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/oom-other/cupool.*.json')[0])); print(max(p['reserved_bytes']['peak'] for p in l['end']['pools']) >> 20)" 2>/dev/null)
+rows+=("oom-then-other         | $([ -n "$plain" ] && [ "${pooled%% times:*}" = "$plain" ] && [ -n "$peak" ] && [ "$peak" -lt 1024 ] && echo PASS || echo FAIL)                                     | pool: $pooled reserved peak ${peak}MiB (plain: ${plain#result: })")
 
 # IPC: a receiver sees each block's own bytes, or (outside cupool) an error.
 for backing in segments vmm; do
