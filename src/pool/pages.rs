@@ -143,11 +143,11 @@ impl PageBackend for CudaPages {
         r == SUCCESS || self.refused()
     }
 
-    fn device_free(&mut self) -> Option<u64> {
+    fn device_memory(&mut self) -> Option<(u64, u64)> {
         let _current = InContext::enter(self.ctx)?;
         let (mut free, mut total) = (0usize, 0usize);
         let r = unsafe { real!(cuMemGetInfo_v2(&mut free, &mut total)) };
-        (r == SUCCESS).then_some(free as u64)
+        (r == SUCCESS).then_some((free as u64, total as u64))
     }
 
     fn grant(&mut self, addr: u64, size: u64) -> bool {

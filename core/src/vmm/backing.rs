@@ -27,8 +27,15 @@ impl<B: PageBackend> VmmPool<B> {
         let p = self.config.page(small);
         if size / p >= EARLY_FAILURE_PAGES {
             // Asked before anything is counted, so that a refusal leaves no trace.
-            let missing = self.page_span(seg, addr, size).filter(|&a| self.pages.get(a).is_none()).count() as u64;
-            if missing >= EARLY_FAILURE_PAGES && !self.could_have(missing * p) {
+            let (mut missing, mut idle_here) = (0, 0);
+            for a in self.page_span(seg, addr, size) {
+                match self.pages.get(a) {
+                    None => missing += 1,
+                    Some(pg) if pg.refs == 0 => idle_here += 1,
+                    Some(_) => {}
+                }
+            }
+            if missing >= EARLY_FAILURE_PAGES && !self.could_have(missing * p, idle_here * p) {
                 return false;
             }
         }
@@ -131,12 +138,21 @@ impl<B: PageBackend> VmmPool<B> {
     /// ones included), new ones within the limit and what the device has
     /// free? Made one by one until the device refuses, the pages of a
     /// request larger than the device took seconds on a large GPU and held
-    /// all its memory meanwhile, where `cudaMalloc` fails at once. Within a
-    /// sixteenth of the answer the pages are tried: the device decides.
-    fn could_have(&mut self, bytes: u64) -> bool {
+    /// all its memory meanwhile, where `cudaMalloc` fails at once. Never
+    /// beside the pages in use when they would pass the device's total;
+    /// else, within a sixteenth of what looks free, the pages are tried:
+    /// the device decides (another process may be freeing memory).
+    /// (`idle_here`: bytes of idle pages the block would use in place.)
+    fn could_have(&mut self, bytes: u64, idle_here: u64) -> bool {
         let under_limit = self.config.limit.saturating_sub(self.stats.reserved_bytes.current);
-        let new = self.backend.device_free().map_or(under_limit, |free| free.min(under_limit));
-        let have = self.stats.idle_bytes.current.saturating_add(new);
+        let (free, total) = self.backend.device_memory().unwrap_or((u64::MAX, u64::MAX));
+        let in_use_after = self.stats.in_use_bytes.current.saturating_add(idle_here).saturating_add(bytes);
+        if in_use_after > total {
+            return false;
+        }
+        // Idle pages elsewhere may move under it.
+        let movable = self.stats.idle_bytes.current.saturating_sub(idle_here);
+        let have = movable.saturating_add(free.min(under_limit));
         bytes <= have.saturating_add(bytes / 16)
     }
 

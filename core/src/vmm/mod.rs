@@ -154,10 +154,10 @@ pub trait PageBackend: Timeline {
         let _ = (addr, size);
         true
     }
-    /// Bytes the device has free for new pages now (`cuMemGetInfo`), if it
-    /// can say: a block that needs far more pages than the pool could have
-    /// fails before any is made. None: unknown, pages are made until refused.
-    fn device_free(&mut self) -> Option<u64> {
+    /// The device's free and total bytes now (`cuMemGetInfo`), if it can
+    /// say: a block that needs far more pages than the pool could have fails
+    /// before any is made. None: unknown, pages are made until refused.
+    fn device_memory(&mut self) -> Option<(u64, u64)> {
         None
     }
 }

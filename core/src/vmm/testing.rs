@@ -23,6 +23,8 @@ pub const BASE_ADDR: u64 = 1 << 44;
 pub struct SimulatedPages {
     /// Most bytes of pages held at once; `None`: unbounded.
     pub capacity: Option<u64>,
+    /// Bytes of that capacity held by others (another process).
+    pub others: u64,
     /// The simulated GPU timeline (fences, clock), reached through the
     /// device as `dev.fences`, `dev.launch()`, `dev.now`.
     pub gpu: SimulatedTimeline,
@@ -90,7 +92,7 @@ impl PageBackend for SimulatedPages {
 
     fn create_page(&mut self, size: u64) -> Option<u64> {
         assert!(size > 0, "an empty page");
-        if self.capacity.is_some_and(|c| self.held + size > c) {
+        if self.capacity.is_some_and(|c| self.held + self.others + size > c) {
             return None;
         }
         let h = self.next_handle;
@@ -135,8 +137,8 @@ impl PageBackend for SimulatedPages {
         self.held -= size;
     }
 
-    fn device_free(&mut self) -> Option<u64> {
-        self.capacity.map(|c| c.saturating_sub(self.held))
+    fn device_memory(&mut self) -> Option<(u64, u64)> {
+        self.capacity.map(|c| (c.saturating_sub(self.held + self.others), c))
     }
 
     fn grant(&mut self, addr: u64, size: u64) -> bool {

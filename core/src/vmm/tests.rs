@@ -782,9 +782,9 @@ fn a_failed_request_gives_back_the_pages_it_made_at_once_with_the_gpu_behind() {
 }
 
 /// A block that needs far more pages than the pool could have (idle pages
-/// and what the device has free) fails before a page is made, as
-/// `cudaMalloc` fails at once; close to what it could have, the pages are
-/// tried and the device decides.
+/// and what the device has free), or more than the device has beside the
+/// pages in use, fails before a page is made, as `cudaMalloc` fails at
+/// once; close to what looks free, the pages are tried and the device decides.
 #[test]
 fn a_request_far_beyond_the_device_fails_before_any_page_is_made() {
     const GIB: u64 = 1 << 30;
@@ -798,8 +798,23 @@ fn a_request_far_beyond_the_device_fails_before_any_page_is_made() {
     // Nor anything else changed: no page moved, none counted, no peak.
     let expected = VmmStats { num_ooms: before.num_ooms + 1, va_reserved_bytes: p.stats().va_reserved_bytes, ..before };
     assert_eq!(p.stats(), &expected);
+    // Past the device's total beside the pages in use: never tried.
     assert_eq!(p.allocate(GIB + 32 * MIB), Err(OutOfMemory));
+    assert_eq!(p.stats().num_page_creates, made, "more than the device has");
+    // Another process holds a quarter of the device. Within a sixteenth of
+    // what looks free (it may be freeing memory) the device is asked; far
+    // beyond, it is not.
+    p.empty_cache();
+    p.backend_mut().others = GIB / 4;
+    let made = p.stats().num_page_creates;
+    assert_eq!(p.allocate(GIB * 3 / 4 + 32 * MIB), Err(OutOfMemory));
     assert!(p.stats().num_page_creates > made, "within a sixteenth, the device is asked");
+    let made = p.stats().num_page_creates;
+    assert_eq!(p.allocate(GIB * 7 / 8), Err(OutOfMemory));
+    assert_eq!(p.stats().num_page_creates, made, "beyond what looks free by more than a sixteenth");
+    let b = p.allocate(GIB * 3 / 4 - 4 * MIB).unwrap();
+    p.free(b.id);
+    p.backend_mut().others = 0;
     assert_eq!(p.backend().held(), p.stats().reserved_bytes.current);
     let b = p.allocate(GIB - 4 * MIB).unwrap();
     p.free(b.id);
