@@ -303,16 +303,17 @@ fn no_fence_leaves_out_a_live_stream_whose_record_failed() {
     assert_eq!(stdout_value(&stdout_of(&out), "same_as_first"), Some(1), "a freed block was reused without a fence");
 }
 
-/// A request larger than the device fails as `cudaMalloc` would, and leaves
-/// the device's memory free for other allocators even while the GPU is
-/// behind (events complete 100 ms after their record): the pages made for
-/// it go back at once instead of cooling, and are not the run's peak. One of
-/// twice the device's memory makes no page at all.
+/// A request the device cannot serve fails as `cudaMalloc` would, and
+/// leaves the device's memory free for other allocators even while the GPU
+/// is behind (events complete 100 ms after their record): one for 32 MiB
+/// more than is free is tried, and the pages made for it go back at once
+/// instead of cooling, and are not the run's peak; one for more than the
+/// device has makes no page at all.
 #[test]
 fn a_request_larger_than_the_device_leaves_its_memory_free_with_the_gpu_behind() {
     let prog = compile_runtime_program("oom_behind", "pool_oom_behind.c");
     let total: u64 = 1 << 30;
-    for (times, most_pages_made) in [("1", total >> 21), ("2", 2)] {
+    for (times, fewest_made, most_made) in [("0", 100, total >> 21), ("1", 0, 2), ("2", 0, 2)] {
         let dir = scratch_dir(&format!("safety-oom-behind-{times}"));
         let mut cmd = preloaded_command(&prog, &[times], &dir, "");
         cmd.env("FAKE_CUDA_EVENT_LATENCY_US", "100000").env("FAKE_CUDA_TOTAL_MEM", total.to_string());
@@ -324,6 +325,7 @@ fn a_request_larger_than_the_device_leaves_its_memory_free_with_the_gpu_behind()
         let peak = pool["reserved_bytes"]["peak"].as_u64().unwrap();
         assert!(peak < total / 16, "{times}: the failed request is the pool's peak: {peak} of {total}");
         let stats = fake_stats_for(&dir, log["process"]["pid"].as_u64().unwrap()).expect("fake stats");
-        assert!(stats["vmm_creates"] <= most_pages_made, "{times}: pages made: {stats:?}");
+        let made = stats["vmm_creates"];
+        assert!((fewest_made..=most_made).contains(&made), "{times}: pages made: {stats:?}");
     }
 }

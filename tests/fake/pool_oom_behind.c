@@ -2,9 +2,10 @@
  * Usage: oom_behind [TIMES]
  * With a stream (so freed memory waits for fences) and the GPU behind
  * (FAKE_CUDA_EVENT_LATENCY_US), asks for TIMES (default 1) times the
- * device's memory plus one byte; then allocates through CUDA's own
- * stream-ordered pool, which only succeeds if the failed request left the
- * device's memory free, as cudaMalloc does. */
+ * device's memory plus one byte, or with TIMES 0 for 32 MiB more than is
+ * free (a quarter of the device held by CUDA's own pool first); then
+ * allocates through CUDA's own stream-ordered pool, which only succeeds if
+ * the failed request left the device's memory free, as cudaMalloc does. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -21,12 +22,20 @@ int main(int argc, char **argv)
     CHECK(cudaFree(a));
     size_t free_b = 0, total_b = 0;
     CHECK(cudaMemGetInfo(&free_b, &total_b));
-    cudaError_t e = cudaMalloc(&big, times * total_b + 1);
+    void *held = NULL;
+    if (times == 0) {
+        CHECK(cudaMallocAsync(&held, total_b / 4, s));
+        CHECK(cudaMemGetInfo(&free_b, &total_b));
+    }
+    size_t ask = times ? times * total_b + 1 : free_b + (32u << 20);
+    cudaError_t e = cudaMalloc(&big, ask);
     if (e != cudaErrorMemoryAllocation)
         FAIL("cudaMalloc(%zu x total + 1) returned %d, expected %d", times, e, cudaErrorMemoryAllocation);
     (void)cudaGetLastError();
-    CHECK(cudaMallocAsync(&other, total_b / 2, s));
+    CHECK(cudaMallocAsync(&other, times ? total_b / 2 : total_b / 4, s));
     CHECK(cudaFreeAsync(other, s));
+    if (held)
+        CHECK(cudaFreeAsync(held, s));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaStreamDestroy(s));
     printf("result: ok allocs=3 frees=2 leaked_bytes=0\n");
