@@ -421,8 +421,10 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
         }
         m.give_back_frees(returns);
         if m.pool != pool {
+            // Another pool: no class is held there yet, and none starts big.
             for slot in 0..CLASSES {
                 m.give_back_class(slot, returns);
+                (m.classes[slot].size, m.classes[slot].burst) = (0, FIRST_REFILL);
             }
             m.pool = pool;
         }
@@ -743,9 +745,10 @@ mod tests {
                 Kept::No,
                 "too large to keep"
             );
-            // A refill for another pool gives back every block of this one.
+            // A refill for another pool gives back every block of this one,
+            // and the class starts there as any class does.
             let mut r = Returns::default();
-            take_on(8, 4096, &mut r);
+            assert_eq!(take_on(8, 4096, &mut r), (4096, FIRST_REFILL));
             assert_eq!(r.as_slice().len(), 15);
             assert!(r.as_slice().iter().all(|&(p, _)| p == 7));
         })
