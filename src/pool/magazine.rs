@@ -415,8 +415,8 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
     }
     let class = round_size(size)?;
     with_mine(|m| {
-        let held = m.pool == pool && m.classes.iter().any(|c| c.size == class);
-        if !held && !m.admits(class) {
+        let held = if m.pool == pool { m.classes.iter().position(|c| c.size == class) } else { None };
+        if held.is_none() && !m.admits(class) {
             return None; // the pool serves it this time
         }
         m.give_back_frees(returns);
@@ -429,7 +429,7 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
             m.pool = pool;
         }
         let most = (REFILL_BYTES / class).clamp(1, REFILL as u64) as usize;
-        let c = match m.classes.iter().position(|c| c.size == class) {
+        let c = match held {
             Some(slot) => {
                 let c = &mut m.classes[slot];
                 c.burst = (c.burst * 2).min(most);
@@ -577,10 +577,10 @@ pub fn settle(only_orphans: bool, mut give_back: impl FnMut(&Returns)) {
 }
 
 /// What every magazine of this process did (`end.magazines`); `None` when
-/// no thread started one (or the books could not be had in time). Built for the end record, perhaps from a signal
-/// handler's request: every lock is waited for a moment at most, and a
-/// magazine its thread keeps using (a thread stopped inside it by the
-/// signal) is left out. `GONE` is held throughout, so a settle meanwhile
+/// no thread started one (or the books could not be had in time). Built for
+/// the end record, perhaps from a signal handler's request: every lock is
+/// waited for a moment at most, and a magazine its thread keeps using (a
+/// thread stopped inside it by the signal) is left out. `GONE` is held throughout, so a settle meanwhile
 /// cannot move a magazine's counts past this walk: they are counted once,
 /// or (a settle holding that magazine) not at all.
 pub fn record() -> Option<MagazineRecord> {

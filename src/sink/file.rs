@@ -139,16 +139,16 @@ impl LogFile {
     pub fn close_with(mut self, tail: impl FnOnce(&mut String)) {
         self.drain(Duration::from_millis(100));
         if self.stopped {
+            // With the definitions its leaks may name, which the stopped drains kept.
             for d in self.definitions.drain(..) {
                 log::write_definition(&mut self.text, &d);
             }
-        }
-        tail(&mut self.text);
-        if self.stopped {
+            tail(&mut self.text);
             if write_all(self.fd, self.text.as_bytes()).is_err() {
                 self.cut_back();
             }
         } else {
+            tail(&mut self.text);
             self.flush();
         }
         unsafe { libc::close(self.fd) };

@@ -73,8 +73,9 @@ impl<B: PageBackend> VmmPool<B> {
         // the block fail, no work can have touched them. (This path maps
         // pages, tens of microseconds each: a list costs nothing here.)
         let mut fresh = Vec::new();
-        let mut before = (self.stats.clone(), self.most_reserved);
-        before.0.in_use_bytes.peak = in_use_peak; // before this block's pages in place were counted
+        let mut peaks_before = self.stats.page_peaks();
+        peaks_before.in_use = in_use_peak; // before this block's pages in place were counted
+        let most_reserved_before = self.most_reserved;
         let mut ok = true;
         for a in self.page_span(seg, addr, size) {
             if self.pages.get(a).is_some() {
@@ -128,8 +129,8 @@ impl<B: PageBackend> VmmPool<B> {
                 // Pages mapped here may not be accessible: none may stay idle.
                 self.trim_idle(0);
             }
-            self.stats.forget_failed_peaks(&before.0);
-            self.most_reserved = before.1.max(self.stats.reserved_bytes.current);
+            self.stats.forget_failed_peaks(peaks_before);
+            self.most_reserved = most_reserved_before.max(self.stats.reserved_bytes.current);
         }
         ok
     }

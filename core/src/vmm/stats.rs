@@ -50,20 +50,41 @@ pub struct VmmStats {
     pub at_peak: PeakBreakdown,
 }
 
+/// The page peaks a failed request may raise, and where the pages were at
+/// the reserved one: what [`VmmStats::forget_failed_peaks`] puts back.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PagePeaks {
+    pub reserved: u64,
+    pub in_use: u64,
+    pub idle: u64,
+    pub cooling: u64,
+    pub at_peak: PeakBreakdown,
+}
+
 impl VmmStats {
-    /// Lowers the page peaks that a failed request raised back to `before`'s
+    pub(super) fn page_peaks(&self) -> PagePeaks {
+        PagePeaks {
+            reserved: self.reserved_bytes.peak,
+            in_use: self.in_use_bytes.peak,
+            idle: self.idle_bytes.peak,
+            cooling: self.cooling_bytes.peak,
+            at_peak: self.at_peak,
+        }
+    }
+
+    /// Lowers the page peaks that a failed request raised back to `before`
     /// (taken before it made or moved pages), as far as the current figures
     /// allow: its pages were held for microseconds and used by no block, and
     /// a request larger than the device would otherwise leave the device's
     /// whole memory as the run's peak. Counts of driver calls stay.
-    pub(super) fn forget_failed_peaks(&mut self, before: &VmmStats) {
+    pub(super) fn forget_failed_peaks(&mut self, before: PagePeaks) {
         for (now, then) in [
-            (&mut self.reserved_bytes, &before.reserved_bytes),
-            (&mut self.in_use_bytes, &before.in_use_bytes),
-            (&mut self.idle_bytes, &before.idle_bytes),
-            (&mut self.cooling_bytes, &before.cooling_bytes),
+            (&mut self.reserved_bytes, before.reserved),
+            (&mut self.in_use_bytes, before.in_use),
+            (&mut self.idle_bytes, before.idle),
+            (&mut self.cooling_bytes, before.cooling),
         ] {
-            now.peak = then.peak.max(now.current);
+            now.peak = then.max(now.current);
         }
         // Reserved bytes are back to at most what they were, so their peak
         // is the earlier one (a failed attempt that only reached it had
