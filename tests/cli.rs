@@ -83,23 +83,16 @@ fn start_sleep_under_cupool(dir: &Path) -> (std::process::Child, u32) {
 /// Waits for `cupool` at most 10 s; on timeout kills both it and the
 /// program (`prog_pid`) so that nothing is left sleeping, then panics.
 fn wait_for_cupool(cupool: &mut std::process::Child, prog_pid: u32, what: &str) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = cupool.try_wait().expect("wait for cupool") {
-            return status;
-        }
-        if std::time::Instant::now() >= deadline {
-            let prog_alive = Path::new(&format!("/proc/{prog_pid}")).exists();
-            unsafe { libc::kill(prog_pid as libc::pid_t, libc::SIGKILL) };
-            let _ = cupool.kill();
-            let _ = cupool.wait();
-            panic!(
-                "{what}: `cupool run` still running 10 s after SIGTERM \
-                 (program pid {prog_pid} still alive: {prog_alive})"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll_for(Duration::from_secs(10), || cupool.try_wait().expect("wait for cupool")).unwrap_or_else(|| {
+        let prog_alive = Path::new(&format!("/proc/{prog_pid}")).exists();
+        unsafe { libc::kill(prog_pid as libc::pid_t, libc::SIGKILL) };
+        let _ = cupool.kill();
+        let _ = cupool.wait();
+        panic!(
+            "{what}: `cupool run` still running 10 s after SIGTERM \
+             (program pid {prog_pid} still alive: {prog_alive})"
+        );
+    })
 }
 
 fn assert_died_of_sigterm(dir: &Path, pid: u32) {

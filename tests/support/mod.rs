@@ -357,6 +357,21 @@ pub fn read_logs(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Asks `ready` every 10 ms until it answers, for `limit` at most; `None`
+/// when it never did.
+pub fn poll_for<T>(limit: std::time::Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(answer) = ready() {
+            return Some(answer);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Waits (10 s at most) until the one log in `dir` holds at least `count`
 /// events of kind `ev`: a writer that flushes every few milliseconds can
 /// still be held off for longer on a loaded machine, so a test that must see
@@ -365,17 +380,11 @@ pub fn read_logs(dir: &Path) -> Vec<Value> {
 /// fails.
 #[must_use]
 pub fn wait_for_flushed(dir: &Path, ev: &str, count: usize) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    poll_for(std::time::Duration::from_secs(10), || {
         let logs = read_logs(dir);
-        if logs.len() == 1 && events(&logs[0], ev).len() >= count {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+        (logs.len() == 1 && events(&logs[0], ev).len() >= count).then_some(())
+    })
+    .is_some()
 }
 
 /// Parses the text of one cupool log (complete or partial) with the core's
@@ -922,18 +931,11 @@ pub fn link_fake_cuda() -> Vec<String> {
 /// Waits for `child` at most `limit`; kills it (SIGKILL) and panics when it
 /// is still running then.
 pub fn wait_with_timeout(child: &mut Child, limit: std::time::Duration) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait for child") {
-            return status;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("process {} still running after {limit:?}", child.id());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    poll_for(limit, || child.try_wait().expect("wait for child")).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("process {} still running after {limit:?}", child.id());
+    })
 }
 
 /// Sends `sig` to process `pid`.
