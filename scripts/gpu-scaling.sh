@@ -16,6 +16,10 @@
 # allocated so that a log is written with the trace off): what the threads'
 # magazines did (own frees reused, refills, frees that overflowed the
 # waiting room) and the fences (recorded, GPU-side barriers, host waits).
+# A third table says where the threads' time went, per pair: CPU, each
+# thread's loop, the longest loop (the run's wall time waits for the slowest
+# thread) and the run's wall time, with the voluntary context switches
+# (sleeps on a lock) the loops made.
 # Beyond 8 streams (7 threads' plus the legacy one) the pool places no
 # GPU-side barrier, and reuse waits for the GPU's events instead.
 # Run from the repository root on the GPU, with the shim in
@@ -25,34 +29,56 @@ export PATH=/usr/local/cuda/bin:$PATH
 root=$(pwd); w=$(mktemp -d /tmp/sc.XXXX); shim=${SHIM:-$root/.gpu/libcupool.so}
 nvcc -O2 -arch=native -cudart shared -o $w/scaling scripts/gpu/scaling.cu || exit 1
 cat > $w/ctl.c <<'C'
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 static long pairs;
-static double cpu[64];
+static double cpu[64], wall[64];
+static long vcsw[64];
 static double now(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 static void *run(void *arg) {
-    double c0 = now(CLOCK_THREAD_CPUTIME_ID);
-    for (long i = 0; i < pairs; i++) { volatile char *p = malloc(4096); p[0] = 1; free((void *)p); }
-    cpu[(long)arg] = now(CLOCK_THREAD_CPUTIME_ID) - c0;
+    long i = (long)arg;
+    struct rusage u0, u1;
+    getrusage(RUSAGE_THREAD, &u0);
+    double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_THREAD_CPUTIME_ID);
+    for (long k = 0; k < pairs; k++) { volatile char *p = malloc(4096); p[0] = 1; free((void *)p); }
+    cpu[i] = now(CLOCK_THREAD_CPUTIME_ID) - c0;
+    wall[i] = now(CLOCK_MONOTONIC) - w0;
+    getrusage(RUSAGE_THREAD, &u1);
+    vcsw[i] = u1.ru_nvcsw - u0.ru_nvcsw;
     return 0;
 }
 int main(int argc, char **argv) {
-    int threads = atoi(argv[1]); pairs = atol(argv[2]); pthread_t th[64]; double sum = 0;
+    int threads = atoi(argv[1]); pairs = atol(argv[2]); pthread_t th[64];
+    double sum = 0, loops = 0, longest = 0;
+    long switches = 0;
     double t0 = now(CLOCK_MONOTONIC);
     for (long i = 0; i < threads; i++) pthread_create(&th[i], 0, run, (void *)i);
     for (int i = 0; i < threads; i++) pthread_join(th[i], 0);
     double s = now(CLOCK_MONOTONIC) - t0;
-    for (int i = 0; i < threads; i++) sum += cpu[i];
-    printf("result: pairs_per_s=%.0f cpu_ns_per_pair=%.1f\n", threads * pairs / s, sum * 1e9 / (threads * pairs));
+    for (int i = 0; i < threads; i++) {
+        sum += cpu[i]; loops += wall[i]; switches += vcsw[i];
+        if (wall[i] > longest) longest = wall[i];
+    }
+    printf("result: pairs_per_s=%.0f cpu_ns_per_pair=%.1f loop_ns_per_pair=%.1f vcsw=%ld longest_loop_ns_per_pair=%.1f\n",
+           threads * pairs / s, sum * 1e9 / (threads * pairs), loops * 1e9 / (threads * pairs), switches,
+           longest * 1e9 / pairs);
 }
 C
 cc -O2 -pthread -o $w/ctl $w/ctl.c || exit 1
 pairs=${PAIRS:-1000000}
-row() { # name threads command...
+# name threads command... -> name threads pairs/s cpu_ns loop_ns vcsw longest_loop_ns ("-" where not printed)
+row() {
   local name=$1 t=$2; shift 2
-  "$@" | sed -n "s/.*pairs_per_s=\([0-9]*\).*cpu_ns_per_pair=\([0-9.]*\).*/$name $t \1 \2/p"
+  "$@" | awk -v name=$name -v t=$t '/result:/ {
+    delete f; for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+    printf "%s %s %s %s", name, t, f["pairs_per_s"], f["cpu_ns_per_pair"]
+    split("loop_ns_per_pair vcsw longest_loop_ns_per_pair", more, " ")
+    for (i = 1; i <= 3; i++) printf " %s", (more[i] in f) ? f[more[i]] : "-"
+    printf "\n" }'
 }
 threads=${THREADS:-1 2 4 8}
 for r in $(seq ${ROUNDS:-5}); do
@@ -65,14 +91,18 @@ for r in $(seq ${ROUNDS:-5}); do
       LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
   done
 done > $w/rows
-echo "rows (every round): name threads pairs/s cpu_ns_per_pair"; sort -k1,1 -k2n $w/rows
+echo "rows (every round): name threads pairs/s cpu_ns_per_pair loop_ns_per_pair vcsw longest_loop_ns_per_pair"
+sort -k1,1 -k2n $w/rows
 python3 - $w/rows "$threads" <<'PY'
 import sys, statistics as st
 counts = [int(t) for t in sys.argv[2].split()]
 rows = {}
+more = {}
 for line in open(sys.argv[1]):
-    name, t, rate, cpu = line.split()
+    name, t, rate, cpu, loop, vcsw, longest = line.split()
     rows.setdefault((name, int(t)), []).append((float(rate), float(cpu)))
+    if loop != "-":
+        more.setdefault((name, int(t)), []).append((float(loop), float(vcsw), float(longest)))
 print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10}")
 for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
     one = rows.get((name, 1))
@@ -85,6 +115,20 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]
             continue
         rate, cpu = st.median(x for x, _ in r), st.median(c for _, c in r)
         print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f}")
+# Where the threads' time went, ns per pair: on the CPU; in a thread's own loop
+# (above CPU time with voluntary switches: sleeping on a lock; without them:
+# the hypervisor ran something else); in the longest loop (the run's wall time
+# follows the slowest thread); and the run's wall time per pair per thread.
+print(f"{'time (medians)':18} {'threads':>7} {'CPU':>6} {'loop':>6} {'longest':>8} {'wall':>6} {'vcsw':>7}")
+for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
+    for t in counts:
+        m = more.get((name, t))
+        if not m:
+            continue
+        rate = st.median(x for x, _ in rows[(name, t)])
+        cpu = st.median(c for _, c in rows[(name, t)])
+        loop, vcsw, longest = (st.median(x[i] for x in m) for i in range(3))
+        print(f"{name:18} {t:7d} {cpu:6.0f} {loop:6.0f} {longest:8.0f} {t / rate * 1e9:6.0f} {vcsw:7.0f}")
 PY
 python3 - $w/m <<'PY'
 import glob, json, os, statistics as st, sys

@@ -11,6 +11,11 @@
 // pair (CLOCK_THREAD_CPUTIME_ID over each thread's loop): a rate can fall
 // because threads wait for each other or because the machine runs eight
 // busy cores slower than one, and only the first is the allocator's doing.
+// Per thread it also reads its own loop's wall time and context switches
+// (getrusage RUSAGE_THREAD): wall time well above CPU time with voluntary
+// switches means threads sleep on each other (a futex); without them, the
+// threads were descheduled. The last thread's start and the longest loop,
+// against the whole run, tell threads that started late from one that ran long.
 //
 // ALLOCATOR "keep" is cudaMalloc as by default, with one 512-byte block left
 // allocated to the end: with its trace off cupool writes a log only when
@@ -18,7 +23,9 @@
 // and the threads' magazines did (scripts/gpu-scaling.sh reads it).
 //   scaling THREADS PAIRS_PER_THREAD [LAUNCH] [ALLOCATOR]
 #include <cuda_runtime.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -49,11 +56,16 @@ int main(int argc, char **argv) {
     std::vector<cudaStream_t> streams(threads);
     for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     std::atomic<int> failed{0};
-    std::vector<double> cpu(threads);
+    std::vector<double> cpu(threads), wall(threads), started(threads);
+    std::vector<long> voluntary(threads), involuntary(threads);
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; t++)
         pool.emplace_back([&, t] {
+            rusage u0, u1;
+            getrusage(RUSAGE_THREAD, &u0);
+            const auto w0 = std::chrono::steady_clock::now();
+            started[t] = std::chrono::duration<double>(w0 - t0).count();
             const double c0 = thread_cpu_s();
             for (long i = 0; i < pairs; i++) {
                 void *p;
@@ -63,13 +75,27 @@ int main(int argc, char **argv) {
                 if (async) cudaFreeAsync(p, streams[t]); else cudaFree(p);
             }
             cpu[t] = thread_cpu_s() - c0;
+            wall[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+            getrusage(RUSAGE_THREAD, &u1);
+            voluntary[t] = u1.ru_nvcsw - u0.ru_nvcsw;
+            involuntary[t] = u1.ru_nivcsw - u0.ru_nivcsw;
         });
     for (auto &th : pool) th.join();
     cudaDeviceSynchronize();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double cpu_s = 0;
-    for (double c : cpu) cpu_s += c;
-    printf("result: threads=%d pairs_per_s=%.0f cpu_ns_per_pair=%.0f failed=%d\n", threads, threads * pairs / s,
-           cpu_s * 1e9 / (threads * pairs), failed.load());
+    double cpu_s = 0, wall_s = 0, last_start = 0, longest = 0;
+    long vcsw = 0, ivcsw = 0;
+    for (int t = 0; t < threads; t++) {
+        cpu_s += cpu[t];
+        wall_s += wall[t];
+        last_start = std::max(last_start, started[t]);
+        longest = std::max(longest, wall[t]);
+        vcsw += voluntary[t];
+        ivcsw += involuntary[t];
+    }
+    printf("result: threads=%d pairs_per_s=%.0f cpu_ns_per_pair=%.0f loop_ns_per_pair=%.0f vcsw=%ld ivcsw=%ld "
+           "longest_loop_ns_per_pair=%.0f last_start_ms=%.2f failed=%d\n",
+           threads, threads * pairs / s, cpu_s * 1e9 / (threads * pairs), wall_s * 1e9 / (threads * pairs), vcsw, ivcsw,
+           longest * 1e9 / pairs, last_start * 1e3, failed.load());
     return failed;
 }
