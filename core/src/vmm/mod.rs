@@ -574,6 +574,9 @@ impl<B: PageBackend> VmmPool<B> {
                 self.blocks[i].state = State::Pending;
                 self.stats.pending_bytes.inc(b.size);
                 self.pending.push_back((i, tag));
+                if self.goes_back_at_once(b.size, b.seg) {
+                    self.give_back_pending();
+                }
             }
             None if self.keep_hot(i) => {
                 // Nothing went idle; what went idle before may go back now.
@@ -587,6 +590,32 @@ impl<B: PageBackend> VmmPool<B> {
                 self.trim_after_free();
             }
         }
+    }
+
+    /// Would the pages of a freed block of `size` go back to the device,
+    /// and are there more of them than the pool keeps idle anyway? A block
+    /// freed with several streams in use waits for its fence, which only
+    /// the pool's next allocation would look at: a bulk free (CuPy's
+    /// `free_all_blocks`, `empty_cache`, a C program's `cudaFree`) followed
+    /// by another allocator's request (`cudaMallocAsync`, another process)
+    /// found the memory still held, where `cudaFree` gives it back.
+    fn goes_back_at_once(&self, size: u64, seg: u32) -> bool {
+        let small = self.ranges[seg as usize].small;
+        size > self.config.keep_free
+            && self.config.cycle_regret_ns.is_some()
+            && !self.cycles.keeps(self.cycle_key(size, small))
+    }
+
+    /// Waits for the GPU, as `cudaFree` would have, and gives the pending
+    /// blocks' pages back (not during a capture, when waiting is refused).
+    #[cold]
+    fn give_back_pending(&mut self) {
+        if !self.backend.synchronize() {
+            return;
+        }
+        self.stats.num_syncs += 1;
+        self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
+        self.reclaim_completed();
     }
 
     /// Blocks freed and still waiting for their fence.
