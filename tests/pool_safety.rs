@@ -142,6 +142,31 @@ fn a_context_reset_behind_the_shims_back_takes_its_pool_with_it() {
     assert_valid_log(&log, "unseenreset");
 }
 
+/// CuPy's `TestMemoryAsyncPool` failed under the pool on an H200: with a
+/// stream created, the pool's frees wait for fences, and memory freed in
+/// bulk stayed held until the pool's next allocation, so CUDA's own
+/// stream-ordered pool found the device full. A bulk free now waits for the
+/// GPU and goes back, as `cudaFree` does; and a request CUDA refuses while
+/// the pool keeps a size cached gets that memory back and is made again.
+#[test]
+fn memory_freed_behind_fences_is_there_for_cudas_own_pool() {
+    let prog = compile_runtime_program("free_then_async", "pool_free_then_async.c");
+    for options in ["", "backing=segments"] {
+        let (plain, shim, log) = both_ways(&prog, options);
+        for (how, out) in [("plainly", &plain), ("under the pool", &shim)] {
+            assert_eq!(stdout_value(out, "async_after_bulk_free"), Some(0), "{options} {how}:\n{out}");
+            assert_eq!(stdout_value(out, "async_after_churn"), Some(0), "{options} {how}:\n{out}");
+        }
+        assert_eq!(stdout_value(&shim, "used_after_bulk_free"), Some(0), "{options}: the bulk free went back at once");
+        assert!(
+            notes(&log).iter().any(|n| n.contains("the pools gave back")),
+            "{options}: the retried request is noted: {:?}",
+            notes(&log)
+        );
+        assert_valid_log(&log, "free_then_async");
+    }
+}
+
 #[test]
 fn memory_freed_in_bulk_goes_back_to_the_device() {
     let prog = compile_driver_program("giveback", "pool_give_back.c");

@@ -66,7 +66,7 @@ pub use capture::{begin as capture_begin, end as capture_end};
 
 /// An allocation CUDA makes itself.
 #[inline]
-pub fn allocation(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
+pub fn allocation(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status {
     let Some(_guard) = Guard::enter() else {
         return real().0;
     };
@@ -76,7 +76,7 @@ pub fn allocation(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
     passthrough(call, real)
 }
 
-fn passthrough(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
+fn passthrough(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status {
     if let Some(cap) = limit::cap().filter(|_| call.kind.is_device()) {
         if let Some(Some(device)) = diag::shielded(|| refused_by_cap(call, cap)) {
             lifecycle::recording();
@@ -84,7 +84,10 @@ fn passthrough(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
             return OUT_OF_MEMORY;
         }
     }
-    let (result, ptr, bytes) = real();
+    let (mut result, mut ptr, mut bytes) = real();
+    if result == OUT_OF_MEMORY && call.kind.is_device() && diag::shielded(|| gave_back_for(call)).unwrap_or(false) {
+        (result, ptr, bytes) = real();
+    }
     diag::shielded(|| {
         lifecycle::recording(); // starts the clock before the first allocation is stamped
         let (ctx, dev) = context::current();
@@ -97,6 +100,37 @@ fn passthrough(call: AllocCall, real: impl FnOnce() -> Outcome) -> Status {
         }
     });
     result
+}
+
+/// CUDA refused memory that the pool does not serve (stream-ordered, VMM,
+/// managed, or anything while the pool stands aside): the pools give back
+/// what they hold unused on that device, waiting for the GPU where freed
+/// blocks still wait for it, so that memory the program freed is there for
+/// the call again, as after a plain `cudaFree`. True: something went back;
+/// make the call again. Not during a capture, which a wait would break.
+#[cold]
+fn gave_back_for(call: AllocCall) -> bool {
+    if options::get().mode != Mode::Pool || pool::any_capture() {
+        return false;
+    }
+    let device = call.device.unwrap_or_else(|| context::current().1);
+    let released: u64 = pool::give_back_all_free(device, &mut observe::reserved_changed)
+        .into_iter()
+        .map(|(device, bytes)| {
+            observe::reserved_changed(device, -(bytes as i64));
+            bytes
+        })
+        .sum();
+    if released > 0 {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            observe::remark(
+                "CUDA refused memory the pool does not serve (stream-ordered, VMM or managed): the pools gave back \
+                 what no block used, and the call was made again",
+            )
+        });
+    }
+    released > 0
 }
 
 /// The device, when `request` more bytes on it would pass the cap.
@@ -157,7 +191,7 @@ fn allocation_record(call: AllocCall, ctx: u64, device: i32, size: u64, pooled: 
 /// out-parameters; `real` is the real CUDA call, used in passthrough mode,
 /// for 0 bytes, and whenever the pool cannot help.
 #[inline]
-pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), real: impl FnOnce() -> Outcome) -> Status {
+pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), mut real: impl FnMut() -> Outcome) -> Status {
     let Some(_guard) = Guard::enter() else {
         return real().0;
     };

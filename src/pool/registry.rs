@@ -384,9 +384,52 @@ pub fn give_back_free_segments(device: i32) -> Vec<(i32, u64)> {
     all()
         .into_iter()
         .filter(|p| p.device == device)
-        .map(|p| (p.device, p.pool.lock().empty_cache()))
+        .map(|p| {
+            let mut pool = p.pool.lock();
+            (p.device, released_by(&mut pool, Engine::empty_cache))
+        })
         .filter(|&(_, released)| released > 0)
         .collect()
+}
+
+/// CUDA refused an allocation the pool does not serve (stream-ordered
+/// memory, VMM, managed memory) on `device`: gives back everything the
+/// pools there hold and no block uses, waiting for the GPU where freed blocks
+/// still wait for it, as a program that freed that memory with `cudaFree`
+/// would have it back. Returns (device, bytes released) per pool that
+/// released some.
+pub fn give_back_all_free(device: i32, on_reserved: &mut dyn FnMut(i32, i64)) -> Vec<(i32, u64)> {
+    settle(false, on_reserved);
+    empty_pools(|p| p.device == device).into_iter().filter(|&(_, released)| released > 0).collect()
+}
+
+/// Empties the pools that `which` selects: blocks still waiting for the GPU
+/// would keep their pages or segments, so it is waited for first. Returns
+/// (device, bytes released) per pool.
+fn empty_pools(which: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {
+    all()
+        .into_iter()
+        .filter(|p| which(p))
+        .map(|p| {
+            let mut pool = p.pool.lock();
+            let released = released_by(&mut pool, |pool| {
+                if pool.pending_blocks() > 0 {
+                    pool.timeline_mut().synchronize();
+                }
+                pool.empty_cache()
+            });
+            (p.device, released)
+        })
+        .collect()
+}
+
+/// What `give_back` released, by the pool's reserved bytes: pages of blocks
+/// whose fences completed on the way go back inside it too, beside the idle
+/// ones `empty_cache` counts.
+fn released_by(pool: &mut Engine, give_back: impl FnOnce(&mut Engine) -> u64) -> u64 {
+    let before = pool.reserved();
+    give_back(pool);
+    before.saturating_sub(pool.reserved())
 }
 
 /// The program is done. A tool's leak check at exit would report every
@@ -400,18 +443,7 @@ pub fn release_idle_for_tools() -> Vec<(i32, u64)> {
     if !super::tools::attached() {
         return Vec::new();
     }
-    let pools = all();
-    pools
-        .into_iter()
-        .map(|p| {
-            let mut pool = p.pool.lock();
-            // Blocks still waiting for the GPU would keep their segments.
-            if pool.pending_blocks() > 0 {
-                pool.timeline_mut().synchronize();
-            }
-            (p.device, pool.empty_cache())
-        })
-        .collect()
+    empty_pools(|_| true)
 }
 
 /// Peaks of `device`'s pools start again from now.
