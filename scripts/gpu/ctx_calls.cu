@@ -11,11 +11,7 @@
 #include <thread>
 #include <vector>
 
-static double thread_cpu_s() {
-    timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "thread_cpu.h"
 
 int main(int argc, char **argv) {
     const int threads = argc > 1 ? atoi(argv[1]) : 1;

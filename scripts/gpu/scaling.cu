@@ -34,14 +34,10 @@
 #include <thread>
 #include <vector>
 
+#include "thread_cpu.h"
+
 __global__ void touch(char *p) {
     if (threadIdx.x == 0 && p == nullptr) p[0] = 0;
-}
-
-static double thread_cpu_s() {
-    timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 int main(int argc, char **argv) {
