@@ -204,6 +204,9 @@ pub struct VmmPool<B: PageBackend> {
     cooling: VecDeque<Cooling>,
     /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
     pending: VecDeque<(u32, u64)>,
+    /// Bytes of pending blocks whose pages will go back (sizes not kept),
+    /// as counted when they were freed.
+    pending_unkept: u64,
     /// Ghosts: old mappings of pages taken while cooling, by address, and
     /// the same by tag (unmapped in that order once the GPU finished).
     ghosts: BTreeMap<u64, Ghost>,
@@ -252,6 +255,7 @@ impl<B: PageBackend> VmmPool<B> {
             idle: [BTreeSet::new(), BTreeSet::new()],
             cooling: VecDeque::new(),
             pending: VecDeque::new(),
+            pending_unkept: 0,
             ghosts: BTreeMap::new(),
             ghosts_by_tag: BTreeSet::new(),
             ghosts_by_owner: BTreeSet::new(),
@@ -574,8 +578,11 @@ impl<B: PageBackend> VmmPool<B> {
                 self.blocks[i].state = State::Pending;
                 self.stats.pending_bytes.inc(b.size);
                 self.pending.push_back((i, tag));
-                if self.goes_back_at_once(b.size, b.seg) {
-                    self.give_back_pending();
+                if self.goes_back(b.size, b.seg) {
+                    self.pending_unkept += b.size;
+                    if self.pending_unkept > self.config.keep_free {
+                        self.give_back_pending();
+                    }
                 }
             }
             None if self.keep_hot(i) => {
@@ -592,18 +599,17 @@ impl<B: PageBackend> VmmPool<B> {
         }
     }
 
-    /// Would the pages of a freed block of `size` go back to the device,
-    /// and are there more of them than the pool keeps idle anyway? A block
-    /// freed with several streams in use waits for its fence, which only
-    /// the pool's next allocation would look at: a bulk free (CuPy's
+    /// Would the pages of a freed block of `size` go back to the device?
+    /// A block freed with several streams in use waits for its fence, which
+    /// only the pool's next allocation looked at: a bulk free (CuPy's
     /// `free_all_blocks`, `empty_cache`, a C program's `cudaFree`) followed
     /// by another allocator's request (`cudaMallocAsync`, another process)
-    /// found the memory still held, where `cudaFree` gives it back.
-    fn goes_back_at_once(&self, size: u64, seg: u32) -> bool {
+    /// found the memory still held, where `cudaFree` gives it back. So once
+    /// more than `keep_free` bytes of such blocks wait, the free waits for
+    /// the GPU, as for idle pages that would go back (`release_doomed`).
+    fn goes_back(&self, size: u64, seg: u32) -> bool {
         let small = self.ranges[seg as usize].small;
-        size > self.config.keep_free
-            && self.config.cycle_regret_ns.is_some()
-            && !self.cycles.keeps(self.cycle_key(size, small))
+        self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(size, small))
     }
 
     /// Waits for the GPU, as `cudaFree` would have, and gives the pending
@@ -670,9 +676,17 @@ impl<B: PageBackend> VmmPool<B> {
                 self.completed_upto = Some(tag);
             }
             self.pending.pop_front();
-            self.stats.pending_bytes.dec(self.blocks[i].size);
+            let b = self.blocks[i];
+            self.stats.pending_bytes.dec(b.size);
+            if self.goes_back(b.size, b.seg) {
+                self.pending_unkept = self.pending_unkept.saturating_sub(b.size);
+            }
             self.release_block(i);
             n += 1;
+        }
+        if self.pending.is_empty() {
+            // A size kept since its free was counted is not subtracted above.
+            self.pending_unkept = 0;
         }
         if n > 0 {
             self.trim_after_free();

@@ -822,12 +822,14 @@ fn a_request_far_beyond_the_device_fails_before_any_page_is_made() {
 
 /// With several streams a freed block waits for its fence, which only the
 /// pool's next allocation looked at: CuPy's `free_all_blocks` of a 70 %
-/// block, then a `cudaMallocAsync` of 30 %, failed under the pool on an
-/// H200. A bulk free larger than what the pool keeps idle now waits for the
-/// GPU, as `cudaFree` would, and its pages go back; a small one, or a size
-/// the program cycles through, stays pending without a wait.
+/// block, then a `cudaMallocAsync` of 70 %, failed under the pool on an
+/// H200. Once frees whose pages would go back add up to more than the pool
+/// keeps idle, the free waits for the GPU, as `cudaFree` would, and their
+/// pages go back; fewer bytes, or a size the program cycles through, stay
+/// pending without a wait.
 #[test]
-fn a_large_free_behind_queued_work_goes_back_at_once() {
+fn frees_behind_queued_work_go_back_once_they_add_up() {
+    let keep = VmmConfig::shim_default().keep_free;
     let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
     p.backend_mut().fences = Fences::AtQueued;
     let small = p.allocate(8 * MIB).unwrap();
@@ -838,10 +840,23 @@ fn a_large_free_behind_queued_work_goes_back_at_once() {
     p.free(big.id);
     assert_eq!(p.pending_blocks(), 0);
     assert_eq!(p.stats().num_syncs, 1, "{:?}", p.stats());
-    assert!(p.backend().held() <= VmmConfig::shim_default().keep_free, "held {}", p.backend().held());
+    assert!(p.backend().held() <= keep, "held {}", p.backend().held());
     // A size regrown within the regret time is kept: its next free does not wait.
     let again = p.allocate(256 * MIB).unwrap();
     p.backend_mut().launch();
     p.free(again.id);
     assert_eq!((p.pending_blocks(), p.stats().num_syncs), (1, 1), "{:?}", p.stats());
+    // Many small frees (PyTorch's `empty_cache` of 20 MiB segments) add up.
+    let parts: Vec<Block> = (0..8).map(|_| p.allocate(20 * MIB).unwrap()).collect();
+    p.backend_mut().launch();
+    let syncs = p.stats().num_syncs;
+    for (n, b) in parts.iter().enumerate() {
+        p.free(b.id);
+        let waited = p.stats().num_syncs > syncs;
+        assert_eq!(waited, (n + 1) as u64 * 20 * MIB > keep, "after {} frees: {:?}", n + 1, p.stats());
+        if waited {
+            break;
+        }
+    }
+    assert_eq!(p.pending_blocks(), 0, "{:?}", p.stats());
 }
