@@ -58,6 +58,9 @@ table! {
         cudaMemGetInfo: fn(*mut usize, *mut usize) -> Status;
         cudaDeviceReset: fn() -> Status;
         cudaGetDevice: fn(*mut c_int) -> Status;
+        // The runtime's per-thread last error, around a call made twice.
+        cudaPeekAtLastError: fn() -> Status;
+        cudaGetLastError: fn() -> Status;
         cudaIpcGetMemHandle: fn(*mut cudaIpcMemHandle_t, Ptr) -> Status;
         cudaIpcOpenMemHandle: fn(*mut Ptr, cudaIpcMemHandle_t, c_uint) -> Status;
         cudaIpcCloseMemHandle: fn(Ptr) -> Status;

@@ -84,9 +84,17 @@ fn passthrough(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status {
             return OUT_OF_MEMORY;
         }
     }
+    let may_retry = call.kind.is_device() && options::get().mode == Mode::Pool && no_error_pending(call.api);
     let (mut result, mut ptr, mut bytes) = real();
-    if result == OUT_OF_MEMORY && call.kind.is_device() && diag::shielded(|| gave_back_for(call)).unwrap_or(false) {
+    if result == OUT_OF_MEMORY && may_retry && diag::shielded(|| gave_back_for(call)).unwrap_or(false) {
         (result, ptr, bytes) = real();
+        if result == SUCCESS && is_runtime(call.api) {
+            // The first attempt's error is still the thread's last one (a
+            // success does not clear it), where without cupool the call
+            // just succeeded: PyTorch checks `cudaGetLastError` after
+            // every kernel launch.
+            unsafe { real!(cudaGetLastError()) };
+        }
     }
     diag::shielded(|| {
         lifecycle::recording(); // starts the clock before the first allocation is stamped
@@ -102,6 +110,13 @@ fn passthrough(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status {
     result
 }
 
+/// May a runtime call be made twice? Only while the thread has no error
+/// left unread: clearing the failed attempt's error would clear that one
+/// too. (Driver calls keep no last error.)
+fn no_error_pending(api: Api) -> bool {
+    !is_runtime(api) || unsafe { real!(cudaPeekAtLastError()) } == SUCCESS
+}
+
 /// CUDA refused memory that the pool does not serve (stream-ordered, VMM,
 /// managed, or anything while the pool stands aside): the pools give back
 /// what they hold unused on that device, waiting for the GPU where freed
@@ -110,7 +125,7 @@ fn passthrough(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status {
 /// make the call again. Not during a capture, which a wait would break.
 #[cold]
 fn gave_back_for(call: AllocCall) -> bool {
-    if options::get().mode != Mode::Pool || pool::any_capture() {
+    if pool::any_capture() {
         return false;
     }
     let device = call.device.unwrap_or_else(|| context::current().1);

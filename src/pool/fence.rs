@@ -441,6 +441,12 @@ impl Timeline for CudaBackend {
     }
 
     fn synchronize(&mut self) -> bool {
+        // Any capture in the process, not only this context's streams (a
+        // per-thread default stream, another context): a synchronisation
+        // during a global capture invalidates it.
+        if streams::any_capture() {
+            return false;
+        }
         let Some(_current) = InContext::enter(self.ctx) else { return false };
         if self.any_capturing() {
             return false;

@@ -600,6 +600,11 @@ EXPORT const char *cudaGetErrorString(cudaError_t error)
     }
 }
 
+EXPORT cudaError_t cudaPeekAtLastError(void)
+{
+    return t_last_error;
+}
+
 EXPORT cudaError_t cudaGetLastError(void)
 {
     cudaError_t e = t_last_error;

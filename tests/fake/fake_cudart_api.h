@@ -101,5 +101,6 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
                                              unsigned long long flags, int *driverStatus);
 const char *cudaGetErrorString(cudaError_t error);
 cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
 
 #endif

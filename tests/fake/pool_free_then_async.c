@@ -36,9 +36,12 @@ int main(void)
         CHECK(cudaFree(p));
     }
     cudaError_t churn = cudaMallocAsync(&q, total_b - 64 * MIB, s);
+    /* A call that succeeded leaves no error behind, however it was made. */
+    cudaError_t last = cudaGetLastError();
+    if (churn == cudaSuccess && last != cudaSuccess)
+        FAIL("cudaMallocAsync succeeded but cudaGetLastError() says %d", (int)last);
     if (churn == cudaSuccess)
         CHECK(cudaFreeAsync(q, s));
-    (void)cudaGetLastError();
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaStreamDestroy(s));
     printf("used_after_bulk_free=%zu\nasync_after_bulk_free=%d\nasync_after_churn=%d\n", used_after_bulk_free, (int)bulk,

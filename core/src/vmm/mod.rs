@@ -616,7 +616,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// blocks' pages back (not during a capture, when waiting is refused).
     #[cold]
     fn give_back_pending(&mut self) {
-        if !self.backend.synchronize() {
+        if self.forgotten || !self.backend.synchronize() {
             return;
         }
         self.stats.num_syncs += 1;
