@@ -12,6 +12,8 @@
 # versions (BENCHMARKS.md, "Real projects' test suites under the pool", says
 # which files and commits):
 #   .gpu/suites/cupy/{pyproject.toml,tests/...}     CuPy's tests/ and pytest settings
+#       (from a fetched mirror: mkdir -p .gpu/suites/cupy && git --git-dir MIRROR
+#        archive v14.2.0 pyproject.toml tests | tar -x -C .gpu/suites/cupy; 4.5 MB)
 #   .gpu/suites/torch/test/test_{cuda,multiprocessing}.py (and a conftest.py
 #       standing in for names the installed torch.testing lacks)
 # Same setup as scripts/gpu-check.sh otherwise (.gpu/ holds the shim and the
