@@ -163,6 +163,13 @@ fn memory_freed_behind_fences_is_there_for_cudas_own_pool() {
             "{options}: the retried request is noted: {:?}",
             notes(&log)
         );
+        // What went back was counted once: the device's reserved bytes are
+        // the pool's (everything else was freed), not a wrapped-around count.
+        let end = &log["end"];
+        assert_eq!(
+            end["devices"][0]["reserved_bytes"], end["pools"][0]["reserved_bytes"]["current"],
+            "{options}: {end}"
+        );
         assert_valid_log(&log, "free_then_async");
     }
 }
