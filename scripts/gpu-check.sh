@@ -30,6 +30,7 @@ build -o $work/limit_static $src/limit.cu -lcuda
 build -cudart shared -o $work/ipc $root/tests/fake/ipc_blocks.c -lcuda
 build -o $work/ptr_query $src/ptr_query.cu -lcuda
 build -cudart shared -o $work/oom_other $src/oom_other.cu
+build -cudart shared -o $work/free_then_async $src/free_then_async.cu
 echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
 
 # case NAME [--sanitize] -- CMD...
@@ -94,6 +95,11 @@ plain=$($work/oom_other | grep '^result:')
 pooled=$($bin/cupool run -q --log-dir $work/oom-other -- $work/oom_other | grep -E '^(result|times):' | tr '\n' ' ')
 peak=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/oom-other/cupool.*.json')[0])); print(max(p['reserved_bytes']['peak'] for p in l['end']['pools']) >> 20)" 2>/dev/null)
 rows+=("oom-then-other         | $([ -n "$plain" ] && [ "${pooled%% times:*}" = "$plain" ] && [ -n "$peak" ] && [ "$peak" -lt 1024 ] && echo PASS || echo FAIL)                                     | pool: $pooled reserved peak ${peak}MiB (plain: ${plain#result: })")
+
+# Memory freed behind fences is there for CUDA's own pool, as after a plain cudaFree.
+plain=$($work/free_then_async | grep '^result:')
+pooled=$($bin/cupool run -q --log-dir $work/free-then-async -- $work/free_then_async | grep '^result:')
+rows+=("free-then-async        | $([ -n "$plain" ] && [ "$plain" = "$pooled" ] && echo PASS || echo FAIL)                                     | pool: ${pooled#result: } (plain: ${plain#result: })")
 
 # IPC: a receiver sees each block's own bytes, or (outside cupool) an error.
 for backing in segments vmm; do
