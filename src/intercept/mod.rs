@@ -129,13 +129,7 @@ fn gave_back_for(call: AllocCall) -> bool {
         return false;
     }
     let device = call.device.unwrap_or_else(|| context::current().1);
-    let released: u64 = pool::give_back_all_free(device, &mut observe::reserved_changed)
-        .into_iter()
-        .map(|(device, bytes)| {
-            observe::reserved_changed(device, -(bytes as i64));
-            bytes
-        })
-        .sum();
+    let released = pool::give_back_all_free(device, &mut observe::reserved_changed);
     if released > 0 {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| {

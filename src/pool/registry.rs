@@ -396,11 +396,23 @@ pub fn give_back_free_segments(device: i32) -> Vec<(i32, u64)> {
 /// memory, VMM, managed memory) on `device`: gives back everything the
 /// pools there hold and no block uses, waiting for the GPU where freed blocks
 /// still wait for it, as a program that freed that memory with `cudaFree`
-/// would have it back. Returns (device, bytes released) per pool that
-/// released some.
-pub fn give_back_all_free(device: i32, on_reserved: &mut dyn FnMut(i32, i64)) -> Vec<(i32, u64)> {
-    settle(false, on_reserved);
-    empty_pools(|p| p.device == device).into_iter().filter(|&(_, released)| released > 0).collect()
+/// would have it back. Every change goes to `on_reserved`; returns the
+/// bytes `device` got back (threads' magazines included).
+pub fn give_back_all_free(device: i32, on_reserved: &mut dyn FnMut(i32, i64)) -> u64 {
+    let mut released = 0;
+    settle(false, &mut |d, delta| {
+        if d == device && delta < 0 {
+            released += delta.unsigned_abs();
+        }
+        on_reserved(d, delta)
+    });
+    for (d, bytes) in empty_pools(|p| p.device == device) {
+        if bytes > 0 {
+            on_reserved(d, -(bytes as i64));
+            released += bytes;
+        }
+    }
+    released
 }
 
 /// Empties the pools that `which` selects: blocks still waiting for the GPU
