@@ -156,6 +156,7 @@ fn memory_freed_behind_fences_is_there_for_cudas_own_pool() {
         for (how, out) in [("plainly", &plain), ("under the pool", &shim)] {
             assert_eq!(stdout_value(out, "async_after_bulk_free"), Some(0), "{options} {how}:\n{out}");
             assert_eq!(stdout_value(out, "async_after_churn"), Some(0), "{options} {how}:\n{out}");
+            assert_eq!(stdout_value(out, "vmm_after_churn"), Some(0), "{options} {how}:\n{out}");
         }
         assert_eq!(stdout_value(&shim, "used_after_bulk_free"), Some(0), "{options}: the bulk free went back at once");
         assert!(
