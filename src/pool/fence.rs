@@ -468,6 +468,19 @@ impl Timeline for CudaBackend {
     }
 }
 
+/// Waits, with no lock of cupool's held, for the work queued in `ctx` (not
+/// during a capture, which a synchronisation would break): the pool's own
+/// synchronisation under its lock then finds the GPU done, and a thread
+/// that queued work waiting on another thread never waits on that lock.
+pub fn drain(ctx: u64) {
+    if streams::any_capture() {
+        return;
+    }
+    if let Some(_current) = InContext::enter(ctx) {
+        unsafe { real!(cuCtxSynchronize()) };
+    }
+}
+
 /// Makes a context current for as long as it lives (when it is not already)
 /// and then restores the caller's.
 pub(super) struct InContext(bool);

@@ -423,6 +423,9 @@ fn empty_pools(which: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {
         .into_iter()
         .filter(|p| which(p))
         .map(|p| {
+            if p.pool.lock().pending_blocks() > 0 {
+                fence::drain(p.ctx);
+            }
             let mut pool = p.pool.lock();
             let released = released_by(&mut pool, |pool| {
                 if pool.pending_blocks() > 0 {
