@@ -44,7 +44,7 @@ impl<B: PageBackend> VmmPool<B> {
         }
         // Under the give-back rule, only a size the program is known to
         // allocate again: the last free of any other may give its page back.
-        if self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(b.size, true)) {
+        if self.goes_back(b.size, b.seg) {
             return false;
         }
         let k = slot(b.size);

@@ -423,10 +423,7 @@ impl<B: PageBackend> VmmPool<B> {
         match self.try_allocate(small, rounded, requested) {
             Some(b) => Ok(b),
             // Every pending block back first: waiting costs less than failing.
-            None if !self.pending.is_empty() && self.backend.synchronize() => {
-                self.stats.num_syncs += 1;
-                self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
-                self.reclaim_completed();
+            None if !self.pending.is_empty() && self.wait_for_pending() => {
                 self.try_allocate(small, rounded, requested).ok_or_else(|| self.oom())
             }
             None => Err(self.oom()),
@@ -581,7 +578,7 @@ impl<B: PageBackend> VmmPool<B> {
                 if self.goes_back(b.size, b.seg) {
                     self.pending_unkept += b.size;
                     if self.pending_unkept > self.config.keep_free {
-                        self.give_back_pending();
+                        self.wait_for_pending();
                     }
                 }
             }
@@ -599,7 +596,10 @@ impl<B: PageBackend> VmmPool<B> {
         }
     }
 
-    /// Would the pages of a freed block of `size` go back to the device?
+    /// Do the pages of a freed block of `size` in range `seg` go back to the
+    /// device (under the give-back rule, a size the program is not known to
+    /// allocate again)?
+    ///
     /// A block freed with several streams in use waits for its fence, which
     /// only the pool's next allocation looked at: a bulk free (CuPy's
     /// `free_all_blocks`, `empty_cache`, a C program's `cudaFree`) followed
@@ -607,21 +607,23 @@ impl<B: PageBackend> VmmPool<B> {
     /// found the memory still held, where `cudaFree` gives it back. So once
     /// more than `keep_free` bytes of such blocks wait, the free waits for
     /// the GPU, as for idle pages that would go back (`release_doomed`).
-    fn goes_back(&self, size: u64, seg: u32) -> bool {
+    pub(super) fn goes_back(&self, size: u64, seg: u32) -> bool {
         let small = self.ranges[seg as usize].small;
         self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(size, small))
     }
 
-    /// Waits for the GPU, as `cudaFree` would have, and gives the pending
-    /// blocks' pages back (not during a capture, when waiting is refused).
+    /// Waits for the GPU, as `cudaFree` would have, and reclaims every
+    /// pending block (their pages go back or stay idle by the usual rules).
+    /// False when waiting is refused (a capture) or the pool is forgotten.
     #[cold]
-    fn give_back_pending(&mut self) {
+    fn wait_for_pending(&mut self) -> bool {
         if self.forgotten || !self.backend.synchronize() {
-            return;
+            return false;
         }
         self.stats.num_syncs += 1;
         self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
         self.reclaim_completed();
+        true
     }
 
     /// Blocks freed and still waiting for their fence.
@@ -639,8 +641,7 @@ impl<B: PageBackend> VmmPool<B> {
     pub(super) fn release_block(&mut self, i: u32) {
         let b = self.blocks[i];
         self.stats.active_bytes.dec(b.size);
-        let small = self.ranges[b.seg as usize].small;
-        let doom = self.config.cycle_regret_ns.is_some() && !self.cycles.keeps(self.cycle_key(b.size, small));
+        let doom = self.goes_back(b.size, b.seg);
         self.unback(b.seg, b.addr, b.size, doom);
         self.make_free(i);
     }
