@@ -112,6 +112,43 @@ fn runtime_programs_run_unchanged_on_vmm_pages() {
     }
 }
 
+/// Requests of `direct_min` bytes and more go to CUDA as they are: the
+/// driver sees a `cuMemAlloc` for each, the pool maps no page for them, and
+/// the program's output, its leaks and its frees are as without the option.
+#[test]
+fn requests_from_direct_min_up_go_to_cuda_as_they_are() {
+    let prog = fakes().prog("prog_runtime");
+    let plain = plain_result(&prog, &[]);
+    let direct_min = 2 * MIB;
+    let (pooled, direct) = (run(&prog, &[], VMM), run(&prog, &[], &format!("{VMM}:direct_min=2m")));
+    assert_eq!(direct.result, plain, "result line with direct_min=2m vs plain");
+    assert_eq!(direct.log["options"]["direct_min"], direct_min);
+    let device_allocs = |log: &Value, from: u64| {
+        events(log, "alloc").iter().filter(|e| e["kind"] == "device" && e["size"].as_u64().unwrap() >= from).count()
+            as u64
+    };
+    let big = device_allocs(&direct.log, direct_min);
+    assert!(big >= 3 && big < device_allocs(&direct.log, 0), "{big} of the device allocations are 2 MiB or more");
+    assert_eq!(direct.stats["allocs"], passed_through(&direct.log) + big, "{:?}", direct.stats);
+    assert_eq!(pooled.stats["allocs"], passed_through(&pooled.log), "{:?}", pooled.stats);
+    assert!(
+        pages_sum(&direct.log, "creates") < pages_sum(&pooled.log, "creates"),
+        "pages made: {} with direct_min=2m, {} without",
+        pages_sum(&direct.log, "creates"),
+        pages_sum(&pooled.log, "creates")
+    );
+    // The leak report names the same blocks, those CUDA gave out among them.
+    let leaks = |log: &Value| {
+        let mut sizes: Vec<u64> =
+            log["end"]["leaks"].as_array().expect("end.leaks").iter().map(|l| l["size"].as_u64().unwrap()).collect();
+        sizes.sort();
+        sizes
+    };
+    assert_eq!(leaks(&direct.log), leaks(&pooled.log));
+    assert!(leaks(&direct.log).iter().any(|&s| s >= direct_min), "{:?}", leaks(&direct.log));
+    assert_valid_log(&direct.log, "prog_runtime");
+}
+
 #[test]
 fn driver_and_threaded_programs_run_unchanged_on_vmm_pages() {
     for prog in ["prog_driver", "prog_getproc", "prog_threads"] {

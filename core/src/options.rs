@@ -128,6 +128,9 @@ pub struct Options {
     pub give_back: GiveBack,
     /// Pool mode: fixed segments or VMM pages.
     pub backing: Backing,
+    /// Pool mode on VMM pages: requests of at least this many bytes go to
+    /// CUDA as they are; 0 = none do.
+    pub direct_min: u64,
     /// Pool mode: which threads keep small blocks in a magazine of their own.
     pub magazines: Magazines,
     /// Take NVTX ranges as phases (cupool attaches as the NVTX tool).
@@ -171,6 +174,7 @@ impl Default for Options {
             fence_us: 100,
             give_back: GiveBack::Auto,
             backing: Backing::Vmm,
+            direct_min: 1 << 30,
             magazines: Magazines::Auto,
             nvtx: true,
             stack_depth: 32,
@@ -214,6 +218,12 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "pool mode: vmm | segments: carve blocks from physical pages mapped into reserved address ranges \
          (cuMemCreate/cuMemMap; segments where the device has no VMM or a memory tool is attached), or from fixed \
          cuMemAlloc segments",
+    ),
+    (
+        "direct_min",
+        "1g",
+        "pool mode, backing=vmm: requests of at least this many bytes go to CUDA as they are (cudaMalloc's own \
+         memory, freed by cudaFree), e.g. 1g or 256m; 0 = none do",
     ),
     (
         "magazines",
@@ -437,6 +447,7 @@ pub fn value_of(opts: &Options, key: &str) -> Option<String> {
         "fence_us" => opts.fence_us.to_string(),
         "give_back" => opts.give_back.as_str().to_string(),
         "backing" => opts.backing.as_str().to_string(),
+        "direct_min" => bytes_text(opts.direct_min),
         "magazines" => opts.magazines.as_str().to_string(),
         "nvtx" => u8::from(opts.nvtx).to_string(),
         "stack_depth" => opts.stack_depth.to_string(),
@@ -498,6 +509,9 @@ pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError
         "flush_ms" => opts.flush_ms = in_range(10, 10_000, "a number of milliseconds, 10..10000")?,
         "fence_us" => opts.fence_us = in_range(10, 100_000, "a number of microseconds, 10..100000")?,
         "limit" => opts.limit = parse_bytes(value).ok_or_else(|| bad("bytes such as 16g, 512m or 4096; 0 = none"))?,
+        "direct_min" => {
+            opts.direct_min = parse_bytes(value).ok_or_else(|| bad("bytes such as 1g, 256m or 4096; 0 = none"))?
+        }
         "verbosity" => opts.verbosity = in_range(0, 2, "0, 1 or 2")? as u8,
         "stack_depth" => opts.stack_depth = in_range(0, 128, "a number of frames, 0..128")? as u32,
         "python_depth" => opts.python_depth = in_range(0, 64, "a number of frames, 0..64")? as u32,
@@ -542,6 +556,17 @@ pub fn parse_bytes(v: &str) -> Option<u64> {
         return None;
     }
     digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+/// `n` bytes in the largest unit that holds it exactly (`1g`, `4097`), as
+/// [`parse_bytes`] reads it back.
+fn bytes_text(n: u64) -> String {
+    for (shift, unit) in [(40, "t"), (30, "g"), (20, "m"), (10, "k")] {
+        if n != 0 && n.trailing_zeros() >= shift {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
 }
 
 #[cfg(test)]
@@ -704,6 +729,7 @@ mod tests {
             nvtx in any::<bool>(),
             give_back in proptest::sample::select(vec![GiveBack::Auto, GiveBack::Always, GiveBack::Never]),
             backing in proptest::sample::select(vec![Backing::Segments, Backing::Vmm]),
+            direct_min in any::<u64>(),
             magazines in proptest::sample::select(vec![Magazines::Auto, Magazines::Always, Magazines::Never]),
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
@@ -714,7 +740,7 @@ mod tests {
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
-                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, magazines, nvtx,
+                log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, direct_min, magazines, nvtx,
                 stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
             };
             let spec = format(&o);

@@ -249,6 +249,12 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     if let Some(ctx) = stale {
         context_reborn(ctx, id);
     }
+    if bytes >= pool.direct_min {
+        // Pages are mapped one by one, tens of microseconds each: a request
+        // of a gigabyte costs the pool tens of milliseconds the first time,
+        // where `cuMemAlloc` takes well under one (BENCHMARKS.md §12).
+        return None;
+    }
     let ctx = pool.ctx;
     let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
     let result = pool::allocate(pool, bytes, cap, &mut observe::reserved_changed);

@@ -21,6 +21,9 @@ pub struct ContextPool {
     /// Biased: a program that allocates from one thread takes it with no
     /// atomic operation (`runtime::bias`).
     pub pool: BiasedMutex<Engine>,
+    /// Requests of at least this many bytes go to CUDA as they are
+    /// (`direct_min`; pages only: a segment pool takes them in one call).
+    pub direct_min: u64,
     /// Its fences' progress, read without the lock by threads' magazines.
     progress: std::sync::Arc<Progress>,
 }
@@ -59,8 +62,13 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
             let stale = pools.iter().any(|p| p.ctx == ctx).then_some(ctx);
             let engine = Engine::new(ctx, device);
             let progress = engine.timeline().progress.clone();
+            let direct_min = match crate::runtime::options::get().direct_min {
+                n if n > 0 && engine.is_vmm() => n,
+                _ => u64::MAX,
+            };
+            let pool = BiasedMutex::new(engine);
             let p: &'static ContextPool =
-                Box::leak(Box::new(ContextPool { ctx, id, device, pool: BiasedMutex::new(engine), progress }));
+                Box::leak(Box::new(ContextPool { ctx, id, device, pool, direct_min, progress }));
             pools.push(p);
             (p, stale)
         }

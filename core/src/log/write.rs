@@ -188,7 +188,7 @@ mod tests {
             "{\"schema\":\"cupool-log\",\"version\":3,",
             "\"process\":{\"pid\":7,\"ppid\":1,\"cmdline\":[\"a\"],\"exe\":\"/a\",\"start_unix_ms\":5},",
             "\"options\":{\"mode\":\"pool\",\"log_dir\":\".\",\"log\":true,\"trace\":true,\"run_id\":\"\",",
-            "\"flush_ms\":100,\"limit\":0,\"verbosity\":1,\"fence_us\":100,\"give_back\":\"auto\",\"backing\":\"vmm\",\"magazines\":\"auto\",\"nvtx\":true,\"stack_depth\":32,\"python_depth\":16},\"events\":[\n",
+            "\"flush_ms\":100,\"limit\":0,\"verbosity\":1,\"fence_us\":100,\"give_back\":\"auto\",\"backing\":\"vmm\",\"direct_min\":1073741824,\"magazines\":\"auto\",\"nvtx\":true,\"stack_depth\":32,\"python_depth\":16},\"events\":[\n",
             "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":0}\n",
             ",{\"seq\":1,\"t_ns\":99,\"ev\":\"alloc\",\"api\":\"cudaMallocAsync\",\"kind\":\"async\",\"ptr\":\"0x7f0000000200\",\"size\":1000003,\"device\":0,\"stream\":\"0x55\",\"tid\":42}\n",
             ",{\"seq\":2,\"t_ns\":0,\"ev\":\"checkpoint\",\"api\":\"cuCtxDestroy_v2\",\"device\":1,\"leaked_bytes\":5000011,\"leaked_count\":1,\"tid\":0}\n",
