@@ -95,11 +95,17 @@ impl Engine {
         }
     }
 
+    /// Frees a block. True: the pool asks for a wait for the GPU, made
+    /// with its lock let go (`registry::wait_unlocked`).
     #[inline(always)]
-    pub fn free(&mut self, id: BlockId) {
+    #[must_use]
+    pub fn free(&mut self, id: BlockId) -> bool {
         match self {
-            Engine::Segments(p) => p.free(id),
-            Engine::Pages(p) => p.free(id),
+            Engine::Segments(p) => {
+                p.free(id);
+                false
+            }
+            Engine::Pages(p) => p.free_asking_wait(id),
         }
     }
 
@@ -175,6 +181,13 @@ impl Engine {
         match self {
             Engine::Segments(p) => p.backend(),
             Engine::Pages(p) => &p.backend().timeline,
+        }
+    }
+
+    /// After a wait for the GPU that a free asked for (`free` returned true).
+    pub fn after_gpu_wait(&mut self) {
+        if let Engine::Pages(p) = self {
+            p.after_gpu_wait();
         }
     }
 

@@ -458,13 +458,34 @@ impl Timeline for CudaBackend {
         if !synced {
             return false;
         }
+        self.finish_wait(closing, 0);
+        true
+    }
+}
+
+impl CudaBackend {
+    /// The first half of a synchronisation made with the pool's lock let go
+    /// (`registry::wait_unlocked`): closes the epoch and returns it, or
+    /// `None` during a capture, which a synchronisation would break.
+    pub fn begin_wait(&mut self) -> Option<u64> {
+        if streams::any_capture() || self.any_capturing() {
+            return None;
+        }
+        Some(self.next_epoch())
+    }
+
+    /// The second half, once [`drain`] has waited `wait_ns` for the GPU:
+    /// every tag up to `closing` is finished. Fences recorded since the
+    /// first half (by other threads, while the lock was free) may not be.
+    pub fn finish_wait(&mut self, closing: u64, wait_ns: u64) {
+        self.counters.wait_ns += wait_ns;
         self.counters.syncs += 1;
         self.complete_up_to(closing);
-        self.finished = closing;
-        while let Some((_, events)) = self.fences.pop_front() {
+        self.finished = self.finished.max(closing);
+        while self.fences.front().is_some_and(|&(epoch, _)| epoch <= closing) {
+            let (_, events) = self.fences.pop_front().unwrap_or_default();
             self.spare_events.extend(events);
         }
-        true
     }
 }
 
@@ -472,13 +493,13 @@ impl Timeline for CudaBackend {
 /// during a capture, which a synchronisation would break): the pool's own
 /// synchronisation under its lock then finds the GPU done, and a thread
 /// that queued work waiting on another thread never waits on that lock.
-pub fn drain(ctx: u64) {
+/// True when it waited.
+pub fn drain(ctx: u64) -> bool {
     if streams::any_capture() {
-        return;
+        return false;
     }
-    if let Some(_current) = InContext::enter(ctx) {
-        unsafe { real!(cuCtxSynchronize()) };
-    }
+    let Some(_current) = InContext::enter(ctx) else { return false };
+    unsafe { real!(cuCtxSynchronize()) == SUCCESS }
 }
 
 /// Makes a context current for as long as it lives (when it is not already)

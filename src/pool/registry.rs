@@ -232,8 +232,34 @@ fn free_now(pool: usize, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) 
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
     let mut p = lock(pool_ref);
     let before = p.reserved();
-    p.free(block);
+    let wait = p.free(block);
     report(pool_ref.device, before, p.reserved(), on_reserved);
+    if wait {
+        wait_unlocked(pool_ref, p, on_reserved);
+    }
+}
+
+/// Waits for the GPU, as the pool asked at a free, with its lock let go:
+/// frees that leave much memory behind queued work wait for it as
+/// `cudaFree` does, but a thread whose queued work waits on another thread
+/// must never find that thread stuck on the pool's lock (nor do the other
+/// threads' allocations wait out the GPU). The blocks freed before the
+/// wait are then reclaimed under the lock.
+#[cold]
+#[inline(never)]
+fn wait_unlocked(pool: &ContextPool, mut p: BiasedGuard<'_, Engine>, on_reserved: &mut dyn FnMut(i32, i64)) {
+    let Some(closing) = p.timeline_mut().begin_wait() else { return };
+    drop(p);
+    let t = crate::runtime::clock::monotonic_ns();
+    if !fence::drain(pool.ctx) {
+        return;
+    }
+    let waited = crate::runtime::clock::monotonic_ns() - t;
+    let mut p = lock(pool);
+    let before = p.reserved();
+    p.timeline_mut().finish_wait(closing, waited);
+    p.after_gpu_wait();
+    report(pool.device, before, p.reserved(), on_reserved);
 }
 
 /// Is this block exported through IPC? Then it is never freed into the pool
@@ -259,12 +285,16 @@ fn give_back_run(pool: usize, blocks: &[(usize, u32)], on_reserved: &mut dyn FnM
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
     let mut p = lock(pool_ref);
     let before = p.reserved();
+    let mut wait = false;
     for &(_, block) in blocks {
         if !kept_exported(pool, block) {
-            p.free(BlockId::from_raw(block));
+            wait |= p.free(BlockId::from_raw(block));
         }
     }
     report(pool_ref.device, before, p.reserved(), on_reserved);
+    if wait {
+        wait_unlocked(pool_ref, p, on_reserved);
+    }
 }
 
 /// Gives every block kept by threads' magazines (only exited threads' when

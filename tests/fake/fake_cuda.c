@@ -21,6 +21,9 @@
  *   FAKE_CUDA_EVENT_LATENCY_US  a recorded event completes this many us after
  *                        its record (cuEventQuery says CUDA_ERROR_NOT_READY
  *                        until then), as a GPU's lags the host; default 0
+ *   FAKE_CUDA_SYNC_US    cuCtxSynchronize takes this many us (outside the
+ *                        fake's own lock), as waiting for a busy GPU does;
+ *                        default 0
  *
  * VMM memory (cuMemCreate + cuMemMap) is inaccessible until cuMemSetAccess
  * grants it, as on a GPU: a mapping without a grant faults when touched.
@@ -855,6 +858,18 @@ EXPORT CUresult cuCtxSynchronize(void)
     if (!r)
         complete_events_locked(NULL, 1);
     pthread_mutex_unlock(&g_lock);
+    if (!r) {
+        static long long sync_ns = -1;
+        long long ns = __atomic_load_n(&sync_ns, __ATOMIC_RELAXED);
+        if (ns < 0) {
+            ns = (long long)env_size("FAKE_CUDA_SYNC_US", 0) * 1000;
+            __atomic_store_n(&sync_ns, ns, __ATOMIC_RELAXED);
+        }
+        if (ns) {
+            struct timespec t = {ns / 1000000000, ns % 1000000000};
+            nanosleep(&t, NULL);
+        }
+    }
     return r;
 }
 

@@ -559,10 +559,19 @@ impl<B: PageBackend> VmmPool<B> {
     /// Frees a block returned by [`VmmPool::allocate`]. An id that does not
     /// name an allocated block (a double free) is ignored.
     pub fn free(&mut self, id: BlockId) {
+        if self.free_asking_wait(id) {
+            self.wait_for_pending();
+        }
+    }
+
+    /// [`VmmPool::free`], except for its wait: true when the pool asks its
+    /// owner to wait for the GPU (with the pool's lock let go, through the
+    /// backend's own means) and then to call [`VmmPool::after_gpu_wait`].
+    pub fn free_asking_wait(&mut self, id: BlockId) -> bool {
         let i = id.to_raw();
         let b = match self.blocks.get(i) {
             Some(b) if b.state == State::Allocated => *b,
-            _ => return,
+            _ => return false,
         };
         let s = &mut self.stats;
         s.allocated_bytes.dec(b.size);
@@ -577,9 +586,7 @@ impl<B: PageBackend> VmmPool<B> {
                 self.pending.push_back((i, tag));
                 if self.goes_back(b.size, b.seg) {
                     self.pending_unkept += b.size;
-                    if self.pending_unkept > self.config.keep_free {
-                        self.wait_for_pending();
-                    }
+                    return self.pending_unkept > self.config.keep_free && !self.forgotten;
                 }
             }
             None if self.keep_hot(i) => {
@@ -594,6 +601,15 @@ impl<B: PageBackend> VmmPool<B> {
                 self.trim_after_free();
             }
         }
+        false
+    }
+
+    /// The owner waited for the GPU, as [`VmmPool::free_asking_wait`]
+    /// asked: the pending blocks whose tags the backend now calls complete
+    /// are reclaimed.
+    pub fn after_gpu_wait(&mut self) {
+        self.stats.num_syncs += 1;
+        self.reclaim_completed();
     }
 
     /// Do the pages of a freed block of `size` in range `seg` go back to the

@@ -860,3 +860,25 @@ fn frees_behind_queued_work_go_back_once_they_add_up() {
     }
     assert_eq!(p.pending_blocks(), 0, "{:?}", p.stats());
 }
+
+/// The same rule with the wait left to the pool's owner (the shim waits with
+/// the pool's lock let go): the free asks for it and waits for nothing
+/// itself; once the owner has waited, `after_gpu_wait` reclaims the blocks
+/// and their pages go back.
+#[test]
+fn a_free_can_leave_its_wait_to_the_owner() {
+    let keep = VmmConfig::shim_default().keep_free;
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
+    p.backend_mut().fences = Fences::AtQueued;
+    let small = p.allocate(8 * MIB).unwrap();
+    let big = p.allocate(256 * MIB).unwrap();
+    p.backend_mut().launch();
+    assert!(!p.free_asking_wait(small.id), "a small free waits for its fence, not the GPU");
+    assert!(p.free_asking_wait(big.id));
+    assert_eq!((p.pending_blocks(), p.stats().num_syncs), (2, 0), "the pool waited for nothing itself");
+    assert!(p.backend().held() > keep);
+    assert!(p.backend_mut().synchronize());
+    p.after_gpu_wait();
+    assert_eq!((p.pending_blocks(), p.stats().num_syncs), (0, 1), "{:?}", p.stats());
+    assert!(p.backend().held() <= keep, "held {}", p.backend().held());
+}
