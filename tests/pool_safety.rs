@@ -181,6 +181,25 @@ fn memory_freed_behind_fences_is_there_for_cudas_own_pool() {
 /// waits with the pool's lock let go: another thread's allocation meanwhile
 /// is served at once, not after the GPU (the fake's synchronisation takes
 /// 300 ms), and the freed memory has gone back when the free returns.
+/// A request past the device's memory goes to CUDA as it is (`direct_min`)
+/// and fails there at once, as without cupool: no wait for the GPU to give
+/// back the pool's memory first (the fake's synchronisation takes 300 ms),
+/// since all of it could not make the request fit.
+#[test]
+fn a_request_past_the_device_fails_without_waiting_for_the_gpu() {
+    let prog = compile_runtime_program("oom_behind", "pool_oom_behind.c");
+    for times in ["1", "2"] {
+        let dir = scratch_dir(&format!("safety-oom-at-once-{times}"));
+        let mut cmd = preloaded_command(&prog, &[times], &dir, "");
+        cmd.env("FAKE_CUDA_EVENT_LATENCY_US", "100000").env("FAKE_CUDA_SYNC_US", "300000");
+        let out = cmd.output().expect("run oom_behind");
+        let result = result_line(&stdout_of(&out)).unwrap_or_else(|| panic!("{}{}", stdout_of(&out), stderr_of(&out)));
+        assert!(result["oom_ms"] < 150, "{times}: the refusal took {} ms", result["oom_ms"]);
+        let log = &read_logs(&dir)[0];
+        assert_eq!(log["end"]["pools"][0]["fences"]["syncs"], 0, "{times}: {}", log["end"]["pools"][0]);
+    }
+}
+
 #[test]
 fn a_free_waits_for_the_gpu_without_the_pools_lock() {
     let prog = compile_runtime_program("free_wait_unlocked", "pool_free_wait_unlocked.c");

@@ -129,6 +129,9 @@ fn gave_back_for(call: AllocCall) -> bool {
         return false;
     }
     let device = call.device.unwrap_or_else(|| context::current().1);
+    if beyond_reach(call, device) {
+        return false;
+    }
     let released = pool::give_back_all_free(device, &mut observe::reserved_changed);
     if released > 0 {
         static SAID: std::sync::Once = std::sync::Once::new();
@@ -140,6 +143,21 @@ fn gave_back_for(call: AllocCall) -> bool {
         });
     }
     released > 0
+}
+
+/// Would `call` fail even with everything the pools hold on `device` given
+/// back? Then it fails at once, as without cupool, instead of after a wait
+/// for the GPU (a request past the device's memory). Asked of the current
+/// context's device only; false when unsure.
+fn beyond_reach(call: AllocCall, device: i32) -> bool {
+    if context::current().1 != device {
+        return false;
+    }
+    let (mut free, mut total) = (0usize, 0usize);
+    if unsafe { real!(cuMemGetInfo_v2(&mut free, &mut total)) } != SUCCESS {
+        return false;
+    }
+    call.request > (free as u64).saturating_add(pool::reserved_on(device))
 }
 
 /// The device, when `request` more bytes on it would pass the cap.

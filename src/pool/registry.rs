@@ -453,6 +453,11 @@ pub fn give_back_all_free(device: i32, on_reserved: &mut dyn FnMut(i32, i64)) ->
     released
 }
 
+/// Bytes the pools on `device` hold from it.
+pub fn reserved_on(device: i32) -> u64 {
+    all().into_iter().filter(|p| p.device == device).map(|p| p.pool.lock().reserved()).sum()
+}
+
 /// Empties the pools that `which` selects: blocks still waiting for the GPU
 /// would keep their pages or segments, so it is waited for first. Returns
 /// (device, bytes released) per pool.

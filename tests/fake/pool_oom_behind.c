@@ -5,9 +5,11 @@
  * device's memory plus one byte, or with TIMES 0 for 32 MiB more than is
  * free (a quarter of the device held by CUDA's own pool first); then
  * allocates through CUDA's own stream-ordered pool, which only succeeds if
- * the failed request left the device's memory free, as cudaMalloc does. */
+ * the failed request left the device's memory free, as cudaMalloc does.
+ * Prints how long the refused request took as oom_ms. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "fake_cudart_api.h"
 #include "check.h"
@@ -28,7 +30,11 @@ int main(int argc, char **argv)
         CHECK(cudaMemGetInfo(&free_b, &total_b));
     }
     size_t ask = times ? times * total_b + 1 : free_b + (32u << 20);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     cudaError_t e = cudaMalloc(&big, ask);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long long oom_ms = (t1.tv_sec - t0.tv_sec) * 1000LL + (t1.tv_nsec - t0.tv_nsec) / 1000000;
     if (e != cudaErrorMemoryAllocation)
         FAIL("cudaMalloc(%zu x total + 1) returned %d, expected %d", times, e, cudaErrorMemoryAllocation);
     (void)cudaGetLastError();
@@ -38,6 +44,6 @@ int main(int argc, char **argv)
         CHECK(cudaFreeAsync(held, s));
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaStreamDestroy(s));
-    printf("result: ok allocs=3 frees=2 leaked_bytes=0\n");
+    printf("result: ok allocs=3 frees=2 leaked_bytes=0 oom_ms=%lld\n", oom_ms);
     return 0;
 }
