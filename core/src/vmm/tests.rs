@@ -820,6 +820,17 @@ fn a_request_far_beyond_the_device_fails_before_any_page_is_made() {
     p.free(b.id);
 }
 
+/// A pool as the shim makes it, whose frees wait for fences, with an 8 MiB
+/// and a 256 MiB block behind queued work; and its `keep_free`.
+fn small_and_big_behind_queued_work() -> (VmmPool<SimulatedPages>, Block, Block, u64) {
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
+    p.backend_mut().fences = Fences::AtQueued;
+    let small = p.allocate(8 * MIB).unwrap();
+    let big = p.allocate(256 * MIB).unwrap();
+    p.backend_mut().launch();
+    (p, small, big, VmmConfig::shim_default().keep_free)
+}
+
 /// With several streams a freed block waits for its fence, which only the
 /// pool's next allocation looked at: CuPy's `free_all_blocks` of a 70 %
 /// block, then a `cudaMallocAsync` of 70 %, failed under the pool on an
@@ -829,12 +840,7 @@ fn a_request_far_beyond_the_device_fails_before_any_page_is_made() {
 /// pending without a wait.
 #[test]
 fn frees_behind_queued_work_go_back_once_they_add_up() {
-    let keep = VmmConfig::shim_default().keep_free;
-    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
-    p.backend_mut().fences = Fences::AtQueued;
-    let small = p.allocate(8 * MIB).unwrap();
-    let big = p.allocate(256 * MIB).unwrap();
-    p.backend_mut().launch();
+    let (mut p, small, big, keep) = small_and_big_behind_queued_work();
     p.free(small.id);
     assert_eq!((p.pending_blocks(), p.stats().num_syncs), (1, 0), "a small free waits for its fence, not the GPU");
     p.free(big.id);
@@ -867,12 +873,7 @@ fn frees_behind_queued_work_go_back_once_they_add_up() {
 /// and their pages go back.
 #[test]
 fn a_free_can_leave_its_wait_to_the_owner() {
-    let keep = VmmConfig::shim_default().keep_free;
-    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
-    p.backend_mut().fences = Fences::AtQueued;
-    let small = p.allocate(8 * MIB).unwrap();
-    let big = p.allocate(256 * MIB).unwrap();
-    p.backend_mut().launch();
+    let (mut p, small, big, keep) = small_and_big_behind_queued_work();
     assert!(!p.free_asking_wait(small.id), "a small free waits for its fence, not the GPU");
     assert!(p.free_asking_wait(big.id));
     assert_eq!((p.pending_blocks(), p.stats().num_syncs), (2, 0), "the pool waited for nothing itself");
