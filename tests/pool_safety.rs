@@ -203,22 +203,29 @@ fn a_request_past_the_device_fails_without_waiting_for_the_gpu() {
 #[test]
 fn a_free_waits_for_the_gpu_without_the_pools_lock() {
     let prog = compile_runtime_program("free_wait_unlocked", "pool_free_wait_unlocked.c");
-    let dir = scratch_dir("safety-free-wait-unlocked");
-    let mut cmd = preloaded_command(&prog, &[], &dir, "");
-    cmd.env("FAKE_CUDA_SYNC_US", "300000");
-    let out = cmd.output().expect("run free_wait_unlocked");
-    let stdout = stdout_of(&out);
-    assert!(out.status.success(), "{stdout}{}", stderr_of(&out));
-    let result = result_line(&stdout).unwrap_or_else(|| panic!("no result line: {stdout}"));
-    let value = |key: &str| result[key];
-    assert!(value("free_ms") >= 250, "the free waited for the GPU, as cudaFree does: {stdout}");
-    assert!(value("other_alloc_ms") < 150, "the other thread's allocation did not wait on the pool's lock: {stdout}");
-    assert!(value("used_after_free_mib") <= 66, "the freed pages went back before the free returned: {stdout}");
-    let log = &read_logs(&dir)[0];
-    let pool = &log["end"]["pools"][0];
-    assert!(pool["num_syncs"].as_u64().unwrap() >= 1 && pool["fences"]["syncs"].as_u64().unwrap() >= 1, "{pool}");
-    assert!(pool["fences"]["wait_ns"].as_u64().unwrap() >= 250_000_000, "the wait is counted: {pool}");
-    assert_valid_log(log, "free_wait_unlocked");
+    for options in ["", "backing=segments"] {
+        let dir = scratch_dir("safety-free-wait-unlocked");
+        let mut cmd = preloaded_command(&prog, &[], &dir, options);
+        cmd.env("FAKE_CUDA_SYNC_US", "300000");
+        let out = cmd.output().expect("run free_wait_unlocked");
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{options}: {stdout}{}", stderr_of(&out));
+        let result = result_line(&stdout).unwrap_or_else(|| panic!("{options}: no result line: {stdout}"));
+        assert!(result["free_ms"] >= 250, "{options}: the free waited for the GPU, as cudaFree does: {stdout}");
+        assert!(
+            result["other_alloc_ms"] < 150,
+            "{options}: the other thread did not wait on the pool's lock: {stdout}"
+        );
+        assert!(
+            result["used_after_free_mib"] <= 66,
+            "{options}: the memory went back before the free returned: {stdout}"
+        );
+        let log = &read_logs(&dir)[0];
+        let pool = &log["end"]["pools"][0];
+        assert!(pool["num_syncs"].as_u64().unwrap() >= 1 && pool["fences"]["syncs"].as_u64().unwrap() >= 1, "{pool}");
+        assert!(pool["fences"]["wait_ns"].as_u64().unwrap() >= 250_000_000, "{options}: the wait is counted: {pool}");
+        assert_valid_log(log, "free_wait_unlocked");
+    }
 }
 
 #[test]

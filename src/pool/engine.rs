@@ -101,10 +101,7 @@ impl Engine {
     #[must_use]
     pub fn free(&mut self, id: BlockId) -> bool {
         match self {
-            Engine::Segments(p) => {
-                p.free(id);
-                false
-            }
+            Engine::Segments(p) => p.free_asking_wait(id),
             Engine::Pages(p) => p.free_asking_wait(id),
         }
     }
@@ -186,8 +183,9 @@ impl Engine {
 
     /// After a wait for the GPU that a free asked for (`free` returned true).
     pub fn after_gpu_wait(&mut self) {
-        if let Engine::Pages(p) = self {
-            p.after_gpu_wait();
+        match self {
+            Engine::Segments(p) => p.after_gpu_wait(),
+            Engine::Pages(p) => p.after_gpu_wait(),
         }
     }
 

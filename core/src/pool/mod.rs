@@ -59,6 +59,10 @@ pub struct Pool<B: Backend> {
     completed_upto: Option<u64>,
     /// Segment sizes the program cycles through (`GiveBack::Auto`).
     cycles: Cycles,
+    /// Starts of segments that frees left empty but for blocks behind
+    /// queued work: given back once the owner waited for the GPU
+    /// ([`Pool::free_asking_wait`]).
+    awaiting_wait: Vec<u64>,
     stats: PoolStats,
 }
 
@@ -75,6 +79,7 @@ impl<B: Backend> Pool<B> {
             pending: VecDeque::new(),
             completed_upto: None,
             cycles: Cycles::default(),
+            awaiting_wait: Vec::new(),
             stats: PoolStats::default(),
         }
     }
@@ -195,10 +200,25 @@ impl<B: Backend> Pool<B> {
     /// an allocated block (a double free) is ignored.
     #[inline]
     pub fn free(&mut self, id: BlockId) {
+        if self.free_asking_wait(id) {
+            if self.backend.synchronize() {
+                self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
+                self.after_gpu_wait();
+            } else {
+                self.awaiting_wait.clear(); // nothing goes back during a capture
+            }
+        }
+    }
+
+    /// [`Pool::free`], except for its wait: true when the free left a
+    /// segment to give back but for blocks of it behind queued work, and the
+    /// pool asks its owner to wait for the GPU (with the pool's lock let go)
+    /// and then to call [`Pool::after_gpu_wait`].
+    pub fn free_asking_wait(&mut self, id: BlockId) -> bool {
         let i = id.0;
         let b = match self.blocks.get(i) {
             Some(b) if b.state == State::Allocated => *b,
-            _ => return,
+            _ => return false,
         };
         let s = &mut self.stats;
         s.allocated_bytes.dec(b.size);
@@ -213,8 +233,29 @@ impl<B: Backend> Pool<B> {
                 self.pending.push_back((i, tag));
             }
         }
-        if self.segs[b.seg].allocated == 0 && self.gives_back(self.segs[b.seg].size) {
-            self.give_back(b.seg);
+        if self.segs[b.seg].allocated == 0 && self.gives_back(self.segs[b.seg].size) && !self.give_back(b.seg) {
+            // A segment's blocks go back as `cudaFree` would: after the GPU.
+            if !self.pending.is_empty() {
+                self.awaiting_wait.push(self.segs[b.seg].addr);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The owner waited for the GPU, as [`Pool::free_asking_wait`] asked:
+    /// pending blocks whose tags the backend now calls complete are
+    /// reclaimed, and the segments that waited go back if nothing was
+    /// allocated from them meanwhile.
+    pub fn after_gpu_wait(&mut self) {
+        self.stats.num_syncs += 1;
+        self.reclaim_completed();
+        for addr in std::mem::take(&mut self.awaiting_wait) {
+            if let Some(&seg) = self.seg_by_addr.get(&addr) {
+                if self.segs[seg].allocated == 0 {
+                    self.give_back(seg);
+                }
+            }
         }
     }
 
@@ -230,30 +271,23 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Gives segment `seg`, which holds no allocated block, back to the
-    /// device. Blocks of it still pending may be touched by queued GPU work:
-    /// the device is synchronised first, as `cudaFree` would (and nothing is
-    /// given back when it cannot be, e.g. during a stream capture).
+    /// device if no block of it waits for queued GPU work (merging keeps
+    /// the first block's slot: `head` is then the whole segment). True when
+    /// it went back.
     #[cold]
-    fn give_back(&mut self, seg: u32) {
+    fn give_back(&mut self, seg: u32) -> bool {
         let head = self.segs[seg].head;
-        if self.blocks[head].next != NIL || self.blocks[head].state != State::Free {
-            if self.pending.is_empty() || !self.backend.synchronize() {
-                return;
-            }
-            self.stats.num_syncs += 1;
-            self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
-            self.reclaim_completed();
-        }
-        // Merging keeps the first block's slot: `head` is the whole segment now.
         let b = self.blocks[head];
-        if b.state == State::Free && b.next == NIL {
-            self.unindex(head);
-            self.remove_segment(head);
-            if matches!(self.config.give_back, GiveBack::Auto { .. }) {
-                let now = self.backend.now_ns();
-                self.cycles.gave_back(b.size, now);
-            }
+        if b.state != State::Free || b.next != NIL {
+            return false;
         }
+        self.unindex(head);
+        self.remove_segment(head);
+        if matches!(self.config.give_back, GiveBack::Auto { .. }) {
+            let now = self.backend.now_ns();
+            self.cycles.gave_back(b.size, now);
+        }
+        true
     }
 
     /// Reclaims completed pending blocks, then gives every completely free

@@ -199,3 +199,33 @@ fn near_the_limit_segments_shrink_to_what_fits() {
     // Past the cap, even after giving everything cached back: out of memory.
     assert!(p.allocate(20 * MIB).is_err());
 }
+
+/// A free that empties a segment whose blocks wait for queued work, as the
+/// shim makes it: the wait is left to the owner (who waits with the pool's
+/// lock let go), and the segment goes back once it has waited; one that was
+/// allocated from meanwhile stays.
+#[test]
+fn an_emptied_segment_waits_for_its_owners_wait_to_go_back() {
+    let mut p = pool(PoolConfig { give_back: GiveBack::Always, ..PoolConfig::default() });
+    p.backend_mut().fences = Fences::AtQueued;
+    let a = alloc(&mut p, 30 * MIB);
+    p.backend_mut().launch();
+    assert!(p.free_asking_wait(a.id));
+    p.check_invariants().unwrap();
+    assert_eq!((p.stats().segment.current, p.stats().num_syncs), (1, 0), "nothing went back, no wait yet");
+    assert!(p.backend_mut().synchronize());
+    p.after_gpu_wait();
+    p.check_invariants().unwrap();
+    assert_eq!((p.stats().segment.current, p.stats().num_syncs), (0, 1));
+    // Reused between the free and the wait: it stays.
+    let b = alloc(&mut p, 30 * MIB);
+    p.backend_mut().launch();
+    assert!(p.free_asking_wait(b.id));
+    assert!(p.backend_mut().synchronize());
+    let c = alloc(&mut p, 30 * MIB);
+    p.after_gpu_wait();
+    p.check_invariants().unwrap();
+    assert_eq!(c.addr, b.addr, "the GPU is done: the block is reused where it was");
+    assert_eq!(p.stats().segment.current, 1, "the segment holds a block again: it stays");
+    assert!(p.lookup(c.addr).is_some());
+}
