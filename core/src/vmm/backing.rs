@@ -369,15 +369,16 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// Gives back the doomed pages the GPU is done with. When more than
-    /// `keep_free` bytes of them still wait for it, waits for it (a bulk
-    /// free: `cudaFree` would have synchronized too).
+    /// `keep_free` bytes of them still wait for it, the next free asks its
+    /// owner to wait for it (a bulk free: `cudaFree` would have synchronized
+    /// too), which the owner does with the pool's lock let go.
     pub(super) fn release_doomed(&mut self) {
         if self.doomed.is_empty() {
             return;
         }
         self.promote();
         if self.doomed_bytes > self.config.keep_free && self.doomed.keys().any(|&a| self.is_cooling(a)) {
-            self.cool_down();
+            self.wait_asked = true;
         }
         let ready: Vec<(u64, bool)> =
             self.doomed.iter().filter(|&(&a, _)| !self.is_cooling(a)).map(|(&a, &s)| (a, s)).collect();
@@ -409,11 +410,16 @@ impl<B: PageBackend> VmmPool<B> {
         self.pages.get(a).is_some_and(|pg| pg.cooling.is_some())
     }
 
+    /// The newest tag a cooling page or a ghost waits for.
+    pub(super) fn newest_unmap_tag(&self) -> Option<u64> {
+        let ghost = self.ghosts_by_tag.last().map(|&(t, _)| t);
+        self.cooling.back().map(|c| c.tag).max(ghost)
+    }
+
     /// Waits for the GPU so that every cooling page may be unmapped; false
     /// when waiting is impossible now (a capture).
     pub(super) fn cool_down(&mut self) -> bool {
-        let ghost = self.ghosts_by_tag.last().map(|&(t, _)| t);
-        let newest = self.cooling.back().map(|c| c.tag).max(ghost);
+        let newest = self.newest_unmap_tag();
         if newest.is_none() || !self.backend.synchronize() {
             return false;
         }

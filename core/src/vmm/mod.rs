@@ -207,6 +207,9 @@ pub struct VmmPool<B: PageBackend> {
     /// Bytes of pending blocks whose pages will go back (sizes not kept),
     /// as counted when they were freed.
     pending_unkept: u64,
+    /// More than `keep_free` bytes of pages that go back wait for the GPU
+    /// to finish: the next free asks its owner to wait (`release_doomed`).
+    wait_asked: bool,
     /// Ghosts: old mappings of pages taken while cooling, by address, and
     /// the same by tag (unmapped in that order once the GPU finished).
     ghosts: BTreeMap<u64, Ghost>,
@@ -256,6 +259,7 @@ impl<B: PageBackend> VmmPool<B> {
             cooling: VecDeque::new(),
             pending: VecDeque::new(),
             pending_unkept: 0,
+            wait_asked: false,
             ghosts: BTreeMap::new(),
             ghosts_by_tag: BTreeSet::new(),
             ghosts_by_owner: BTreeSet::new(),
@@ -559,8 +563,11 @@ impl<B: PageBackend> VmmPool<B> {
     /// Frees a block returned by [`VmmPool::allocate`]. An id that does not
     /// name an allocated block (a double free) is ignored.
     pub fn free(&mut self, id: BlockId) {
-        if self.free_asking_wait(id) {
-            self.wait_for_pending();
+        if self.free_asking_wait(id) && !self.forgotten && self.backend.synchronize() {
+            // Everything queued so far is done.
+            self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
+            self.finished_upto = self.finished_upto.max(self.newest_unmap_tag());
+            self.after_gpu_wait();
         }
     }
 
@@ -586,7 +593,7 @@ impl<B: PageBackend> VmmPool<B> {
                 self.pending.push_back((i, tag));
                 if self.goes_back(b.size, b.seg) {
                     self.pending_unkept += b.size;
-                    return self.pending_unkept > self.config.keep_free && !self.forgotten;
+                    self.wait_asked |= self.pending_unkept > self.config.keep_free;
                 }
             }
             None if self.keep_hot(i) => {
@@ -601,15 +608,18 @@ impl<B: PageBackend> VmmPool<B> {
                 self.trim_after_free();
             }
         }
-        false
+        std::mem::take(&mut self.wait_asked) && !self.forgotten
     }
 
     /// The owner waited for the GPU, as [`VmmPool::free_asking_wait`]
     /// asked: the pending blocks whose tags the backend now calls complete
-    /// are reclaimed.
+    /// are reclaimed, and the pages it calls finished go back by the usual
+    /// rules.
     pub fn after_gpu_wait(&mut self) {
         self.stats.num_syncs += 1;
         self.reclaim_completed();
+        self.promote();
+        self.trim_after_free();
     }
 
     /// Do the pages of a freed block of `size` in range `seg` go back to the

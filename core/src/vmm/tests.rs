@@ -883,3 +883,28 @@ fn a_free_can_leave_its_wait_to_the_owner() {
     assert_eq!((p.pending_blocks(), p.stats().num_syncs), (0, 1), "{:?}", p.stats());
     assert!(p.backend().held() <= keep, "held {}", p.backend().held());
 }
+
+/// One stream, the GPU behind: a bulk free's pages cool before they can go
+/// back. The free asks its owner to wait for the GPU instead of waiting
+/// itself (the shim waits with the pool's lock let go), and the pages go
+/// back once it has; `free` still waits on its own.
+#[test]
+fn a_bulk_free_of_cooling_pages_leaves_its_wait_to_the_owner() {
+    let keep = VmmConfig::shim_default().keep_free;
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
+    let big = p.allocate(256 * MIB).unwrap();
+    p.backend_mut().launch();
+    assert!(p.free_asking_wait(big.id));
+    assert_eq!((p.pending_blocks(), p.stats().num_syncs), (0, 0), "freed at once, and no wait by the pool");
+    assert!(p.backend().held() > keep, "its pages cool: held {}", p.backend().held());
+    assert!(p.backend_mut().synchronize());
+    p.after_gpu_wait();
+    assert!(p.backend().held() <= keep, "held {}", p.backend().held());
+    assert_eq!(p.stats().num_syncs, 1);
+    // `free` waits by itself, as before.
+    let again = p.allocate(512 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(again.id);
+    assert!(p.backend().held() <= keep, "held {}", p.backend().held());
+    assert_eq!(p.stats().num_syncs, 2);
+}
