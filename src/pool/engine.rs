@@ -181,10 +181,15 @@ impl Engine {
         }
     }
 
-    /// After a wait for the GPU that a free asked for (`free` returned true).
-    pub fn after_gpu_wait(&mut self) {
+    /// After a wait for the GPU that a free asked for (`free` returned
+    /// true). True: the pool asks for one more.
+    #[must_use]
+    pub fn after_gpu_wait(&mut self) -> bool {
         match self {
-            Engine::Segments(p) => p.after_gpu_wait(),
+            Engine::Segments(p) => {
+                p.after_gpu_wait();
+                false
+            }
             Engine::Pages(p) => p.after_gpu_wait(),
         }
     }

@@ -247,19 +247,27 @@ fn free_now(pool: usize, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) 
 /// wait are then reclaimed under the lock.
 #[cold]
 #[inline(never)]
-fn wait_unlocked(pool: &ContextPool, mut p: BiasedGuard<'_, Engine>, on_reserved: &mut dyn FnMut(i32, i64)) {
-    let Some(closing) = p.timeline_mut().begin_wait() else { return };
-    drop(p);
-    let t = crate::runtime::clock::monotonic_ns();
-    if !fence::drain(pool.ctx) {
-        return;
+fn wait_unlocked<'a>(pool: &'a ContextPool, mut p: BiasedGuard<'a, Engine>, on_reserved: &mut dyn FnMut(i32, i64)) {
+    // Pages of the blocks the first wait reclaims go idle after it, so they
+    // cool behind whatever was queued meanwhile: a second wait (on a GPU
+    // just drained, short) lets them go back before the free returns too.
+    for _ in 0..2 {
+        let Some(closing) = p.timeline_mut().begin_wait() else { return };
+        drop(p);
+        let t = crate::runtime::clock::monotonic_ns();
+        if !fence::drain(pool.ctx) {
+            return;
+        }
+        let waited = crate::runtime::clock::monotonic_ns() - t;
+        p = lock(pool);
+        let before = p.reserved();
+        p.timeline_mut().finish_wait(closing, waited);
+        let again = p.after_gpu_wait();
+        report(pool.device, before, p.reserved(), on_reserved);
+        if !again {
+            return;
+        }
     }
-    let waited = crate::runtime::clock::monotonic_ns() - t;
-    let mut p = lock(pool);
-    let before = p.reserved();
-    p.timeline_mut().finish_wait(closing, waited);
-    p.after_gpu_wait();
-    report(pool.device, before, p.reserved(), on_reserved);
 }
 
 /// Is this block exported through IPC? Then it is never freed into the pool

@@ -567,7 +567,10 @@ impl<B: PageBackend> VmmPool<B> {
             // Everything queued so far is done.
             self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
             self.finished_upto = self.finished_upto.max(self.newest_unmap_tag());
-            self.after_gpu_wait();
+            if self.after_gpu_wait() {
+                self.cool_down();
+                self.trim_after_free();
+            }
         }
     }
 
@@ -614,12 +617,14 @@ impl<B: PageBackend> VmmPool<B> {
     /// The owner waited for the GPU, as [`VmmPool::free_asking_wait`]
     /// asked: the pending blocks whose tags the backend now calls complete
     /// are reclaimed, and the pages it calls finished go back by the usual
-    /// rules.
-    pub fn after_gpu_wait(&mut self) {
+    /// rules. True: the pool asks for one more wait (the pages of the blocks
+    /// reclaimed here cool behind whatever was queued during this one).
+    pub fn after_gpu_wait(&mut self) -> bool {
         self.stats.num_syncs += 1;
         self.reclaim_completed();
         self.promote();
         self.trim_after_free();
+        std::mem::take(&mut self.wait_asked) && !self.forgotten
     }
 
     /// Do the pages of a freed block of `size` in range `seg` go back to the
