@@ -252,10 +252,14 @@ fn wait_unlocked<'a>(pool: &'a ContextPool, mut p: BiasedGuard<'a, Engine>, on_r
     // cool behind whatever was queued meanwhile: a second wait (on a GPU
     // just drained, short) lets them go back before the free returns too.
     for _ in 0..2 {
-        let Some(closing) = p.timeline_mut().begin_wait() else { return };
+        let Some(closing) = p.timeline_mut().begin_wait() else {
+            p.wait_refused();
+            return;
+        };
         drop(p);
         let t = crate::runtime::clock::monotonic_ns();
         if !fence::drain(pool.ctx) {
+            lock(pool).wait_refused();
             return;
         }
         let waited = crate::runtime::clock::monotonic_ns() - t;

@@ -205,7 +205,7 @@ impl<B: Backend> Pool<B> {
                 self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
                 self.after_gpu_wait();
             } else {
-                self.awaiting_wait.clear(); // nothing goes back during a capture
+                self.wait_refused(); // nothing goes back during a capture
             }
         }
     }
@@ -236,7 +236,10 @@ impl<B: Backend> Pool<B> {
         if self.segs[b.seg].allocated == 0 && self.gives_back(self.segs[b.seg].size) && !self.give_back(b.seg) {
             // A segment's blocks go back as `cudaFree` would: after the GPU.
             if !self.pending.is_empty() {
-                self.awaiting_wait.push(self.segs[b.seg].addr);
+                let addr = self.segs[b.seg].addr;
+                if !self.awaiting_wait.contains(&addr) {
+                    self.awaiting_wait.push(addr);
+                }
                 return true;
             }
         }
@@ -246,17 +249,24 @@ impl<B: Backend> Pool<B> {
     /// The owner waited for the GPU, as [`Pool::free_asking_wait`] asked:
     /// pending blocks whose tags the backend now calls complete are
     /// reclaimed, and the segments that waited go back if nothing was
-    /// allocated from them meanwhile.
+    /// allocated from them meanwhile. One whose blocks were freed during
+    /// the wait (by another thread, which waits too) keeps waiting.
     pub fn after_gpu_wait(&mut self) {
         self.stats.num_syncs += 1;
         self.reclaim_completed();
-        for addr in std::mem::take(&mut self.awaiting_wait) {
-            if let Some(&seg) = self.seg_by_addr.get(&addr) {
-                if self.segs[seg].allocated == 0 {
-                    self.give_back(seg);
-                }
-            }
-        }
+        let mut waiting = std::mem::take(&mut self.awaiting_wait);
+        waiting.retain(|addr| match self.seg_by_addr.get(addr) {
+            Some(&seg) if self.segs[seg].allocated == 0 && self.gives_back(self.segs[seg].size) => !self.give_back(seg),
+            _ => false,
+        });
+        self.awaiting_wait = waiting;
+    }
+
+    /// The owner could not wait for the GPU (a capture, a context in
+    /// error): the segments that waited stay, as with a refused wait in
+    /// [`Pool::free`].
+    pub fn wait_refused(&mut self) {
+        self.awaiting_wait.clear();
     }
 
     /// Does a segment of `size` bytes that frees leave empty go back to the

@@ -406,7 +406,7 @@ impl<B: PageBackend> VmmPool<B> {
         };
     }
 
-    fn is_cooling(&self, a: u64) -> bool {
+    pub(super) fn is_cooling(&self, a: u64) -> bool {
         self.pages.get(a).is_some_and(|pg| pg.cooling.is_some())
     }
 

@@ -611,7 +611,18 @@ impl<B: PageBackend> VmmPool<B> {
                 self.trim_after_free();
             }
         }
-        std::mem::take(&mut self.wait_asked) && !self.forgotten
+        self.take_wait_asked()
+    }
+
+    /// Was a wait asked for (by this free, or since the last one), and does
+    /// the reason still hold? (It may have gone meanwhile: `empty_cache`
+    /// gives back what waited, a fence finishes the cooling.)
+    fn take_wait_asked(&mut self) -> bool {
+        if !std::mem::take(&mut self.wait_asked) || self.forgotten {
+            return false;
+        }
+        let keep = self.config.keep_free;
+        self.pending_unkept > keep || (self.doomed_bytes > keep && self.doomed.keys().any(|&a| self.is_cooling(a)))
     }
 
     /// The owner waited for the GPU, as [`VmmPool::free_asking_wait`]
@@ -624,7 +635,7 @@ impl<B: PageBackend> VmmPool<B> {
         self.reclaim_completed();
         self.promote();
         self.trim_after_free();
-        std::mem::take(&mut self.wait_asked) && !self.forgotten
+        self.take_wait_asked()
     }
 
     /// Do the pages of a freed block of `size` in range `seg` go back to the

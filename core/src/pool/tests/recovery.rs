@@ -229,3 +229,25 @@ fn an_emptied_segment_waits_for_its_owners_wait_to_go_back() {
     assert_eq!(p.stats().segment.current, 1, "the segment holds a block again: it stays");
     assert!(p.lookup(c.addr).is_some());
 }
+
+/// Two threads' frees empty two segments, each behind its own work, and
+/// each asks for a wait: the first wait, which covers only the first
+/// free's work, gives back the first segment and keeps the second waiting
+/// for the next wait, instead of forgetting it.
+#[test]
+fn a_wait_that_covers_one_emptied_segment_keeps_the_other_waiting() {
+    let mut p = pool(PoolConfig { give_back: GiveBack::Always, ..PoolConfig::default() });
+    p.backend_mut().fences = Fences::PerFree;
+    let a = alloc(&mut p, 30 * MIB);
+    let b = alloc(&mut p, 30 * MIB);
+    assert!(p.free_asking_wait(a.id));
+    assert!(p.free_asking_wait(b.id));
+    p.backend_mut().complete(1); // the first free's work, not the second's
+    p.after_gpu_wait();
+    p.check_invariants().unwrap();
+    assert_eq!(p.stats().segment.current, 1, "the first segment went back");
+    p.backend_mut().complete_all();
+    p.after_gpu_wait();
+    p.check_invariants().unwrap();
+    assert_eq!(p.stats().segment.current, 0, "the second one, at the second wait");
+}
