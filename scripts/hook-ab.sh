@@ -6,7 +6,7 @@
 #   bash scripts/hook-ab.sh OLD.so NEW.so [CUPOOL_OPTIONS]   (default: mode=pool:trace=0)
 # Build the old one from a worktree, e.g.
 #   git worktree add /tmp/old REV && (cd /tmp/old && cargo build --release)
-set -eu
+set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 OLD.so NEW.so [OPTIONS]" >&2; exit 2; }
 old=$(realpath "$1"); new=$(realpath "$2"); opts=${3:-mode=pool:trace=0}
 cd "$(dirname "$0")/.."
