@@ -27,7 +27,8 @@
 # the tests both runs reached are compared then); SUITE_TEST_TIMEOUT (default
 # 120) is pytest-timeout's limit per test (keep it under SUITE_CAP for
 # test_multiprocessing.py, whose hung tests otherwise hold the run until the
-# cap, and under cupool the SIGINT did not end it: no report); COLLECT_ONLY=1
+# cap, and under cupool the SIGINT did not end it: no report; a run still
+# going 30 s after the SIGINT is killed, rc 137, and counts as cut too); COLLECT_ONLY=1
 # only collects.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
@@ -99,7 +100,7 @@ suite() {
     grep -E "^=* ?[0-9]+ (passed|failed|skipped|error)|no tests ran|Interrupted" $work/$name.$mode.out | tail -n 2 | sed "s/^/[$name $mode rc=$(cat $work/$name.$mode.rc)] /"
   done
   grep -A3 -h "^cupool: " $work/$name.pool.out | head -n 8 | sed "s/^/[$name pool] /"
-  rows+=("$(python3 $src/junit_compare.py row $name $work/$name.plain.xml $work/$name.pool.xml $t_plain $t_pool $work/$name.diff $(grep -qx 124 $work/$name.{plain,pool}.rc && echo cut))")
+  rows+=("$(python3 $src/junit_compare.py row $name $work/$name.plain.xml $work/$name.pool.xml $t_plain $t_pool $work/$name.diff $(grep -qxE "124|137" $work/$name.{plain,pool}.rc && echo cut))")
   local n=$(wc -l < $work/$name.diff)
   if [ $n -gt 0 ] && [ $n -le 40 ]; then
     mapfile -t ids < $work/$name.diff
