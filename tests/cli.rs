@@ -305,6 +305,24 @@ fn run_flags_and_environment_reach_the_shim() {
     assert_eq!(logs[0]["end"]["leak_summary"]["bytes"], 10007);
 }
 
+/// Without `--log-dir` or `-o log_dir=`, an inherited `CUPOOL_OPTIONS`
+/// log directory is where the logs go, not `./cupool-logs`.
+#[test]
+fn run_keeps_an_inherited_log_dir() {
+    let dir = scratch_dir("cli-inherited-log-dir");
+    let logs_there = dir.join("from-environment");
+    let out = cupool_command(&["run", "-q", "--", path_str(&fakes().prog("prog_getproc"))], &dir)
+        .current_dir(&dir)
+        .env("CUPOOL_OPTIONS", format!("verbosity=0:log_dir={}", logs_there.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let logs = read_logs(&logs_there);
+    assert_eq!(logs.len(), 1, "{:?}", log_files(&logs_there));
+    assert_eq!(logs[0]["options"]["log_dir"], path_str(&logs_there));
+    assert!(!dir.join("cupool-logs").exists(), "the default directory was made all the same");
+}
+
 #[test]
 fn run_tags_and_summarises_every_process_of_one_run() {
     let dir = scratch_dir("cli-fork");

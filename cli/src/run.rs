@@ -98,10 +98,12 @@ fn absolute(p: &Path) -> PathBuf {
 fn options_of(args: &LaunchArgs, inherited: Option<&str>, run_id: &str) -> Result<Options, Vec<String>> {
     let mut opts = Options::default();
     let mut errors = Vec::new();
+    // An inherited `log_dir` is the user's choice as much as `-o log_dir=` is.
+    let mut log_dir_option = false;
     if let Some(spec) = inherited {
         errors.extend(options::parse_into(&mut opts, spec).into_iter().map(|e| format!("CUPOOL_OPTIONS: {e}")));
+        log_dir_option = spec.split(':').any(|entry| entry.split_once('=').is_some_and(|(k, _)| k.trim() == "log_dir"));
     }
-    let mut log_dir_option = false;
     for entry in &args.options {
         let Some((key, value)) = entry.split_once('=') else {
             errors.push(format!("-o {entry}: expected key=value, such as -o flush_ms=50"));
