@@ -92,6 +92,11 @@ pub enum Backing {
 }
 
 impl Backing {
+    /// What a log written before the option existed was pooled on.
+    fn before_the_option() -> Backing {
+        Backing::Segments
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Backing::Segments => "segments",
@@ -126,10 +131,13 @@ pub struct Options {
     pub fence_us: u64,
     /// Pool mode: when completely free segments go back to the device.
     pub give_back: GiveBack,
-    /// Pool mode: fixed segments or VMM pages.
+    /// Pool mode: fixed segments or VMM pages. A log from before the option
+    /// was pooled on segments.
+    #[serde(default = "Backing::before_the_option")]
     pub backing: Backing,
     /// Pool mode on VMM pages: requests of at least this many bytes go to
-    /// CUDA as they are; 0 = none do.
+    /// CUDA as they are; 0 = none do, as in a log from before the option.
+    #[serde(default)]
     pub direct_min: u64,
     /// Pool mode: which threads keep small blocks in a magazine of their own.
     pub magazines: Magazines,
@@ -613,10 +621,18 @@ mod tests {
         assert_eq!(v["mode"], "pool");
         assert_eq!(v["fence_us"], 2000);
         assert_eq!(serde_json::from_value::<Options>(v).unwrap(), o);
-        // A version-1 log: no fence_us yet, and strict_streams since removed.
+        // A version-1 log: no fence_us yet, and strict_streams since removed;
+        // nor backing and direct_min: those builds pooled every request on segments.
         let old: Options =
             serde_json::from_str(r#"{"mode":"passthrough","flush_ms":50,"strict_streams":true}"#).unwrap();
-        assert_eq!(old, Options { mode: Mode::Passthrough, flush_ms: 50, ..Options::default() });
+        let then = Options {
+            mode: Mode::Passthrough,
+            flush_ms: 50,
+            backing: Backing::Segments,
+            direct_min: 0,
+            ..Options::default()
+        };
+        assert_eq!(old, then);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! short by SIGKILL is still readable line by line:
 //!
 //! ```text
-//! {"schema":"cupool-log","version":2,"process":{..},"options":{..},"events":[
+//! {"schema":"cupool-log","version":3,"process":{..},"options":{..},"events":[
 //! {"seq":0,"t_ns":0,"ev":"start"}
 //! ,{"seq":1,"t_ns":812,"ev":"alloc",...}
 //! ],"end":{...}}
