@@ -16,6 +16,7 @@
 #        archive v14.2.0 pyproject.toml tests | tar -x -C .gpu/suites/cupy; 4.5 MB)
 #   .gpu/suites/torch/test/test_{cuda,multiprocessing}.py (and a conftest.py
 #       standing in for names the installed torch.testing lacks)
+#   (numba-cuda's tests come with the installed package: nothing to put there)
 # Same setup as scripts/gpu-check.sh otherwise (.gpu/ holds the shim and the
 # CLI; .gpu/pywheels/ the wheels of pytest-timeout and expecttest):
 #   bash scripts/gpu-suites.sh                      (prints a table last)
@@ -86,7 +87,12 @@ one_run() {
 suite() {
   local name=$1 dir=$2; shift 2
   case " ${SUITES:-$name} " in *" $name "*) ;; *) return ;; esac
-  if [ ! -e "$dir/${1%%::*}" ]; then
+  if [ "$1" = --pyargs ]; then
+    # Tests shipped inside an installed package, named as modules.
+    if ! python3 -c "import $2" 2>/dev/null; then
+      rows+=("$(printf '%-22s | %s does not import here' $name "$2")"); return
+    fi
+  elif [ ! -e "$dir/${1%%::*}" ]; then
     rows+=("$(printf '%-22s | no sources at %s' $name "${dir#$root/}/$1")"); return
   fi
   if [ "${COLLECT_ONLY:-0}" = 1 ]; then
@@ -130,6 +136,14 @@ suite cupy-linalg $suites/cupy tests/cupy_tests/linalg_tests "${xdist[@]}"
 suite cupyx-sparse $suites/cupy tests/cupyx_tests/scipy_tests/sparse_tests "${xdist[@]}"
 suite torch-cuda $suites/torch/test test_cuda.py -k "$k_torch_cuda"
 suite torch-mp-cuda $suites/torch/test test_multiprocessing.py -k cuda
+# numba-cuda ships its tests in the package (as its own CI runs them, by
+# module): the driver-level tests (memory, deallocation queues, external
+# memory managers, contexts, device reset, streams) and its CUDA IPC, which
+# sends the offset of a pointer from the base that cuMemGetAddressRange gives;
+# serially, as its multiprocessing tests spawn processes of their own.
+numba=numba.cuda.tests.cudapy
+suite numba-cuda $work --pyargs numba.cuda.tests.cudadrv $numba.test_ipc $numba.test_multiprocessing \
+  $numba.test_multithreads $numba.test_stream_api
 
 tar czf $out/gpu-suites.tgz -C $work --exclude='*.logs' --exclude='*.kernels' --exclude='*.inductor' --exclude='*.triton' --exclude=py . 2>/dev/null
 echo
