@@ -310,10 +310,11 @@ fn run_flags_and_environment_reach_the_shim() {
 #[test]
 fn run_keeps_an_inherited_log_dir() {
     let dir = scratch_dir("cli-inherited-log-dir");
-    let logs_there = dir.join("from-environment");
+    // Quoted, with a `:` inside, as `cupool run` itself would pass it on.
+    let logs_there = dir.join("from:environment");
     let out = cupool_command(&["run", "-q", "--", path_str(&fakes().prog("prog_getproc"))], &dir)
         .current_dir(&dir)
-        .env("CUPOOL_OPTIONS", format!("verbosity=0:log_dir={}", logs_there.display()))
+        .env("CUPOOL_OPTIONS", format!("verbosity=0:log_dir='{}'", logs_there.display()))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));

@@ -102,7 +102,7 @@ fn options_of(args: &LaunchArgs, inherited: Option<&str>, run_id: &str) -> Resul
     let mut log_dir_option = false;
     if let Some(spec) = inherited {
         errors.extend(options::parse_into(&mut opts, spec).into_iter().map(|e| format!("CUPOOL_OPTIONS: {e}")));
-        log_dir_option = spec.split(':').any(|entry| entry.split_once('=').is_some_and(|(k, _)| k.trim() == "log_dir"));
+        log_dir_option = options::entries(spec).iter().any(|e| e.as_ref().is_ok_and(|(key, _)| key == "log_dir"));
     }
     for entry in &args.options {
         let Some((key, value)) = entry.split_once('=') else {
