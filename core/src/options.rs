@@ -287,23 +287,40 @@ pub enum OptionError {
     Syntax { entry: String, why: &'static str },
 }
 
+/// User text in a complaint, control characters escaped: a complaint stays
+/// one line whatever the value held (a quoted value may hold a newline).
+struct Shown<'a>(&'a str);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Display for OptionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             OptionError::Unknown { key } => {
-                write!(f, "unknown option '{key}' (options: ")?;
+                write!(f, "unknown option '{}' (options: ", Shown(key))?;
                 for (i, (k, _, _)) in OPTION_HELP.iter().enumerate() {
                     write!(f, "{}{k}", if i == 0 { "" } else { ", " })?;
                 }
                 write!(f, ")")
             }
             OptionError::BadValue { key, value, expected } if value.is_empty() => {
-                write!(f, "no value for '{key}' (expected {expected})")
+                write!(f, "no value for '{}' (expected {expected})", Shown(key))
             }
             OptionError::BadValue { key, value, expected } => {
-                write!(f, "bad value '{value}' for '{key}' (expected {expected})")
+                write!(f, "bad value '{}' for '{}' (expected {expected})", Shown(value), Shown(key))
             }
-            OptionError::Syntax { entry, why } => write!(f, "'{entry}': {why}"),
+            OptionError::Syntax { entry, why } => write!(f, "'{}': {why}", Shown(entry)),
         }
     }
 }
@@ -311,7 +328,8 @@ impl std::fmt::Display for OptionError {
 impl std::error::Error for OptionError {}
 
 /// Parses `spec`; every complaint is appended to the returned vector as one
-/// line, and the option it concerns keeps its default.
+/// line, and the option it concerns keeps its value (the default, unless an
+/// earlier entry set it).
 pub fn parse(spec: &str) -> (Options, Vec<String>) {
     let mut opts = Options::default();
     let lines = parse_into(&mut opts, spec)
@@ -612,6 +630,12 @@ mod tests {
         assert_eq!(e.len(), 5, "{e:?}");
         assert!(e[0].contains("'turbo'") && e[0].contains("mode"));
         assert!(e.iter().all(|l| !l.contains('\n')));
+        // A quoted value may hold any character; its complaint is still one line.
+        let (o, e) = parse("mode='pool\nturbo':flush_ms=\"5\r\"");
+        assert_eq!(o, Options::default());
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].contains(r"'pool\nturbo'") && e[1].contains(r"'5\r'"), "{e:?}");
+        assert!(e.iter().all(|l| !l.contains(['\n', '\r'])), "{e:?}");
     }
 
     #[test]
