@@ -25,8 +25,20 @@ def node_id(case):
     name = case.get("name") or ""
     if not file:
         return f"{classname}::{name}" if classname else name
-    module = file[:-3].replace("/", ".") if file.endswith(".py") else file
-    cls = classname[len(module) + 1:] if classname.startswith(module + ".") else ""
+    # The classname is the test's module and class. The module is the file's
+    # path dotted; for a file outside the rootdir (an installed package's
+    # tests) pytest writes a tail of it (run with --pyargs) or nothing (run
+    # by path: ".Class").
+    parts = (file[:-3] if file.endswith(".py") else file).split("/")
+    cls = ""
+    for i in range(len(parts)):
+        module = ".".join(parts[i:])
+        if classname.startswith(module + "."):
+            cls = classname[len(module) + 1:]
+            break
+    else:
+        if classname.startswith(".") and file.startswith("../"):
+            cls = classname[1:]
     return "::".join(p for p in (file, cls, name) if p)
 
 
