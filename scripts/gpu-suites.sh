@@ -110,8 +110,11 @@ suite() {
   local n=$(wc -l < $work/$name.diff)
   if [ $n -gt 0 ] && [ $n -le 40 ]; then
     mapfile -t ids < $work/$name.diff
+    # The suite's ini overrides hold for its tests run alone too.
+    local ini=() prev=
+    for a in "$@"; do [ "$prev" = -o ] && ini+=(-o "$a"); prev=$a; done
     for mode in plain pool passthrough; do
-      one_run $name.again $mode $dir "${ids[@]}" > /dev/null
+      one_run $name.again $mode $dir "${ini[@]}" "${ids[@]}" > /dev/null
     done
     python3 $src/junit_compare.py outcomes $work/$name.again.{plain,pool,passthrough}.xml | sed "s/^/[$name again] /"
     # What the pool saw of them: its allocations, frees and CUDA's refusals, in order.
@@ -141,9 +144,12 @@ suite torch-mp-cuda $suites/torch/test test_multiprocessing.py -k cuda
 # memory managers, contexts, device reset, streams) and its CUDA IPC, which
 # sends the offset of a pointer from the base that cuMemGetAddressRange gives;
 # serially, as its multiprocessing tests spawn processes of their own.
+# consider_namespace_packages, as numba-cuda's own pytest.ini sets it: else
+# pytest puts numba_cuda/numba (the first folder up without an __init__.py)
+# on sys.path, where its cuda/ hides cuda-python's `cuda` package.
 numba=numba.cuda.tests.cudapy
 suite numba-cuda $work --pyargs numba.cuda.tests.cudadrv $numba.test_ipc $numba.test_multiprocessing \
-  $numba.test_multithreads $numba.test_stream_api
+  $numba.test_multithreads $numba.test_stream_api -o consider_namespace_packages=true
 
 tar czf $out/gpu-suites.tgz -C $work --exclude='*.logs' --exclude='*.kernels' --exclude='*.inductor' --exclude='*.triton' --exclude=py . 2>/dev/null
 echo
