@@ -228,6 +228,28 @@ fn a_free_waits_for_the_gpu_without_the_pools_lock() {
     }
 }
 
+/// A capture that another thread begins while a free waits for the GPU
+/// with the pool's lock let go: once the wait is over, nothing goes back to
+/// CUDA during the capture (a `cuMemFree` there invalidates a global-mode
+/// capture, as the fake driver does like the real one), and the capture
+/// ends as it would without cupool.
+#[test]
+fn a_capture_begun_during_a_frees_wait_is_not_broken_by_its_give_back() {
+    let prog = compile_runtime_program("free_wait_unlocked", "pool_free_wait_unlocked.c");
+    for options in ["backing=segments", ""] {
+        let dir = scratch_dir("safety-free-wait-capture");
+        let mut cmd = preloaded_command(&prog, &["capture"], &dir, options);
+        cmd.env("FAKE_CUDA_SYNC_US", "300000");
+        let out = cmd.output().expect("run free_wait_unlocked capture");
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{options}: {stdout}{}", stderr_of(&out));
+        let result = result_line(&stdout).unwrap_or_else(|| panic!("{options}: no result line: {stdout}"));
+        assert!(result["free_ms"] >= 250, "{options}: the free waited for the GPU: {stdout}");
+        assert_eq!(result["capture_end"], 0, "{options}: the capture ended as without cupool: {stdout}");
+        assert_valid_log(&read_logs(&dir)[0], "free_wait_unlocked");
+    }
+}
+
 #[test]
 fn memory_freed_in_bulk_goes_back_to_the_device() {
     let prog = compile_driver_program("giveback", "pool_give_back.c");

@@ -181,13 +181,6 @@ impl Engine {
         }
     }
 
-    /// The wait a free asked for could not be made.
-    pub fn wait_refused(&mut self) {
-        if let Engine::Segments(p) = self {
-            p.wait_refused();
-        }
-    }
-
     /// After a wait for the GPU that a free asked for (`free` returned
     /// true). True: the pool asks for one more.
     #[must_use]

@@ -251,21 +251,24 @@ fn wait_unlocked<'a>(pool: &'a ContextPool, mut p: BiasedGuard<'a, Engine>, on_r
     // Pages of the blocks the first wait reclaims go idle after it, so they
     // cool behind whatever was queued meanwhile: a second wait (on a GPU
     // just drained, short) lets them go back before the free returns too.
+    // A wait that cannot be made (a capture, a context in error) leaves what
+    // waited listed in the pool: a later wait gives it back.
     for _ in 0..2 {
-        let Some(closing) = p.timeline_mut().begin_wait() else {
-            p.wait_refused();
-            return;
-        };
+        let Some(closing) = p.timeline_mut().begin_wait() else { return };
         drop(p);
         let t = crate::runtime::clock::monotonic_ns();
         if !fence::drain(pool.ctx) {
-            lock(pool).wait_refused();
             return;
         }
         let waited = crate::runtime::clock::monotonic_ns() - t;
         p = lock(pool);
-        let before = p.reserved();
         p.timeline_mut().finish_wait(closing, waited);
+        // A capture begun during the wait: the work is done, but nothing goes
+        // back to CUDA now (a `cuMemFree` or unmap would break the capture).
+        if super::any_capture() {
+            return;
+        }
+        let before = p.reserved();
         let again = p.after_gpu_wait();
         report(pool.device, before, p.reserved(), on_reserved);
         if !again {

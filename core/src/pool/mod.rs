@@ -201,11 +201,11 @@ impl<B: Backend> Pool<B> {
     #[inline]
     pub fn free(&mut self, id: BlockId) {
         if self.free_asking_wait(id) {
+            // Refused (a capture): nothing goes back now; the segments that
+            // wait stay listed, and a later wait gives them back.
             if self.backend.synchronize() {
                 self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
                 self.after_gpu_wait();
-            } else {
-                self.wait_refused(); // nothing goes back during a capture
             }
         }
     }
@@ -260,13 +260,6 @@ impl<B: Backend> Pool<B> {
             _ => false,
         });
         self.awaiting_wait = waiting;
-    }
-
-    /// The owner could not wait for the GPU (a capture, a context in
-    /// error): the segments that waited stay, as with a refused wait in
-    /// [`Pool::free`].
-    pub fn wait_refused(&mut self) {
-        self.awaiting_wait.clear();
     }
 
     /// Does a segment of `size` bytes that frees leave empty go back to the

@@ -70,6 +70,9 @@ pub struct Model {
     /// `GiveBack::Auto`: give-backs as (size, when), and sizes that cycled.
     pub given_back: Vec<(u64, u64)>,
     pub kept_sizes: Vec<u64>,
+    /// Emptied segments that wait for a synchronisation to go back (one was
+    /// refused during a capture), by address, in the order they came.
+    pub awaiting: Vec<u64>,
 }
 
 impl Model {
@@ -84,6 +87,7 @@ impl Model {
             counters: [0; 6],
             given_back: Vec::new(),
             kept_sizes: Vec::new(),
+            awaiting: Vec::new(),
         }
     }
 
@@ -366,41 +370,57 @@ impl Model {
                 self.observe();
             }
         }
-        let gives_back = match self.cfg.give_back {
-            GiveBack::Never => false,
-            GiveBack::Always => true,
-            GiveBack::Auto { .. } => true,
-        };
         let seg_addr = *self.segs.range(..=addr).next_back().expect("a segment holds the block").0;
-        let gives_back = gives_back && !self.kept_sizes.contains(&self.segs[&seg_addr].size);
-        if gives_back && !self.segs[&seg_addr].blocks.iter().any(|b| b.st == St::Alloc) {
+        if self.gives_back(seg_addr) && !self.whole(seg_addr) {
+            // Its pending blocks go first: wait for the device, then give
+            // back every emptied segment that waits, this one among them.
+            if !self.awaiting.contains(&seg_addr) {
+                self.awaiting.push(seg_addr);
+            }
+            if self.be.synchronize() {
+                self.counters[4] += 1;
+                self.reclaim(true);
+                for a in std::mem::take(&mut self.awaiting) {
+                    if self.gives_back(a) {
+                        if self.whole(a) {
+                            self.give_back(a);
+                        } else {
+                            self.awaiting.push(a);
+                        }
+                    }
+                }
+            }
+        } else if self.gives_back(seg_addr) {
             self.give_back(seg_addr);
         }
     }
 
-    /// A segment with no allocated block goes back, after waiting for the
-    /// device if blocks of it are pending.
-    fn give_back(&mut self, seg_addr: u64) {
-        let whole = |m: &Model| {
-            let s = &m.segs[&seg_addr];
-            s.blocks.len() == 1 && s.blocks[0].st == St::Free
+    /// Does the segment at `seg_addr` exist, hold no allocated block, and
+    /// go back by the give-back rule?
+    fn gives_back(&self, seg_addr: u64) -> bool {
+        let Some(seg) = self.segs.get(&seg_addr) else { return false };
+        let rule = match self.cfg.give_back {
+            GiveBack::Never => false,
+            GiveBack::Always | GiveBack::Auto { .. } => !self.kept_sizes.contains(&seg.size),
         };
-        if !whole(self) {
-            if self.fifo.is_empty() || !self.be.synchronize() {
-                return;
-            }
-            self.counters[4] += 1;
-            self.reclaim(true);
+        rule && !seg.blocks.iter().any(|b| b.st == St::Alloc)
+    }
+
+    /// Is the segment one free block (nothing pending)?
+    fn whole(&self, seg_addr: u64) -> bool {
+        let s = &self.segs[&seg_addr];
+        s.blocks.len() == 1 && s.blocks[0].st == St::Free
+    }
+
+    /// Gives a wholly free segment back to the device.
+    fn give_back(&mut self, seg_addr: u64) {
+        let size = self.segs.remove(&seg_addr).unwrap().size;
+        self.be.release_segment(seg_addr, size);
+        self.counters[1] += 1;
+        if matches!(self.cfg.give_back, GiveBack::Auto { .. }) {
+            self.given_back.push((size, self.be.now_ns()));
         }
-        if whole(self) {
-            let size = self.segs.remove(&seg_addr).unwrap().size;
-            self.be.release_segment(seg_addr, size);
-            self.counters[1] += 1;
-            if matches!(self.cfg.give_back, GiveBack::Auto { .. }) {
-                self.given_back.push((size, self.be.now_ns()));
-            }
-            self.observe();
-        }
+        self.observe();
     }
 
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {

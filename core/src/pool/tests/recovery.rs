@@ -251,3 +251,22 @@ fn a_wait_that_covers_one_emptied_segment_keeps_the_other_waiting() {
     p.check_invariants().unwrap();
     assert_eq!(p.stats().segment.current, 0, "the second one, at the second wait");
 }
+
+/// A wait refused by a capture gives nothing back and forgets nothing: the
+/// emptied segment waits listed, and the next wait gives it back with its
+/// own. (A refused wait once emptied the list, so one thread's capture-time
+/// free dropped the segment another thread was waiting to give back.)
+#[test]
+fn a_segment_whose_wait_was_refused_goes_back_at_the_next_wait() {
+    let mut p = pool(PoolConfig { give_back: GiveBack::Always, ..PoolConfig::default() });
+    p.backend_mut().fences = Fences::PerFree;
+    let a = alloc(&mut p, 30 * MIB);
+    let b = alloc(&mut p, 30 * MIB);
+    p.backend_mut().capturing = true;
+    p.free(a.id);
+    assert_eq!(p.stats().segment.current, 2, "nothing goes back during a capture");
+    p.backend_mut().capturing = false;
+    p.free(b.id);
+    p.check_invariants().unwrap();
+    assert_eq!(p.stats().segment.current, 0, "both went back at the wait after the capture");
+}
