@@ -5,8 +5,8 @@
 //! `cargo test --test pool_safety`
 mod support;
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use support::*;
@@ -200,18 +200,26 @@ fn a_request_past_the_device_fails_without_waiting_for_the_gpu() {
     }
 }
 
+/// `pool_free_wait_unlocked.c` with `args`, under the shim with `options`,
+/// a synchronisation taking 300 ms: its result line, its stdout and its log
+/// directory. The free waited for the GPU, as `cudaFree` does.
+fn free_wait_unlocked(args: &[&str], options: &str) -> (HashMap<String, u64>, String, PathBuf) {
+    let prog = compile_runtime_program("free_wait_unlocked", "pool_free_wait_unlocked.c");
+    let dir = scratch_dir("safety-free-wait-unlocked");
+    let mut cmd = preloaded_command(&prog, args, &dir, options);
+    cmd.env("FAKE_CUDA_SYNC_US", "300000");
+    let out = cmd.output().expect("run free_wait_unlocked");
+    let stdout = stdout_of(&out);
+    assert!(out.status.success(), "{options}: {stdout}{}", stderr_of(&out));
+    let result = result_line(&stdout).unwrap_or_else(|| panic!("{options}: no result line: {stdout}"));
+    assert!(result["free_ms"] >= 250, "{options}: the free waited for the GPU, as cudaFree does: {stdout}");
+    (result, stdout, dir)
+}
+
 #[test]
 fn a_free_waits_for_the_gpu_without_the_pools_lock() {
-    let prog = compile_runtime_program("free_wait_unlocked", "pool_free_wait_unlocked.c");
     for options in ["", "backing=segments"] {
-        let dir = scratch_dir("safety-free-wait-unlocked");
-        let mut cmd = preloaded_command(&prog, &[], &dir, options);
-        cmd.env("FAKE_CUDA_SYNC_US", "300000");
-        let out = cmd.output().expect("run free_wait_unlocked");
-        let stdout = stdout_of(&out);
-        assert!(out.status.success(), "{options}: {stdout}{}", stderr_of(&out));
-        let result = result_line(&stdout).unwrap_or_else(|| panic!("{options}: no result line: {stdout}"));
-        assert!(result["free_ms"] >= 250, "{options}: the free waited for the GPU, as cudaFree does: {stdout}");
+        let (result, stdout, dir) = free_wait_unlocked(&[], options);
         assert!(
             result["other_alloc_ms"] < 150,
             "{options}: the other thread did not wait on the pool's lock: {stdout}"
@@ -235,16 +243,8 @@ fn a_free_waits_for_the_gpu_without_the_pools_lock() {
 /// ends as it would without cupool.
 #[test]
 fn a_capture_begun_during_a_frees_wait_is_not_broken_by_its_give_back() {
-    let prog = compile_runtime_program("free_wait_unlocked", "pool_free_wait_unlocked.c");
     for options in ["backing=segments", ""] {
-        let dir = scratch_dir("safety-free-wait-capture");
-        let mut cmd = preloaded_command(&prog, &["capture"], &dir, options);
-        cmd.env("FAKE_CUDA_SYNC_US", "300000");
-        let out = cmd.output().expect("run free_wait_unlocked capture");
-        let stdout = stdout_of(&out);
-        assert!(out.status.success(), "{options}: {stdout}{}", stderr_of(&out));
-        let result = result_line(&stdout).unwrap_or_else(|| panic!("{options}: no result line: {stdout}"));
-        assert!(result["free_ms"] >= 250, "{options}: the free waited for the GPU: {stdout}");
+        let (result, stdout, dir) = free_wait_unlocked(&["capture"], options);
         assert_eq!(result["capture_end"], 0, "{options}: the capture ended as without cupool: {stdout}");
         assert_valid_log(&read_logs(&dir)[0], "free_wait_unlocked");
     }

@@ -230,16 +230,23 @@ fn an_emptied_segment_waits_for_its_owners_wait_to_go_back() {
     assert!(p.lookup(c.addr).is_some());
 }
 
+/// A pool whose segments go back when emptied and whose frees each get a
+/// fence of their own, with two 30 MiB blocks: a segment each.
+fn two_segments_freed_behind_work() -> (Pool<SimulatedDevice>, Block, Block) {
+    let mut p = pool(PoolConfig { give_back: GiveBack::Always, ..PoolConfig::default() });
+    p.backend_mut().fences = Fences::PerFree;
+    let a = alloc(&mut p, 30 * MIB);
+    let b = alloc(&mut p, 30 * MIB);
+    (p, a, b)
+}
+
 /// Two threads' frees empty two segments, each behind its own work, and
 /// each asks for a wait: the first wait, which covers only the first
 /// free's work, gives back the first segment and keeps the second waiting
 /// for the next wait, instead of forgetting it.
 #[test]
 fn a_wait_that_covers_one_emptied_segment_keeps_the_other_waiting() {
-    let mut p = pool(PoolConfig { give_back: GiveBack::Always, ..PoolConfig::default() });
-    p.backend_mut().fences = Fences::PerFree;
-    let a = alloc(&mut p, 30 * MIB);
-    let b = alloc(&mut p, 30 * MIB);
+    let (mut p, a, b) = two_segments_freed_behind_work();
     assert!(p.free_asking_wait(a.id));
     assert!(p.free_asking_wait(b.id));
     p.backend_mut().complete(1); // the first free's work, not the second's
@@ -258,10 +265,7 @@ fn a_wait_that_covers_one_emptied_segment_keeps_the_other_waiting() {
 /// free dropped the segment another thread was waiting to give back.)
 #[test]
 fn a_segment_whose_wait_was_refused_goes_back_at_the_next_wait() {
-    let mut p = pool(PoolConfig { give_back: GiveBack::Always, ..PoolConfig::default() });
-    p.backend_mut().fences = Fences::PerFree;
-    let a = alloc(&mut p, 30 * MIB);
-    let b = alloc(&mut p, 30 * MIB);
+    let (mut p, a, b) = two_segments_freed_behind_work();
     p.backend_mut().capturing = true;
     p.free(a.id);
     assert_eq!(p.stats().segment.current, 2, "nothing goes back during a capture");
