@@ -250,6 +250,27 @@ fn a_capture_begun_during_a_frees_wait_is_not_broken_by_its_give_back() {
     }
 }
 
+/// A stream destroyed with work still queued on it, then a free of the
+/// block that work uses: CUDA lets the work run on, and `cudaFree` waits for
+/// it. The pool's fences no longer see the stream, so the stream's last
+/// event, recorded as it is destroyed, must join them: the block is not
+/// handed out again ahead of the work (unless the streams are made to wait
+/// for it on the GPU, as a barrier does).
+#[test]
+fn a_block_freed_after_its_stream_was_destroyed_waits_for_that_streams_work() {
+    let prog = compile_runtime_program("destroyed_stream", "pool_destroyed_stream.c");
+    for options in ["", "backing=segments"] {
+        let dir = scratch_dir("safety-destroyed-stream");
+        let out = preloaded_command(&prog, &[], &dir, options).output().expect("run destroyed_stream");
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{options}: {stdout}{}", stderr_of(&out));
+        let result = result_line(&stdout).unwrap_or_else(|| panic!("{options}: no result line: {stdout}"));
+        assert_eq!(result["ordered_during_work"], 1, "{options}: handed out ahead of the work: {stdout}");
+        assert_eq!(result["reused_after_work"], 1, "{options}: reused once the work was done: {stdout}");
+        assert_valid_log(&read_logs(&dir)[0], "destroyed_stream");
+    }
+}
+
 #[test]
 fn memory_freed_in_bulk_goes_back_to_the_device() {
     let prog = compile_driver_program("giveback", "pool_give_back.c");

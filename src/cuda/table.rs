@@ -147,6 +147,7 @@ table! {
         cuEventRecord: fn(CUevent, CUstream) -> Status;
         cuEventQuery: fn(CUevent) -> Status;
         cuEventSynchronize: fn(CUevent) -> Status;
+        cuStreamSynchronize: fn(CUstream) -> Status;
         // Entry points.
         cuGetProcAddress: fn(*const c_char, *mut Ptr, c_int, u64) -> Status;
         cuGetProcAddress_v2: fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> Status;

@@ -86,9 +86,17 @@ pub struct CudaBackend {
     /// Events of the last GPU-side barrier: every stream then live waits on
     /// them, and a stream created later is made to wait on them too.
     pub barrier: Vec<u64>,
+    /// Events recorded on streams as they were destroyed, work perhaps still
+    /// queued behind them: the next fence carries them, so that no block
+    /// freed before or after is reused ahead of that work.
+    retired: Vec<u64>,
     pub counters: FenceCounters,
     pub progress: Arc<Progress>,
 }
+
+/// Events of destroyed streams kept for the next fence before one is
+/// recorded for them.
+const MAX_RETIRED: usize = 64;
 
 /// Shortest time between fences recorded for magazines' frees (`reuse_ready`).
 const REUSE_FENCE_NS: u64 = 50_000;
@@ -107,6 +115,7 @@ impl CudaBackend {
             last_fence_ns: 0,
             last_order_ns: 0,
             barrier: Vec::new(),
+            retired: Vec::new(),
             counters: FenceCounters::default(),
             progress: Arc::new(Progress::at(1, 0)),
         }
@@ -187,9 +196,38 @@ impl CudaBackend {
             self.spare_events.extend(events);
             return false;
         }
+        events.append(&mut self.retired);
         self.counters.recorded += 1;
         self.fences.push_back((closing, events));
         true
+    }
+
+    /// `stream`, of this context, is about to be destroyed. CUDA lets its
+    /// queued work run on, but the fences no longer see the stream: an
+    /// event recorded on it now joins the next fence. Without an event (none
+    /// to be had, a refused record) the host waits for the stream instead.
+    /// Not during a capture of the stream, which the record would join (its
+    /// destruction ends the capture).
+    pub fn retire_stream(&mut self, stream: u64) {
+        if stream == 0 || !streams::MULTI_STREAM.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(_current) = InContext::enter(self.ctx) else { return };
+        if capturing(stream) {
+            return;
+        }
+        match self.event() {
+            Some(e) if record(e, stream) => self.retired.push(e),
+            other => {
+                self.spare_events.extend(other);
+                unsafe { real!(cuStreamSynchronize(stream as CUstream)) };
+            }
+        }
+        // A program that makes and destroys streams without freeing: their
+        // events go into a fence now and then, not into a list without end.
+        if self.retired.len() >= MAX_RETIRED {
+            self.record_fence();
+        }
     }
 
     /// Makes every live stream of the context wait, on the GPU, for the

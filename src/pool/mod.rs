@@ -15,9 +15,7 @@ pub mod tools;
 
 pub use registry::{
     allocate, drop_context, exported, find, free, give_back_all_free, give_back_free_segments, lock_for_fork, owns,
-    pool_of, publish_pages, release_idle_for_tools, reserved_on, reset_peaks, settle, stream_created,
+    pool_of, publish_pages, release_idle_for_tools, reserved_on, reset_peaks, settle, stream_created, stream_destroyed,
     unlock_after_fork, ContextPool, Found, PooledBlock,
 };
-pub use streams::{
-    any_capture, capture_begun, capture_ended, driver_allocation, is_capturing, note_work, remove as stream_destroyed,
-};
+pub use streams::{any_capture, capture_begun, capture_ended, driver_allocation, is_capturing, note_work};

@@ -410,6 +410,16 @@ pub fn stream_created(ctx: u64, stream: u64) {
     }
 }
 
+/// `stream` is about to be destroyed: its pool's next fence covers the work
+/// still queued on it (`CudaBackend::retire_stream`), then it leaves the list.
+pub fn stream_destroyed(stream: u64) {
+    let pool = streams::context_of(stream).and_then(|ctx| all().into_iter().find(|p| p.ctx == ctx));
+    if let Some(pool) = pool {
+        pool.pool.lock().timeline_mut().retire_stream(stream);
+    }
+    streams::remove(stream);
+}
+
 /// The context died: its memory went with it; retire its pool. Returns the
 /// pools retired, as (device, bytes they had reserved).
 pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {

@@ -93,6 +93,11 @@ pub fn add(ctx: u64, stream: u64) -> bool {
     first
 }
 
+/// The context `stream` was created in, if cupool saw it created.
+pub fn context_of(stream: u64) -> Option<u64> {
+    STREAMS.lock().iter().find(|&&(_, s)| s == stream).map(|&(c, _)| c)
+}
+
 pub fn remove(stream: u64) {
     STREAMS.lock().retain(|&(_, s)| s != stream);
     capture_ended(stream, false); // destroying a capturing stream ends its capture

@@ -157,10 +157,15 @@ struct CUstream_st {
     int capture; /* CU_STREAM_CAPTURE_STATUS_* */
     int capture_mode;
     pthread_t capture_thread;
+    /* CLOCK_MONOTONIC ns until which work queued on it runs (fake_stream_busy). */
+    long long busy_until_ns;
 };
 struct CUevent_st {
     struct CUctx_st *ctx;
     unsigned flags;
+    /* CLOCK_MONOTONIC ns from which a record completes: its record plus the
+     * latency, or later when its stream was busy. */
+    long long ready_ns;
     /* CLOCK_MONOTONIC ns of its last record (FAKE_CUDA_EVENT_LATENCY_US),
      * the stream it was recorded on, and whether a synchronization since
      * completed it. */
@@ -196,6 +201,8 @@ struct handle_set {
 };
 static struct handle_set g_ctxs, g_streams, g_events, g_vmm, g_resv;
 static void complete_events_locked(CUstream stream, int all);
+/* Until when the legacy stream is busy (cuStreamWaitEvent on fake_stream_busy's work). */
+static long long g_legacy_busy_until_ns;
 
 static int set_add(struct handle_set *s, void *p)
 {
@@ -1918,9 +1925,16 @@ EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult r = check_event(hEvent, hStream, 1);
     if (!r && (uintptr_t)hStream > 2 && env_size("FAKE_CUDA_REFUSE_STREAM_RECORDS", 0))
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (!r && event_latency_ns()) {
+    if (!r) {
+        long long now = monotonic_ns();
         pthread_mutex_lock(&g_lock);
-        hEvent->recorded_ns = monotonic_ns();
+        hEvent->recorded_ns = now;
+        hEvent->ready_ns = now + event_latency_ns();
+        long long busy = (uintptr_t)hStream > 2 ? hStream->busy_until_ns
+                         : (uintptr_t)hStream < 2 ? g_legacy_busy_until_ns
+                                                  : 0;
+        if (busy > hEvent->ready_ns)
+            hEvent->ready_ns = busy;
         hEvent->stream = hStream;
         hEvent->synced = 0;
         pthread_mutex_unlock(&g_lock);
@@ -1930,13 +1944,21 @@ EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 
 static int event_pending(CUevent e)
 {
-    long long latency = event_latency_ns();
-    if (!latency)
-        return 0;
     pthread_mutex_lock(&g_lock);
-    int pending = !e->synced && monotonic_ns() - e->recorded_ns < latency;
+    int pending = !e->synced && monotonic_ns() < e->ready_ns;
     pthread_mutex_unlock(&g_lock);
     return pending;
+}
+
+/* Test hook: work queued on `s` now runs for `ms` milliseconds (a kernel the
+ * fake does not run): events recorded on it complete only after that, even
+ * once the stream is destroyed, as on a GPU. */
+EXPORT void fake_stream_busy(CUstream s, unsigned ms)
+{
+    pthread_mutex_lock(&g_lock);
+    if (stream_valid(s))
+        s->busy_until_ns = monotonic_ns() + (long long)ms * 1000000;
+    pthread_mutex_unlock(&g_lock);
 }
 
 /* A synchronization completes the events recorded before it: on `stream`,
@@ -1948,16 +1970,37 @@ static void complete_events_locked(CUstream stream, int all)
         if (all || e->stream == stream)
             e->synced = 1;
     }
+    /* The fake does not wait out fake_stream_busy's work: a synchronization
+     * finishes it at once. */
+    if (all) {
+        g_legacy_busy_until_ns = 0;
+        for (size_t i = 0; i < g_streams.n; i++)
+            ((struct CUstream_st *)g_streams.items[i])->busy_until_ns = 0;
+    } else if ((uintptr_t)stream > 2) {
+        stream->busy_until_ns = 0;
+    }
 }
 
-/* Work runs at once here, so a wait orders nothing; both handles must be
- * valid, and each wait is counted (stream_waits). */
+/* Work runs at once here, so a wait orders nothing, but for the work of
+ * fake_stream_busy: a stream that waits on an event of it is busy as long
+ * (what a record on it then shows). Both handles must be valid; each wait
+ * is counted (stream_waits). */
 EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
     (void)Flags;
     CUresult r = check_event(hEvent, hStream, 0);
-    if (!r)
+    if (!r) {
         __atomic_fetch_add(&g_stats.stream_waits, 1, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&g_lock);
+        long long until = hEvent->synced ? 0 : hEvent->ready_ns;
+        if ((uintptr_t)hStream > 2) {
+            if (until > hStream->busy_until_ns)
+                hStream->busy_until_ns = until;
+        } else if ((uintptr_t)hStream < 2 && until > g_legacy_busy_until_ns) {
+            g_legacy_busy_until_ns = until;
+        }
+        pthread_mutex_unlock(&g_lock);
+    }
     return r;
 }
 EXPORT CUresult cuEventQuery(CUevent hEvent)

@@ -168,6 +168,8 @@ void fake_reset_primary_unseen(int dev);
 /* Test-only: the device memory the fake holds on `dev` now (what another
  * process could not have). */
 size_t fake_device_used(int dev);
+/* Work queued on `s` now runs `ms` milliseconds: events recorded on it complete after that. */
+void fake_stream_busy(CUstream s, unsigned ms);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventQuery(CUevent hEvent);
