@@ -107,6 +107,27 @@ fn an_exported_block_stays_out_of_reuse_and_freed_memory_cannot_be_exported() {
     }
 }
 
+/// A magazine holds blocks of a context that is reset; the new context's
+/// pool may take the same addresses. The old blocks, handed back when the
+/// magazine refills for the new pool, must free nothing of the new
+/// context's memory, and the device's reserved bytes must not be taken
+/// off twice (once at the death, again at the hand-back).
+#[test]
+fn blocks_a_magazine_held_through_a_context_reset_free_nothing_of_the_new_context() {
+    let prog = compile_driver_program("mag-ctxreset", "magazine_context_reset.c");
+    let plain = plain_result(&prog, &[]);
+    assert_eq!((plain["blocks_with_data"], plain["big_rc"]), (3, 0));
+    for backing in ["backing=segments", "backing=vmm"] {
+        let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
+        let result = r.result.unwrap_or_else(|| panic!("{backing}: no result line: {}", r.stdout));
+        assert_eq!(result, plain, "{backing}: {}", r.stdout);
+        for device in r.log["end"]["devices"].as_array().expect("end.devices") {
+            let reserved = &device["reserved_bytes"];
+            assert!(reserved.as_u64().is_some_and(|b| b < 1 << 40), "{backing}: {device}");
+        }
+    }
+}
+
 #[test]
 fn a_fork_child_keeps_nothing_of_its_parents_magazines() {
     let prog = fakes().prog("prog_fork");

@@ -205,6 +205,7 @@ impl Engine {
     /// mappings and ranges alike (touching those afterwards crashed the
     /// driver on an H100). The pool forgets them.
     pub fn context_died(&mut self) {
+        self.timeline_mut().context_died();
         if let Engine::Pages(p) = self {
             p.forget();
         }

@@ -90,6 +90,13 @@ pub struct CudaBackend {
     /// queued behind them: the next fence carries them, so that no block
     /// freed before or after is reused ahead of that work.
     retired: Vec<u64>,
+    /// The retired events that fences carry, by the epoch of their fence,
+    /// until it completes: a GPU-side barrier on a later fence waits on
+    /// them too, as that fence has no event on their streams.
+    retired_in_fences: Vec<(u64, u64)>,
+    /// The context died: its handle may name a new context now, so nothing
+    /// is freed through it any more (`context_died`).
+    dead: bool,
     pub counters: FenceCounters,
     pub progress: Arc<Progress>,
 }
@@ -116,6 +123,8 @@ impl CudaBackend {
             last_order_ns: 0,
             barrier: Vec::new(),
             retired: Vec::new(),
+            retired_in_fences: Vec::new(),
+            dead: false,
             counters: FenceCounters::default(),
             progress: Arc::new(Progress::at(1, 0)),
         }
@@ -196,10 +205,23 @@ impl CudaBackend {
             self.spare_events.extend(events);
             return false;
         }
+        self.retired_in_fences.extend(self.retired.iter().map(|&e| (closing, e)));
         events.append(&mut self.retired);
         self.counters.recorded += 1;
         self.fences.push_back((closing, events));
         true
+    }
+
+    /// The context died with its memory. Its handle may already name a new
+    /// context (a primary context reset), where a `cuMemFree` of an old
+    /// address would free the new context's memory: blocks of this pool
+    /// that come back later (from threads' magazines) are dropped instead.
+    pub fn context_died(&mut self) {
+        self.dead = true;
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead
     }
 
     /// `stream`, of this context, is about to be destroyed. CUDA lets its
@@ -246,10 +268,12 @@ impl CudaBackend {
         }
         let (epoch, events) = &self.fences[index];
         let epoch = *epoch;
-        // The legacy stream waits for every stream's part of the fence; one
-        // event after those waits then orders every other stream behind it
-        // (2S-1 dependencies instead of S²).
-        if !events.iter().all(|&e| wait(0, e)) {
+        // The legacy stream waits for every stream's part of the fence, and
+        // for the streams destroyed since earlier fences (this one has no
+        // event on them); one event after those waits then orders every
+        // other stream behind it (2S-1 dependencies instead of S²).
+        let destroyed = self.retired_in_fences.iter().filter(|&&(e, _)| e < epoch).map(|&(_, event)| event);
+        if !events.iter().copied().chain(destroyed).all(|e| wait(0, e)) {
             return false; // the waits already queued only delay work; the host waits instead
         }
         let Some(joined) = self.event() else { return false };
@@ -359,12 +383,16 @@ impl CudaBackend {
             self.counters.completed += 1;
             let (_, events) = self.fences.pop_front().unwrap_or_default();
             self.spare_events.extend(events);
+            self.retired_in_fences.retain(|&(e, _)| e > epoch);
         }
     }
 }
 
 impl Backend for CudaBackend {
     fn allocate_segment(&mut self, size: u64) -> Option<u64> {
+        if self.dead {
+            return None;
+        }
         let _current = InContext::enter(self.ctx)?;
         let mut p: CUdeviceptr = 0;
         if unsafe { real!(cuMemAlloc_v2(&mut p, size as usize)) } != SUCCESS {
@@ -375,6 +403,9 @@ impl Backend for CudaBackend {
     }
 
     fn release_segment(&mut self, addr: u64, _size: u64) {
+        if self.dead {
+            return; // its memory went with the context
+        }
         // A pooled free may come from a thread with no current context (the
         // shim answers `cudaFree` before the runtime binds one).
         let _current = InContext::enter(self.ctx);
@@ -524,6 +555,7 @@ impl CudaBackend {
             let (_, events) = self.fences.pop_front().unwrap_or_default();
             self.spare_events.extend(events);
         }
+        self.retired_in_fences.retain(|&(e, _)| e > closing);
     }
 }
 

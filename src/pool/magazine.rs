@@ -493,6 +493,11 @@ pub fn keep_freed(pool: usize, block: BlockId, addr: u64, bytes: u64, progress: 
     let Some(class) = round_size(bytes) else { return Kept::No };
     let tag = progress.tag_now();
     with_mine(|m| {
+        if m.nfreed == FREED {
+            // Full, and its owner could not empty it (the end record held
+            // the magazine): this block goes to the pool as it is.
+            return Kept::No;
+        }
         let mut to_batch = (pool, block.to_raw(), bytes);
         if let Some(c) = m.class(pool, class) {
             if c.nwaiting < c.waiting_room() {
@@ -864,5 +869,31 @@ mod tests {
         // Only orphans: a full settle would empty the magazines of tests running beside this one.
         settle(true, |r| again.extend(r.as_slice().iter().filter(|&&(p, _)| p == 3)));
         assert!(again.is_empty(), "{again:?}");
+    }
+
+    /// A full batch whose owner finds the magazine locked (the end record
+    /// reading it) stays full: the next free goes to the pool instead of
+    /// past the batch's end.
+    #[test]
+    fn a_free_into_a_full_batch_that_could_not_be_emptied_goes_to_the_pool() {
+        std::thread::spawn(|| {
+            start_here();
+            for i in 0..FREED as u32 - 1 {
+                assert_eq!(keep_freed(11, BlockId::from_raw(i), 0, 4096, &tagging(0)), Kept::Yes);
+            }
+            assert_eq!(keep_freed(11, BlockId::from_raw(99), 0, 4096, &tagging(0)), Kept::BatchFull);
+            let m = THREAD.with(|t| t.magazine.borrow().clone().unwrap());
+            let mut r = Returns::default();
+            {
+                let _held = m.try_lock_for(std::time::Duration::from_millis(50)).unwrap(); // as `record` does
+                take_frees(&mut r);
+            }
+            assert!(r.as_slice().is_empty(), "the lock was held: nothing taken");
+            assert_eq!(keep_freed(11, BlockId::from_raw(100), 0, 4096, &tagging(0)), Kept::No);
+            take_frees(&mut r);
+            assert_eq!(r.as_slice().len(), FREED, "the batch, whole, once the lock is free");
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -231,6 +231,9 @@ fn give_back_batch(on_reserved: &mut dyn FnMut(i32, i64)) {
 fn free_now(pool: usize, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) {
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
     let mut p = lock(pool_ref);
+    if p.timeline().is_dead() {
+        return; // its context died, and the block's memory with it
+    }
     let before = p.reserved();
     let wait = p.free(block);
     report(pool_ref.device, before, p.reserved(), on_reserved);
@@ -299,6 +302,9 @@ fn give_back(returns: &Returns, on_reserved: &mut dyn FnMut(i32, i64)) {
 fn give_back_run(pool: usize, blocks: &[(usize, u32)], on_reserved: &mut dyn FnMut(i32, i64)) {
     let pool_ref = unsafe { &*(pool as *const ContextPool) };
     let mut p = lock(pool_ref);
+    if p.timeline().is_dead() {
+        return; // blocks a magazine held when their context died: gone with it
+    }
     let before = p.reserved();
     let mut wait = false;
     for &(_, block) in blocks {
