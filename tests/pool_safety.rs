@@ -275,6 +275,24 @@ fn a_block_freed_after_its_stream_was_destroyed_waits_for_that_streams_work() {
     }
 }
 
+/// A block freed before any stream exists is reusable at once (all work
+/// so far is ordered on the one stream). Streams created later, not only
+/// the first, are ordered behind the work queued before them: the block may
+/// go to any of them while that work still runs.
+#[test]
+fn every_stream_created_later_waits_for_the_work_queued_before_the_first() {
+    let prog = compile_runtime_program("late_stream", "pool_late_stream.c");
+    for options in ["", "backing=segments"] {
+        let dir = scratch_dir("safety-late-stream");
+        let out = preloaded_command(&prog, &[], &dir, options).output().expect("run late_stream");
+        let stdout = stdout_of(&out);
+        assert!(out.status.success(), "{options}: {stdout}{}", stderr_of(&out));
+        let result = result_line(&stdout).unwrap_or_else(|| panic!("{options}: no result line: {stdout}"));
+        assert_eq!(result["ordered"], 1, "{options}: the second stream may touch x ahead of the work: {stdout}");
+        assert_valid_log(&read_logs(&dir)[0], "late_stream");
+    }
+}
+
 #[test]
 fn memory_freed_in_bulk_goes_back_to_the_device() {
     let prog = compile_driver_program("giveback", "pool_give_back.c");

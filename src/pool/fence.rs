@@ -97,6 +97,9 @@ pub struct CudaBackend {
     /// The context died: its handle may name a new context now, so nothing
     /// is freed through it any more (`context_died`).
     dead: bool,
+    /// An event recorded on the legacy stream when the context's first
+    /// stream was created, while it may not have completed.
+    before_streams: Option<u64>,
     pub counters: FenceCounters,
     pub progress: Arc<Progress>,
 }
@@ -125,6 +128,7 @@ impl CudaBackend {
             retired: Vec::new(),
             retired_in_fences: Vec::new(),
             dead: false,
+            before_streams: None,
             counters: FenceCounters::default(),
             progress: Arc::new(Progress::at(1, 0)),
         }
@@ -333,11 +337,30 @@ impl CudaBackend {
             return; // a capture cupool did not see begin: the record would join it
         }
         let Some(e) = self.event() else { return };
-        if record(e, 0) {
-            wait(stream, e);
+        if record(e, 0) && wait(stream, e) {
+            // Kept: streams created later wait on it too, while it runs.
+            self.before_streams = Some(e);
+        } else {
+            self.spare_events.push(e);
         }
-        // A wait holds the record it was queued behind: the event may be recorded again.
-        self.spare_events.push(e);
+    }
+
+    /// Makes `stream`, created after the context's first, wait on the GPU for
+    /// the work queued before that first stream, while it may still run:
+    /// blocks freed then were reusable at once, and `stream` may be given
+    /// one of them (a non-blocking stream is not ordered behind that work
+    /// by itself).
+    pub fn order_behind_work_before_streams(&mut self, stream: u64) {
+        let Some(e) = self.before_streams else { return };
+        let Some(_current) = InContext::enter(self.ctx) else { return };
+        // Asked only outside captures (a query there is not asked of the driver).
+        if !streams::any_capture() && query(e) {
+            self.before_streams = None;
+            self.spare_events.push(e);
+        } else if !wait(stream, e) {
+            // Cannot be ordered on the GPU: the host waits for that work.
+            unsafe { real!(cuEventSynchronize(e as CUevent)) };
+        }
     }
 
     /// Has the GPU passed `tag`, the oldest free a thread's magazine waits

@@ -412,6 +412,8 @@ pub fn stream_created(ctx: u64, stream: u64) {
             // all work went to one stream. A non-blocking stream is not
             // ordered behind that work by itself.
             p.timeline_mut().order_behind_queued_work(stream);
+        } else {
+            p.timeline_mut().order_behind_work_before_streams(stream);
         }
     }
 }

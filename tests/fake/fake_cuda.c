@@ -1955,9 +1955,12 @@ static int event_pending(CUevent e)
  * once the stream is destroyed, as on a GPU. */
 EXPORT void fake_stream_busy(CUstream s, unsigned ms)
 {
+    long long until = monotonic_ns() + (long long)ms * 1000000;
     pthread_mutex_lock(&g_lock);
-    if (stream_valid(s))
-        s->busy_until_ns = monotonic_ns() + (long long)ms * 1000000;
+    if ((uintptr_t)s < 2)
+        g_legacy_busy_until_ns = until; /* the legacy stream */
+    else if ((uintptr_t)s > 2 && stream_valid(s))
+        s->busy_until_ns = until;
     pthread_mutex_unlock(&g_lock);
 }
 
