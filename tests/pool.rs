@@ -1089,6 +1089,7 @@ fn nvtx_ranges_are_phases() {
 fn ipc_export_keeps_exactly_the_exported_blocks_out_of_reuse() {
     let prog = compile_runtime_program("ipc_export_rules", "ipc_export_rules.c");
     let r = run_prog(&prog, &[], POOL);
-    let got = ["freed_export", "b_reused", "a_export", "a_kept"].map(|k| value(&r, k));
-    assert_eq!(got, [1, 1, 0, 1], "freed_export b_reused a_export a_kept");
+    let got =
+        ["freed_export", "b_reused", "a_export", "a_kept", "a_freed_export", "a_freed_range"].map(|k| value(&r, k));
+    assert_eq!(got, [1, 1, 0, 1, 1, 500], "freed_export b_reused a_export a_kept");
 }

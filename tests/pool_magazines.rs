@@ -103,7 +103,11 @@ fn an_exported_block_stays_out_of_reuse_and_freed_memory_cannot_be_exported() {
     for backing in ["backing=vmm", "backing=segments"] {
         let r = run(&prog, &[], &format!("{ALWAYS}:{backing}"));
         let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
-        assert_eq!(["freed_export", "b_reused", "a_export", "a_kept"].map(v), [1, 1, 0, 1], "{backing}");
+        assert_eq!(
+            ["freed_export", "b_reused", "a_export", "a_kept", "a_freed_export", "a_freed_range"].map(v),
+            [1, 1, 0, 1, 1, 500],
+            "{backing}"
+        );
     }
 }
 

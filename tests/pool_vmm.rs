@@ -198,8 +198,8 @@ fn ipc_export_of_a_vmm_block_keeps_it_out_of_reuse() {
     let r = run(&prog, &[], VMM);
     let v = |k: &str| stdout_value(&r.stdout, k).unwrap_or_else(|| panic!("no {k}= in {}", r.stdout));
     assert_eq!(
-        ["freed_export", "b_reused", "a_export", "a_kept"].map(v),
-        [1, 1, 0, 1],
+        ["freed_export", "b_reused", "a_export", "a_kept", "a_freed_export", "a_freed_range"].map(v),
+        [1, 1, 0, 1, 1, 500],
         "freed_export b_reused a_export a_kept"
     );
     assert_eq!(r.log["end"]["pools"][0]["backing"], "vmm");

@@ -9,7 +9,7 @@ use crate::runtime::bias::{BiasedGuard, BiasedMutex};
 use cupool_core::pool::{Block, BlockId, OutOfMemory, Timeline};
 use parking_lot::Mutex;
 use std::cell::Cell;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// One context's pool.
@@ -284,7 +284,12 @@ fn wait_unlocked<'a>(pool: &'a ContextPool, mut p: BiasedGuard<'a, Engine>, on_r
 /// (another process may still read it through its handle); this says so once.
 #[inline]
 fn kept_exported(pool: usize, block: u32) -> bool {
-    ANY_EXPORTED.load(Ordering::Acquire) && EXPORTED.lock().remove(&(pool, block))
+    if !ANY_EXPORTED.load(Ordering::Acquire) {
+        return false;
+    }
+    // Still allocated in the pool, but freed for the program: pointer
+    // queries and exports answer as for freed memory (`find`).
+    EXPORTED.lock().get_mut(&(pool, block)).map(|freed| *freed = true).is_some()
 }
 
 /// Frees blocks a magazine gave back, under each pool's lock once per run
@@ -326,7 +331,8 @@ pub fn settle(only_orphans: bool, on_reserved: &mut dyn FnMut(i32, i64)) {
 }
 
 /// Blocks exported through IPC, as (pool address, block id).
-static EXPORTED: Mutex<BTreeSet<(usize, u32)>> = Mutex::new(BTreeSet::new());
+/// With whether the program freed them since (they stay allocated).
+static EXPORTED: Mutex<BTreeMap<(usize, u32), bool>> = Mutex::new(BTreeMap::new());
 static ANY_EXPORTED: AtomicBool = AtomicBool::new(false);
 
 /// An allocated pooled block, as `find` sees it.
@@ -358,6 +364,11 @@ pub fn find(ptr: u64) -> Found {
         let pool = p.pool.lock();
         if let Some(b) = pool.lookup(ptr) {
             let pool_addr = p as *const ContextPool as usize;
+            if ANY_EXPORTED.load(Ordering::Acquire)
+                && EXPORTED.lock().get(&(pool_addr, b.id.to_raw())).copied().unwrap_or(false)
+            {
+                return Found::Freed; // exported, then freed: kept for its receivers only
+            }
             return Found::Block(PooledBlock {
                 addr: b.addr,
                 size: b.requested,
@@ -394,7 +405,7 @@ pub fn publish_pages(b: &PooledBlock) -> Result<super::ipc::Ticket, crate::cuda:
 /// The block's IPC handle went out: keep it out of reuse for the rest of the run.
 pub fn exported(b: &PooledBlock) {
     ANY_EXPORTED.store(true, Ordering::Release);
-    EXPORTED.lock().insert((b.pool, b.block));
+    EXPORTED.lock().entry((b.pool, b.block)).or_insert(false);
 }
 
 /// A stream was created in `ctx`. It must also wait behind the last GPU-side

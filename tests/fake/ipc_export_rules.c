@@ -4,7 +4,9 @@
  * freed_export= is the result (CUDA refuses freed memory), and a new 1 MiB
  * block c takes b's place (b_reused=1: a failed export keeps nothing back).
  * Then a is exported (a_export=0) and freed, and a new block d must not take
- * a's place (a_kept=1: a receiver may still read it). */
+ * a's place (a_kept=1: a receiver may still read it). Kept, a still answers
+ * as freed memory to the program: an export and a range query of it fail
+ * (a_freed_export, a_freed_range: CUDA's error codes, not 0). */
 #include <stdint.h>
 
 #include "fake_cuda_api.h"
@@ -25,6 +27,10 @@ int main(void)
     CHECK(cudaFree(a));
     CHECK(cudaMalloc(&d, 1u << 20));
     printf("a_kept=%d\n", d != a);
+    CUdeviceptr base;
+    size_t size;
+    printf("a_freed_export=%d\n", cudaIpcGetMemHandle(&h, a));
+    printf("a_freed_range=%d\n", cuMemGetAddressRange_v2(&base, &size, (CUdeviceptr)(uintptr_t)a));
     CHECK(cudaFree(c));
     CHECK(cudaFree(d));
     printf("result: ok\n");
