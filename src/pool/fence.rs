@@ -404,7 +404,15 @@ impl CudaBackend {
             self.complete_up_to(epoch);
             self.finished = self.finished.max(epoch);
             self.counters.completed += 1;
-            let (_, events) = self.fences.pop_front().unwrap_or_default();
+            self.drop_oldest_fence();
+        }
+    }
+
+    /// Drops the oldest fence, whose work is done: its events go back to the
+    /// spares, and the destroyed streams' events it carried leave the list
+    /// that barriers wait on.
+    fn drop_oldest_fence(&mut self) {
+        if let Some((epoch, events)) = self.fences.pop_front() {
             self.spare_events.extend(events);
             self.retired_in_fences.retain(|&(e, _)| e > epoch);
         }
@@ -575,10 +583,8 @@ impl CudaBackend {
         self.complete_up_to(closing);
         self.finished = self.finished.max(closing);
         while self.fences.front().is_some_and(|&(epoch, _)| epoch <= closing) {
-            let (_, events) = self.fences.pop_front().unwrap_or_default();
-            self.spare_events.extend(events);
+            self.drop_oldest_fence();
         }
-        self.retired_in_fences.retain(|&(e, _)| e > closing);
     }
 }
 

@@ -233,7 +233,7 @@ impl<B: Backend> Pool<B> {
                 self.pending.push_back((i, tag));
             }
         }
-        if self.segs[b.seg].allocated == 0 && self.gives_back(self.segs[b.seg].size) && !self.give_back(b.seg) {
+        if self.emptied_and_going_back(b.seg) && !self.give_back(b.seg) {
             // A segment's blocks go back as `cudaFree` would: after the GPU.
             if !self.pending.is_empty() {
                 let addr = self.segs[b.seg].addr;
@@ -256,10 +256,16 @@ impl<B: Backend> Pool<B> {
         self.reclaim_completed();
         let mut waiting = std::mem::take(&mut self.awaiting_wait);
         waiting.retain(|addr| match self.seg_by_addr.get(addr) {
-            Some(&seg) if self.segs[seg].allocated == 0 && self.gives_back(self.segs[seg].size) => !self.give_back(seg),
+            Some(&seg) if self.emptied_and_going_back(seg) => !self.give_back(seg),
             _ => false,
         });
         self.awaiting_wait = waiting;
+    }
+
+    /// Does segment `seg` hold no allocated block, and go back by the rule?
+    #[inline]
+    fn emptied_and_going_back(&self, seg: u32) -> bool {
+        self.segs[seg].allocated == 0 && self.gives_back(self.segs[seg].size)
     }
 
     /// Does a segment of `size` bytes that frees leave empty go back to the
