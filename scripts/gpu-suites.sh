@@ -50,7 +50,7 @@ done
 python3 - <<'EOF'
 import importlib, importlib.metadata as md, platform
 print("python", platform.python_version())
-for dist in ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "numpy", "scipy", "pytest", "pytest-xdist", "pytest-timeout", "psutil", "expecttest", "hypothesis"):
+for dist in ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "numpy", "scipy", "pytest", "pytest-xdist", "pytest-timeout", "psutil", "expecttest", "hypothesis", "numba", "numba-cuda", "cuda-python", "filecheck"):
     try:
         print(f"{dist} {md.version(dist)}")
     except md.PackageNotFoundError:
@@ -106,13 +106,19 @@ suite() {
     grep -E "^=* ?[0-9]+ (passed|failed|skipped|error)|no tests ran|Interrupted" $work/$name.$mode.out | tail -n 2 | sed "s/^/[$name $mode rc=$(cat $work/$name.$mode.rc)] /"
   done
   grep -A3 -h "^cupool: " $work/$name.pool.out | head -n 8 | sed "s/^/[$name pool] /"
+  # A run that could not collect its tests compares nothing: say so, never SAME.
+  if grep -qs "errors\? during collection" $work/$name.{plain,pool}.out; then
+    grep -h -m3 "^E  " $work/$name.{plain,pool}.out | sort -u | sed "s/^/[$name collect] /"
+    rows+=("$(printf '%-22s | NOT COMPARED: tests failed to collect (%s)' $name "$(grep -h -o '[0-9]* errors\? during collection' $work/$name.{plain,pool}.out | head -n 1)")")
+    return
+  fi
   rows+=("$(python3 $src/junit_compare.py row $name $work/$name.plain.xml $work/$name.pool.xml $t_plain $t_pool $work/$name.diff $(grep -qxE "124|137" $work/$name.{plain,pool}.rc && echo cut))")
   local n=$(wc -l < $work/$name.diff)
   if [ $n -gt 0 ] && [ $n -le 40 ]; then
     mapfile -t ids < $work/$name.diff
-    # The suite's ini overrides hold for its tests run alone too.
+    # The suite's ini overrides and plugins hold for its tests run alone too.
     local ini=() prev=
-    for a in "$@"; do [ "$prev" = -o ] && ini+=(-o "$a"); prev=$a; done
+    for a in "$@"; do case $prev in -o|-p) ini+=("$prev" "$a") ;; esac; prev=$a; done
     for mode in plain pool passthrough; do
       one_run $name.again $mode $dir "${ini[@]}" "${ids[@]}" > /dev/null
     done
@@ -147,9 +153,25 @@ suite torch-mp-cuda $suites/torch/test test_multiprocessing.py -k cuda
 # consider_namespace_packages, as numba-cuda's own pytest.ini sets it: else
 # pytest puts numba_cuda/numba (the first folder up without an __init__.py)
 # on sys.path, where its cuda/ hides cuda-python's `cuda` package.
+# The installed package lacks the conftest.py of numba-cuda's repository,
+# which adds an option and a class fixture that its test cases ask for by
+# name; a plugin of ours gives both (-p, found on PYTHONPATH).
+mkdir -p $work/plugins
+cat > $work/plugins/numba_cuda_repo_conftest.py <<'EOF'
+import pytest
+
+def pytest_addoption(parser):
+    parser.addoption("--dump-failed-filechecks", action="store_true", default=False)
+
+@pytest.fixture(scope="class")
+def initialize_from_pytest_config(request):
+    # FileCheck failures are reported as the option asks (off here).
+    request.cls._dump_failed_filechecks = request.config.getoption("dump_failed_filechecks")
+EOF
+export PYTHONPATH=$work/plugins${PYTHONPATH:+:$PYTHONPATH}
 numba=numba.cuda.tests.cudapy
 suite numba-cuda $work --pyargs numba.cuda.tests.cudadrv $numba.test_ipc $numba.test_multiprocessing \
-  $numba.test_multithreads $numba.test_stream_api -o consider_namespace_packages=true
+  $numba.test_multithreads $numba.test_stream_api -o consider_namespace_packages=true -p numba_cuda_repo_conftest
 
 tar czf $out/gpu-suites.tgz -C $work --exclude='*.logs' --exclude='*.kernels' --exclude='*.inductor' --exclude='*.triton' --exclude=py . 2>/dev/null
 echo

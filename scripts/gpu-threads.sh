@@ -12,6 +12,7 @@
 #     the test catches what it looks for) that build;
 #  3. the 8-thread stress (10^6 operations) and the stream-safety test under
 #     the new build, default options and magazines=always.
+# SECTIONS (default "scaling safety stress") picks among the three.
 # Prints a table last. Run from the repository root on the GPU machine.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
@@ -30,7 +31,10 @@ best() { # best LIB OPTIONS CMD...: best pairs/s of 3 runs
   for r in 1 2 3; do under "$@" | sed -n 's/.*pairs_per_s=\([0-9]*\).*/\1/p'; done | sort -n | tail -1
 }
 nost=stack_depth=0:python_depth=0
-echo "== scaling" | tee $w/table.txt
+sections=" ${SECTIONS:-scaling safety stress} "
+: > $w/table.txt
+if [[ $sections == *" scaling "* ]]; then
+echo "== scaling" | tee -a $w/table.txt
 printf '%-7s %-8s %-6s %8s %8s %8s %8s\n' kernel options build 1 2 4 8 | tee -a $w/table.txt
 for kernel in 0 1; do
   pairs=100000; [ $kernel = 1 ] && pairs=20000
@@ -44,15 +48,20 @@ for kernel in 0 1; do
     done
   done
 done
+fi
+if [[ $sections == *" safety "* ]]; then
 echo "== magazine safety (4 threads, 2000 rounds; 16 KiB blocks)" | tee -a $w/table.txt
 echo "plain:            $($w/magazine_safety 4 2000 | grep result)" | tee -a $w/table.txt
 echo "magazines=auto:   $(under $new trace=0 $w/magazine_safety 4 2000 | grep result)" | tee -a $w/table.txt
 echo "magazines=always: $(under $new trace=0:magazines=always $w/magazine_safety 4 2000 | grep result)" | tee -a $w/table.txt
 [ -f $broken ] && echo "fences ignored (a broken build, =always): $(under $broken trace=0:magazines=always $w/magazine_safety 4 2000 | grep result)" | tee -a $w/table.txt
+fi
+if [[ $sections == *" stress "* ]]; then
 echo "== stress and stream safety (new build)" | tee -a $w/table.txt
 for opts in trace=0 trace=0:magazines=always; do
   s=$( { /usr/bin/time -f "%e s" bash -c "CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$new $w/stress 1000000" ; } 2>&1 | tr '\n' ' ')
   echo "stress $opts: $s" | tee -a $w/table.txt
   echo "stream safety $opts: $(under $new $opts $w/stream_safety | tail -1)" | tee -a $w/table.txt
 done
+fi
 echo; echo "== table"; cat $w/table.txt

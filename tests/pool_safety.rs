@@ -88,10 +88,12 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
         ("relaxed_malloc", 0),
         ("relaxed_end", 0),
         ("relaxed_free", 0),
-        // Global mode: allocating or freeing is refused and breaks the capture.
+        // Global mode: allocating is refused and breaks the capture ...
         ("global_malloc", 900),
-        ("global_free", 900),
         ("global_end", 901),
+        // ... and so is freeing.
+        ("global_free", 900),
+        ("global_free_end", 901),
         ("free_after_capture", 0),
         ("global_other_malloc", 900),
         ("global_other_end", 901),
@@ -99,6 +101,20 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
         ("local_other_malloc", 0),
         ("local_own_malloc", 900),
         ("local_end", 901),
+        // A relaxed capture forbids no free, nor does another thread's
+        // thread-local one, and the free leaves them whole (a synchronisation
+        // would break them); a global one invalidated and left open forbids
+        // allocating and freeing still.
+        ("relaxed_held_free", 0),
+        ("relaxed_held_end", 0),
+        ("open_malloc", 900),
+        ("open_free", 900),
+        ("open_malloc_again", 900),
+        ("open_free_again", 0),
+        ("open_end", 901),
+        ("open_free_after", 0),
+        ("local_other_free", 0),
+        ("local_other_free_end", 0),
         ("graph_malloc", 0),
         ("graph_meminfo", 0),
         ("graph_end", 0),

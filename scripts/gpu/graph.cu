@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cstdio>
+#include <atomic>
 #include <thread>
 
 __global__ void fill(int *p, int n, int v) {
@@ -152,6 +153,64 @@ int main() {
     printf("replay-churn: end=%d bad=%d\n", (int)e, bad);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
+
+    // 7. What a capture forbids besides allocations. A relaxed capture: a
+    // free, then a synchronisation (which the capturing stream cannot join).
+    int *rf;
+    cudaMalloc(&rf, bytes);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    f = cudaFree(rf);
+    fill<<<n / 256, 256, 0, s>>>(out, n, 5);
+    e = cudaStreamEndCapture(s, &g);
+    printf("relaxed-free: free=%d end=%d\n", (int)f, (int)e);
+    if (e == cudaSuccess) cudaGraphDestroy(g);
+    cudaGetLastError();
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    cudaError_t sy = cudaDeviceSynchronize();
+    e = cudaStreamEndCapture(s, &g);
+    printf("relaxed-sync: sync=%d end=%d\n", (int)sy, (int)e);
+    if (e == cudaSuccess) cudaGraphDestroy(g);
+    cudaGetLastError();
+    // A global capture invalidated by a refused call and left open, as by a
+    // program that lost its graph builder to an exception (numba-cuda's suite).
+    int *k1, *k2, *z = nullptr;
+    cudaMalloc(&k1, bytes);
+    cudaMalloc(&k2, bytes);
+    cudaStream_t s2;
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal);
+    m = cudaMalloc(&z, bytes);
+    f = cudaFree(k1);
+    cudaError_t m2 = cudaMalloc(&z, bytes);
+    if (m2 == cudaSuccess) cudaFree(z);
+    sy = cudaDeviceSynchronize();
+    e = cudaStreamEndCapture(s2, &g);
+    f2 = cudaFree(k2);
+    printf("invalidated-open: malloc=%d free=%d malloc_again=%d sync=%d end=%d free_after=%d\n", (int)m, (int)f,
+           (int)m2, (int)sy, (int)e, (int)f2);
+    cudaGetLastError();
+    // A thread-local capture on another thread: this thread frees, then
+    // synchronises the device.
+    int *tf;
+    cudaMalloc(&tf, bytes);
+    std::atomic<int> stage{0};
+    cudaError_t tl_end = cudaSuccess;
+    std::thread t3([&] {
+        cudaStreamBeginCapture(s2, cudaStreamCaptureModeThreadLocal);
+        stage = 1;
+        while (stage != 2) std::this_thread::yield();
+        cudaGraph_t g3;
+        tl_end = cudaStreamEndCapture(s2, &g3);
+        if (tl_end == cudaSuccess) cudaGraphDestroy(g3);
+    });
+    while (stage != 1) std::this_thread::yield();
+    f = cudaFree(tf);
+    sy = cudaDeviceSynchronize();
+    stage = 2;
+    t3.join();
+    printf("thread-local-other: free=%d sync=%d end=%d\n", (int)f, (int)sy, (int)tl_end);
+    cudaGetLastError();
+    cudaStreamDestroy(s2);
     cudaFree(keep);
     cudaFree(acc);
     cudaFree(out);

@@ -37,6 +37,11 @@ pub const OUT_OF_MEMORY: Status = DriverError::CUDA_ERROR_OUT_OF_MEMORY as Statu
 pub const INVALID_CONTEXT: Status = DriverError::CUDA_ERROR_INVALID_CONTEXT as Status;
 /// "Not found": what `cuMemGetAddressRange` answers for memory that is not allocated.
 pub const NOT_FOUND: Status = DriverError::CUDA_ERROR_NOT_FOUND as Status;
+/// The stream-capture errors (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` …
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`; the runtime's values are the same).
+pub const CAPTURE_ERRORS: std::ops::RangeInclusive<Status> = DriverError::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    as Status
+    ..=DriverError::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD as Status;
 /// What a hook returns when the real function does not exist at all, so
 /// there is nothing to pass the call to: "named symbol not found", the same
 /// value in the driver (`CUDA_ERROR_NOT_FOUND`) and the runtime

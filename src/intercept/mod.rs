@@ -10,7 +10,7 @@ mod limit;
 pub mod phases;
 pub mod stats;
 
-use crate::cuda::{Status, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
+use crate::cuda::{Status, CAPTURE_ERRORS, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
 use crate::observe::{self, Allocation, Pooled, Space};
 use crate::runtime::{clock, diag, guard::Guard, options};
 use crate::{lifecycle, pool, real, sink};
@@ -357,15 +357,25 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     result
 }
 
-/// During a stream capture a pooled free must fail where `cudaFree` would
-/// (and break the capture as it would): a synchronisation, which `cudaFree`
-/// implies, asks the driver exactly that.
+/// During a stream capture a pooled free must fail exactly where `cuMemFree`
+/// would, and break the capture as it would. The driver refuses `cuMemAlloc`
+/// by the same rule (an unsafe call under a global-mode capture, even one
+/// already invalidated, or under this thread's own thread-local one; allowed
+/// under a relaxed capture or another thread's thread-local one), so a small
+/// allocation asks it. A synchronisation would not do: it fails while any
+/// stream of the context is capturing, in every mode, and breaks that
+/// capture, where `cuMemFree` succeeds and leaves it whole (measured on an
+/// H200, `scripts/gpu/graph.cu`; numba-cuda's suite met it).
 fn refused_by_capture() -> Option<Status> {
     if !pool::any_capture() {
         return None;
     }
-    let r = unsafe { real!(cuCtxSynchronize()) };
-    (r != SUCCESS).then_some(r)
+    let mut probe = 0;
+    let r = unsafe { real!(cuMemAlloc_v2(&mut probe, 1)) };
+    if r == SUCCESS {
+        unsafe { real!(cuMemFree_v2(probe)) };
+    }
+    CAPTURE_ERRORS.contains(&r).then_some(r)
 }
 
 /// A VMM map or unmap that happened.

@@ -373,6 +373,7 @@ static CUresult need_ctx(struct CUctx_st **out)
 
 static int capture_forbids_locked(void);
 static int capture_forbids(void);
+static int sync_blocked_by_capture_locked(struct CUctx_st *c);
 
 static int stream_valid(CUstream s)
 {
@@ -860,7 +861,7 @@ EXPORT CUresult cuCtxSynchronize(void)
     pthread_mutex_lock(&g_lock);
     struct CUctx_st *c;
     r = need_ctx(&c);
-    if (!r && capture_forbids_locked())
+    if (!r && (capture_forbids_locked() | sync_blocked_by_capture_locked(c)))
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (!r)
         complete_events_locked(NULL, 1);
@@ -1804,7 +1805,8 @@ EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 }
 
 /* Would an unsafe call from this thread break a capture?  If so the
- * captures it breaks are invalidated.  Call with g_lock held. */
+ * captures it breaks are invalidated.  A capture already invalidated but
+ * not yet ended still forbids (measured on an H200).  Call with g_lock held. */
 static int capture_forbids_locked(void)
 {
     int forbidden = 0;
@@ -1819,6 +1821,23 @@ static int capture_forbids_locked(void)
         }
     }
     return forbidden;
+}
+
+/* A synchronisation of context c cannot wait for a stream being captured,
+ * in any mode and from any thread: it fails and invalidates the captures
+ * there (measured on an H200: a relaxed capture, and a thread-local one of
+ * another thread, which a free does not break).  Call with g_lock held. */
+static int sync_blocked_by_capture_locked(struct CUctx_st *c)
+{
+    int blocked = 0;
+    for (int i = 0; i < g_ncapturing; i++) {
+        struct CUstream_st *s = g_capturing[i];
+        if (s->ctx == c) {
+            s->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+            blocked = 1;
+        }
+    }
+    return blocked;
 }
 
 static int capture_forbids(void)

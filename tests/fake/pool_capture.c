@@ -7,6 +7,7 @@
 #include "fake_cudart_api.h"
 #include "check.h"
 #include <pthread.h>
+#include <sched.h>
 
 static int other_malloc;
 
@@ -17,6 +18,20 @@ static void *other_thread(void *arg)
     other_malloc = cudaMalloc(&p, 4096);
     if (other_malloc == 0)
         cudaFree(p);
+    return NULL;
+}
+
+static int capture_stage, capture_end;
+
+/* Captures `arg` in thread-local mode until told to end. */
+static void *capturing_thread(void *arg)
+{
+    cudaGraph_t g;
+    CHECK(cudaStreamBeginCapture((cudaStream_t)arg, cudaStreamCaptureModeThreadLocal));
+    __atomic_store_n(&capture_stage, 1, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&capture_stage, __ATOMIC_ACQUIRE) != 2)
+        sched_yield();
+    capture_end = cudaStreamEndCapture((cudaStream_t)arg, &g);
     return NULL;
 }
 
@@ -43,8 +58,10 @@ int main(void)
 
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     printf("global_malloc=%d\n", cudaMalloc(&q, 4096));
-    printf("global_free=%d\n", cudaFree(before));
     printf("global_end=%d\n", cudaStreamEndCapture(s, &g));
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    printf("global_free=%d\n", cudaFree(before));
+    printf("global_free_end=%d\n", cudaStreamEndCapture(s, &g));
     printf("free_after_capture=%d\n", cudaFree(before));
 
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
@@ -55,6 +72,43 @@ int main(void)
     printf("local_other_malloc=%d\n", other_thread_malloc());
     printf("local_own_malloc=%d\n", cudaMalloc(&q, 4096));
     printf("local_end=%d\n", cudaStreamEndCapture(s, &g));
+
+    /* A relaxed capture forbids no free: cudaFree succeeds (a pooled block
+     * too) and the capture stays whole. */
+    void *held;
+    CHECK(cudaMalloc(&held, 2000));
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    printf("relaxed_held_free=%d\n", cudaFree(held));
+    printf("relaxed_held_end=%d\n", cudaStreamEndCapture(s, &g));
+
+    /* A global capture invalidated and left open, as by a program that lost
+     * its graph builder to an exception, still forbids allocating and freeing. */
+    cudaStream_t s2;
+    void *kept1, *kept2, *z = NULL;
+    CHECK(cudaStreamCreate(&s2));
+    CHECK(cudaMalloc(&kept1, 3000));
+    CHECK(cudaMalloc(&kept2, 3000));
+    CHECK(cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal));
+    printf("open_malloc=%d\n", cudaMalloc(&z, 4096));
+    printf("open_free=%d\n", cudaFree(kept1));
+    printf("open_malloc_again=%d\n", cudaMalloc(&z, 4096));
+    printf("open_free_again=%d\n", cudaFree(z));
+    printf("open_end=%d\n", cudaStreamEndCapture(s2, &g));
+    printf("open_free_after=%d\n", cudaFree(kept2));
+
+    /* A thread-local capture on another thread forbids this thread nothing:
+     * a free succeeds and leaves that capture whole. */
+    void *mine;
+    CHECK(cudaMalloc(&mine, 5000));
+    pthread_t t;
+    pthread_create(&t, NULL, capturing_thread, s2);
+    while (__atomic_load_n(&capture_stage, __ATOMIC_ACQUIRE) != 1)
+        sched_yield();
+    printf("local_other_free=%d\n", cudaFree(mine));
+    __atomic_store_n(&capture_stage, 2, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    printf("local_other_free_end=%d\n", capture_end);
+    CHECK(cudaStreamDestroy(s2));
 
     void *graph_owned = NULL;
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
