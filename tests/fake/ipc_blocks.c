@@ -11,8 +11,11 @@
  *   ipc_blocks import   opens every handle line read (until "END"), prints
  *                       "open <name> rc=N byte=XX", then "opened"; on
  *                       "recheck" prints "recheck <name> byte=XX" for each,
- *                       closes them all and prints "closed K/N". */
+ *                       closes them all and prints "closed K/N" (with
+ *                       IPC_CLOSE_IN_CAPTURE set, during a relaxed capture,
+ *                       then "capture_end N"). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef FAKE_CUDA
 #include "fake_cuda_api.h"
@@ -124,10 +127,22 @@ static int do_import(void)
         cudaMemcpy(&first, ptrs[i], 1, cudaMemcpyDeviceToHost);
         printf("recheck %s byte=%02x\n", names[i], first);
     }
+    /* IPC_CLOSE_IN_CAPTURE: the closes happen during a relaxed stream
+     * capture of this thread's, which they must leave whole. */
+    cudaStream_t s = NULL;
+    if (getenv("IPC_CLOSE_IN_CAPTURE")) {
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    }
     int closes = 0;
     for (int i = 0; i < n; i++)
         closes += cudaIpcCloseMemHandle(ptrs[i]) == 0;
     printf("closed %d/%d\n", closes, n);
+    if (s) {
+        cudaGraph_t g;
+        printf("capture_end %d\n", (int)cudaStreamEndCapture(s, &g));
+        cudaStreamDestroy(s);
+    }
     fflush(stdout);
     return 0;
 }

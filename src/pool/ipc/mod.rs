@@ -192,6 +192,7 @@ pub fn closed(ptr: u64) -> Option<Option<Mapping>> {
 
 pub fn lock_for_fork() {
     std::mem::forget(OPENED.lock());
+    pages::lock_for_fork();
     broker::lock_for_fork();
 }
 
@@ -199,6 +200,7 @@ pub fn lock_for_fork() {
 /// Only after `lock_for_fork`, in the same thread or its forked child.
 pub unsafe fn unlock_after_fork(in_child: bool) {
     broker::unlock_after_fork(in_child);
+    pages::unlock_after_fork(in_child);
     OPENED.force_unlock();
     if in_child {
         // CUDA mappings do not survive fork.

@@ -9,6 +9,7 @@ use crate::cuda::{CUmemAccessDesc, CUmemGenericAllocationHandle, Status, SUCCESS
 use crate::pool::fence::InContext;
 use crate::real;
 use cudarc::driver::sys::{CUmemAccess_flags, CUmemAllocationHandleType, CUmemLocation, CUmemLocationType};
+use parking_lot::Mutex;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 const POSIX_FD: libc::c_int = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as libc::c_int;
@@ -63,6 +64,7 @@ pub fn still_mapped(ptr: u64) -> bool {
 
 /// Maps the block of `ticket` in the current context; returns its address.
 pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
+    unmap_parked();
     let ctx = current_context()?;
     let mut device = 0;
     let r = unsafe { real!(cuCtxGetDevice(&mut device)) };
@@ -125,10 +127,48 @@ fn release(handles: &[(CUmemGenericAllocationHandle, u64)]) {
     }
 }
 
+/// Blocks closed during a stream capture, unmapped at the next close or
+/// open made outside one: the wait for the receiver's work that comes first
+/// would break the capture (a synchronisation fails under every capture
+/// mode), and an unmap without it could take pages from under a queued kernel.
+static PARKED: Mutex<Vec<Imported>> = Mutex::new(Vec::new());
+
 /// The last close of an imported block: unmapped once the receiver's work
 /// on it is done (an unmap does not wait for queued kernels), its pages
-/// released, its range freed.
+/// released, its range freed; during a capture, parked until after it.
 pub fn unmap(m: &Imported) {
+    if crate::pool::any_capture() {
+        PARKED.lock().push(m.clone());
+        return;
+    }
+    unmap_parked();
+    unmap_now(m);
+}
+
+/// Unmaps the blocks closed during a capture, once none is under way.
+pub fn unmap_parked() {
+    if crate::pool::any_capture() || PARKED.lock().is_empty() {
+        return;
+    }
+    for m in std::mem::take(&mut *PARKED.lock()) {
+        unmap_now(&m);
+    }
+}
+
+pub fn lock_for_fork() {
+    std::mem::forget(PARKED.lock());
+}
+
+/// # Safety
+/// Only after `lock_for_fork`, in the same thread or its forked child.
+pub unsafe fn unlock_after_fork(in_child: bool) {
+    PARKED.force_unlock();
+    if in_child {
+        PARKED.lock().clear(); // CUDA mappings do not survive fork
+    }
+}
+
+fn unmap_now(m: &Imported) {
     let Some(_current) = InContext::enter(m.ctx) else {
         // The context died, and the mapping with it.
         return;
