@@ -31,6 +31,8 @@ build -cudart shared -o $work/ipc $root/tests/fake/ipc_blocks.c -lcuda
 build -o $work/ptr_query $src/ptr_query.cu -lcuda
 build -cudart shared -o $work/oom_other $src/oom_other.cu
 build -cudart shared -o $work/free_then_async $src/free_then_async.cu
+build -x cu -I$root/tests/fake -cudart shared -o $work/last_error_shared $root/tests/fake/last_error.c
+build -x cu -I$root/tests/fake -o $work/last_error_static $root/tests/fake/last_error.c
 echo "static cudart has no dynamic cudaMalloc: $(nm -D $work/leaks_static | grep -c ' cudaMalloc$') symbols"
 
 # case NAME [--sanitize] -- CMD...
@@ -95,6 +97,14 @@ plain=$($work/oom_other | grep '^result:')
 pooled=$($bin/cupool run -q --log-dir $work/oom-other -- $work/oom_other | grep -E '^(result|times):' | tr '\n' ' ')
 peak=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/oom-other/cupool.*.json')[0])); print(max(p['reserved_bytes']['peak'] for p in l['end']['pools']) >> 20)" 2>/dev/null)
 rows+=("oom-then-other         | $([ -n "$plain" ] && [ "${pooled%% times:*}" = "$plain" ] && [ -n "$peak" ] && [ "$peak" -lt 1024 ] && echo PASS || echo FAIL)                                     | pool: $pooled reserved peak ${peak}MiB (plain: ${plain#result: })")
+
+# An error the pool answers itself (a double free, a full device, a free a
+# capture refuses) is the thread's last error too, as plainly.
+for rt in shared static; do
+  plain=$($work/last_error_$rt | tr '\n' ' ')
+  pooled=$($bin/cupool run -q --log-dir $work/last-error-$rt -- $work/last_error_$rt | tr '\n' ' ')
+  rows+=("$(printf '%-22s' last-error-$rt) | $([ -n "$plain" ] && [ "$pooled" = "$plain" ] && echo PASS || echo FAIL)                                     | pool: $pooled (plain: $plain)")
+done
 
 # Memory freed behind fences is there for CUDA's own pool, as after a plain cudaFree
 # (every request pooled: from 1 GiB up they would go to CUDA as they are).

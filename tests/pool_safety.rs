@@ -370,6 +370,37 @@ fn a_program_that_cycles_keeps_its_segment_cached() {
     }
 }
 
+/// A runtime call the pool answers itself with an error leaves it as the
+/// thread's last error, as the runtime would: a double free, a device too
+/// full for a pooled block, a free refused by a capture.
+#[test]
+fn an_error_the_pool_answers_is_the_threads_last_error_too() {
+    let mut args = vec!["-DFAKE_CUDA".to_string()];
+    args.extend(link_fake_cudart());
+    args.extend(link_fake_cuda());
+    let prog = compile_fake_program("last_error", "last_error.c", &args);
+    let want: BTreeMap<String, String> = [
+        ("double_free", 1),
+        ("double_free_last", 1),
+        ("double_free_last_again", 0),
+        ("oom", 2),
+        ("oom_last", 2),
+        ("oom_last_again", 0),
+        ("capture_free", 900),
+        ("capture_free_last", 900),
+        ("capture_end", 901),
+        ("capture_end_last", 901),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for options in ["", "backing=segments"] {
+        let (plain, shim, _) = both_ways(&prog, options);
+        assert_eq!(printed(&plain), want, "the fake runtime, plainly:\n{plain}");
+        assert_eq!(printed(&shim), want, "under cupool's pool, {options:?}:\n{shim}");
+    }
+}
+
 #[test]
 fn the_run_summary_says_what_the_pool_did_differently() {
     let prog = compile_runtime_program("capture", "pool_capture.c");

@@ -6,6 +6,7 @@
 mod capture;
 mod context;
 pub mod ipc;
+mod last_error;
 mod limit;
 pub mod phases;
 pub mod stats;
@@ -81,7 +82,7 @@ fn passthrough(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status {
         if let Some(Some(device)) = diag::shielded(|| refused_by_cap(call, cap)) {
             lifecycle::recording();
             observe::alloc_failed(call.api, call.kind, device, call.request, OUT_OF_MEMORY);
-            return OUT_OF_MEMORY;
+            return last_error::runtime_error(call.api, OUT_OF_MEMORY);
         }
     }
     let may_retry = call.kind.is_device() && options::get().mode == Mode::Pool && no_error_pending(call.api);
@@ -230,7 +231,7 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), mut real: imp
                     write(ptr);
                     SUCCESS
                 }
-                Err(code) => code,
+                Err(code) => last_error::runtime_error(call.api, code),
             };
         }
     }
@@ -330,7 +331,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     let known = diag::shielded(|| observe::releasing(space, key)).flatten();
     let stamp = sink::stamp_for(EventKind::Free);
     let result = match known.and_then(|a| Some((a.pooled?, a.size))) {
-        Some((p, size)) => match refused_by_capture() {
+        Some((p, size)) => match refused_by_capture(api) {
             Some(code) => code,
             None => {
                 pool::tools::block_freed(key); // before the pool may hand it out again
@@ -344,7 +345,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
         // CUDA must not see it, or it would free the whole segment.
         // When cupool cannot tell (an internal failure), CUDA must not see it either.
         None if known.is_none() && space == Space::Pointer && diag::shielded(|| pool::owns(key)).unwrap_or(true) => {
-            INVALID_VALUE
+            last_error::runtime_error(api, INVALID_VALUE)
         }
         None => real(),
     };
@@ -365,16 +366,31 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
 /// allocation asks it. A synchronisation would not do: it fails while any
 /// stream of the context is capturing, in every mode, and breaks that
 /// capture, where `cuMemFree` succeeds and leaves it whole (measured on an
-/// H200, `scripts/gpu/graph.cu`; numba-cuda's suite met it).
-fn refused_by_capture() -> Option<Status> {
+/// H200, `scripts/gpu/graph.cu`; numba-cuda's suite met it). For a runtime
+/// call the runtime's own `cudaMalloc` asks, so that a refusal is the
+/// thread's last error too, as `cudaFree`'s would be.
+fn refused_by_capture(api: Api) -> Option<Status> {
     if !pool::any_capture() {
         return None;
     }
-    let mut probe = 0;
-    let r = unsafe { real!(cuMemAlloc_v2(&mut probe, 1)) };
-    if r == SUCCESS {
-        unsafe { real!(cuMemFree_v2(probe)) };
-    }
+    // Only with no error unread: the probe's own failure would replace it.
+    let r = if is_runtime(api) && no_error_pending(api) {
+        let mut probe = std::ptr::null_mut();
+        let r = unsafe { real!(cudaMalloc(&mut probe, 1)) };
+        if r == SUCCESS {
+            unsafe { real!(cudaFree(probe)) };
+        } else if !CAPTURE_ERRORS.contains(&r) {
+            unsafe { real!(cudaGetLastError()) }; // a full device: the free goes ahead, as plainly
+        }
+        r
+    } else {
+        let mut probe = 0;
+        let r = unsafe { real!(cuMemAlloc_v2(&mut probe, 1)) };
+        if r == SUCCESS {
+            unsafe { real!(cuMemFree_v2(probe)) };
+        }
+        r
+    };
     CAPTURE_ERRORS.contains(&r).then_some(r)
 }
 
@@ -436,6 +452,7 @@ fn context_reborn(ctx: u64, id: u64) {
 /// pools that `dies` picks are retired, and its allocations die.
 fn retire_context(api: Api, device: i32, ctx: u64, dies: impl Fn(&pool::ContextPool) -> bool) {
     pool::tools::context_died(ctx);
+    pool::ipc::pages::forget_context(ctx);
     for (device, reserved) in pool::drop_context(dies) {
         observe::reserved_changed(device, -(reserved as i64));
     }
@@ -537,7 +554,8 @@ pub fn find_as_the_program_sees_it(ptr: u64) -> (pool::Found, Option<Allocation>
         (found, live)
     };
     match ask() {
-        (pool::Found::Block(_), None) => {
+        // Not during a capture: a segment going back could break it.
+        (pool::Found::Block(_), None) if !pool::any_capture() => {
             let _guard = Guard::enter(); // the pools may call CUDA: not through the hooks
             pool::settle(false, &mut observe::reserved_changed);
             ask()

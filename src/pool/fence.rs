@@ -168,6 +168,13 @@ impl CudaBackend {
 
     /// Closes the current epoch with an event on every live stream.
     fn record_fence(&mut self) -> bool {
+        // Not while any capture is under way, also on a stream cupool does
+        // not list (a per-thread default one): a record on the legacy stream
+        // would depend on it and break it.
+        if streams::any_capture() {
+            self.counters.skipped_for_capture += 1;
+            return false;
+        }
         let Some(_current) = InContext::enter(self.ctx) else { return false };
         let list = streams::locked();
         let streams = streams::of_context(&list, self.ctx);

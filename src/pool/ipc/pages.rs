@@ -150,9 +150,16 @@ pub fn unmap_parked() {
     if crate::pool::any_capture() || PARKED.lock().is_empty() {
         return;
     }
-    for m in std::mem::take(&mut *PARKED.lock()) {
+    let parked = std::mem::take(&mut *PARKED.lock()); // not held through the unmaps
+    for m in parked {
         unmap_now(&m);
     }
+}
+
+/// Context `ctx` died, and its mappings with it: a handle it leaves may name
+/// a new context, whose memory an unmap of the old addresses would take.
+pub fn forget_context(ctx: u64) {
+    PARKED.lock().retain(|m| m.ctx != ctx);
 }
 
 pub fn lock_for_fork() {

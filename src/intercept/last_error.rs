@@ -1,0 +1,34 @@
+//! A runtime call that cupool answers itself with an error leaves that error
+//! as the thread's last one (`cudaGetLastError`), as the runtime would have:
+//! programs check it after a sequence of calls, and a pooled `cudaMalloc`
+//! refused without it would read as a success. The runtime has no setter,
+//! so a real call that fails with the same code, and does nothing else,
+//! leaves it. (A statically linked runtime reaches cupool only through the
+//! driver and sets its last error from the driver's answer itself.)
+
+use crate::cuda::{Status, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
+use crate::real;
+use cupool_core::log::Api;
+
+/// What cupool answers the runtime call `api`; made the thread's last error.
+pub fn runtime_error(api: Api, code: Status) -> Status {
+    if code == SUCCESS || !super::is_runtime(api) {
+        return code;
+    }
+    unsafe {
+        match code {
+            // More than any device has (256 TiB): refused, nothing reserved.
+            OUT_OF_MEMORY => {
+                let mut p = std::ptr::null_mut();
+                real!(cudaMalloc(&mut p, 1 << 48));
+            }
+            // Host memory is no device allocation.
+            INVALID_VALUE => {
+                static HOST: u64 = 0;
+                real!(cudaFree(std::ptr::addr_of!(HOST).cast_mut().cast()));
+            }
+            _ => {}
+        }
+    }
+    code
+}
