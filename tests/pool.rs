@@ -993,15 +993,21 @@ fn ipc_of_vmm_blocks_maps_the_exported_pages() {
 /// A receiver under cupool that closes VMM blocks during a relaxed stream
 /// capture leaves the capture whole: the wait for its work before the unmap
 /// (a synchronisation, which fails under any capture and breaks it) comes
-/// after the capture, at its next close or open.
+/// when the capture ends, and from then on the blocks are gone, as plainly.
 #[test]
 fn closing_vmm_blocks_during_a_capture_leaves_it_whole() {
     let stdout = ipc_check_with("vmm", &[("IPC_CLOSE_IN_CAPTURE", "1")]);
     assert!(
-        stdout.contains("pool-pool ok=1 wrong=[] refused=[] b_minus_a=1048576 closed=4/4 capture_end=0"),
+        stdout.contains(
+            "pool-pool ok=1 wrong=[] refused=[] b_minus_a=1048576 closed=4/4 capture_end=0 range_after_close=gone"
+        ),
         "{stdout}"
     );
     assert!(stdout.contains("passthrough-plain ok=1") && stdout.contains("capture_end=0"), "{stdout}");
+    assert!(
+        !stdout.contains("range_after_close=still"),
+        "a block closed during the capture stays mapped after it:\n{stdout}"
+    );
 }
 
 /// Runs `scripts/gpu/ipc_check.py` over the fakes with the pool on

@@ -83,7 +83,7 @@ def body(ex, tag, start_importer, exporter_mode, importer_mode):
     closed = next((l for l in rest if l.startswith("closed")), "closed ?")
     # IPC_CLOSE_IN_CAPTURE (inherited by the importer): its closes ran
     # during a relaxed capture, whose end says whether they broke it.
-    closed += "".join(" " + l.replace(" ", "=") for l in rest if l.startswith("capture_end"))
+    closed += "".join(" " + l.replace(" ", "=") for l in rest if l.startswith(("capture_end", "range_after_close")))
     if ex.returncode or im.returncode:
         wrong.append(f"exit codes {ex.returncode}/{im.returncode}")
     verdict = "ok=0" if wrong else "ok=1"

@@ -22,7 +22,11 @@ pub fn end(stream: u64, per_thread: bool, real: impl FnOnce() -> Status) -> Stat
     let r = real();
     // An invalidated capture ends too (with an error); a stream that was not
     // capturing is not in the list.
-    diag::shielded(|| pool::capture_ended(stream, per_thread));
+    diag::shielded(|| {
+        pool::capture_ended(stream, per_thread);
+        // IPC blocks closed during the captures go now, as they went plainly at their close.
+        pool::ipc::pages::unmap_parked();
+    });
     r
 }
 

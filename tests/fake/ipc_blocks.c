@@ -13,7 +13,8 @@
  *                       "recheck" prints "recheck <name> byte=XX" for each,
  *                       closes them all and prints "closed K/N" (with
  *                       IPC_CLOSE_IN_CAPTURE set, during a relaxed capture,
- *                       then "capture_end N"). */
+ *                       then "capture_end N" and whether the first
+ *                       block's range is "gone" or "still" mapped). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +143,12 @@ static int do_import(void)
         cudaGraph_t g;
         printf("capture_end %d\n", (int)cudaStreamEndCapture(s, &g));
         cudaStreamDestroy(s);
+        /* Closed is closed once the capture is over: the range is gone. */
+        CUdeviceptr base;
+        size_t size;
+        if (n > 0)
+            printf("range_after_close %s\n",
+                   cuMemGetAddressRange_v2(&base, &size, (CUdeviceptr)(size_t)ptrs[0]) ? "gone" : "still");
     }
     fflush(stdout);
     return 0;

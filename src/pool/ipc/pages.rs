@@ -127,8 +127,8 @@ fn release(handles: &[(CUmemGenericAllocationHandle, u64)]) {
     }
 }
 
-/// Blocks closed during a stream capture, unmapped at the next close or
-/// open made outside one: the wait for the receiver's work that comes first
+/// Blocks closed during a stream capture, unmapped when the captures have
+/// ended (or at the next close or open made outside one): the wait for the receiver's work that comes first
 /// would break the capture (a synchronisation fails under every capture
 /// mode), and an unmap without it could take pages from under a queued kernel.
 static PARKED: Mutex<Vec<Imported>> = Mutex::new(Vec::new());
