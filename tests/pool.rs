@@ -1117,4 +1117,5 @@ fn ipc_export_keeps_exactly_the_exported_blocks_out_of_reuse() {
     let got =
         ["freed_export", "b_reused", "a_export", "a_kept", "a_freed_export", "a_freed_range"].map(|k| value(&r, k));
     assert_eq!(got, [1, 1, 0, 1, 1, 500], "freed_export b_reused a_export a_kept");
+    assert_eq!(value(&r, "a_freed_export_last"), 1, "the refused export is the thread's last error");
 }

@@ -6,6 +6,8 @@
 use super::entry;
 use crate::cuda::{cudaIpcMemHandle_t, CUdeviceptr, CUipcMemHandle, Status};
 use crate::intercept::ipc::{self, Handle};
+// The runtime's answers that cupool makes itself are its last error too.
+use crate::intercept::as_last_error;
 use crate::real;
 use std::ffi::{c_uint, c_void};
 
@@ -70,7 +72,9 @@ pub unsafe extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> Status {
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut cudaIpcMemHandle_t, dev_ptr: *mut c_void) -> Status {
-    ipc::export(dev_ptr as u64, handle.cast(), |base| real!(cudaIpcGetMemHandle(handle, base as *mut c_void)))
+    as_last_error(ipc::export(dev_ptr as u64, handle.cast(), |base| {
+        real!(cudaIpcGetMemHandle(handle, base as *mut c_void))
+    }))
 }
 
 #[no_mangle]
@@ -79,12 +83,14 @@ pub unsafe extern "C" fn cudaIpcOpenMemHandle(
     handle: cudaIpcMemHandle_t,
     flags: c_uint,
 ) -> Status {
-    open_into(dev_ptr.cast::<u64>(), handle, true, |p, h| real!(cudaIpcOpenMemHandle(p.cast(), h, flags)))
+    as_last_error(open_into(dev_ptr.cast::<u64>(), handle, true, |p, h| {
+        real!(cudaIpcOpenMemHandle(p.cast(), h, flags))
+    }))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> Status {
-    ipc::close(dev_ptr as u64, |base| real!(cudaIpcCloseMemHandle(base as *mut c_void)))
+    as_last_error(ipc::close(dev_ptr as u64, |base| real!(cudaIpcCloseMemHandle(base as *mut c_void))))
 }
 
 /// For `dlsym` and `cuGetProcAddress` substitution.

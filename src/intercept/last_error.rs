@@ -12,9 +12,20 @@ use cupool_core::log::Api;
 
 /// What cupool answers the runtime call `api`; made the thread's last error.
 pub fn runtime_error(api: Api, code: Status) -> Status {
-    if code == SUCCESS || !super::is_runtime(api) {
+    if !super::is_runtime(api) {
         return code;
     }
+    as_last_error(code)
+}
+
+/// `code`, the answer to a runtime call, made the thread's last error. (A
+/// code the real runtime call gave is its last error already: set again.)
+pub fn as_last_error(code: Status) -> Status {
+    if code == SUCCESS {
+        return code;
+    }
+    // The runtime's own driver calls underneath are not the program's.
+    let _inside = crate::runtime::guard::Guard::enter();
     unsafe {
         match code {
             // More than any device has (256 TiB): refused, nothing reserved.

@@ -7,6 +7,7 @@ mod capture;
 mod context;
 pub mod ipc;
 mod last_error;
+pub use last_error::as_last_error;
 mod limit;
 pub mod phases;
 pub mod stats;

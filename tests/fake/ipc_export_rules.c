@@ -6,7 +6,8 @@
  * Then a is exported (a_export=0) and freed, and a new block d must not take
  * a's place (a_kept=1: a receiver may still read it). Kept, a still answers
  * as freed memory to the program: an export and a range query of it fail
- * (a_freed_export, a_freed_range: CUDA's error codes, not 0). */
+ * (a_freed_export, a_freed_range: CUDA's error codes, not 0), and the
+ * refusal is the thread's last error (a_freed_export_last), as CUDA's. */
 #include <stdint.h>
 
 #include "fake_cuda_api.h"
@@ -29,7 +30,9 @@ int main(void)
     printf("a_kept=%d\n", d != a);
     CUdeviceptr base;
     size_t size;
+    cudaGetLastError();
     printf("a_freed_export=%d\n", cudaIpcGetMemHandle(&h, a));
+    printf("a_freed_export_last=%d\n", cudaGetLastError());
     printf("a_freed_range=%d\n", cuMemGetAddressRange_v2(&base, &size, (CUdeviceptr)(uintptr_t)a));
     CHECK(cudaFree(c));
     CHECK(cudaFree(d));
