@@ -399,6 +399,14 @@ fn an_error_the_pool_answers_is_the_threads_last_error_too() {
         assert_eq!(printed(&plain), want, "the fake runtime, plainly:\n{plain}");
         assert_eq!(printed(&shim), want, "under cupool's pool, {options:?}:\n{shim}");
     }
+    // The limit refuses a stream-ordered allocation during another stream's
+    // global capture: its echo as the last error (an allocation, which the
+    // capture forbids) must not break the capture.
+    let out = run_preloaded(&prog, &["capture-limit"], &scratch_dir("last-error-capture"), "limit=64m");
+    let shim = stdout_of(&out);
+    assert!(out.status.success() && result_line(&shim).is_some(), "{shim}{}", stderr_of(&out));
+    let got = printed(&shim);
+    assert_eq!((got["limit_async"].as_str(), got["limit_capture_end"].as_str()), ("2", "0"), "{shim}");
 }
 
 #[test]

@@ -21,7 +21,9 @@ pub fn runtime_error(api: Api, code: Status) -> Status {
 /// `code`, the answer to a runtime call, made the thread's last error. (A
 /// code the real runtime call gave is its last error already: set again.)
 pub fn as_last_error(code: Status) -> Status {
-    if code == SUCCESS {
+    // Not during a capture: the echo, an allocation or a free, would be
+    // refused and break it where the program's own call may not have.
+    if code == SUCCESS || crate::pool::any_capture() {
         return code;
     }
     // The runtime's own driver calls underneath are not the program's.

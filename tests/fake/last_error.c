@@ -15,8 +15,31 @@
 #endif
 #include "check.h"
 
-int main(void)
+/* `capture-limit`: under a global capture on one stream, a stream-ordered
+ * allocation on another (allowed) that cupool's `limit` refuses: the refusal
+ * must leave the capture whole. */
+static int capture_limit(void)
 {
+    cudaStream_t s, other;
+    cudaGraph_t g;
+    void *p = NULL;
+    CHECK(cudaStreamCreate(&s));
+    CHECK(cudaStreamCreate(&other));
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    printf("limit_async=%d\n", cudaMallocAsync(&p, 512 << 20, other));
+    printf("limit_capture_end=%d\n", cudaStreamEndCapture(s, &g));
+    if (p)
+        CHECK(cudaFreeAsync(p, other));
+    CHECK(cudaStreamDestroy(other));
+    CHECK(cudaStreamDestroy(s));
+    printf("result: ok\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "capture-limit") == 0)
+        return capture_limit();
     void *a, *b, *fill[400];
     CHECK(cudaMalloc(&a, 4096));
     CHECK(cudaFree(a));
