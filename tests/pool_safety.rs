@@ -23,6 +23,11 @@ fn printed(stdout: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The `key=code` lines a program should print, as [`printed`] reads them.
+fn codes(lines: &[(&str, i32)]) -> BTreeMap<String, String> {
+    lines.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
 /// Runs `prog` plainly and preloaded (with `options`); both must print
 /// `result: ok`. Returns (plain stdout, preloaded stdout, the one log).
 fn both_ways(prog: &Path, options: &str) -> (String, String, Value) {
@@ -84,7 +89,7 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
     // With empty segments kept, asking for free memory during the capture
     // must not give them back (a cuMemFree would break the capture).
     let (_, kept, _) = both_ways(&prog, "give_back=never");
-    let want: BTreeMap<String, String> = [
+    let want = codes(&[
         ("relaxed_malloc", 0),
         ("relaxed_end", 0),
         ("relaxed_free", 0),
@@ -120,10 +125,7 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
         ("graph_end", 0),
         ("malloc_after", 0),
         ("free_after", 0),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    ]);
     assert_eq!(printed(&plain), want, "the fake runtime, plainly:\n{plain}");
     assert_eq!(printed(&shim), want, "under cupool's pool:\n{shim}");
     assert_eq!(printed(&kept), want, "under cupool's pool, give_back=never:\n{kept}");
@@ -379,7 +381,7 @@ fn an_error_the_pool_answers_is_the_threads_last_error_too() {
     args.extend(link_fake_cudart());
     args.extend(link_fake_cuda());
     let prog = compile_fake_program("last_error", "last_error.c", &args);
-    let want: BTreeMap<String, String> = [
+    let want = codes(&[
         ("double_free", 1),
         ("double_free_last", 1),
         ("double_free_last_again", 0),
@@ -390,10 +392,7 @@ fn an_error_the_pool_answers_is_the_threads_last_error_too() {
         ("capture_free_last", 900),
         ("capture_end", 901),
         ("capture_end_last", 901),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    ]);
     for options in ["", "backing=segments"] {
         let (plain, shim, _) = both_ways(&prog, options);
         assert_eq!(printed(&plain), want, "the fake runtime, plainly:\n{plain}");

@@ -128,9 +128,10 @@ fn release(handles: &[(CUmemGenericAllocationHandle, u64)]) {
 }
 
 /// Blocks closed during a stream capture, unmapped when the captures have
-/// ended (or at the next close or open made outside one): the wait for the receiver's work that comes first
-/// would break the capture (a synchronisation fails under every capture
-/// mode), and an unmap without it could take pages from under a queued kernel.
+/// ended (or at the next close or open made outside one): the wait for the
+/// receiver's work that comes first would break the capture (a
+/// synchronisation fails under every capture mode), and an unmap without it
+/// could take pages from under a queued kernel.
 static PARKED: Mutex<Vec<Imported>> = Mutex::new(Vec::new());
 
 /// The last close of an imported block: unmapped once the receiver's work
@@ -147,7 +148,7 @@ pub fn unmap(m: &Imported) {
 
 /// Unmaps the blocks closed during a capture, once none is under way.
 pub fn unmap_parked() {
-    if crate::pool::any_capture() || PARKED.lock().is_empty() {
+    if crate::pool::any_capture() {
         return;
     }
     let parked = std::mem::take(&mut *PARKED.lock()); // not held through the unmaps
