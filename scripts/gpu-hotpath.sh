@@ -5,6 +5,8 @@
 # earlier build to compare with), under that one too, interleaved for ROUNDS
 # rounds (5) on one machine. Prints min and median ns per pair for each row.
 # Plain CUDA is left out: its pair costs ~80 us (scripts/gpu-bench.sh has it).
+# PIN=N runs every process on vCPU N alone (taskset), so that rounds differ
+# by the build and options, not by where the scheduler put them.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 root=$(pwd); w=$(mktemp -d /tmp/cupool-hotpath.XXXX)
@@ -21,7 +23,7 @@ for round in $(seq ${ROUNDS:-5}); do
       lib=$root/.gpu/libcupool.so; [ $b = old ] && lib=$root/.gpu/old/libcupool.so
       rt=${row%%:*}; opts=${row#*:}
       rm -rf $w/logs
-      ns=$(CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$lib $w/hp_$rt 300000 | sed 's/.*=//')
+      ns=$(CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$lib ${PIN:+taskset -c $PIN} $w/hp_$rt 300000 | sed 's/.*=//')
       # Events the writer could not keep up with are dropped: a traced row
       # counts only with its whole trace written.
       dropped=$(cat $w/logs/*.json 2>/dev/null | grep -o '"dropped_events":[0-9]*' | sed 's/.*://' | head -1)
@@ -29,7 +31,7 @@ for round in $(seq ${ROUNDS:-5}); do
     done
   done
 done
-echo "cudart  options                                   build  min_ns  median_ns  max_dropped  (${ROUNDS:-5} rounds)"
+echo "cudart  options                                   build  min_ns  median_ns  max_dropped  (${ROUNDS:-5} rounds${PIN:+, on vCPU $PIN})"
 python3 - $w/all.txt <<'PY'
 import sys, statistics, collections
 rows = collections.defaultdict(list)

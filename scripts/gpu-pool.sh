@@ -17,8 +17,8 @@ rows=()
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 build() { nvcc -O2 -arch=native "$@" 2>&1 | grep -v "^$" >&2; }
-build -o $work/graph_static $src/graph.cu
-build -cudart shared -o $work/graph_shared $src/graph.cu
+build -o $work/graph_static $src/graph.cu -lcuda
+build -cudart shared -o $work/graph_shared $src/graph.cu -lcuda
 build -o $work/reset_static $src/reset_data.cu
 build -cudart shared -o $work/reset_shared $src/reset_data.cu
 build -o $work/give_back $src/give_back.cu

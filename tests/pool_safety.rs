@@ -120,6 +120,11 @@ fn capture_gets_cudas_own_answers_under_the_pool() {
         ("open_free_after", 0),
         ("local_other_free", 0),
         ("local_other_free_end", 0),
+        // A driver free from a thread with no current context.
+        ("no_context_free", 0),
+        ("no_context_capture_free", 900),
+        ("no_context_capture_end", 901),
+        ("no_context_free_after", 0),
         ("graph_malloc", 0),
         ("graph_meminfo", 0),
         ("graph_end", 0),

@@ -210,6 +210,24 @@ int main() {
     t3.join();
     printf("thread-local-other: free=%d sync=%d end=%d\n", (int)f, (int)sy, (int)tl_end);
     cudaGetLastError();
+    // The driver API from a thread with no current context: a free of a
+    // block made in this thread's context, alone and during this thread's
+    // global capture.
+    CUdeviceptr d1 = 0, d2 = 0;
+    cuMemAlloc(&d1, 4096);
+    cuMemAlloc(&d2, 4096);
+    CUresult nf = CUDA_SUCCESS, nfc = CUDA_SUCCESS;
+    std::thread([&] { nf = cuMemFree(d1); }).join();
+    cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal);
+    std::thread([&] { nfc = cuMemFree(d2); }).join();
+    cudaGraph_t g4;
+    e = cudaStreamEndCapture(s2, &g4);
+    if (e == cudaSuccess) cudaGraphDestroy(g4);
+    cudaGetLastError();
+    CUresult nf_after = nf == CUDA_SUCCESS ? CUDA_SUCCESS : cuMemFree(d1);
+    CUresult nfc_after = nfc == CUDA_SUCCESS ? CUDA_SUCCESS : cuMemFree(d2);
+    printf("no-context-free: free=%d in_global_capture=%d end=%d free_after=%d,%d\n", (int)nf, (int)nfc, (int)e,
+           (int)nf_after, (int)nfc_after);
     cudaStreamDestroy(s2);
     cudaFree(keep);
     cudaFree(acc);

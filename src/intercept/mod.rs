@@ -12,7 +12,7 @@ mod limit;
 pub mod phases;
 pub mod stats;
 
-use crate::cuda::{Status, CAPTURE_ERRORS, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
+use crate::cuda::{Status, CAPTURE_ERRORS, INVALID_CONTEXT, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
 use crate::observe::{self, Allocation, Pooled, Space};
 use crate::runtime::{clock, diag, guard::Guard, options};
 use crate::{lifecycle, pool, real, sink};
@@ -332,7 +332,7 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
     let known = diag::shielded(|| observe::releasing(space, key)).flatten();
     let stamp = sink::stamp_for(EventKind::Free);
     let result = match known.and_then(|a| Some((a.pooled?, a.size))) {
-        Some((p, size)) => match refused_by_capture(api) {
+        Some((p, size)) => match refused_by_capture(api, p.pool.get()) {
             Some(code) => code,
             None => {
                 pool::tools::block_freed(key); // before the pool may hand it out again
@@ -369,8 +369,8 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
 /// capture, where `cuMemFree` succeeds and leaves it whole (measured on an
 /// H200, `scripts/gpu/graph.cu`; numba-cuda's suite met it). For a runtime
 /// call the runtime's own `cudaMalloc` asks, so that a refusal is the
-/// thread's last error too, as `cudaFree`'s would be.
-fn refused_by_capture(api: Api) -> Option<Status> {
+/// thread's last error too, as `cudaFree`'s would be. `pool` served the block.
+fn refused_by_capture(api: Api, pool: usize) -> Option<Status> {
     if !pool::any_capture() {
         return None;
     }
@@ -385,14 +385,28 @@ fn refused_by_capture(api: Api) -> Option<Status> {
         }
         r
     } else {
-        let mut probe = 0;
-        let r = unsafe { real!(cuMemAlloc_v2(&mut probe, 1)) };
-        if r == SUCCESS {
-            unsafe { real!(cuMemFree_v2(probe)) };
+        let r = driver_probe();
+        // `cuMemFree` needs no current context, and from a thread without
+        // one it is refused under a global capture of the block's context
+        // (H200, `scripts/gpu/graph.cu` no-context-free), where the probe
+        // would only answer that there is no context.
+        if r == INVALID_CONTEXT && context::current_only() == 0 {
+            pool::in_context_of(pool, driver_probe).unwrap_or(r)
+        } else {
+            r
         }
-        r
     };
     CAPTURE_ERRORS.contains(&r).then_some(r)
+}
+
+/// A one-byte `cuMemAlloc` in the current context, freed at once.
+fn driver_probe() -> Status {
+    let mut probe = 0;
+    let r = unsafe { real!(cuMemAlloc_v2(&mut probe, 1)) };
+    if r == SUCCESS {
+        unsafe { real!(cuMemFree_v2(probe)) };
+    }
+    r
 }
 
 /// A VMM map or unmap that happened.

@@ -14,8 +14,8 @@ mod streams;
 pub mod tools;
 
 pub use registry::{
-    allocate, drop_context, exported, find, free, give_back_all_free, give_back_free_segments, lock_for_fork, owns,
-    pool_of, publish_pages, release_idle_for_tools, reserved_on, reset_peaks, settle, stream_created, stream_destroyed,
-    unlock_after_fork, ContextPool, Found, PooledBlock,
+    allocate, drop_context, exported, find, free, give_back_all_free, give_back_free_segments, in_context_of,
+    lock_for_fork, owns, pool_of, publish_pages, release_idle_for_tools, reserved_on, reset_peaks, settle,
+    stream_created, stream_destroyed, unlock_after_fork, ContextPool, Found, PooledBlock,
 };
 pub use streams::{any_capture, capture_begun, capture_ended, driver_allocation, is_capturing, note_work};

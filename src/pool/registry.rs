@@ -565,6 +565,16 @@ pub fn retired() -> Vec<&'static ContextPool> {
     RETIRED.lock().clone()
 }
 
+/// Runs `f` with the context of the pool `pool` (a `Pooled::pool`) current,
+/// restoring the thread's own after; `None` when it cannot be made current.
+pub fn in_context_of<R>(pool: usize, f: impl FnOnce() -> R) -> Option<R> {
+    // SAFETY: a pooled block's pool lives as long as the process (pools of
+    // dead contexts are retired, never freed).
+    let ctx = unsafe { (*(pool as *const ContextPool)).ctx };
+    let _current = super::fence::InContext::enter(ctx)?;
+    Some(f())
+}
+
 /// Is `ptr` inside memory a live pool holds?
 pub fn owns(ptr: u64) -> bool {
     !matches!(find(ptr), Found::Outside)

@@ -490,9 +490,10 @@ static CUresult do_free(uintptr_t p, int host)
     if (r)
         return r;
     pthread_mutex_lock(&g_lock);
+    /* A device free needs no current context (an H200 frees from a thread
+     * without one). */
     struct CUctx_st *ctx;
-    r = need_ctx(&ctx);
-    if (r)
+    if (host && (r = need_ctx(&ctx)))
         goto out;
     if (p == 0)
         goto out; /* freeing NULL is a no-op */

@@ -35,6 +35,17 @@ static void *capturing_thread(void *arg)
     return NULL;
 }
 
+static CUdeviceptr no_context_block;
+static int no_context_free;
+
+/* A thread with no current context frees a block through the driver API. */
+static void *no_context_thread(void *arg)
+{
+    (void)arg;
+    no_context_free = cuMemFree_v2(no_context_block);
+    return NULL;
+}
+
 static int other_thread_malloc(void)
 {
     pthread_t t;
@@ -109,6 +120,24 @@ int main(void)
     pthread_join(t, NULL);
     printf("local_other_free_end=%d\n", capture_end);
     CHECK(cudaStreamDestroy(s2));
+
+    /* cuMemFree needs no current context: from a thread without one it is
+     * allowed, and refused under a global capture of the block's context
+     * (as measured on an H200). */
+    CUdeviceptr d1, d2;
+    CHECK(cuMemAlloc_v2(&d1, 4096));
+    CHECK(cuMemAlloc_v2(&d2, 4096));
+    no_context_block = d1;
+    pthread_create(&t, NULL, no_context_thread, NULL);
+    pthread_join(t, NULL);
+    printf("no_context_free=%d\n", no_context_free);
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    no_context_block = d2;
+    pthread_create(&t, NULL, no_context_thread, NULL);
+    pthread_join(t, NULL);
+    printf("no_context_capture_free=%d\n", no_context_free);
+    printf("no_context_capture_end=%d\n", cudaStreamEndCapture(s, &g));
+    printf("no_context_free_after=%d\n", cuMemFree_v2(d2));
 
     void *graph_owned = NULL;
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
