@@ -15,7 +15,9 @@
 #       (from a fetched mirror: mkdir -p .gpu/suites/cupy && git --git-dir MIRROR
 #        archive v14.2.0 pyproject.toml tests | tar -x -C .gpu/suites/cupy; 4.5 MB)
 #   .gpu/suites/torch/test/test_{cuda,multiprocessing}.py (and a conftest.py
-#       standing in for names the installed torch.testing lacks)
+#       standing in for names the installed torch.testing lacks), and
+#       test_cuda_graphs.py: test_cuda.py's header with its graph and memory
+#       pool test classes (BENCHMARKS.md, section 8, says which)
 #   (numba-cuda's tests come with the installed package: nothing to put there)
 # Same setup as scripts/gpu-check.sh otherwise (.gpu/ holds the shim and the
 # CLI; .gpu/pywheels/ the wheels of pytest-timeout and expecttest):
@@ -145,6 +147,10 @@ suite cupy-linalg $suites/cupy tests/cupy_tests/linalg_tests "${xdist[@]}"
 suite cupyx-sparse $suites/cupy tests/cupyx_tests/scipy_tests/sparse_tests "${xdist[@]}"
 suite torch-cuda $suites/torch/test test_cuda.py -k "$k_torch_cuda"
 suite torch-mp-cuda $suites/torch/test test_multiprocessing.py -k cuda
+# test_cuda.py's graph, memory-pool and caching-allocator classes (TestCuda's
+# test_graph*/test_cuda_graph*, TestCudaMallocAsync, TestBlockStateAbsorption,
+# TestCachingHostAllocatorCudaGraph, TestMemPool), copied verbatim
+suite torch-cuda-graphs $suites/torch/test test_cuda_graphs.py
 # numba-cuda ships its tests in the package (as its own CI runs them, by
 # module): the driver-level tests (memory, deallocation queues, external
 # memory managers, contexts, device reset, streams) and its CUDA IPC, which
