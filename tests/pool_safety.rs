@@ -435,7 +435,29 @@ fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
     assert_eq!(one["end"]["pools"][0]["multi_stream"], false, "one thread: reuse at once");
     let two = run(&[]);
     assert_eq!(two["end"]["pools"][0]["multi_stream"], true, "two threads: fences");
-    assert!(notes(&two).iter().any(|n| n.contains("from several threads")), "notes: {:?}", notes(&two));
+    // The second thread makes the context current before it allocates, and
+    // that alone already shows it (the next test).
+    let said = |n: &String| n.contains("from several threads") || n.contains("a second thread made a context current");
+    assert!(notes(&two).iter().any(said), "notes: {:?}", notes(&two));
+}
+
+/// A static runtime's launches are invisible, and a thread that only
+/// launches kernels shows itself only by making a context current: once one
+/// does, while pooled allocations come only through the driver API and no
+/// launch was seen, reuse waits for fences.
+#[test]
+fn a_second_thread_binding_a_context_makes_reuse_wait_where_launches_are_unseen() {
+    let prog = compile_runtime_program("boundthreads", "pool_bound_threads.c");
+    let multi_stream = |mode: &str| {
+        let log = run_default(&prog, &[mode]);
+        let fenced = log["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record");
+        (fenced, notes(&log).iter().any(|n| n.contains("a second thread made a context current")))
+    };
+    assert_eq!(multi_stream("one"), (false, false), "one thread: reuse at once");
+    assert_eq!(multi_stream("bind"), (true, true), "a second thread bound the context after the allocations");
+    assert_eq!(multi_stream("early"), (true, true), "a second thread bound the context before them");
+    // A program whose launches are seen has its streams followed launch by launch.
+    assert_eq!(multi_stream("launch"), (false, false), "a launch was seen");
 }
 
 #[test]

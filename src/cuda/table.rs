@@ -119,6 +119,7 @@ table! {
         cuMemGetAddressRange_v2: fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> Status;
         // Contexts.
         cuCtxGetCurrent: fn(*mut CUcontext) -> Status;
+        cuCtxSetCurrent: fn(CUcontext) -> Status;
         cuCtxPushCurrent_v2: fn(CUcontext) -> Status;
         cuCtxPopCurrent_v2: fn(*mut CUcontext) -> Status;
         cuCtxGetDevice: fn(*mut CUdevice) -> Status;

@@ -179,6 +179,27 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(stream: *mut CUstream, flags
     r
 }
 
+/// A thread binding a context is a thread using CUDA: the static runtime
+/// binds the primary context on each thread's first call, and launches
+/// through entry points no hook sees (`intercept::context_bound`).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> Status {
+    let r = real!(cuCtxSetCurrent(ctx));
+    if r == SUCCESS && !ctx.is_null() {
+        intercept::context_bound();
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> Status {
+    let r = real!(cuCtxPushCurrent_v2(ctx));
+    if r == SUCCESS {
+        intercept::context_bound();
+    }
+    r
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> Status {
     intercept::stream_destroyed(stream as u64);
@@ -313,6 +334,8 @@ pub static TABLE: &[super::Entry] = &[
     entry!(cuStreamCreate),
     entry!(cuStreamCreateWithPriority),
     entry!(cuStreamDestroy_v2),
+    entry!(cuCtxSetCurrent),
+    entry!(cuCtxPushCurrent_v2),
     entry!(cuMemRetainAllocationHandle),
     entry!(cuPointerGetAttribute),
     entry!(cuPointerGetAttributes),

@@ -17,10 +17,10 @@ type Ptr = *mut c_void;
 /// One hook per entry point and its per-thread-default-stream twin; `@ expr`
 /// is the stream the work goes to.
 macro_rules! stream_hooks {
-    ($( $name:ident / $ptsz:ident @ $stream:expr, ( $($arg:ident : $ty:ty),* ); )*) => {
+    ($( $work:ident $name:ident / $ptsz:ident @ $stream:expr, ( $($arg:ident : $ty:ty),* ); )*) => {
         $(
             twins!($name / $ptsz ($($arg: $ty),*) |real, per_thread| {
-                intercept::work_queued($stream as u64, per_thread);
+                intercept::work_queued($stream as u64, per_thread, intercept::Work::$work);
                 real!([real]($($arg),*))
             });
         )*
@@ -32,39 +32,39 @@ macro_rules! stream_hooks {
 }
 
 stream_hooks! {
-    cuLaunchKernelEx / cuLaunchKernelEx_ptsz @ stream_of(config), (config: *const CUlaunchConfig, f: CUfunction,
+    Launch cuLaunchKernelEx / cuLaunchKernelEx_ptsz @ stream_of(config), (config: *const CUlaunchConfig, f: CUfunction,
         params: *mut Ptr, extra: *mut Ptr);
-    cuLaunchKernel / cuLaunchKernel_ptsz @ stream, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    Launch cuLaunchKernel / cuLaunchKernel_ptsz @ stream, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
         by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut Ptr, extra: *mut Ptr);
-    cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz @ stream, (f: CUfunction, gx: c_uint, gy: c_uint,
+    Launch cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz @ stream, (f: CUfunction, gx: c_uint, gy: c_uint,
         gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut Ptr);
-    cuLaunchHostFunc / cuLaunchHostFunc_ptsz @ stream, (stream: CUstream, f: CUhostFn, data: Ptr);
-    cuGraphLaunch / cuGraphLaunch_ptsz @ stream, (exec: CUgraphExec, stream: CUstream);
-    cuMemcpyAsync / cuMemcpyAsync_ptsz @ stream, (dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream);
-    cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz @ stream, (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr,
+    Other cuLaunchHostFunc / cuLaunchHostFunc_ptsz @ stream, (stream: CUstream, f: CUhostFn, data: Ptr);
+    Other cuGraphLaunch / cuGraphLaunch_ptsz @ stream, (exec: CUgraphExec, stream: CUstream);
+    Other cuMemcpyAsync / cuMemcpyAsync_ptsz @ stream, (dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream);
+    Other cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz @ stream, (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr,
         src_ctx: CUcontext, n: usize, stream: CUstream);
-    cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz @ stream, (dst: CUdeviceptr, src: *const c_void, n: usize,
+    Other cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz @ stream, (dst: CUdeviceptr, src: *const c_void, n: usize,
         stream: CUstream);
-    cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz @ stream, (dst: Ptr, src: CUdeviceptr, n: usize, stream: CUstream);
-    cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz @ stream, (dst: CUdeviceptr, src: CUdeviceptr, n: usize,
+    Other cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz @ stream, (dst: Ptr, src: CUdeviceptr, n: usize, stream: CUstream);
+    Other cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz @ stream, (dst: CUdeviceptr, src: CUdeviceptr, n: usize,
         stream: CUstream);
-    cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz @ stream, (copy: *const CUDA_MEMCPY2D, stream: CUstream);
-    cuMemcpy3DAsync_v2 / cuMemcpy3DAsync_v2_ptsz @ stream, (copy: *const CUDA_MEMCPY3D, stream: CUstream);
-    cuMemcpy3DPeerAsync / cuMemcpy3DPeerAsync_ptsz @ stream, (copy: *const CUDA_MEMCPY3D_PEER, stream: CUstream);
-    cuMemsetD8Async / cuMemsetD8Async_ptsz @ stream, (dst: CUdeviceptr, value: u8, n: usize, stream: CUstream);
-    cuMemsetD16Async / cuMemsetD16Async_ptsz @ stream, (dst: CUdeviceptr, value: u16, n: usize, stream: CUstream);
-    cuMemsetD32Async / cuMemsetD32Async_ptsz @ stream, (dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);
-    cuMemsetD2D8Async / cuMemsetD2D8Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: u8, w: usize,
+    Other cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz @ stream, (copy: *const CUDA_MEMCPY2D, stream: CUstream);
+    Other cuMemcpy3DAsync_v2 / cuMemcpy3DAsync_v2_ptsz @ stream, (copy: *const CUDA_MEMCPY3D, stream: CUstream);
+    Other cuMemcpy3DPeerAsync / cuMemcpy3DPeerAsync_ptsz @ stream, (copy: *const CUDA_MEMCPY3D_PEER, stream: CUstream);
+    Other cuMemsetD8Async / cuMemsetD8Async_ptsz @ stream, (dst: CUdeviceptr, value: u8, n: usize, stream: CUstream);
+    Other cuMemsetD16Async / cuMemsetD16Async_ptsz @ stream, (dst: CUdeviceptr, value: u16, n: usize, stream: CUstream);
+    Other cuMemsetD32Async / cuMemsetD32Async_ptsz @ stream, (dst: CUdeviceptr, value: c_uint, n: usize, stream: CUstream);
+    Other cuMemsetD2D8Async / cuMemsetD2D8Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: u8, w: usize,
         h: usize, stream: CUstream);
-    cuMemsetD2D16Async / cuMemsetD2D16Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: u16, w: usize,
+    Other cuMemsetD2D16Async / cuMemsetD2D16Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: u16, w: usize,
         h: usize, stream: CUstream);
-    cuMemsetD2D32Async / cuMemsetD2D32Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: c_uint, w: usize,
+    Other cuMemsetD2D32Async / cuMemsetD2D32Async_ptsz @ stream, (dst: CUdeviceptr, pitch: usize, value: c_uint, w: usize,
         h: usize, stream: CUstream);
-    cuStreamWriteValue32_v2 / cuStreamWriteValue32_v2_ptsz @ stream, (stream: CUstream, addr: CUdeviceptr, value: u32,
+    Other cuStreamWriteValue32_v2 / cuStreamWriteValue32_v2_ptsz @ stream, (stream: CUstream, addr: CUdeviceptr, value: u32,
         flags: c_uint);
-    cuStreamWriteValue64_v2 / cuStreamWriteValue64_v2_ptsz @ stream, (stream: CUstream, addr: CUdeviceptr, value: u64,
+    Other cuStreamWriteValue64_v2 / cuStreamWriteValue64_v2_ptsz @ stream, (stream: CUstream, addr: CUdeviceptr, value: u64,
         flags: c_uint);
-    cuStreamBatchMemOp_v2 / cuStreamBatchMemOp_v2_ptsz @ stream, (stream: CUstream, count: c_uint,
+    Other cuStreamBatchMemOp_v2 / cuStreamBatchMemOp_v2_ptsz @ stream, (stream: CUstream, count: c_uint,
         ops: *mut CUstreamBatchMemOpParams, flags: c_uint);
 }
 
@@ -74,7 +74,7 @@ stream_hooks! {
 // per-thread` makes every launch a `_ptsz` one), which no other call may show.
 twins!(cudaLaunchKernel / cudaLaunchKernel_ptsz (f: *const c_void, grid: dim3, block: dim3, args: *mut Ptr,
     shared: usize, stream: cudaStream_t) |real, per_thread| {
-    intercept::work_queued(stream as u64, per_thread);
+    intercept::work_queued(stream as u64, per_thread, intercept::Work::Launch);
     real!([real](f, grid, block, args, shared, stream))
 });
 

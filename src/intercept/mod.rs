@@ -249,11 +249,17 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
         None if start_context(call) => context::current_id()?,
         None => return None,
     };
-    if !is_runtime(call.api) && pool::driver_allocation(crate::runtime::guard::tid() as u64) {
-        observe::remark(
-            "pooled allocations through the driver API from several threads (a static runtime's launches are \
-             invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for fences",
-        );
+    if !is_runtime(call.api) {
+        match pool::driver_allocation(crate::runtime::guard::tid() as u64) {
+            Some(pool::Unseen::DriverThreads) => observe::remark(
+                "pooled allocations through the driver API from several threads (a static runtime's launches are \
+                 invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for fences",
+            ),
+            Some(pool::Unseen::BoundThread) => observe::remark(BOUND_THREAD),
+            None => {}
+        }
+    } else {
+        pool::runtime_allocation();
     }
     if pool::tools::blind_checker() {
         static SAID: std::sync::Once = std::sync::Once::new();
@@ -511,10 +517,40 @@ pub fn stream_destroyed(stream: u64) {
     diag::shielded(|| pool::stream_destroyed(stream));
 }
 
+/// The calling thread made a context current. With the runtime linked
+/// statically, another thread's kernels run on streams cupool never sees
+/// (`--default-stream per-thread`), and binding a context is the one sign of
+/// that thread: once one shows while pooled allocations come only through
+/// the driver API and no launch is visible, freed blocks wait for fences.
+pub fn context_bound() {
+    if crate::runtime::guard::inside() {
+        return; // the shim's own binding
+    }
+    if pool::context_bound(crate::runtime::guard::tid() as u64) {
+        observe::remark(BOUND_THREAD);
+    }
+}
+
+const BOUND_THREAD: &str =
+    "a second thread made a context current where no kernel launch is visible (a static runtime, \
+                            whose launches on per-thread default streams no hook sees): freed blocks wait for fences";
+
+/// What a hook that queues GPU work queued.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// A kernel: a program whose kernel launches are seen has none unseen.
+    Launch,
+    /// Anything else (copies, memsets, host functions, graphs, memory operations).
+    Other,
+}
+
 /// GPU work was queued on `stream` (`per_thread_api`: through a `_ptsz`
 /// entry point, where stream 0 is the calling thread's default stream).
 #[inline]
-pub fn work_queued(stream: u64, per_thread_api: bool) {
+pub fn work_queued(stream: u64, per_thread_api: bool, work: Work) {
+    if work == Work::Launch {
+        pool::launch_seen();
+    }
     pool::note_work(stream, per_thread_api);
 }
 

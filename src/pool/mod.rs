@@ -18,4 +18,7 @@ pub use registry::{
     lock_for_fork, owns, pool_of, publish_pages, release_idle_for_tools, reserved_on, reset_peaks, settle,
     stream_created, stream_destroyed, unlock_after_fork, ContextPool, Found, PooledBlock,
 };
-pub use streams::{any_capture, capture_begun, capture_ended, driver_allocation, is_capturing, note_work};
+pub use streams::{
+    any_capture, capture_begun, capture_ended, context_bound, driver_allocation, is_capturing, launch_seen, note_work,
+    runtime_allocation, Unseen,
+};

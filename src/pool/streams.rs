@@ -55,25 +55,109 @@ pub fn note_work(stream: u64, per_thread_api: bool) {
 
 /// The first thread that allocated from the pool through the driver API.
 static DRIVER_THREAD: AtomicU64 = AtomicU64::new(0);
+/// The first thread seen using CUDA (binding a context or allocating
+/// through the driver API), and whether another has been seen since.
+static FIRST_THREAD: AtomicU64 = AtomicU64::new(0);
+static OTHER_THREAD: AtomicBool = AtomicBool::new(false);
+/// A pooled allocation came through the runtime API (the runtime is shared,
+/// and its launches are seen), or a kernel launch was seen.
+static RUNTIME_POOLED: AtomicBool = AtomicBool::new(false);
+static LAUNCH_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Why reuse began to wait for fences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unseen {
+    /// Pooled allocations came through the driver API from a second thread.
+    DriverThreads,
+    /// A second thread made a context current, with no launch visible.
+    BoundThread,
+}
 
 /// A pooled allocation came through the driver API (a driver-API program, or
 /// one with the runtime linked statically, whose kernel launches no hook
 /// sees) on thread `tid`. Built with `--default-stream per-thread`, such a
 /// program's threads run their kernels side by side on streams cupool never
-/// learns of; so once a second thread allocates, freed blocks wait for
-/// fences (an event on the legacy stream completes only after the work of
-/// every per-thread default stream queued before it). Returns true the
-/// first time that happens.
+/// learns of; so once a second thread allocates, or binds a context (see
+/// `context_bound`), freed blocks wait for fences (an event on the legacy
+/// stream completes only after the work of every per-thread default stream
+/// queued before it). Says why the first time that happens.
 #[inline]
-pub fn driver_allocation(tid: u64) -> bool {
+pub fn driver_allocation(tid: u64) -> Option<Unseen> {
     if MULTI_STREAM.load(Ordering::Relaxed) {
+        return None;
+    }
+    let why = match first_of(&DRIVER_THREAD, tid) {
+        Some(first) if first != tid => Unseen::DriverThreads,
+        _ if another_thread(tid) && launches_unseen() => Unseen::BoundThread,
+        _ => return None,
+    };
+    (!MULTI_STREAM.swap(true, Ordering::AcqRel)).then_some(why)
+}
+
+/// Thread `tid` made a context current. The static runtime does so on each
+/// thread's first call (measured on an H200: the primary context through
+/// `cuCtxSetCurrent`, which it takes from `cuGetProcAddress`), while that
+/// thread's launches stay invisible. True the first time this makes reuse
+/// wait for fences: a second thread, pooled allocations through the driver
+/// API only, and no launch seen.
+pub fn context_bound(tid: u64) -> bool {
+    if MULTI_STREAM.load(Ordering::Relaxed) || !another_thread(tid) {
         return false;
     }
-    match DRIVER_THREAD.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => false,
-        Err(first) if first == tid => false,
-        Err(_) => !MULTI_STREAM.swap(true, Ordering::AcqRel),
+    DRIVER_THREAD.load(Ordering::Acquire) != 0 && launches_unseen() && !MULTI_STREAM.swap(true, Ordering::AcqRel)
+}
+
+/// A pooled allocation came through the runtime API.
+#[inline]
+pub fn runtime_allocation() {
+    set_once(&RUNTIME_POOLED);
+}
+
+/// A kernel launch was seen: launches are not hidden from the hooks.
+#[inline]
+pub fn launch_seen() {
+    set_once(&LAUNCH_SEEN);
+}
+
+/// Stores only while unset: every thread reads the line, none keeps writing it.
+#[inline]
+fn set_once(flag: &AtomicBool) {
+    if !flag.load(Ordering::Relaxed) {
+        flag.store(true, Ordering::Release);
     }
+}
+
+/// Has a thread other than `tid` been seen using CUDA, or is `tid` the
+/// first after another?
+fn another_thread(tid: u64) -> bool {
+    if OTHER_THREAD.load(Ordering::Acquire) {
+        return true;
+    }
+    match first_of(&FIRST_THREAD, tid) {
+        Some(first) if first != tid => {
+            OTHER_THREAD.store(true, Ordering::Release);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The thread recorded in `slot` before `tid`, which is recorded if none
+/// was (`None`). A plain load first: allocating threads share the line.
+#[inline]
+fn first_of(slot: &AtomicU64, tid: u64) -> Option<u64> {
+    match slot.load(Ordering::Acquire) {
+        0 => slot.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire).err(),
+        first => Some(first),
+    }
+}
+
+/// Could kernels be running that no hook saw? Only while the runtime's
+/// allocations are not seen (it is linked statically) and no kernel launch
+/// has been seen either (a driver-API program's are). A static runtime's
+/// copies and memsets may be seen, its kernel launches never.
+fn launches_unseen() -> bool {
+    !RUNTIME_POOLED.load(Ordering::Acquire) && !LAUNCH_SEEN.load(Ordering::Acquire)
 }
 
 /// Live streams as (context, stream).
@@ -170,5 +254,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         MULTI_STREAM.store(false, Ordering::Release);
         ONLY_STREAM.store(NO_STREAM, Ordering::Release);
         DRIVER_THREAD.store(0, Ordering::Release);
+        FIRST_THREAD.store(0, Ordering::Release);
+        OTHER_THREAD.store(false, Ordering::Release);
     }
 }
