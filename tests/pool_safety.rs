@@ -429,7 +429,7 @@ fn the_run_summary_says_what_the_pool_did_differently() {
 
 #[test]
 fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
-    let prog = compile_driver_program("drvthreads", "pool_driver_threads.c");
+    let prog = compile_runtime_program("drvthreads", "pool_driver_threads.c");
     let run = |args: &[&str]| run_default(&prog, args);
     let one = run(&["one"]);
     assert_eq!(one["end"]["pools"][0]["multi_stream"], false, "one thread: reuse at once");
@@ -447,7 +447,7 @@ fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
 /// launch was seen, reuse waits for fences.
 #[test]
 fn a_second_thread_binding_a_context_makes_reuse_wait_where_launches_are_unseen() {
-    let prog = compile_runtime_program("boundthreads", "pool_bound_threads.c");
+    let prog = compile_runtime_program("drvthreads-bind", "pool_driver_threads.c");
     let multi_stream = |mode: &str| {
         let log = run_default(&prog, &[mode]);
         let fenced = log["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record");

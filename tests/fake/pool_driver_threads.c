@@ -1,12 +1,22 @@
-/* Pooled allocations through the driver API from the main thread and, unless
- * argv[1] is "one", from a second thread too: what a program with the static
- * runtime looks like to the shim. Ends with `result: ok`. */
+/* A program with the runtime linked statically, as the shim sees it: pooled
+ * allocations through the driver API from the main thread, and a second
+ * thread whose kernels, launched through the runtime's private entry points,
+ * would be invisible.
+ *   argv[1] "two" (default): the second thread allocates too
+ *   argv[1] "one":    no second thread
+ *   argv[1] "bind":   the second thread only makes the context current,
+ *                     after the main thread allocated
+ *   argv[1] "early":  the same, before any allocation
+ *   argv[1] "launch": as "bind", after a kernel launch the hooks see
+ * Ends with `result: ok`. */
 #include "fake_cuda_api.h"
+#include "fake_cudart_api.h"
 #include "check.h"
 #include <pthread.h>
 #include <string.h>
 
 static CUcontext ctx;
+static int second_allocates;
 
 static int churn(void)
 {
@@ -21,26 +31,43 @@ static int churn(void)
 static void *worker(void *arg)
 {
     (void)arg;
-    if (cuCtxSetCurrent(ctx) || churn())
+    if (cuCtxSetCurrent(ctx) || (second_allocates && churn()))
         return (void *)1;
     return NULL;
 }
 
+/* Returns whether the second thread failed. */
+static int second_thread(void)
+{
+    pthread_t t;
+    void *r;
+    pthread_create(&t, NULL, worker, NULL);
+    pthread_join(t, &r);
+    return r != NULL;
+}
+
+static void kernel(void) {}
+
 int main(int argc, char **argv)
 {
+    const char *mode = argc > 1 ? argv[1] : "two";
+#define MODE(m) (strcmp(mode, m) == 0)
+    second_allocates = MODE("two");
     CHECK(cuInit(0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
     CHECK(cuCtxSetCurrent(ctx));
+    if (MODE("early") && second_thread())
+        FAIL("the second thread failed");
     if (churn())
         return 1;
-    if (!(argc > 1 && strcmp(argv[1], "one") == 0)) {
-        pthread_t t;
-        void *r;
-        pthread_create(&t, NULL, worker, NULL);
-        pthread_join(t, &r);
-        if (r)
-            FAIL("the second thread failed");
+    if (MODE("launch")) {
+        dim3 one = {1, 1, 1};
+        CHECK(cudaLaunchKernel((const void *)kernel, one, one, NULL, 0, 0));
     }
+    if ((MODE("two") || MODE("bind") || MODE("launch")) && second_thread())
+        FAIL("the second thread failed");
+    if (churn())
+        return 1;
     printf("result: ok\n");
     return 0;
 }
