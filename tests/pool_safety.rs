@@ -435,10 +435,13 @@ fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
     assert_eq!(one["end"]["pools"][0]["multi_stream"], false, "one thread: reuse at once");
     let two = run(&[]);
     assert_eq!(two["end"]["pools"][0]["multi_stream"], true, "two threads: fences");
-    // The second thread makes the context current before it allocates, and
-    // that alone already shows it (the next test).
+    // Here the second thread's binding, before it allocates, already shows it
+    // (the next test); after a launch the hooks saw, its allocations do.
     let said = |n: &String| n.contains("from several threads") || n.contains("a second thread made a context current");
     assert!(notes(&two).iter().any(said), "notes: {:?}", notes(&two));
+    let seen = run(&["launch-two"]);
+    assert_eq!(seen["end"]["pools"][0]["multi_stream"], true, "two allocating threads after a launch: fences");
+    assert!(notes(&seen).iter().any(|n| n.contains("from several threads")), "notes: {:?}", notes(&seen));
 }
 
 /// A static runtime's launches are invisible, and a thread that only
@@ -448,16 +451,25 @@ fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
 #[test]
 fn a_second_thread_binding_a_context_makes_reuse_wait_where_launches_are_unseen() {
     let prog = compile_runtime_program("drvthreads-bind", "pool_driver_threads.c");
-    let multi_stream = |mode: &str| {
-        let log = run_default(&prog, &[mode]);
+    let with = |mode: &str, options: &str| {
+        let dir = scratch_dir("safety-bound");
+        let out = run_preloaded(&prog, &[mode], &dir, options);
+        assert!(result_line(&stdout_of(&out)).is_some(), "{mode}: {}{}", stdout_of(&out), stderr_of(&out));
+        let log = read_logs(&dir).remove(0);
         let fenced = log["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record");
         (fenced, notes(&log).iter().any(|n| n.contains("a second thread made a context current")))
     };
+    let multi_stream = |mode: &str| with(mode, "");
     assert_eq!(multi_stream("one"), (false, false), "one thread: reuse at once");
     assert_eq!(multi_stream("bind"), (true, true), "a second thread bound the context after the allocations");
     assert_eq!(multi_stream("early"), (true, true), "a second thread bound the context before them");
+    assert_eq!(multi_stream("push"), (true, true), "bound through cuCtxPushCurrent");
+    assert_eq!(multi_stream("procaddr"), (true, true), "bound through cuGetProcAddress's cuCtxSetCurrent");
     // A program whose launches are seen has its streams followed launch by launch.
     assert_eq!(multi_stream("launch"), (false, false), "a launch was seen");
+    // The shim's own binding (here to give a segment back after a free from a
+    // thread with no context) is not a thread of the program's.
+    assert_eq!(with("foreign-free", "backing=segments:give_back=always"), (false, false), "the shim's own push");
 }
 
 #[test]

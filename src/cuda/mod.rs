@@ -18,7 +18,9 @@ pub use cudarc::driver::sys::{
     CUmemLocationType, CUmemoryPool, CUpointer_attribute, CUstream, CUstreamBatchMemOpParams, CUstreamCaptureStatus,
     CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER,
 };
-pub use cudarc::runtime::sys::{cudaExtent, cudaIpcMemHandle_t, cudaMemPool_t, cudaPitchedPtr, cudaStream_t, dim3};
+pub use cudarc::runtime::sys::{
+    cudaExtent, cudaIpcMemHandle_t, cudaLaunchConfig_t, cudaMemPool_t, cudaPitchedPtr, cudaStream_t, dim3,
+};
 
 use resolve::{Lib, Lookup};
 use std::ffi::CStr;

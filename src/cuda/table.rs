@@ -70,6 +70,10 @@ table! {
         // (a per-thread default one, for `_ptsz`) that kernels run on.
         cudaLaunchKernel: fn(*const c_void, dim3, dim3, *mut Ptr, usize, cudaStream_t) -> Status;
         cudaLaunchKernel_ptsz: fn(*const c_void, dim3, dim3, *mut Ptr, usize, cudaStream_t) -> Status;
+        cudaLaunchKernelExC: fn(*const cudaLaunchConfig_t, *const c_void, *mut Ptr) -> Status;
+        cudaLaunchKernelExC_ptsz: fn(*const cudaLaunchConfig_t, *const c_void, *mut Ptr) -> Status;
+        cudaLaunchCooperativeKernel: fn(*const c_void, dim3, dim3, *mut Ptr, usize, cudaStream_t) -> Status;
+        cudaLaunchCooperativeKernel_ptsz: fn(*const c_void, dim3, dim3, *mut Ptr, usize, cudaStream_t) -> Status;
         // Stream capture (the graph, its nodes and edges stay opaque).
         cudaStreamBeginCapture: fn(cudaStream_t, c_int) -> Status;
         cudaStreamBeginCapture_ptsz: fn(cudaStream_t, c_int) -> Status;

@@ -78,7 +78,29 @@ twins!(cudaLaunchKernel / cudaLaunchKernel_ptsz (f: *const c_void, grid: dim3, b
     real!([real](f, grid, block, args, shared, stream))
 });
 
-pub static RUNTIME_TABLE: &[super::Entry] = &[entry!(cudaLaunchKernel), entry!(cudaLaunchKernel_ptsz)];
+// The other launches a shared runtime exports: `cudaLaunchKernelEx` (cluster
+// launches, CUTLASS's Hopper kernels) carries its stream in its config.
+twins!(cudaLaunchKernelExC / cudaLaunchKernelExC_ptsz (config: *const cudaLaunchConfig_t, f: *const c_void,
+    args: *mut Ptr) |real, per_thread| {
+    let stream = if config.is_null() { std::ptr::null_mut() } else { (*config).stream };
+    intercept::work_queued(stream as u64, per_thread, intercept::Work::Launch);
+    real!([real](config, f, args))
+});
+
+twins!(cudaLaunchCooperativeKernel / cudaLaunchCooperativeKernel_ptsz (f: *const c_void, grid: dim3, block: dim3,
+    args: *mut Ptr, shared: usize, stream: cudaStream_t) |real, per_thread| {
+    intercept::work_queued(stream as u64, per_thread, intercept::Work::Launch);
+    real!([real](f, grid, block, args, shared, stream))
+});
+
+pub static RUNTIME_TABLE: &[super::Entry] = &[
+    entry!(cudaLaunchKernel),
+    entry!(cudaLaunchKernel_ptsz),
+    entry!(cudaLaunchKernelExC),
+    entry!(cudaLaunchKernelExC_ptsz),
+    entry!(cudaLaunchCooperativeKernel),
+    entry!(cudaLaunchCooperativeKernel_ptsz),
+];
 
 /// `cuLaunchKernelEx` carries its stream inside its `CUlaunchConfig`; a
 /// null config (the call then fails) is taken as the legacy stream.

@@ -104,7 +104,9 @@ pub fn context_bound(tid: u64) -> bool {
     if MULTI_STREAM.load(Ordering::Relaxed) || !another_thread(tid) {
         return false;
     }
-    DRIVER_THREAD.load(Ordering::Acquire) != 0 && launches_unseen() && !MULTI_STREAM.swap(true, Ordering::AcqRel)
+    // SeqCst against `driver_allocation`, which records its thread and then
+    // asks `another_thread`: of the two, at least one sees the other.
+    DRIVER_THREAD.load(Ordering::SeqCst) != 0 && launches_unseen() && !MULTI_STREAM.swap(true, Ordering::AcqRel)
 }
 
 /// A pooled allocation came through the runtime API.
@@ -130,12 +132,12 @@ fn set_once(flag: &AtomicBool) {
 /// Has a thread other than `tid` been seen using CUDA, or is `tid` the
 /// first after another?
 fn another_thread(tid: u64) -> bool {
-    if OTHER_THREAD.load(Ordering::Acquire) {
+    if OTHER_THREAD.load(Ordering::SeqCst) {
         return true;
     }
     match first_of(&FIRST_THREAD, tid) {
         Some(first) if first != tid => {
-            OTHER_THREAD.store(true, Ordering::Release);
+            OTHER_THREAD.store(true, Ordering::SeqCst);
             true
         }
         _ => false,
@@ -144,10 +146,13 @@ fn another_thread(tid: u64) -> bool {
 
 /// The thread recorded in `slot` before `tid`, which is recorded if none
 /// was (`None`). A plain load first: allocating threads share the line.
+/// SeqCst: a thread binding a context and the first thread allocating each
+/// record themselves and then read what the other recorded (`context_bound`);
+/// on x86-64 these loads are plain loads.
 #[inline]
 fn first_of(slot: &AtomicU64, tid: u64) -> Option<u64> {
-    match slot.load(Ordering::Acquire) {
-        0 => slot.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire).err(),
+    match slot.load(Ordering::SeqCst) {
+        0 => slot.compare_exchange(0, tid, Ordering::SeqCst, Ordering::SeqCst).err(),
         first => Some(first),
     }
 }
@@ -256,5 +261,6 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         DRIVER_THREAD.store(0, Ordering::Release);
         FIRST_THREAD.store(0, Ordering::Release);
         OTHER_THREAD.store(false, Ordering::Release);
+        // RUNTIME_POOLED and LAUNCH_SEEN stay: they describe the program.
     }
 }
