@@ -354,8 +354,10 @@ fn kernels_on_per_thread_default_streams_make_reuse_wait_for_fences() {
     // Kernels of two threads on the legacy stream run in the order queued:
     // a freed block may be reused at once.
     assert!(!multi_stream(&[]), "legacy stream");
-    // On per-thread default streams they run side by side.
+    // On per-thread default streams they run side by side, however launched.
     assert!(multi_stream(&["ptsz"]), "per-thread default streams");
+    assert!(multi_stream(&["ex-ptsz"]), "per-thread default streams, cudaLaunchKernelExC");
+    assert!(multi_stream(&["coop-ptsz"]), "per-thread default streams, cudaLaunchCooperativeKernel");
 }
 
 #[test]

@@ -453,6 +453,32 @@ EXPORT cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block
     return launch(func, stream);
 }
 
+EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+    (void)args;
+    return config ? launch(func, config->stream) : ret(cudaErrorInvalidValue);
+}
+
+EXPORT cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+    (void)args;
+    return config ? launch(func, config->stream) : ret(cudaErrorInvalidValue);
+}
+
+EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shared,
+                                               cudaStream_t stream)
+{
+    (void)grid, (void)block, (void)args, (void)shared;
+    return launch(func, stream);
+}
+
+EXPORT cudaError_t cudaLaunchCooperativeKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args,
+                                                    size_t shared, cudaStream_t stream)
+{
+    (void)grid, (void)block, (void)args, (void)shared;
+    return launch(func, stream);
+}
+
 /* The runtime's capture calls reach the driver through the entry points it
  * looked up, as the real runtime's do. */
 EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode)
