@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The pool by default, shown safe on a real GPU: stream capture and CUDA
 # graphs (nvcc static and shared cudart, PyTorch with its cache on and off),
+# kernels launched through cudaLaunchKernelEx and cudaLaunchCooperativeKernel,
+# a block handed to another thread's per-thread default stream,
 # a static runtime's invisible cudaDeviceReset, and memory freed in bulk that
 # another process must be able to take (C, PyTorch, CuPy). Every case runs
 # the program plainly and under `cupool run` with the default options (pool
@@ -22,6 +24,11 @@ build -cudart shared -o $work/graph_shared $src/graph.cu -lcuda
 build -o $work/reset_static $src/reset_data.cu
 build -cudart shared -o $work/reset_shared $src/reset_data.cu
 build -o $work/give_back $src/give_back.cu
+build -o $work/launch_ex_static $src/launch_ex.cu
+build -cudart shared -o $work/launch_ex_shared $src/launch_ex.cu
+build -cudart shared --default-stream per-thread -o $work/launch_ex_ptds $src/launch_ex.cu
+build --default-stream per-thread -o $work/handoff_static $src/ptds_handoff.cu
+build -cudart shared --default-stream per-thread -o $work/handoff_shared $src/ptds_handoff.cu
 
 # same NAME -- CMD...: the program's output (every line) must be the same
 # plainly and under cupool; the exit status too.
@@ -43,6 +50,11 @@ same graph-shared -- $work/graph_shared
 same reset-static -- $work/reset_static
 same reset-shared -- $work/reset_shared
 same torch-graph -- python3 $src/torch_graph.py
+same launch-ex-static -- $work/launch_ex_static
+same launch-ex-shared -- $work/launch_ex_shared
+same launch-ex-ptds -- $work/launch_ex_ptds
+same ptds-handoff-static -- $work/handoff_static
+same ptds-handoff-shared -- $work/handoff_shared
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 same torch-graph-nocache -- python3 $src/torch_graph.py
 for prog in graph_static graph_shared; do
   echo "== $prog" >&2; cat $work/graph-${prog#graph_}/plain.out >&2
