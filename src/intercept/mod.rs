@@ -376,10 +376,18 @@ fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) -> S
 /// H200, `scripts/gpu/graph.cu`; numba-cuda's suite met it). For a runtime
 /// call the runtime's own `cudaMalloc` asks, so that a refusal is the
 /// thread's last error too, as `cudaFree`'s would be. `pool` served the block.
+#[inline]
 fn refused_by_capture(api: Api, pool: usize) -> Option<Status> {
     if !pool::any_capture() {
         return None;
     }
+    capture_probe(api, pool)
+}
+
+/// The probe itself, out of the free's way.
+#[cold]
+#[inline(never)]
+fn capture_probe(api: Api, pool: usize) -> Option<Status> {
     // Only with no error unread: the probe's own failure would replace it.
     let r = if is_runtime(api) && no_error_pending(api) {
         let mut probe = std::ptr::null_mut();
