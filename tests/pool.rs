@@ -460,7 +460,7 @@ fn reuse_after_a_stream_exists_goes_through_fences() {
     let prog = compile_runtime_program("reuse", "pool_reuse.c");
     let r = run_prog(&prog, &["stream"], POOL);
     let p = &pools(&r.log)[0];
-    assert_eq!(p["multi_stream"], true, "{p}");
+    assert_eq!((&p["multi_stream"], &p["multi_stream_because"]), (&true.into(), &"stream_created".into()), "{p}");
     // Freed blocks come back once their fence completed (at once in the fake):
     // the pool stays within a couple of segments.
     assert!(r.stats["allocs"] <= 2, "driver allocations for 10000 cycles with a stream: {:?}", r.stats);

@@ -349,8 +349,14 @@ fn memory_freed_in_bulk_goes_back_to_the_device() {
 #[test]
 fn kernels_on_per_thread_default_streams_make_reuse_wait_for_fences() {
     let prog = compile_runtime_program("ptds", "pool_ptds.c");
-    let multi_stream =
-        |args: &[&str]| run_default(&prog, args)["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record");
+    let multi_stream = |args: &[&str]| {
+        let pool = run_default(&prog, args)["end"]["pools"][0].clone();
+        let fenced = pool["multi_stream"].as_bool().expect("a pool record");
+        if fenced {
+            assert_eq!(pool["multi_stream_because"], "second_stream", "{args:?}: {pool}");
+        }
+        fenced
+    };
     // Kernels of two threads on the legacy stream run in the order queued:
     // a freed block may be reused at once.
     assert!(!multi_stream(&[]), "legacy stream");
@@ -443,6 +449,8 @@ fn driver_api_allocations_from_two_threads_make_reuse_wait_for_fences() {
     assert!(notes(&two).iter().any(said), "notes: {:?}", notes(&two));
     let seen = run(&["launch-two"]);
     assert_eq!(seen["end"]["pools"][0]["multi_stream"], true, "two allocating threads after a launch: fences");
+    assert_eq!(seen["end"]["pools"][0]["multi_stream_because"], "driver_threads");
+    assert!(one["end"]["pools"][0].get("multi_stream_because").is_none(), "nothing to say: {}", one["end"]["pools"][0]);
     assert!(notes(&seen).iter().any(|n| n.contains("from several threads")), "notes: {:?}", notes(&seen));
 }
 
@@ -458,8 +466,11 @@ fn a_second_thread_binding_a_context_makes_reuse_wait_where_launches_are_unseen(
         let out = run_preloaded(&prog, &[mode], &dir, options);
         assert!(result_line(&stdout_of(&out)).is_some(), "{mode}: {}{}", stdout_of(&out), stderr_of(&out));
         let log = read_logs(&dir).remove(0);
-        let fenced = log["end"]["pools"][0]["multi_stream"].as_bool().expect("a pool record");
-        (fenced, notes(&log).iter().any(|n| n.contains("a second thread made a context current")))
+        let pool = &log["end"]["pools"][0];
+        let fenced = pool["multi_stream"].as_bool().expect("a pool record");
+        let bound = notes(&log).iter().any(|n| n.contains("a second thread made a context current"));
+        assert_eq!(bound, pool["multi_stream_because"] == "bound_thread", "{mode}: {pool}");
+        (fenced, bound)
     };
     let multi_stream = |mode: &str| with(mode, "");
     assert_eq!(multi_stream("one"), (false, false), "one thread: reuse at once");

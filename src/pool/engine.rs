@@ -7,7 +7,7 @@ use super::fence::CudaBackend;
 use super::pages::CudaPages;
 use super::tools;
 use crate::runtime::{diag, options};
-use cupool_core::log::{self, PagesRecord, PoolRecord};
+use cupool_core::log::{self, MultiStreamBecause, PagesRecord, PoolRecord};
 use cupool_core::options::{Backing, GiveBack as Policy};
 use cupool_core::pool::{Block, BlockId, BlockInfo, Fragmentation, GiveBack, OutOfMemory, Pool, PoolConfig, Stat};
 use cupool_core::vmm::{PageInfo, VmmConfig, VmmPool};
@@ -238,7 +238,9 @@ impl Engine {
     }
 
     /// The end record's figures (`dead`: the context died, current figures read 0).
-    pub fn record(&self, device: i32, dead: bool, multi_stream: bool) -> PoolRecord {
+    /// `multi_stream`: `Some` once reuse waits for fences, with what made it
+    /// (`None` inside when that is not known).
+    pub fn record(&self, device: i32, dead: bool, multi_stream: Option<Option<MultiStreamBecause>>) -> PoolRecord {
         let stat = |st: &Stat| log::Stat { current: if dead { 0 } else { st.current }, peak: st.peak };
         let ratio = |reserved: &Stat, requested: &Stat| {
             if requested.peak == 0 {
@@ -250,7 +252,8 @@ impl Engine {
         let base = PoolRecord {
             device,
             context_destroyed: dead,
-            multi_stream,
+            multi_stream: multi_stream.is_some(),
+            multi_stream_because: multi_stream.flatten(),
             fences: self.timeline().counters,
             ..PoolRecord::default()
         };

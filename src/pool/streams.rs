@@ -4,13 +4,30 @@
 //! wait for fences (`fence.rs`).
 
 use crate::runtime::guard;
+use cupool_core::log::MultiStreamBecause;
 use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Set once the process creates a stream, or once work submitted through the
 /// driver API has gone to a second stream (per-thread default streams of two
 /// threads): from then on reuse waits for fences.
 pub static MULTI_STREAM: AtomicBool = AtomicBool::new(false);
+/// What set `MULTI_STREAM` first (`MultiStreamBecause::code`; 0 before).
+static BECAUSE: AtomicU8 = AtomicU8::new(0);
+
+/// Sets `MULTI_STREAM`; true (and `because` kept) when it was not set yet.
+fn go_multi_stream(because: MultiStreamBecause) -> bool {
+    let first = !MULTI_STREAM.swap(true, Ordering::AcqRel);
+    if first {
+        BECAUSE.store(because.code(), Ordering::Release);
+    }
+    first
+}
+
+/// What first made reuse wait for fences, once it does.
+pub fn multi_stream_because() -> Option<MultiStreamBecause> {
+    MultiStreamBecause::from_code(BECAUSE.load(Ordering::Acquire))
+}
 
 /// Set once a per-thread default stream is seen in use: other threads'
 /// default streams cannot be made to wait, so barriers give way to host waits.
@@ -49,7 +66,9 @@ pub fn note_work(stream: u64, per_thread_api: bool) {
     match ONLY_STREAM.compare_exchange(NO_STREAM, key, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {}
         Err(only) if only == key => {}
-        Err(_) => MULTI_STREAM.store(true, Ordering::Release),
+        Err(_) => {
+            go_multi_stream(MultiStreamBecause::SecondStream);
+        }
     }
 }
 
@@ -91,7 +110,11 @@ pub fn driver_allocation(tid: u64) -> Option<Unseen> {
         _ if another_thread(tid) && launches_unseen() => Unseen::BoundThread,
         _ => return None,
     };
-    (!MULTI_STREAM.swap(true, Ordering::AcqRel)).then_some(why)
+    let because = match why {
+        Unseen::DriverThreads => MultiStreamBecause::DriverThreads,
+        Unseen::BoundThread => MultiStreamBecause::BoundThread,
+    };
+    go_multi_stream(because).then_some(why)
 }
 
 /// Thread `tid` made a context current. The static runtime does so on each
@@ -106,7 +129,7 @@ pub fn context_bound(tid: u64) -> bool {
     }
     // SeqCst against `driver_allocation`, which records its thread and then
     // asks `another_thread`: of the two, at least one sees the other.
-    DRIVER_THREAD.load(Ordering::SeqCst) != 0 && launches_unseen() && !MULTI_STREAM.swap(true, Ordering::AcqRel)
+    DRIVER_THREAD.load(Ordering::SeqCst) != 0 && launches_unseen() && go_multi_stream(MultiStreamBecause::BoundThread)
 }
 
 /// A pooled allocation came through the runtime API.
@@ -175,7 +198,7 @@ static STREAMS: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 /// frees made before a stream existed were reusable at once, and the
 /// caller orders the new stream behind the work queued so far.
 pub fn add(ctx: u64, stream: u64) -> bool {
-    MULTI_STREAM.store(true, Ordering::Release);
+    go_multi_stream(MultiStreamBecause::StreamCreated);
     let mut list = STREAMS.lock();
     let first = !list.iter().any(|&(c, _)| c == ctx);
     list.push((ctx, stream));
@@ -257,6 +280,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         CAPTURES.store(0, Ordering::Release);
         STREAMS.lock().clear();
         MULTI_STREAM.store(false, Ordering::Release);
+        BECAUSE.store(0, Ordering::Release);
         ONLY_STREAM.store(NO_STREAM, Ordering::Release);
         DRIVER_THREAD.store(0, Ordering::Release);
         FIRST_THREAD.store(0, Ordering::Release);

@@ -27,8 +27,8 @@ pub use read::{
 };
 pub use schema::{
     parse_hex, Definition, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary,
-    MagazineRecord, ModuleRecord, OomRecord, PageCosts, PagesAtPeak, PagesRecord, PoolRecord, ProcessInfo,
-    PyFrameRecord, StackRecord, Stat, StringRecord, READABLE_VERSIONS, SCHEMA, VERSION,
+    MagazineRecord, ModuleRecord, MultiStreamBecause, OomRecord, PageCosts, PagesAtPeak, PagesRecord, PoolRecord,
+    ProcessInfo, PyFrameRecord, StackRecord, Stat, StringRecord, READABLE_VERSIONS, SCHEMA, VERSION,
 };
 pub use sites::Sites;
 pub use write::{write_definition, write_end, write_event, write_header, write_named_event, EventLine};

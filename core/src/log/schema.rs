@@ -392,6 +392,9 @@ pub struct PoolRecord {
     pub num_waits: u64,
     pub largest_free_block: u64,
     pub multi_stream: bool,
+    /// What first made reuse wait for fences (logs before it: absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_stream_because: Option<MultiStreamBecause>,
     /// An object since version 2; version 1's text form is read too.
     #[serde(deserialize_with = "fences_v1_or_v2")]
     pub fences: FenceCounters,
@@ -402,6 +405,41 @@ pub struct PoolRecord {
     /// A VMM-backed pool's pages (only then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pages: Option<PagesRecord>,
+}
+
+/// `end.pools[].multi_stream_because`: what showed the process that its
+/// work may run on more than one stream, the first time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MultiStreamBecause {
+    /// The program created a stream.
+    StreamCreated,
+    /// Work was queued on a second stream (per-thread default streams included).
+    SecondStream,
+    /// Pooled allocations came through the driver API from a second thread.
+    DriverThreads,
+    /// A second thread made a context current, with no kernel launch seen.
+    BoundThread,
+}
+
+impl MultiStreamBecause {
+    /// All of them, in the order of their codes (see `from_code`).
+    pub const ALL: [MultiStreamBecause; 4] = [
+        MultiStreamBecause::StreamCreated,
+        MultiStreamBecause::SecondStream,
+        MultiStreamBecause::DriverThreads,
+        MultiStreamBecause::BoundThread,
+    ];
+
+    /// A small code for keeping it in an atomic: 1 + its index in `ALL`.
+    pub fn code(self) -> u8 {
+        Self::ALL.iter().position(|&b| b == self).map_or(0, |i| i as u8 + 1)
+    }
+
+    /// The one with `code`; `None` for 0 (none yet) or a code out of range.
+    pub fn from_code(code: u8) -> Option<MultiStreamBecause> {
+        Self::ALL.get(usize::from(code).checked_sub(1)?).copied()
+    }
 }
 
 /// `end.pools[].pages`: a VMM-backed pool's physical pages, its mappings

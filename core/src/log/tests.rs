@@ -144,6 +144,7 @@ fn full_end() -> End {
             num_waits: 12,
             largest_free_block: 13,
             multi_stream: true,
+            multi_stream_because: Some(super::MultiStreamBecause::BoundThread),
             fences: FenceCounters {
                 recorded: 1,
                 completed: 2,
@@ -433,4 +434,16 @@ fn phase_names_are_escaped_and_read_back_as_written() {
         assert_eq!(read, EventRecord::named(&e, name));
         assert_eq!(serde_json::to_string(&read).unwrap(), s.trim_end());
     }
+}
+
+#[test]
+fn what_made_reuse_wait_keeps_in_one_byte() {
+    assert_eq!(MultiStreamBecause::from_code(0), None, "none yet");
+    for because in MultiStreamBecause::ALL {
+        assert_eq!(MultiStreamBecause::from_code(because.code()), Some(because));
+    }
+    let past = MultiStreamBecause::ALL.len() as u8 + 1;
+    assert_eq!(MultiStreamBecause::from_code(past), None);
+    let names: Vec<String> = MultiStreamBecause::ALL.iter().map(|b| serde_json::to_string(b).unwrap()).collect();
+    assert_eq!(names, ["\"stream_created\"", "\"second_stream\"", "\"driver_threads\"", "\"bound_thread\""]);
 }
