@@ -1,7 +1,9 @@
 //! One-screen summaries of cupool logs.
 
 use crate::units::human_bytes;
-use cupool_core::log::{read_log, summarize, ExitRecord, FenceCounters, Log, MagazineRecord, Summary};
+use cupool_core::log::{
+    read_log, summarize, ExitRecord, FenceCounters, Log, MagazineRecord, MultiStreamBecause, Summary,
+};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -129,7 +131,7 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
             let _ = writeln!(out, "{line}");
         }
         for p in log.end.as_ref().map_or(&[][..], |e| &e.pools[..]) {
-            if let Some(line) = wait_line(p.device, &p.fences) {
+            if let Some(line) = wait_line(p.device, &p.fences, p.multi_stream_because) {
                 let _ = writeln!(out, "{line}");
             }
             // A VMM-backed pool's driver work: the cost that backing adds.
@@ -246,17 +248,27 @@ fn peak_line(device: i32, b: &cupool_core::log::PagesAtPeak) -> String {
 }
 
 /// How long a pool held the program's threads back, waiting for the GPU
-/// (`None`: it never did).
-fn wait_line(device: i32, f: &FenceCounters) -> Option<String> {
+/// (`None`: it never did), and what made its freed blocks wait for fences.
+fn wait_line(device: i32, f: &FenceCounters, because: Option<MultiStreamBecause>) -> Option<String> {
     // Time in a wait that failed counts too, though the wait does not.
     (f.waits + f.syncs > 0 || f.wait_ns > 0).then(|| {
+        let why = because.map_or(String::new(), |b| format!("; freed blocks wait for fences: {}", because_text(b)));
         format!(
-            "    device {device:>2} pool waited for the GPU: {:.1} ms ({} waits, {} synchronizations)",
+            "    device {device:>2} pool waited for the GPU: {:.1} ms ({} waits, {} synchronizations{why})",
             f.wait_ns as f64 / 1e6,
             f.waits,
             f.syncs
         )
     })
+}
+
+fn because_text(b: MultiStreamBecause) -> &'static str {
+    match b {
+        MultiStreamBecause::StreamCreated => "the program created a stream",
+        MultiStreamBecause::SecondStream => "work went to a second stream",
+        MultiStreamBecause::DriverThreads => "a second thread allocated through the driver API",
+        MultiStreamBecause::BoundThread => "a second thread made a context current, no kernel launch seen",
+    }
 }
 
 /// What threads' magazines did; said only where some served blocks. Frees
@@ -311,15 +323,23 @@ mod tests {
 
     #[test]
     fn the_wait_line_gives_the_time_blocked_and_only_when_the_pool_waited() {
-        assert_eq!(wait_line(0, &FenceCounters { recorded: 9, gpu_barriers: 3, ..Default::default() }), None);
+        let idle = FenceCounters { recorded: 9, gpu_barriers: 3, ..Default::default() };
+        assert_eq!(wait_line(0, &idle, Some(MultiStreamBecause::StreamCreated)), None);
         let f = FenceCounters { waits: 7, syncs: 1, wait_ns: 12_345_678, ..Default::default() };
         assert_eq!(
-            wait_line(3, &f).as_deref(),
+            wait_line(3, &f, None).as_deref(),
             Some("    device  3 pool waited for the GPU: 12.3 ms (7 waits, 1 synchronizations)")
+        );
+        assert_eq!(
+            wait_line(3, &f, Some(MultiStreamBecause::BoundThread)).as_deref(),
+            Some(
+                "    device  3 pool waited for the GPU: 12.3 ms (7 waits, 1 synchronizations; freed blocks wait for \
+                 fences: a second thread made a context current, no kernel launch seen)"
+            )
         );
         // Only a wait that failed: its time still shows.
         let failed = FenceCounters { wait_ns: 2_000_000, ..Default::default() };
-        assert!(wait_line(0, &failed).is_some_and(|l| l.contains("2.0 ms (0 waits")));
+        assert!(wait_line(0, &failed, None).is_some_and(|l| l.contains("2.0 ms (0 waits")));
     }
 
     #[test]
