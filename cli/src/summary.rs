@@ -268,6 +268,7 @@ fn because_text(b: MultiStreamBecause) -> &'static str {
         MultiStreamBecause::SecondStream => "work went to a second stream",
         MultiStreamBecause::DriverThreads => "a second thread allocated through the driver API",
         MultiStreamBecause::BoundThread => "a second thread made a context current, no kernel launch seen",
+        MultiStreamBecause::Unknown => "a reason this cupool does not know (a newer shim's log)",
     }
 }
 

@@ -191,10 +191,11 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> Status {
     r
 }
 
+/// The same sign as `cuCtxSetCurrent`'s.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> Status {
     let r = real!(cuCtxPushCurrent_v2(ctx));
-    if r == SUCCESS {
+    if r == SUCCESS && !ctx.is_null() {
         intercept::context_bound();
     }
     r

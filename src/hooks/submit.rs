@@ -82,8 +82,7 @@ twins!(cudaLaunchKernel / cudaLaunchKernel_ptsz (f: *const c_void, grid: dim3, b
 // launches, CUTLASS's Hopper kernels) carries its stream in its config.
 twins!(cudaLaunchKernelExC / cudaLaunchKernelExC_ptsz (config: *const cudaLaunchConfig_t, f: *const c_void,
     args: *mut Ptr) |real, per_thread| {
-    let stream = if config.is_null() { std::ptr::null_mut() } else { (*config).stream };
-    intercept::work_queued(stream as u64, per_thread, intercept::Work::Launch);
+    intercept::work_queued(runtime_stream_of(config) as u64, per_thread, intercept::Work::Launch);
     real!([real](config, f, args))
 });
 
@@ -101,6 +100,15 @@ pub static RUNTIME_TABLE: &[super::Entry] = &[
     entry!(cudaLaunchCooperativeKernel),
     entry!(cudaLaunchCooperativeKernel_ptsz),
 ];
+
+/// `cudaLaunchKernelExC`'s stream, read as `stream_of` reads the driver's.
+unsafe fn runtime_stream_of(config: *const cudaLaunchConfig_t) -> cudaStream_t {
+    if config.is_null() {
+        std::ptr::null_mut()
+    } else {
+        (*config).stream
+    }
+}
 
 /// `cuLaunchKernelEx` carries its stream inside its `CUlaunchConfig`; a
 /// null config (the call then fails) is taken as the legacy stream.

@@ -16,7 +16,7 @@ use crate::cuda::{Status, CAPTURE_ERRORS, INVALID_CONTEXT, INVALID_VALUE, OUT_OF
 use crate::observe::{self, Allocation, Pooled, Space};
 use crate::runtime::{clock, diag, guard::Guard, options};
 use crate::{lifecycle, pool, real, sink};
-use cupool_core::log::{Api, EventKind, MemKind};
+use cupool_core::log::{Api, EventKind, MemKind, MultiStreamBecause};
 use cupool_core::options::Mode;
 use cupool_core::pool::BlockId;
 use std::num::NonZeroUsize;
@@ -251,12 +251,9 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     };
     if !is_runtime(call.api) {
         match pool::driver_allocation(crate::runtime::guard::tid() as u64) {
-            Some(pool::Unseen::DriverThreads) => observe::remark(
-                "pooled allocations through the driver API from several threads (a static runtime's launches are \
-                 invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for fences",
-            ),
-            Some(pool::Unseen::BoundThread) => observe::remark(BOUND_THREAD),
-            None => {}
+            Some(MultiStreamBecause::DriverThreads) => observe::remark(DRIVER_THREADS),
+            Some(MultiStreamBecause::BoundThread) => observe::remark(BOUND_THREAD),
+            _ => {}
         }
     } else {
         pool::runtime_allocation();
@@ -532,16 +529,20 @@ pub fn stream_destroyed(stream: u64) {
 /// the driver API and no launch is visible, freed blocks wait for fences.
 pub fn context_bound() {
     if crate::runtime::guard::inside() {
-        return; // the shim's own binding
+        // A shared runtime binding beneath one of cupool's runtime hooks
+        // (cupool's own bindings call the driver directly, never this).
+        return;
     }
     if pool::context_bound(crate::runtime::guard::tid() as u64) {
         observe::remark(BOUND_THREAD);
     }
 }
 
-const BOUND_THREAD: &str =
-    "a second thread made a context current where no kernel launch is visible (a static runtime, \
-                            whose launches on per-thread default streams no hook sees): freed blocks wait for fences";
+const DRIVER_THREADS: &str = "pooled allocations through the driver API from several threads (a static runtime's \
+    launches are invisible, so their kernels may run side by side on per-thread default streams): freed blocks wait for \
+    fences";
+const BOUND_THREAD: &str = "a second thread made a context current where no kernel launch is visible (a static \
+    runtime, whose launches on per-thread default streams no hook sees): freed blocks wait for fences";
 
 /// What a hook that queues GPU work queued.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -238,9 +238,14 @@ impl Engine {
     }
 
     /// The end record's figures (`dead`: the context died, current figures read 0).
-    /// `multi_stream`: `Some` once reuse waits for fences, with what made it
-    /// (`None` inside when that is not known).
-    pub fn record(&self, device: i32, dead: bool, multi_stream: Option<Option<MultiStreamBecause>>) -> PoolRecord {
+    /// `multi_stream`: reuse waits for fences, `because` of what.
+    pub fn record(
+        &self,
+        device: i32,
+        dead: bool,
+        multi_stream: bool,
+        because: Option<MultiStreamBecause>,
+    ) -> PoolRecord {
         let stat = |st: &Stat| log::Stat { current: if dead { 0 } else { st.current }, peak: st.peak };
         let ratio = |reserved: &Stat, requested: &Stat| {
             if requested.peak == 0 {
@@ -252,8 +257,8 @@ impl Engine {
         let base = PoolRecord {
             device,
             context_destroyed: dead,
-            multi_stream: multi_stream.is_some(),
-            multi_stream_because: multi_stream.flatten(),
+            multi_stream,
+            multi_stream_because: because.filter(|_| multi_stream),
             fences: self.timeline().counters,
             ..PoolRecord::default()
         };

@@ -20,5 +20,5 @@ pub use registry::{
 };
 pub use streams::{
     any_capture, capture_begun, capture_ended, context_bound, driver_allocation, is_capturing, launch_seen, note_work,
-    runtime_allocation, Unseen,
+    runtime_allocation,
 };

@@ -18,8 +18,8 @@ pub fn all() -> Vec<PoolRecord> {
 /// memory with it: its current figures are reported as 0.
 fn record(p: &ContextPool, dead: bool) -> Option<PoolRecord> {
     let pool = p.pool.try_lock_for(std::time::Duration::from_millis(200))?;
-    let multi_stream = MULTI_STREAM.load(Ordering::Relaxed).then(super::streams::multi_stream_because);
-    Some(pool.record(p.device, dead, multi_stream))
+    let multi_stream = MULTI_STREAM.load(Ordering::Acquire);
+    Some(pool.record(p.device, dead, multi_stream, super::streams::multi_stream_because()))
 }
 
 /// What threads' magazines did, if any thread started one.

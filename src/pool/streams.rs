@@ -8,19 +8,18 @@ use cupool_core::log::MultiStreamBecause;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
-/// Set once the process creates a stream, or once work submitted through the
-/// driver API has gone to a second stream (per-thread default streams of two
-/// threads): from then on reuse waits for fences.
+/// Set once work may run on more than one stream (`MultiStreamBecause`:
+/// a created stream, work seen on a second stream, or a second thread of a
+/// program whose launches are unseen): from then on reuse waits for fences.
 pub static MULTI_STREAM: AtomicBool = AtomicBool::new(false);
 /// What set `MULTI_STREAM` first (`MultiStreamBecause::code`; 0 before).
 static BECAUSE: AtomicU8 = AtomicU8::new(0);
 
-/// Sets `MULTI_STREAM`; true (and `because` kept) when it was not set yet.
+/// Sets `MULTI_STREAM`; true when this call is the first. The reason is
+/// kept before the flag is set, so a record that sees the flag has it.
 fn go_multi_stream(because: MultiStreamBecause) -> bool {
-    let first = !MULTI_STREAM.swap(true, Ordering::AcqRel);
-    if first {
-        BECAUSE.store(because.code(), Ordering::Release);
-    }
+    let first = BECAUSE.compare_exchange(0, because.code(), Ordering::AcqRel, Ordering::Acquire).is_ok();
+    MULTI_STREAM.store(true, Ordering::Release);
     first
 }
 
@@ -83,15 +82,6 @@ static OTHER_THREAD: AtomicBool = AtomicBool::new(false);
 static RUNTIME_POOLED: AtomicBool = AtomicBool::new(false);
 static LAUNCH_SEEN: AtomicBool = AtomicBool::new(false);
 
-/// Why reuse began to wait for fences.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unseen {
-    /// Pooled allocations came through the driver API from a second thread.
-    DriverThreads,
-    /// A second thread made a context current, with no launch visible.
-    BoundThread,
-}
-
 /// A pooled allocation came through the driver API (a driver-API program, or
 /// one with the runtime linked statically, whose kernel launches no hook
 /// sees) on thread `tid`. Built with `--default-stream per-thread`, such a
@@ -101,20 +91,16 @@ pub enum Unseen {
 /// stream completes only after the work of every per-thread default stream
 /// queued before it). Says why the first time that happens.
 #[inline]
-pub fn driver_allocation(tid: u64) -> Option<Unseen> {
+pub fn driver_allocation(tid: u64) -> Option<MultiStreamBecause> {
     if MULTI_STREAM.load(Ordering::Relaxed) {
         return None;
     }
-    let why = match first_of(&DRIVER_THREAD, tid) {
-        Some(first) if first != tid => Unseen::DriverThreads,
-        _ if another_thread(tid) && launches_unseen() => Unseen::BoundThread,
+    let because = match first_of(&DRIVER_THREAD, tid) {
+        Some(first) if first != tid => MultiStreamBecause::DriverThreads,
+        _ if another_thread(tid) && launches_unseen() => MultiStreamBecause::BoundThread,
         _ => return None,
     };
-    let because = match why {
-        Unseen::DriverThreads => MultiStreamBecause::DriverThreads,
-        Unseen::BoundThread => MultiStreamBecause::BoundThread,
-    };
-    go_multi_stream(because).then_some(why)
+    go_multi_stream(because).then_some(because)
 }
 
 /// Thread `tid` made a context current. The static runtime does so on each

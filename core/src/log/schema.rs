@@ -411,34 +411,31 @@ pub struct PoolRecord {
 /// work may run on more than one stream, the first time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[repr(u8)]
 pub enum MultiStreamBecause {
     /// The program created a stream.
-    StreamCreated,
+    StreamCreated = 1,
     /// Work was queued on a second stream (per-thread default streams included).
-    SecondStream,
+    SecondStream = 2,
     /// Pooled allocations came through the driver API from a second thread.
-    DriverThreads,
+    DriverThreads = 3,
     /// A second thread made a context current, with no kernel launch seen.
-    BoundThread,
+    BoundThread = 4,
+    /// A reason this reader does not know (a newer writer's).
+    #[serde(other)]
+    Unknown = 5,
 }
 
 impl MultiStreamBecause {
-    /// All of them, in the order of their codes (see `from_code`).
-    pub const ALL: [MultiStreamBecause; 4] = [
-        MultiStreamBecause::StreamCreated,
-        MultiStreamBecause::SecondStream,
-        MultiStreamBecause::DriverThreads,
-        MultiStreamBecause::BoundThread,
-    ];
-
-    /// A small code for keeping it in an atomic: 1 + its index in `ALL`.
+    /// A code for keeping it in an atomic (0 is left for "none yet").
     pub fn code(self) -> u8 {
-        Self::ALL.iter().position(|&b| b == self).map_or(0, |i| i as u8 + 1)
+        self as u8
     }
 
     /// The one with `code`; `None` for 0 (none yet) or a code out of range.
     pub fn from_code(code: u8) -> Option<MultiStreamBecause> {
-        Self::ALL.get(usize::from(code).checked_sub(1)?).copied()
+        use MultiStreamBecause::*;
+        [StreamCreated, SecondStream, DriverThreads, BoundThread, Unknown].into_iter().find(|b| b.code() == code)
     }
 }
 
