@@ -387,14 +387,7 @@ fn refused_by_capture(api: Api, pool: usize) -> Option<Status> {
 fn capture_probe(api: Api, pool: usize) -> Option<Status> {
     // Only with no error unread: the probe's own failure would replace it.
     let r = if is_runtime(api) && no_error_pending(api) {
-        let mut probe = std::ptr::null_mut();
-        let r = unsafe { real!(cudaMalloc(&mut probe, 1)) };
-        if r == SUCCESS {
-            unsafe { real!(cudaFree(probe)) };
-        } else if !CAPTURE_ERRORS.contains(&r) {
-            unsafe { real!(cudaGetLastError()) }; // a full device: the free goes ahead, as plainly
-        }
-        r
+        runtime_probe()
     } else {
         let r = driver_probe();
         // `cuMemFree` needs no current context, and from a thread without
@@ -408,6 +401,19 @@ fn capture_probe(api: Api, pool: usize) -> Option<Status> {
         }
     };
     CAPTURE_ERRORS.contains(&r).then_some(r)
+}
+
+/// A one-byte `cudaMalloc`, freed at once; a refusal other than a
+/// capture's is taken back from the thread's last error.
+fn runtime_probe() -> Status {
+    let mut probe = std::ptr::null_mut();
+    let r = unsafe { real!(cudaMalloc(&mut probe, 1)) };
+    if r == SUCCESS {
+        unsafe { real!(cudaFree(probe)) };
+    } else if !CAPTURE_ERRORS.contains(&r) {
+        unsafe { real!(cudaGetLastError()) }; // a full device: the free goes ahead, as plainly
+    }
+    r
 }
 
 /// A one-byte `cuMemAlloc` in the current context, freed at once.

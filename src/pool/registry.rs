@@ -281,7 +281,8 @@ fn wait_unlocked<'a>(pool: &'a ContextPool, mut p: BiasedGuard<'a, Engine>, on_r
 }
 
 /// Is this block exported through IPC? Then it is never freed into the pool
-/// (another process may still read it through its handle); this says so once.
+/// (another process may still read it through its handle): it is marked
+/// freed for the program instead.
 #[inline]
 fn kept_exported(pool: usize, block: u32) -> bool {
     if !ANY_EXPORTED.load(Ordering::Acquire) {
