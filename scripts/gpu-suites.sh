@@ -114,7 +114,11 @@ suite() {
     rows+=("$(printf '%-22s | NOT COMPARED: tests failed to collect (%s)' $name "$(grep -h -o '[0-9]* errors\? during collection' $work/$name.{plain,pool}.out | head -n 1)")")
     return
   fi
-  rows+=("$(python3 $src/junit_compare.py row $name $work/$name.plain.xml $work/$name.pool.xml $t_plain $t_pool $work/$name.diff $(grep -qxE "124|137" $work/$name.{plain,pool}.rc && echo cut))")
+  # The exit statuses too: the same tests with a different status (a crash
+  # at exit, after the report was written) is a difference of its own.
+  local rc_plain=$(cat $work/$name.plain.rc) rc_pool=$(cat $work/$name.pool.rc)
+  local exits="$rc_plain/$rc_pool"; [ "$rc_plain" = "$rc_pool" ] || exits="$exits EXIT DIFFERS"
+  rows+=("$(python3 $src/junit_compare.py row $name $work/$name.plain.xml $work/$name.pool.xml $t_plain $t_pool $work/$name.diff $(grep -qxE "124|137" $work/$name.{plain,pool}.rc && echo cut)) | $exits")
   local n=$(wc -l < $work/$name.diff)
   if [ $n -gt 0 ] && [ $n -le 40 ]; then
     mapfile -t ids < $work/$name.diff
@@ -181,5 +185,5 @@ suite numba-cuda $work --pyargs numba.cuda.tests.cudadrv $numba.test_ipc $numba.
 
 tar czf $out/gpu-suites.tgz -C $work --exclude='*.logs' --exclude='*.kernels' --exclude='*.inductor' --exclude='*.triton' --exclude=py . 2>/dev/null
 echo
-echo "suite                  | tests | plain p/f/s   | pool p/f/s    | outcome | wall plain, pool"
+echo "suite                  | tests | plain p/f/s   | pool p/f/s    | outcome | wall plain, pool | exit plain/pool"
 printf '%s\n' "${rows[@]}"
