@@ -5,6 +5,9 @@
 # earlier build to compare with), under that one too, interleaved for ROUNDS
 # rounds (5) on one machine. Prints min and median ns per pair for each row.
 # Plain CUDA is left out: its pair costs ~80 us (scripts/gpu-bench.sh has it).
+# The `driver` rows make the pairs with cuMemAlloc_v2+cuMemFree_v2 from the
+# shared-runtime program: the hooks a static runtime's cudaMalloc reaches, so
+# that the static rows minus these are the static runtime's own cost.
 # PIN=N runs every process on vCPU N alone (taskset), so that rounds differ
 # by the build and options, not by where the scheduler put them.
 set -u
@@ -12,18 +15,19 @@ export PATH=/usr/local/cuda/bin:$PATH
 root=$(pwd); w=$(mktemp -d /tmp/cupool-hotpath.XXXX)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 { echo "#include <cuda_runtime.h>"; grep -v "^int cuda" $root/benches/hook_pair.c; } > $w/hp.cu
-nvcc -O2 -cudart shared -o $w/hp_shared $w/hp.cu
-nvcc -O2 -o $w/hp_static $w/hp.cu
+nvcc -O2 -cudart shared -o $w/hp_shared $w/hp.cu -lcuda
+nvcc -O2 -o $w/hp_static $w/hp.cu -lcuda
 builds="new"; [ -f $root/.gpu/old/libcupool.so ] && builds="old new"
 nost=stack_depth=0:python_depth=0
-rows="shared:trace=0:$nost shared:trace=0 shared:trace=1 static:trace=0:$nost static:trace=0"
+rows="shared:trace=0:$nost shared:trace=0 shared:trace=1 static:trace=0:$nost static:trace=0 driver:trace=0:$nost driver:trace=0"
 for round in $(seq ${ROUNDS:-5}); do
   for row in $rows; do
     for b in $builds; do
       lib=$root/.gpu/libcupool.so; [ $b = old ] && lib=$root/.gpu/old/libcupool.so
       rt=${row%%:*}; opts=${row#*:}
       rm -rf $w/logs
-      ns=$(CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$lib ${PIN:+taskset -c $PIN} $w/hp_$rt 300000 | sed 's/.*=//')
+      prog=($w/hp_$rt 300000); [ $rt = driver ] && prog=($w/hp_shared 300000 driver)
+      ns=$(CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$lib ${PIN:+taskset -c $PIN} "${prog[@]}" | sed 's/.*=//')
       # Events the writer could not keep up with are dropped: a traced row
       # counts only with its whole trace written.
       dropped=$(cat $w/logs/*.json 2>/dev/null | grep -o '"dropped_events":[0-9]*' | sed 's/.*://' | head -1)

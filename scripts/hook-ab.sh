@@ -12,7 +12,7 @@ old=$(realpath "$1"); new=$(realpath "$2"); opts=${3:-mode=pool:trace=0}
 cd "$(dirname "$0")/.."
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
 fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
-cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -Wl,-rpath,"$PWD/$fake"
+cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -l:libcuda.so.1 -Wl,-rpath,"$PWD/$fake"
 export LD_LIBRARY_PATH=$fake
 logs=target/hook-ab-logs; out=$(mktemp -d)
 for i in $(seq "${ROUNDS:-9}"); do

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 cargo build --release -q
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
 fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
-cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -Wl,-rpath,"$PWD/$fake"
+cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -l:libcuda.so.1 -Wl,-rpath,"$PWD/$fake"
 cc -O2 benches/hook_threads.c -o target/hook_threads -L"$fake" -l:libcudart.so.13 -Wl,-rpath,"$PWD/$fake" -pthread
 export LD_LIBRARY_PATH=$fake
 n=${1:-300000}
@@ -26,6 +26,12 @@ for o in mode=passthrough:trace=0:$nostacks mode=passthrough:trace=1:$nostacks \
   # could not keep up with are dropped (and counted in the log's end record).
   dropped=$(cat $logs/*.json 2>/dev/null | grep -o '"dropped_events":[0-9]*' | sed 's/.*://' | head -1)
   printf '%-62s %s%s\n' "$o" "$ns" "${dropped:+ dropped_events=$dropped}"
+done
+# The same pairs through the driver API's hooks (cuMemAlloc_v2+cuMemFree_v2,
+# where a static runtime's cudaMalloc reaches cupool), sites off and on.
+for o in mode=pool:trace=0:$nostacks mode=pool:trace=0; do
+  printf '%-62s %s\n' "$o, driver API" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs \
+    LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n driver)"
 done
 # Several threads, each with a stream of its own (fenced frees): pairs per
 # second over all threads, best of 3, sites off and on. Threads that meet on
