@@ -8,21 +8,13 @@
 # on the GPU, with the CLI and shim in .gpu/ (and .gpu/pywheels/ as for
 # gpu-suites.sh):   POOL=6 PLAIN=3 bash scripts/gpu-exit-crash.sh
 set -u
-root=$(pwd); bin=$root/.gpu; w=$(mktemp -d /tmp/cupool-crash.XXXX); mkdir -p $w/plugins
+root=$(pwd); bin=$root/.gpu; w=$(mktemp -d /tmp/cupool-crash.XXXX)
 out=${OUT:-$w}
-cat > $w/plugins/numba_cuda_repo_conftest.py <<'P'
-import pytest
-def pytest_addoption(parser):
-    parser.addoption("--dump-failed-filechecks", action="store_true", default=False)
-@pytest.fixture(scope="class")
-def initialize_from_pytest_config(request):
-    request.cls._dump_failed_filechecks = request.config.getoption("dump_failed_filechecks")
-P
 for whl in $bin/pywheels/*.whl; do
   mod=$(basename $whl | cut -d- -f1)
   python3 -c "import $mod" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target $w/py $whl 2>/dev/null
 done
-export PYTHONPATH=$w/plugins:$w/py
+export PYTHONPATH=$root/scripts/gpu/plugins:$w/py
 gcc -O1 -shared -fPIC -o $w/segv_bt.so $root/scripts/gpu/segv_bt.c
 n=numba.cuda.tests.cudapy
 args=(-m pytest -q -p no:cacheprovider --rootdir=. --timeout=60 --pyargs numba.cuda.tests.cudadrv $n.test_ipc $n.test_multiprocessing $n.test_multithreads $n.test_stream_api -o consider_namespace_packages=true -p numba_cuda_repo_conftest)

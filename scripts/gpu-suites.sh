@@ -165,20 +165,9 @@ suite torch-cuda-graphs $suites/torch/test test_cuda_graphs.py
 # on sys.path, where its cuda/ hides cuda-python's `cuda` package.
 # The installed package lacks the conftest.py of numba-cuda's repository,
 # which adds an option and a class fixture that its test cases ask for by
-# name; a plugin of ours gives both (-p, found on PYTHONPATH).
-mkdir -p $work/plugins
-cat > $work/plugins/numba_cuda_repo_conftest.py <<'EOF'
-import pytest
-
-def pytest_addoption(parser):
-    parser.addoption("--dump-failed-filechecks", action="store_true", default=False)
-
-@pytest.fixture(scope="class")
-def initialize_from_pytest_config(request):
-    # FileCheck failures are reported as the option asks (off here).
-    request.cls._dump_failed_filechecks = request.config.getoption("dump_failed_filechecks")
-EOF
-export PYTHONPATH=$work/plugins${PYTHONPATH:+:$PYTHONPATH}
+# name; a plugin of ours gives both (scripts/gpu/plugins/, -p, found on
+# PYTHONPATH).
+export PYTHONPATH=$src/plugins${PYTHONPATH:+:$PYTHONPATH}
 numba=numba.cuda.tests.cudapy
 suite numba-cuda $work --pyargs numba.cuda.tests.cudadrv $numba.test_ipc $numba.test_multiprocessing \
   $numba.test_multithreads $numba.test_stream_api -o consider_namespace_packages=true -p numba_cuda_repo_conftest
