@@ -119,6 +119,15 @@ use crate::pool::{
 const MIB: u64 = 1 << 20;
 
 /// An idle page that is not to be unmapped before `tag` finished.
+/// A freed block waiting for its tag.
+#[derive(Clone, Copy, Debug)]
+struct PendingFree {
+    block: u32,
+    tag: u64,
+    /// Its pages were to go back when it was freed: counted in `pending_unkept`.
+    unkept: bool,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Cooling {
     tag: u64,
@@ -203,9 +212,9 @@ pub struct VmmPool<B: PageBackend> {
     /// come to the front.
     cooling: VecDeque<Cooling>,
     /// Freed blocks waiting for their tags, oldest first (tags non-decreasing).
-    pending: VecDeque<(u32, u64)>,
-    /// Bytes of pending blocks whose pages will go back (sizes not kept),
-    /// as counted when they were freed.
+    pending: VecDeque<PendingFree>,
+    /// Bytes of pending blocks whose pages were to go back (sizes not kept)
+    /// when they were freed.
     pending_unkept: u64,
     /// More than `keep_free` bytes of pages that go back wait for the GPU
     /// to finish: the next free asks its owner to wait (`release_doomed`).
@@ -510,7 +519,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// one stream (on the CPU replay of the transformer trace with the GPU
     /// 200 ms behind: 1.129 → 1.006 of its live peak).
     fn order_pending(&mut self) {
-        let newest = self.pending.back().map(|&(_, tag)| tag);
+        let newest = self.pending.back().map(|f| f.tag);
         if order_behind_pending(newest, &mut self.completed_upto, &mut self.backend) {
             self.reclaim_completed();
         }
@@ -526,7 +535,7 @@ impl<B: PageBackend> VmmPool<B> {
     fn make_room(&mut self, small: bool, rounded: u64) {
         let need = (rounded / self.config.page(small)) + 1;
         self.reclaim_completed();
-        while let Some(&(_, tag)) = self.pending.front() {
+        while let Some(&PendingFree { tag, .. }) = self.pending.front() {
             let pending = self.stats.pending_bytes.current;
             if self.movable_pages(small) >= need
                 || pending.saturating_mul(self.config.wait_share) < self.stats.reserved_bytes.current
@@ -565,7 +574,7 @@ impl<B: PageBackend> VmmPool<B> {
     pub fn free(&mut self, id: BlockId) {
         if self.free_asking_wait(id) && !self.forgotten && self.backend.synchronize() {
             // Everything queued so far is done.
-            self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
+            self.completed_upto = self.completed_upto.max(self.pending.back().map(|f| f.tag));
             self.finished_upto = self.finished_upto.max(self.newest_unmap_tag());
             if self.after_gpu_wait() {
                 self.cool_down();
@@ -590,11 +599,12 @@ impl<B: PageBackend> VmmPool<B> {
         match self.backend.free_tag() {
             Some(tag) => {
                 self.live.remove(&b.addr);
-                debug_assert!(self.pending.back().is_none_or(|&(_, t)| t <= tag));
+                debug_assert!(self.pending.back().is_none_or(|f| f.tag <= tag));
                 self.blocks[i].state = State::Pending;
                 self.stats.pending_bytes.inc(b.size);
-                self.pending.push_back((i, tag));
-                if self.goes_back(b.size, b.seg) {
+                let unkept = self.goes_back(b.size, b.seg);
+                self.pending.push_back(PendingFree { block: i, tag, unkept });
+                if unkept {
                     self.pending_unkept += b.size;
                     self.wait_asked |= self.pending_unkept > self.config.keep_free;
                 }
@@ -663,7 +673,7 @@ impl<B: PageBackend> VmmPool<B> {
             return false;
         }
         self.stats.num_syncs += 1;
-        self.completed_upto = self.completed_upto.max(self.pending.back().map(|&(_, t)| t));
+        self.completed_upto = self.completed_upto.max(self.pending.back().map(|f| f.tag));
         self.reclaim_completed();
         true
     }
@@ -711,7 +721,7 @@ impl<B: PageBackend> VmmPool<B> {
     /// Frees the pending blocks whose tags are complete, oldest first.
     fn reclaim_completed(&mut self) -> usize {
         let mut n = 0;
-        while let Some(&(i, tag)) = self.pending.front() {
+        while let Some(&PendingFree { block: i, tag, unkept }) = self.pending.front() {
             if self.completed_upto.is_none_or(|c| tag > c) {
                 if !self.backend.is_complete(tag) {
                     break;
@@ -721,16 +731,14 @@ impl<B: PageBackend> VmmPool<B> {
             self.pending.pop_front();
             let b = self.blocks[i];
             self.stats.pending_bytes.dec(b.size);
-            if self.goes_back(b.size, b.seg) {
+            if unkept {
+                // As the free counted it, whether its size is kept by now or not.
                 self.pending_unkept = self.pending_unkept.saturating_sub(b.size);
             }
             self.release_block(i);
             n += 1;
         }
-        if self.pending.is_empty() {
-            // A size kept since its free was counted is not subtracted above.
-            self.pending_unkept = 0;
-        }
+        debug_assert!(!self.pending.is_empty() || self.pending_unkept == 0);
         if n > 0 {
             self.trim_after_free();
         }

@@ -908,3 +908,37 @@ fn a_bulk_free_of_cooling_pages_leaves_its_wait_to_the_owner() {
     assert!(p.backend().held() <= keep, "held {}", p.backend().held());
     assert_eq!(p.stats().num_syncs, 2);
 }
+
+/// A free whose pages would go back counts toward the wait rule
+/// (`pending_unkept`) until its block is reclaimed. When its size comes to be
+/// kept in between (the program cycles through it), the reclaim must still
+/// take off what the free put on: it once asked the size again, found it
+/// kept, took off nothing, and later frees waited for the GPU early.
+#[test]
+fn a_pending_free_counts_toward_the_wait_until_it_is_reclaimed_even_if_its_size_comes_to_be_kept() {
+    let mut p = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
+    p.backend_mut().fences = Fences::AtQueued;
+    let keep = VmmConfig::shim_default().keep_free;
+    let a = p.allocate(24 * MIB).unwrap();
+    let x = p.allocate(4 * MIB).unwrap();
+    p.backend_mut().launch();
+    p.free(a.id);
+    p.backend_mut().launch();
+    p.free(x.id);
+    assert_eq!(p.pending_unkept, a.size + x.size, "both sizes are new: their pages would go back");
+    // The program is seen to cycle through A's size: from now on it is kept.
+    let key = p.cycle_key(a.size, false);
+    p.cycles.gave_back(key, 0);
+    p.cycles.regret_since(0);
+    assert!(!p.goes_back(a.size, 0));
+    // A's work completes, X's does not: A is reclaimed, X still waits.
+    p.backend_mut().complete(1);
+    p.reclaim_completed();
+    assert_eq!(p.pending_blocks(), 1);
+    assert_eq!(p.pending_unkept, x.size, "A's bytes are off the count, as they were put on");
+    // So frees that add up to less than `keep_free` with X do not wait.
+    let more: Vec<Block> = (0..2).map(|_| p.allocate(keep / 2 - x.size).unwrap()).collect();
+    p.backend_mut().launch();
+    let asked: Vec<bool> = more.iter().map(|b| p.free_asking_wait(b.id)).collect();
+    assert_eq!(asked, [false, false], "{:?}", p.stats());
+}
