@@ -118,7 +118,6 @@ use crate::pool::{
 
 const MIB: u64 = 1 << 20;
 
-/// An idle page that is not to be unmapped before `tag` finished.
 /// A freed block waiting for its tag.
 #[derive(Clone, Copy, Debug)]
 struct PendingFree {
@@ -128,6 +127,7 @@ struct PendingFree {
     unkept: bool,
 }
 
+/// An idle page that is not to be unmapped before `tag` finished.
 #[derive(Clone, Copy, Debug)]
 struct Cooling {
     tag: u64,
@@ -733,6 +733,7 @@ impl<B: PageBackend> VmmPool<B> {
             self.stats.pending_bytes.dec(b.size);
             if unkept {
                 // As the free counted it, whether its size is kept by now or not.
+                debug_assert!(self.pending_unkept >= b.size);
                 self.pending_unkept = self.pending_unkept.saturating_sub(b.size);
             }
             self.release_block(i);

@@ -921,6 +921,10 @@ fn a_pending_free_counts_toward_the_wait_until_it_is_reclaimed_even_if_its_size_
     let keep = VmmConfig::shim_default().keep_free;
     let a = p.allocate(24 * MIB).unwrap();
     let x = p.allocate(4 * MIB).unwrap();
+    // Freed later: of a size (class) of their own, and made now so that
+    // making them does not wait for X.
+    let more: Vec<Block> = (0..2).map(|_| p.allocate(20 * MIB).unwrap()).collect();
+    assert_ne!(p.cycle_key(more[0].size, false), p.cycle_key(a.size, false));
     p.backend_mut().launch();
     p.free(a.id);
     p.backend_mut().launch();
@@ -936,9 +940,11 @@ fn a_pending_free_counts_toward_the_wait_until_it_is_reclaimed_even_if_its_size_
     p.reclaim_completed();
     assert_eq!(p.pending_blocks(), 1);
     assert_eq!(p.pending_unkept, x.size, "A's bytes are off the count, as they were put on");
-    // So frees that add up to less than `keep_free` with X do not wait.
-    let more: Vec<Block> = (0..2).map(|_| p.allocate(keep / 2 - x.size).unwrap()).collect();
+    // So frees whose bytes, with X's, stay within `keep_free` do not wait
+    // (with A's bytes still counted, the second one would).
+    assert!(x.size + 2 * more[0].size <= keep && a.size + x.size + 2 * more[0].size > keep);
     p.backend_mut().launch();
     let asked: Vec<bool> = more.iter().map(|b| p.free_asking_wait(b.id)).collect();
     assert_eq!(asked, [false, false], "{:?}", p.stats());
+    assert_eq!(p.pending_blocks(), 3, "X and both frees wait for their fences");
 }
