@@ -243,3 +243,28 @@ fn the_end_record_counts_what_magazines_did() {
     let (reused, overflowed) = counts("streams", "100000000");
     assert!(reused < 6_000 && overflowed > 4_000, "GPU behind: reused {reused}, overflowed {overflowed}");
 }
+
+/// `magazines=auto` (the default): a lone thread whose small frees must wait
+/// for fences (a stream was created) cannot have them back from the pool at
+/// once, so each pair placed another block. Once it has freed the same few
+/// sizes 64 times it starts a magazine of its own and takes its frees back
+/// as their fences complete. A thread whose sizes keep changing, and a
+/// program whose work all goes to one stream, never start one.
+#[test]
+fn a_lone_thread_whose_small_frees_wait_for_fences_starts_a_magazine() {
+    let prog = compile_runtime_program("reuse", "pool_reuse.c");
+    for backing in ["backing=vmm", "backing=segments"] {
+        let fenced = run(&prog, &["stream"], backing);
+        let m = &fenced.log["end"]["magazines"];
+        let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{backing}: {k} in {m}"));
+        assert_eq!(n("threads"), 1, "{backing}: {m}");
+        assert!(n("own_frees_reused") > 9_000, "{backing}: the thread's own frees come back to it: {m}");
+        assert_eq!(requested(&fenced.log).0, 0, "{backing}: the magazine's blocks went back at exit");
+        let one_stream = run(&prog, &[], backing);
+        assert!(one_stream.log["end"]["magazines"].is_null(), "{backing}: {}", one_stream.log["end"]["magazines"]);
+        let never = run(&prog, &["stream"], &format!("{backing}:magazines=never"));
+        assert!(never.log["end"]["magazines"].is_null(), "{backing}: {}", never.log["end"]["magazines"]);
+        let varying = run(&prog, &["stream-vary"], backing);
+        assert!(varying.log["end"]["magazines"].is_null(), "{backing}: {}", varying.log["end"]["magazines"]);
+    }
+}

@@ -61,7 +61,8 @@ impl GiveBack {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Magazines {
-    /// A thread that keeps finding the pool's lock taken by another.
+    /// A thread that keeps finding the pool's lock taken by another, or
+    /// whose small frees of the same few sizes keep waiting for fences.
     #[default]
     Auto,
     /// Every thread, from its first pooled allocation.
@@ -238,7 +239,8 @@ pub const OPTION_HELP: &[(&str, &str, &str)] = &[
         "auto",
         "pool mode: auto | always | never: threads that keep small blocks (up to 64 KiB) in a magazine of their own, \
          taken from the pool in batches, their own frees taken back once no queued GPU work can touch them (auto: a \
-         thread that keeps finding the pool's lock taken by another)",
+         thread that keeps finding the pool's lock taken by another, or whose small frees of the same few sizes keep \
+         waiting for fences)",
     ),
     ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
     ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),

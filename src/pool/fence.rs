@@ -108,8 +108,15 @@ pub struct CudaBackend {
 /// recorded for them.
 const MAX_RETIRED: usize = 64;
 
-/// Shortest time between fences recorded for magazines' frees (`reuse_ready`).
-const REUSE_FENCE_NS: u64 = 50_000;
+/// Shortest time between fences recorded for magazines' frees
+/// (`reuse_ready`), as a share of `fence_us`: half of it. A thread takes back
+/// its own frees only once their fence completes, and takes new blocks from
+/// the pool until then, so it asks for fences more often than the pool
+/// records them for its own frees (fences every 200 µs instead of 50 µs made
+/// eight threads about 13 % slower on an H200; BENCHMARKS.md §12). Still a share
+/// of the option, so that a longer `fence_us` also spaces these out (and a
+/// refused record is tried again that much later).
+const REUSE_FENCE_SHARE: u64 = 2;
 
 /// A GPU-side barrier makes every stream wait on every event of a fence: past
 /// this many streams the host waits instead.
@@ -372,7 +379,7 @@ impl CudaBackend {
 
     /// Has the GPU passed `tag`, the oldest free a thread's magazine waits
     /// to take back? Records a fence for it only when none was recorded in
-    /// the last [`REUSE_FENCE_NS`]: with several threads each asking every
+    /// the last half `fence_us` ([`REUSE_FENCE_SHARE`]): with several threads each asking every
     /// few dozen frees, a fence per question (an event on every stream, under
     /// the pool's lock) would serialise them again. Until then the magazine
     /// takes new blocks from the pool.
@@ -380,7 +387,7 @@ impl CudaBackend {
         self.poll();
         if tag > self.completed()
             && !self.covered(tag)
-            && clock::at_least_since(self.last_fence_ns, REUSE_FENCE_NS)
+            && clock::at_least_since(self.last_fence_ns, options::get().fence_us * 1000 / REUSE_FENCE_SHARE)
             && self.record_fence()
         {
             self.poll();

@@ -1,13 +1,19 @@
 //! Thread magazines: small blocks handed out and taken back without the
-//! pool's lock, for threads that keep meeting each other on it.
+//! pool's lock, for threads that keep meeting each other on it or whose
+//! frees keep waiting for fences.
 //!
 //! Every pooled allocation and free takes its context's pool lock, so threads
 //! allocating at once queue on it and throughput falls as threads are added
 //! (BENCHMARKS.md §12). A thread that has found the lock taken often enough
 //! starts a magazine: it takes small blocks from the pool a handful at a
 //! time, hands them out without the lock, and gives the blocks the program
-//! frees back a batch at a time. A thread that never meets another on the
-//! lock never starts one, so a single-threaded program runs as before.
+//! frees back a batch at a time. So does a thread, alone or not, whose small
+//! frees of the same few sizes keep waiting for fences (several streams in
+//! use): the pool cannot hand such a block back at once, so each of its
+//! allocations placed another block, two to three times the cost of a pair
+//! on a magazine (BENCHMARKS.md §12). A thread that does neither never
+//! starts one: a program whose work goes to one stream, from one thread,
+//! runs as before.
 //!
 //! A thread also takes back the blocks it frees itself, without the pool:
 //! the pool's own work per block (placement, splitting, merging) under its
@@ -56,8 +62,10 @@ use std::sync::Arc;
 
 /// Largest request a magazine serves.
 pub const MAX_SIZE: u64 = 64 << 10;
-/// Contended lock acquisitions after which a thread starts a magazine.
+/// Contended lock acquisitions after which a thread starts a magazine, and
+/// the score of fenced small frees ([`FencedFrees`]) that starts one too.
 const CONTENDED_TO_START: u32 = 64;
+const FENCED_SCORE_TO_START: u32 = 64;
 /// Size classes one magazine holds blocks of.
 const CLASSES: usize = 4;
 /// Classes asked for but not held that a magazine remembers: one is taken
@@ -283,6 +291,55 @@ crate::runtime::tls::static_tls! {
     /// in static TLS (asking `THREAD` costs a call even where `ANY` is
     /// false, as the compiler computes a thread-local's address early).
     ACTIVE: Cell<bool>;
+}
+
+crate::runtime::tls::static_tls! {
+    /// This thread's small frees that waited for fences, asked on each of
+    /// them: in static TLS too.
+    FENCED: Cell<FencedFrees>;
+}
+
+/// A thread's small frees that had to wait for fences: the last sizes freed
+/// (as many as a magazine holds classes of), and a score that a size among
+/// them raises by one and any other lowers by two. A magazine pays for a
+/// thread that frees the same few sizes again; one whose sizes vary lets
+/// the pool place them (random sizes up to 64 KiB ran a third slower on a
+/// magazine, from one thread on the CPU), and its score stays near zero.
+/// Valid all-zero, as static TLS starts (`runtime::tls`).
+#[derive(Clone, Copy)]
+struct FencedFrees {
+    sizes: [u32; CLASSES],
+    score: u32,
+    next: u8,
+}
+
+/// This thread freed a small block of `size` that must wait for a fence
+/// (several streams are in use): the pool cannot hand it back at once, so
+/// the thread's next allocation of that size places another block, and the
+/// pool reclaims the freed ones as their fences complete. A magazine takes
+/// the thread's own frees back once their fence completes, without the pool:
+/// a high enough score ([`FencedFrees`]) starts one (`magazines=auto`).
+#[inline(never)]
+pub fn fenced_small_free(size: u64) {
+    if ACTIVE.with(Cell::get) {
+        return;
+    }
+    let size = size as u32; // at most MAX_SIZE
+    let often = FENCED.with(|cell| {
+        let mut f = cell.get();
+        if f.sizes.contains(&size) {
+            f.score += 1;
+        } else {
+            f.score = f.score.saturating_sub(2);
+            f.sizes[f.next as usize % CLASSES] = size;
+            f.next = f.next.wrapping_add(1);
+        }
+        cell.set(f);
+        f.score >= FENCED_SCORE_TO_START
+    });
+    if often && options::get().magazines == Magazines::Auto {
+        start();
+    }
 }
 
 /// This thread found a pool's lock taken: often enough, that starts its
@@ -626,6 +683,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
             t.contended.set(0);
             ACTIVE.with(|a| a.set(false));
         });
+        FENCED.with(|f| f.set(FencedFrees { sizes: [0; CLASSES], score: 0, next: 0 }));
     }
 }
 

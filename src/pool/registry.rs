@@ -213,7 +213,12 @@ pub fn free(pool: usize, block: BlockId, addr: u64, bytes: u64, on_reserved: &mu
     }
     let progress = unsafe { &(*(pool as *const ContextPool)).progress };
     match magazine::keep_freed(pool, block, addr, bytes, progress) {
-        magazine::Kept::No => free_now(pool, block, on_reserved),
+        magazine::Kept::No => {
+            if bytes <= magazine::MAX_SIZE && progress.tag_now() != 0 {
+                magazine::fenced_small_free(bytes);
+            }
+            free_now(pool, block, on_reserved)
+        }
         magazine::Kept::Yes => {}
         magazine::Kept::BatchFull => give_back_batch(on_reserved),
     }

@@ -1,10 +1,12 @@
 /* Test-local program of tests/pool.rs (`reuse`).
- * Usage: reuse [stream|streams]
+ * Usage: reuse [stream|streams|stream-vary]
  * 10000 x cudaMalloc(4096) / cudaFree, each block written through the driver
  * (which checks that the range lies inside a live driver allocation). With
  * `stream`, a stream is created first, so freed blocks are reused only
  * behind fences; with `streams`, twelve (more than the pool orders behind a
- * fence on the GPU, so reuse waits for fences to complete). Prints
+ * fence on the GPU, so reuse waits for fences to complete); `stream-vary` is
+ * `stream` with sizes that keep changing (128 multiples of 512 bytes, each
+ * taken once in any 128 pairs in a row). Prints
  * same_as_first= (blocks at the first block's address) and distinct=
  * (distinct addresses). */
 #include <stdint.h>
@@ -26,17 +28,20 @@ int main(int argc, char **argv)
 {
     static uintptr_t ptrs[N];
     cudaStream_t s[12];
-    int streams = argc < 2 ? 0 : strcmp(argv[1], "stream") == 0 ? 1 : strcmp(argv[1], "streams") == 0 ? 12 : 0;
+    const char *mode = argc < 2 ? "" : argv[1];
+    int vary = strcmp(mode, "stream-vary") == 0;
+    int streams = strcmp(mode, "stream") == 0 || vary ? 1 : strcmp(mode, "streams") == 0 ? 12 : 0;
     for (int i = 0; i < streams; i++)
         CHECK(cudaStreamCreate(&s[i]));
     unsigned same_as_first = 0;
     for (int i = 0; i < N; i++) {
         void *p = NULL;
-        CHECK(cudaMalloc(&p, 4096));
+        size_t size = vary ? (size_t)((i * 111) % 128 + 1) * 512 : 4096;
+        CHECK(cudaMalloc(&p, size));
         ptrs[i] = (uintptr_t)p;
         same_as_first += ptrs[i] == ptrs[0];
         unsigned char b = (unsigned char)i, back = 0;
-        if (cuMemsetD8_v2((CUdeviceptr)ptrs[i], b, 4096) || cuMemcpyDtoH_v2(&back, (CUdeviceptr)ptrs[i] + 4095, 1) ||
+        if (cuMemsetD8_v2((CUdeviceptr)ptrs[i], b, size) || cuMemcpyDtoH_v2(&back, (CUdeviceptr)ptrs[i] + size - 1, 1) ||
             back != b)
             FAIL("block %p does not hold data", p);
         CHECK(cudaFree(p));
