@@ -65,7 +65,7 @@ pub const MAX_SIZE: u64 = 64 << 10;
 /// Contended lock acquisitions after which a thread starts a magazine, and
 /// the score of fenced small frees ([`FencedFrees`]) that starts one too.
 const CONTENDED_TO_START: u32 = 64;
-const FENCED_SCORE_TO_START: u32 = 64;
+const FENCED_SCORE_TO_START: u16 = 64;
 /// Size classes one magazine holds blocks of.
 const CLASSES: usize = 4;
 /// Classes asked for but not held that a magazine remembers: one is taken
@@ -87,7 +87,7 @@ pub const FREED_BYTES: u64 = 256 << 10;
 /// Freed blocks of one class waiting to be taken again by their thread, and
 /// bytes at most; past either, the oldest goes back to the pool. A thread
 /// making a pair every 150 ns frees about 330 blocks between two fences
-/// (`fence.rs`, one per 50 µs at most): with room for fewer (128 before),
+/// (`fence.rs`, one per half `fence_us` at most, 50 µs by default): with room for fewer (128 before),
 /// two threads on two cores took the pool's lock every few dozen pairs to
 /// give the overflow back and refill, and ran no faster than one.
 const WAITING: usize = 512;
@@ -299,17 +299,19 @@ crate::runtime::tls::static_tls! {
     FENCED: Cell<FencedFrees>;
 }
 
-/// A thread's small frees that had to wait for fences: the last sizes freed
-/// (as many as a magazine holds classes of), and a score that a size among
+/// A thread's small frees that had to wait for fences: the last size
+/// classes (of 512 bytes) it took note of, as many as a magazine holds, a
+/// class new to it replacing the oldest; and a score that a class among
 /// them raises by one and any other lowers by two. A magazine pays for a
 /// thread that frees the same few sizes again; one whose sizes vary lets
 /// the pool place them (random sizes up to 64 KiB ran a third slower on a
 /// magazine, from one thread on the CPU), and its score stays near zero.
-/// Valid all-zero, as static TLS starts (`runtime::tls`).
+/// Valid all-zero, as static TLS starts (`runtime::tls`); 8 bytes, as the
+/// shim's static TLS has little room.
 #[derive(Clone, Copy)]
 struct FencedFrees {
-    sizes: [u32; CLASSES],
-    score: u32,
+    classes: [u8; CLASSES],
+    score: u16,
     next: u8,
 }
 
@@ -324,14 +326,14 @@ pub fn fenced_small_free(size: u64) {
     if ACTIVE.with(Cell::get) {
         return;
     }
-    let size = size as u32; // at most MAX_SIZE
+    let class = size.div_ceil(512) as u8; // at most MAX_SIZE: 128
     let often = FENCED.with(|cell| {
         let mut f = cell.get();
-        if f.sizes.contains(&size) {
-            f.score += 1;
+        if f.classes.contains(&class) {
+            f.score = f.score.saturating_add(1);
         } else {
             f.score = f.score.saturating_sub(2);
-            f.sizes[f.next as usize % CLASSES] = size;
+            f.classes[f.next as usize % CLASSES] = class;
             f.next = f.next.wrapping_add(1);
         }
         cell.set(f);
@@ -362,10 +364,10 @@ pub fn contended() {
 
 #[cold]
 fn start() {
-    let _ = THREAD.try_with(|t| {
-        let Ok(mut slot) = t.magazine.try_borrow_mut() else { return };
+    let started = THREAD.try_with(|t| {
+        let Ok(mut slot) = t.magazine.try_borrow_mut() else { return false };
         if slot.is_some() {
-            return;
+            return false;
         }
         let epoch = FORK_EPOCH.load(Ordering::Acquire);
         let counts = MagazineRecord { threads: 1, ..Default::default() };
@@ -374,9 +376,14 @@ fn start() {
         *slot = Some(m);
         ACTIVE.with(|a| a.set(true));
         ANY.store(true, Ordering::Relaxed);
+        true
     });
-    if let Some(started) = ON_START.get() {
-        started();
+    // Only for a magazine started now: not for a thread tearing down, whose
+    // magazine is gone (its counters would batch with nothing to flush them).
+    if started == Ok(true) {
+        if let Some(started) = ON_START.get() {
+            started();
+        }
     }
 }
 
@@ -683,7 +690,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
             t.contended.set(0);
             ACTIVE.with(|a| a.set(false));
         });
-        FENCED.with(|f| f.set(FencedFrees { sizes: [0; CLASSES], score: 0, next: 0 }));
+        FENCED.with(|f| f.set(FencedFrees { classes: [0; CLASSES], score: 0, next: 0 }));
     }
 }
 

@@ -7,7 +7,7 @@
 //! offset the dynamic linker put in the GOT, two loads. The shim is loaded at
 //! start-up (`LD_PRELOAD`), where static TLS is always available. One such
 //! variable makes the shim's whole TLS segment static, so that segment is
-//! kept small (about 450 bytes, within the 512 bytes glibc keeps by default
+//! kept small (496 bytes, within the 512 bytes glibc keeps by default
 //! for objects loaded later): large per-thread buffers live on the heap.
 //! Elsewhere the macro falls back to `thread_local!`.
 //!
