@@ -113,9 +113,9 @@ const MAX_RETIRED: usize = 64;
 /// its own frees only once their fence completes, and takes new blocks from
 /// the pool until then, so it asks for fences more often than the pool
 /// records them for its own frees (fences every 200 µs instead of 50 µs made
-/// eight threads about 13 % slower on an H200; BENCHMARKS.md §12). Still a share
-/// of the option, so that a longer `fence_us` also spaces these out (and a
-/// refused record is tried again that much later).
+/// eight threads about 13 % slower on an H200; BENCHMARKS.md §12). Still a
+/// share of the option, so that a longer `fence_us` also spaces these out
+/// (and a refused record is tried again that much later).
 const REUSE_FENCE_SHARE: u64 = 2;
 
 /// A GPU-side barrier makes every stream wait on every event of a fence: past
@@ -379,10 +379,10 @@ impl CudaBackend {
 
     /// Has the GPU passed `tag`, the oldest free a thread's magazine waits
     /// to take back? Records a fence for it only when none was recorded in
-    /// the last half `fence_us` ([`REUSE_FENCE_SHARE`]): with several threads each asking every
-    /// few dozen frees, a fence per question (an event on every stream, under
-    /// the pool's lock) would serialise them again. Until then the magazine
-    /// takes new blocks from the pool.
+    /// the last half `fence_us` ([`REUSE_FENCE_SHARE`]): with several
+    /// threads each asking every few dozen frees, a fence per question (an
+    /// event on every stream, under the pool's lock) would serialise them
+    /// again. Until then the magazine takes new blocks from the pool.
     pub fn reuse_ready(&mut self, tag: u64) -> bool {
         self.poll();
         if tag > self.completed()

@@ -87,9 +87,10 @@ pub const FREED_BYTES: u64 = 256 << 10;
 /// Freed blocks of one class waiting to be taken again by their thread, and
 /// bytes at most; past either, the oldest goes back to the pool. A thread
 /// making a pair every 150 ns frees about 330 blocks between two fences
-/// (`fence.rs`, one per half `fence_us` at most, 50 µs by default): with room for fewer (128 before),
-/// two threads on two cores took the pool's lock every few dozen pairs to
-/// give the overflow back and refill, and ran no faster than one.
+/// (`fence.rs`, one per half `fence_us` at most, 50 µs by default): with
+/// room for fewer (128 before), two threads on two cores took the pool's
+/// lock every few dozen pairs to give the overflow back and refill, and ran
+/// no faster than one.
 const WAITING: usize = 512;
 const WAITING_BYTES: u64 = 2 << 20;
 
