@@ -10,14 +10,11 @@
 set -u
 root=$(pwd); bin=$root/.gpu; w=$(mktemp -d /tmp/cupool-crash.XXXX)
 out=${OUT:-$w}
-for whl in $bin/pywheels/*.whl; do
-  mod=$(basename $whl | cut -d- -f1)
-  python3 -c "import $mod" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target $w/py $whl 2>/dev/null
-done
+source $root/scripts/gpu/suite_common.sh
+install_carried_wheels $bin/pywheels $w/py
 export PYTHONPATH=$root/scripts/gpu/plugins:$w/py
 gcc -O1 -shared -fPIC -o $w/segv_bt.so $root/scripts/gpu/segv_bt.c
-n=numba.cuda.tests.cudapy
-args=(-m pytest -q -p no:cacheprovider --rootdir=. --timeout=60 --pyargs numba.cuda.tests.cudadrv $n.test_ipc $n.test_multiprocessing $n.test_multithreads $n.test_stream_api -o consider_namespace_packages=true -p numba_cuda_repo_conftest)
+args=(-m pytest -q -p no:cacheprovider --rootdir=. --timeout=60 "${numba_cuda_pytest_args[@]}")
 cd $w
 for i in $(seq ${POOL:-5}); do
   (mkdir -p $w/pool$i && cd $w/pool$i && $bin/cupool run --log-dir $w/pool$i/logs -- env LD_PRELOAD=$w/segv_bt.so:$bin/libcupool.so python3 "${args[@]}" > out 2>&1; echo $? > rc) &

@@ -41,13 +41,8 @@ cap=${SUITE_CAP:-300}
 rows=()
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-# Wheels carried in .gpu/pywheels/ (pytest-timeout; expecttest, which
-# torch.testing._internal needs) are installed where the machine lacks them.
-for whl in $bin/pywheels/*.whl; do
-  [ -e "$whl" ] || continue
-  mod=$(basename $whl | cut -d- -f1)
-  python3 -c "import $mod" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target $work/py $whl
-done
+source $src/suite_common.sh
+install_carried_wheels $bin/pywheels $work/py
 [ -d $work/py ] && export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
 python3 - <<'EOF'
 import importlib, importlib.metadata as md, platform
@@ -155,22 +150,10 @@ suite torch-mp-cuda $suites/torch/test test_multiprocessing.py -k cuda
 # test_graph*/test_cuda_graph*, TestCudaMallocAsync, TestBlockStateAbsorption,
 # TestCachingHostAllocatorCudaGraph, TestMemPool), copied verbatim
 suite torch-cuda-graphs $suites/torch/test test_cuda_graphs.py
-# numba-cuda ships its tests in the package (as its own CI runs them, by
-# module): the driver-level tests (memory, deallocation queues, external
-# memory managers, contexts, device reset, streams) and its CUDA IPC, which
-# sends the offset of a pointer from the base that cuMemGetAddressRange gives;
-# serially, as its multiprocessing tests spawn processes of their own.
-# consider_namespace_packages, as numba-cuda's own pytest.ini sets it: else
-# pytest puts numba_cuda/numba (the first folder up without an __init__.py)
-# on sys.path, where its cuda/ hides cuda-python's `cuda` package.
-# The installed package lacks the conftest.py of numba-cuda's repository,
-# which adds an option and a class fixture that its test cases ask for by
-# name; a plugin of ours gives both (scripts/gpu/plugins/, -p, found on
-# PYTHONPATH).
+# numba-cuda's own tests, by module (suite_common.sh says which and why),
+# with the plugin that stands in for its repository's conftest.py.
 export PYTHONPATH=$src/plugins${PYTHONPATH:+:$PYTHONPATH}
-numba=numba.cuda.tests.cudapy
-suite numba-cuda $work --pyargs numba.cuda.tests.cudadrv $numba.test_ipc $numba.test_multiprocessing \
-  $numba.test_multithreads $numba.test_stream_api -o consider_namespace_packages=true -p numba_cuda_repo_conftest
+suite numba-cuda $work "${numba_cuda_pytest_args[@]}"
 
 tar czf $out/gpu-suites.tgz -C $work --exclude='*.logs' --exclude='*.kernels' --exclude='*.inductor' --exclude='*.triton' --exclude=py . 2>/dev/null
 echo
