@@ -57,6 +57,7 @@ fn held_from_cuda(a: &Allocation) -> i64 {
 pub fn reserved_changed(device: i32, delta: i64) {
     if delta != 0 {
         counters::of(MemKind::Device, device).reserve(delta);
+        timeline::reserved_changed(device, delta);
     }
 }
 

@@ -17,6 +17,17 @@ pub fn allocated(ptr: u64, a: &Allocation) {
     e.size = a.size;
     e.aux = a.stream;
     e.stack = a.stack;
+    e.pooled = a.pooled.is_some();
+    sink::record(e);
+}
+
+/// A pool of `device` took `delta` bytes from CUDA (segments or pages), or
+/// gave `-delta` back.
+pub fn reserved_changed(device: i32, delta: i64) {
+    let kind = if delta > 0 { EventKind::Reserve } else { EventKind::Release };
+    let mut e = Event::new(kind, Api::None);
+    e.device = device;
+    e.size = delta.unsigned_abs();
     sink::record(e);
 }
 

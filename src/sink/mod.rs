@@ -57,7 +57,15 @@ pub fn stamp_for(kind: EventKind) -> Option<Stamp> {
 #[inline]
 fn recorded(kind: EventKind) -> bool {
     let opts = options::get();
-    let traced_only = matches!(kind, EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap);
+    let traced_only = matches!(
+        kind,
+        EventKind::Alloc
+            | EventKind::Free
+            | EventKind::Map
+            | EventKind::Unmap
+            | EventKind::Reserve
+            | EventKind::Release
+    );
     SESSION.is_on() && opts.log && (opts.trace || !traced_only)
 }
 

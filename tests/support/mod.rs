@@ -701,6 +701,16 @@ pub fn validate_log(log: &Value, prog: &str) -> Result<(), String> {
                 need("ptr", &is_hex);
                 need("size", &is_u64);
                 need("device", &is_i64);
+                if e.get("pooled").is_some() && (kind != EventKind::Alloc || e["pooled"] != true) {
+                    bad!("event #{i} ({kind:?}) has \"pooled\" other than an alloc's true: {e}");
+                }
+            }
+            EventKind::Reserve | EventKind::Release => {
+                need("size", &|v: &Value| v.as_u64().is_some_and(|n| n > 0));
+                need("device", &is_i64);
+                if e.get("api").is_some() {
+                    bad!("event #{i} ({kind:?}) names an API: {e}");
+                }
             }
             EventKind::AllocFailed | EventKind::Oom => {
                 need("api", &api_ok);

@@ -42,11 +42,14 @@ pub struct Event {
     pub kind: EventKind,
     pub api: Api,
     pub mem: MemKind,
+    /// An `alloc` served by cupool's pool (a block of its segments or pages).
+    pub pooled: bool,
     /// Device ordinal; -1 when unknown.
     pub device: i32,
     /// The pointer; bytes reserved on the device for phase events.
     pub ptr: u64,
-    /// Bytes; bytes live on the device for phase events.
+    /// Bytes; bytes live on the device for phase events; bytes taken from
+    /// or given back to CUDA for `reserve` and `release`.
     pub size: u64,
     /// Stream of stream-ordered calls, VMM handle of map/unmap, leak count of
     /// checkpoints, the name's string id of phase events.
@@ -66,6 +69,7 @@ impl Event {
             kind,
             api,
             mem: MemKind::Device,
+            pooled: false,
             device: -1,
             ptr: 0,
             size: 0,

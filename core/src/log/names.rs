@@ -134,6 +134,8 @@ named_enum!(
         Oom => "oom",
         PhaseBegin => "phase_begin",
         PhaseEnd => "phase_end",
+        Reserve => "reserve",
+        Release => "release",
     }
 );
 
@@ -148,6 +150,14 @@ named_enum!(
         Vmm => "vmm",
     }
 );
+
+impl EventKind {
+    /// Whether the event names the API entry point that made it: every kind
+    /// but the first line and the pool's own traffic with CUDA.
+    pub const fn has_api(self) -> bool {
+        !matches!(self, EventKind::Start | EventKind::Reserve | EventKind::Release)
+    }
+}
 
 impl MemKind {
     /// Pinned host memory is tracked apart from device memory.

@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 pub const SCHEMA: &str = "cupool-log";
 /// The version this build writes. 2: `end.pools[].fences` became an object.
 /// 3: allocation sites (`stack` of alloc events and leaks, definition lines).
-pub const VERSION: u32 = 3;
+/// 4: what the pool took from CUDA and gave back (`reserve`, `release`) and
+/// which allocations it served (`pooled`).
+pub const VERSION: u32 = 4;
 /// The versions this build reads.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4];
 
 /// `process`: the process that wrote the log. A field missing from a log reads as 0 / empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +83,10 @@ pub struct EventRecord {
     /// The allocation site (a `stack` definition) of an `alloc`; absent when none was captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<u32>,
+    /// An `alloc` that cupool's pool served (version 4; absent: CUDA served it,
+    /// or the log is older and does not say).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pooled: bool,
     /// Always written; `None` only in hand-made logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tid: Option<u32>,
@@ -107,6 +113,7 @@ impl EventRecord {
             live: None,
             reserved: None,
             stack: None,
+            pooled: false,
             tid: None,
         }
     }
@@ -128,7 +135,7 @@ impl From<&Event> for EventRecord {
     fn from(e: &Event) -> EventRecord {
         let mut r = EventRecord::new(e.seq, e.t_ns, e.kind);
         r.tid = Some(e.tid);
-        if e.kind != EventKind::Start {
+        if e.kind.has_api() {
             r.api = Some(e.api.into());
         }
         let aux = (e.aux != 0).then_some(e.aux);
@@ -147,6 +154,7 @@ impl From<&Event> for EventRecord {
                 if e.kind == EventKind::Alloc && e.stack != 0 {
                     r.stack = Some(e.stack);
                 }
+                r.pooled = e.kind == EventKind::Alloc && e.pooled;
             }
             EventKind::AllocFailed | EventKind::Oom => {
                 r.kind = Some(e.mem.into());
@@ -163,6 +171,10 @@ impl From<&Event> for EventRecord {
                 r.device = Some(e.device);
                 r.leaked_bytes = Some(e.size);
                 r.leaked_count = Some(e.aux);
+            }
+            EventKind::Reserve | EventKind::Release => {
+                r.size = Some(e.size);
+                r.device = Some(e.device);
             }
             EventKind::PhaseBegin | EventKind::PhaseEnd => {
                 r.name = Some(String::new());

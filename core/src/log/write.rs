@@ -39,7 +39,7 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
     let mut o = Fields(out);
     o.text("{\"seq\":").uint(e.seq).text(",\"t_ns\":").uint(e.t_ns);
     o.text(",\"ev\":\"").text(e.kind.as_str()).text("\"");
-    if e.kind != EventKind::Start {
+    if e.kind.has_api() {
         o.text(",\"api\":\"").text(e.api.as_str()).text("\"");
     }
     match e.kind {
@@ -55,6 +55,12 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
             if e.kind == EventKind::Alloc && e.stack != 0 {
                 o.text(",\"stack\":").uint(e.stack.into());
             }
+            if e.kind == EventKind::Alloc && e.pooled {
+                o.text(",\"pooled\":true");
+            }
+        }
+        EventKind::Reserve | EventKind::Release => {
+            o.text(",\"size\":").uint(e.size).text(",\"device\":").int(e.device.into());
         }
         EventKind::AllocFailed | EventKind::Oom => {
             o.text(",\"kind\":\"").text(e.mem.as_str()).text("\",\"size\":").uint(e.size);
