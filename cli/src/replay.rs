@@ -3,7 +3,8 @@
 //! caching allocator with and without expandable segments) and reports how
 //! much memory each would reserve for them.
 
-use cupool_core::log::{maybe_gunzip, read_log_from, EventKind, MemKind, ReadErrorKind};
+use cupool_core::log::{maybe_gunzip, read_log_from, MemKind, ReadErrorKind};
+use cupool_core::model::{Allocation, Moment, Process, What};
 use cupool_core::pool::testing::SimulatedDevice;
 use cupool_core::pool::{BlockId, Pool, PoolConfig};
 use cupool_core::vmm::testing::SimulatedPages;
@@ -50,22 +51,30 @@ fn load(trace: &Trace) -> Result<Vec<Timed>, String> {
         ),
         _ => e.to_string(),
     })?;
-    let mut events = log.events;
-    events.sort_by_key(|e| e.seq);
+    let p = Process::new(log);
+    // What the program asked the device for: the pool serves these,
+    // and a program whose own allocator maps pages (JAX's platform
+    // allocator, PyTorch's expandable segments) asks for pages.
+    let replayed = |a: &Allocation| {
+        matches!(a.kind.known(), Some(MemKind::Device | MemKind::Pitched | MemKind::Async | MemKind::Vmm))
+    };
     let mut ops = Vec::new();
-    for e in events {
-        // What the program asked the device for: the pool serves these,
-        // and a program whose own allocator maps pages (JAX's platform
-        // allocator, PyTorch's expandable segments) asks for pages.
-        let kind = e.kind.as_ref().and_then(|k| k.known());
-        if !matches!(kind, Some(MemKind::Device | MemKind::Pitched | MemKind::Async | MemKind::Vmm)) {
-            continue;
-        }
-        let ptr = e.ptr.unwrap_or(0);
-        match e.ev.known() {
-            Some(EventKind::Alloc) => ops.push((e.t_ns, Op::Alloc(ptr, e.size.unwrap_or(0)))),
-            Some(EventKind::Free) => ops.push((e.t_ns, Op::Free(ptr))),
-            _ => {}
+    for m in p.moments() {
+        match m {
+            Moment::Ended(id) => {
+                let a = &p.allocations[id];
+                if replayed(a) {
+                    ops.push((a.end.map_or(a.t_ns, |e| e.t_ns), Op::Free(a.addr)));
+                }
+            }
+            Moment::Change(i) => {
+                if let What::Alloc(id) = p.changes[i].what {
+                    let a = &p.allocations[id];
+                    if replayed(a) {
+                        ops.push((a.t_ns, Op::Alloc(a.addr, a.size)));
+                    }
+                }
+            }
         }
     }
     Ok(ops)

@@ -307,7 +307,7 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
 /// `known_caches` adds a line to the summary about memory that known caches
 /// held at exit (the check's rules, given by the caller: the check runs
 /// programs through this module, not the other way round).
-pub fn run(args: RunArgs, known_caches: fn(&[cupool_core::log::Log]) -> Option<String>) -> ExitCode {
+pub fn run(args: RunArgs, known_caches: fn(&[cupool_core::model::Process]) -> Option<String>) -> ExitCode {
     let launched = options(&args.launch, "cupool run").and_then(|opts| launch(&args.launch, opts, "cupool run", &[]));
     let l = match launched {
         Ok(l) => l,

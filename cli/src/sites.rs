@@ -2,7 +2,8 @@
 //! the frames of a site, symbolised from the module files on disk.
 
 use crate::symbolize::{self, Module, Symbolizer};
-use cupool_core::log::{EventKind, Log, MemKind, Sites};
+use cupool_core::log::{Log, Sites};
+use cupool_core::model::{Moment, Process, What};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -20,36 +21,28 @@ pub struct SiteFigures {
     pub live_bytes: u64,
 }
 
-/// Per-site figures of `log`, from its `alloc`/`free` events (a log written
-/// with `trace=0` has none).
-pub fn figures(log: &Log) -> Vec<SiteFigures> {
-    let mut events: Vec<_> = log.events.iter().collect();
-    events.sort_by_key(|e| e.seq);
+/// Per-site figures of process `p`, from its allocations (a log written
+/// with `trace=0` has none), every kind of memory.
+pub fn figures(p: &Process) -> Vec<SiteFigures> {
     let mut by_site: HashMap<u32, SiteFigures> = HashMap::new();
-    // (is VMM, pointer or handle) -> (site, bytes)
-    let mut live: HashMap<(bool, u64), (u32, u64)> = HashMap::new();
-    for e in events {
-        let (Some(ptr), Some(kind)) = (e.ptr, e.kind.as_ref()) else { continue };
-        let key = (*kind == MemKind::Vmm, ptr);
-        match e.ev.known() {
-            Some(EventKind::Alloc) => {
-                let Some(stack) = e.stack else { continue };
-                let size = e.size.unwrap_or(0);
+    for m in p.moments() {
+        match m {
+            Moment::Change(i) => {
+                let What::Alloc(id) = p.changes[i].what else { continue };
+                let a = &p.allocations[id];
+                let Some(stack) = a.stack else { continue };
                 let f = by_site.entry(stack).or_insert_with(|| SiteFigures { stack, ..Default::default() });
                 f.allocs += 1;
-                f.total_bytes += size;
-                f.live_bytes += size;
+                f.total_bytes += a.size;
+                f.live_bytes += a.size;
                 f.peak_bytes = f.peak_bytes.max(f.live_bytes);
-                live.insert(key, (stack, size));
             }
-            Some(EventKind::Free) => {
-                if let Some((stack, size)) = live.remove(&key) {
-                    if let Some(f) = by_site.get_mut(&stack) {
-                        f.live_bytes = f.live_bytes.saturating_sub(size);
-                    }
+            Moment::Ended(id) => {
+                let a = &p.allocations[id];
+                if let Some(f) = a.stack.and_then(|s| by_site.get_mut(&s)) {
+                    f.live_bytes = f.live_bytes.saturating_sub(a.size);
                 }
             }
-            _ => {}
         }
     }
     by_site.into_values().collect()
@@ -198,10 +191,10 @@ fn hex(s: &str) -> Vec<u8> {
     (0..s.len() / 2).filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()).collect()
 }
 
-/// The `n` sites of `log` with the largest peak, the `n` with the most
+/// The `n` sites of `p` with the largest peak, the `n` with the most
 /// allocations, and the `n` with the most bytes still live at the end.
-pub fn top(log: &Log, n: usize) -> (Vec<SiteFigures>, Vec<SiteFigures>, Vec<SiteFigures>) {
-    let all = figures(log);
+pub fn top(p: &Process, n: usize) -> (Vec<SiteFigures>, Vec<SiteFigures>, Vec<SiteFigures>) {
+    let all = figures(p);
     let mut by_peak = all.clone();
     by_peak.sort_by_key(|f| (std::cmp::Reverse(f.peak_bytes), f.stack));
     by_peak.truncate(n);
@@ -255,13 +248,13 @@ pub struct SitesReport {
     pub problems: Vec<String>,
 }
 
-/// The `n` top sites of `log` by peak bytes, by count and by bytes still live, with their frames.
-pub fn report(log: &Log, n: usize) -> SitesReport {
-    let (by_peak, by_count, by_live) = top(log, n);
+/// The `n` top sites of `p` by peak bytes, by count and by bytes still live, with their frames.
+pub fn report(p: &Process, n: usize) -> SitesReport {
+    let (by_peak, by_count, by_live) = top(p, n);
     if by_peak.is_empty() {
         return SitesReport::default();
     }
-    let mut resolver = Resolver::new(log);
+    let mut resolver = Resolver::new(&p.log);
     let mut show = |f: SiteFigures| ShownSite { frames: resolver.frames(f.stack), figures: f };
     let by_peak = by_peak.into_iter().map(&mut show).collect();
     let by_count = by_count.into_iter().map(&mut show).collect();

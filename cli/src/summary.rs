@@ -1,18 +1,16 @@
 //! One-screen summaries of cupool logs.
 
 use crate::units::human_bytes;
-use cupool_core::log::{
-    read_log, summarize, ExitRecord, FenceCounters, Log, MagazineRecord, MultiStreamBecause, Summary,
-};
+use cupool_core::log::{read_log, ExitRecord, FenceCounters, MagazineRecord, MultiStreamBecause};
+use cupool_core::model::{self, Process, Summary};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Every log in `dir` written by the run tagged `run_id`, oldest process first.
-pub fn logs_of_run(dir: &Path, run_id: &str) -> Vec<Log> {
-    let mut logs: Vec<Log> =
-        log_files(dir).iter().filter_map(|p| read_log(p).ok()).filter(|l| l.header.options.run_id == run_id).collect();
-    logs.sort_by_key(|l| l.header.process.start_unix_ms);
-    logs
+/// Every log in `dir` written by the run tagged `run_id`, ranks first, then
+/// the other processes as they started.
+pub fn logs_of_run(dir: &Path, run_id: &str) -> Vec<Process> {
+    let logs = log_files(dir).into_iter().filter_map(|p| read_log(p).ok());
+    model::processes(logs.filter(|l| l.header.options.run_id == run_id).collect())
 }
 
 /// The files in `dir` whose names `keep` accepts, sorted.
@@ -84,9 +82,9 @@ fn when_text(at: &str) -> String {
 }
 
 /// The text summary; `dir` is the log directory of a run (named when it holds logs).
-pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
+pub fn print_text(processes: &[Process], dir: Option<&Path>, out: &mut dyn Write) {
     let summaries: Vec<(Summary, String)> =
-        logs.iter().map(|l| (summarize(l), short_cmdline(&l.header.process.cmdline, 40))).collect();
+        processes.iter().map(|p| (p.summary(), short_cmdline(&p.log.header.process.cmdline, 40))).collect();
     if summaries.is_empty() {
         let _ = writeln!(out, "cupool: no CUDA memory activity recorded, so no log was written");
         return;
@@ -97,7 +95,8 @@ pub fn print_text(logs: &[Log], dir: Option<&Path>, out: &mut dyn Write) {
         None => writeln!(out),
     }
     .ok();
-    for ((s, cmd), log) in summaries.iter().zip(logs) {
+    for ((s, cmd), p) in summaries.iter().zip(processes) {
+        let log = &p.log;
         let _ = writeln!(out, "  pid {:<8} {:<40} {}", s.pid, cmd, exit_text(s));
         for d in &s.devices {
             if d.device < 0 && d.allocs == 0 && d.frees == 0 {

@@ -2,6 +2,7 @@
 //! tests all build on it.
 
 pub mod log;
+pub mod model;
 pub mod options;
 pub mod pool;
 pub mod vmm;

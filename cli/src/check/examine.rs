@@ -1,22 +1,24 @@
-//! From logs to findings: the exit leaks and growth leaks of every process,
-//! identical sites of all processes grouped into one finding, suppressions
-//! applied, and the verdict.
+//! From processes to findings: the exit leaks and growth leaks of every
+//! process, identical sites of all processes grouped into one finding,
+//! suppressions applied, and the verdict, which counts each allocation once
+//! however many findings name it.
 
-use super::finding::{Finding, Findings, Growth, LeakKind, ProcessRef, SuppressionUse, Verdict};
+use super::finding::{Finding, Findings, Growth, Held, Holding, LeakKind, ProcessRef, SuppressionUse, Totals, Verdict};
 use super::growth::{self, Grown, SiteKey};
 use super::site::{frame_texts, Namer, Site};
 use super::suppress::Suppressions;
 use super::torch::{self, History};
-use cupool_core::log::{summarize, EventKind, EventRecord, Log};
+use cupool_core::model::{Allocation, Process};
 use cupool_core::options::Options;
 use std::collections::HashMap;
 
-/// Everything `logs` (with the PyTorch `histories` of their processes, and
-/// the per-test findings `tests`) hold, judged by `opts` (`fail_on`,
-/// `max_leak_bytes`, `growth_phases`). `notes` are lines about inputs that
-/// could not be read; more are added.
+/// Everything `processes` (with the PyTorch `histories` of their
+/// processes, and the per-test findings `tests`, whose holdings index the
+/// same `processes`) hold, judged by `opts` (`fail_on`, `max_leak_bytes`,
+/// `growth_phases`). `notes` are lines about inputs that could not be read;
+/// more are added.
 pub fn examine(
-    logs: &[Log],
+    processes: &[Process],
     histories: &[History],
     tests: Vec<Finding>,
     supp: &Suppressions,
@@ -25,18 +27,21 @@ pub fn examine(
 ) -> Findings {
     let mut groups = Groups::default();
     let mut out = Findings { notes, ..Default::default() };
-    for log in logs {
+    for (index, p) in processes.iter().enumerate() {
+        let log = &p.log;
         let process = ProcessRef::of(log);
         let who = format!("pid {}", process.pid);
-        let mut namer = Namer::new(log);
+        let mut namer = Namer::new(p);
         if log.end.is_none() {
             out.notes.push(format!(
                 "{who}: the log has no end record (killed, or still running): its exit leaks are what was \
                  live when the log stopped"
             ));
         }
-        exit_leaks(log, &process, &mut namer, &mut groups);
-        growth_leaks(log, torch::of(histories, log), opts, &process, &mut namer, &mut groups, &mut out.notes);
+        out.notes.extend(p.problems.iter().map(|n| format!("{who}: {n}")));
+        exit_leaks(p, index, &process, &mut namer, &mut groups);
+        let history = torch::of(histories, log);
+        growth_leaks(p, index, history, opts, &process, &mut namer, &mut groups, &mut out.notes);
         // A module file is the same for every process that loaded it: one line each.
         for problem in namer.problems() {
             if !out.notes.contains(&problem) {
@@ -52,8 +57,17 @@ pub fn examine(
         groups.add_finding(t);
     }
     out.findings = groups.judge(supp, &mut out.suppressions_used);
-    out.verdict = verdict(&out.findings, &groups.keys, opts);
-    out
+    out.judged(opts)
+}
+
+impl Findings {
+    /// The findings with their totals and verdict by `opts`: what every
+    /// output prints, computed here once.
+    pub fn judged(mut self, opts: &Options) -> Findings {
+        self.suppressed = Totals::of(self.findings.iter().filter(|f| f.suppressed_by.is_some()));
+        self.verdict = verdict(&self.findings, opts);
+        self
+    }
 }
 
 /// Sites whose live bytes keep growing. With PyTorch's allocation history
@@ -61,8 +75,10 @@ pub fn examine(
 /// tensors (their sites: the Python stacks PyTorch recorded), and the
 /// cache's segments (at the addresses the history names, or allocated from
 /// `libc10_cuda`) are left out of the judgment of the rest of the log.
+#[allow(clippy::too_many_arguments)]
 fn growth_leaks(
-    log: &Log,
+    p: &Process,
+    index: usize,
     history: Option<&History>,
     opts: &Options,
     process: &ProcessRef,
@@ -75,18 +91,18 @@ fn growth_leaks(
     let skip = &super::per_test::is_plugin_phase;
     let mut cache = None;
     if let Some(h) = history {
-        let timeline = h.timeline(log);
-        let events: Vec<&EventRecord> = timeline.iter().collect();
-        let judged = if timeline.iter().any(|e| e.ev.known() == Some(EventKind::Alloc)) {
-            growth::analyse_events(&events, min, skip)
-        } else {
+        let tensors = h.process(p);
+        let judged = if tensors.allocations.is_empty() {
             Err("it recorded no tensor allocation".to_string())
+        } else {
+            growth::analyse_process(&tensors, min, skip, &|_| false)
         };
         match judged {
             Ok(grown) => {
                 for g in grown {
                     let site = tensor_site(h, &g);
-                    groups.add(LeakKind::Growth, &site, g.bytes, g.count, process, Some(g.growth));
+                    let held = |id| Held::Tensor { process: index, id };
+                    groups.add(LeakKind::Growth, &site, holdings(&tensors, &g, held), process, Some(g.growth));
                 }
                 if h.wrapped() {
                     notes.push(format!(
@@ -103,23 +119,29 @@ fn growth_leaks(
             )),
         }
     }
-    let left_out = |e: &EventRecord| {
+    let left_out = |a: &Allocation| {
         cache.as_ref().is_some_and(|(addresses, stacks)| {
-            e.ptr.is_some_and(|p| addresses.contains(&p)) || e.stack.is_some_and(|s| stacks.contains(&s))
+            addresses.contains(&a.addr) || a.stack.is_some_and(|s| stacks.contains(&s))
         })
     };
-    match growth::analyse_leaving_out(log, min, skip, &left_out) {
+    match growth::analyse_leaving_out(p, min, skip, &left_out) {
         Ok(grown) => {
             for g in grown {
                 let site = match &g.key {
                     SiteKey::Stack(id) => namer.site(Some(*id), &g.api, &g.kind, g.bytes / g.count.max(1)),
                     SiteKey::Bare { size, .. } => namer.site(None, &g.api, &g.kind, *size),
                 };
-                groups.add(LeakKind::Growth, &site, g.bytes, g.count, process, Some(g.growth));
+                let held = |id| Held::Allocation { process: index, id };
+                groups.add(LeakKind::Growth, &site, holdings(p, &g, held), process, Some(g.growth));
             }
         }
         Err(why) => notes.push(format!("{who}: {why}")),
     }
+}
+
+/// What a growing site holds at its last sample.
+fn holdings(p: &Process, g: &Grown, held: impl Fn(usize) -> Held) -> Vec<Holding> {
+    g.held.iter().map(|&id| Holding { what: held(id), bytes: p.allocations[id].size, allocations: 1 }).collect()
 }
 
 /// The site of tensors that grew: the Python stack PyTorch recorded, or,
@@ -133,33 +155,33 @@ fn tensor_site(h: &History, g: &Grown) -> Site {
     }
 }
 
-/// What of the exit leaks of `logs` the shipped suppressions class as held
-/// by known caches (PyTorch's, NCCL's, ...): (bytes, allocations, the
+/// What of the exit leaks of `processes` the shipped suppressions class as
+/// held by known caches (PyTorch's, NCCL's, ...): (bytes, allocations, the
 /// libraries named). Exit leaks only: `cupool run`'s summary says it without
 /// the price of a whole check.
-pub fn held_by_known_caches(logs: &[Log]) -> Option<(u64, u64, Vec<String>)> {
+pub fn held_by_known_caches(processes: &[Process]) -> Option<(u64, u64, Vec<String>)> {
     let mut groups = Groups::default();
-    for log in logs {
-        exit_leaks(log, &ProcessRef::of(log), &mut Namer::new(log), &mut groups);
+    for (index, p) in processes.iter().enumerate() {
+        exit_leaks(p, index, &ProcessRef::of(&p.log), &mut Namer::new(p), &mut groups);
     }
-    let mut used = Vec::new();
-    groups.judge(&Suppressions::load(&[]).ok()?, &mut used);
-    let known: Vec<&SuppressionUse> = used.iter().filter(|u| u.source == super::suppress::DEFAULT_SOURCE).collect();
-    (!known.is_empty()).then(|| {
-        (
-            known.iter().map(|u| u.bytes).sum(),
-            known.iter().map(|u| u.allocations).sum(),
-            known.iter().map(|u| u.pattern.clone()).collect(),
-        )
-    })
+    let mut f = Findings::default();
+    f.findings = groups.judge(&Suppressions::load(&[]).ok()?, &mut f.suppressions_used);
+    let (totals, names) = f.known_caches();
+    (!names.is_empty()).then(|| (totals.bytes, totals.allocations, names.into_iter().map(String::from).collect()))
 }
 
 /// Allocations still live when their context died or the process ended:
 /// the end record's list, or for a log cut short, what its timeline leaves live.
-fn exit_leaks(log: &Log, process: &ProcessRef, namer: &mut Namer, groups: &mut Groups) {
-    for leak in summarize(log).leaks {
+fn exit_leaks(p: &Process, index: usize, process: &ProcessRef, namer: &mut Namer, groups: &mut Groups) {
+    for (i, l) in p.leaks.iter().enumerate() {
+        let leak = &l.leak;
         let site = namer.site(leak.stack, leak.api.as_str(), leak.kind.as_str(), leak.size);
-        groups.add(LeakKind::Exit, &site, leak.size, 1, process, None);
+        let what = match l.alloc {
+            Some(id) => Held::Allocation { process: index, id },
+            None => Held::ExitLeak { process: index, index: i },
+        };
+        let held = vec![Holding { what, bytes: leak.size, allocations: 1 }];
+        groups.add(LeakKind::Exit, &site, held, process, None);
     }
 }
 
@@ -168,8 +190,6 @@ fn exit_leaks(log: &Log, process: &ProcessRef, namer: &mut Namer, groups: &mut G
 struct Groups {
     entries: Vec<Entry>,
     index: HashMap<(LeakKind, String, Option<String>), usize>,
-    /// The site key of each finding, by position once judged.
-    keys: Vec<String>,
 }
 
 struct Entry {
@@ -180,15 +200,7 @@ struct Entry {
 }
 
 impl Groups {
-    fn add(
-        &mut self,
-        kind: LeakKind,
-        site: &Site,
-        bytes: u64,
-        count: u64,
-        process: &ProcessRef,
-        growth: Option<Growth>,
-    ) {
+    fn add(&mut self, kind: LeakKind, site: &Site, held: Vec<Holding>, process: &ProcessRef, growth: Option<Growth>) {
         let id = (kind, site.key.clone(), None);
         let i = *self.index.entry(id).or_insert_with(|| {
             self.entries.push(Entry {
@@ -199,8 +211,9 @@ impl Groups {
             self.entries.len() - 1
         });
         let f = &mut self.entries[i].finding;
-        f.bytes += bytes;
-        f.count += count;
+        for h in held {
+            f.hold(h);
+        }
         if !f.processes.contains(process) {
             f.processes.push(process.clone());
         }
@@ -217,16 +230,7 @@ impl Groups {
         let key = f.fingerprint();
         let id = (f.kind, key.clone(), f.test.clone());
         match self.index.get(&id) {
-            Some(&i) => {
-                let g = &mut self.entries[i].finding;
-                g.bytes += f.bytes;
-                g.count += f.count;
-                for p in f.processes {
-                    if !g.processes.contains(&p) {
-                        g.processes.push(p);
-                    }
-                }
-            }
+            Some(&i) => self.entries[i].finding.absorb(f),
             None => {
                 let texts = frame_texts(&f.frames).into_iter().map(String::from).collect();
                 self.index.insert(id, self.entries.len());
@@ -236,28 +240,28 @@ impl Groups {
     }
 
     /// The findings with suppressions applied, unsuppressed first, largest
-    /// first; `used` gets what each suppression matched.
+    /// first; `used` gets what each suppression matched (each allocation once).
     fn judge(&mut self, supp: &Suppressions, used: &mut Vec<SuppressionUse>) -> Vec<Finding> {
-        for e in &mut self.entries {
+        let mut matched: Vec<((String, String), Vec<usize>)> = Vec::new();
+        for (i, e) in self.entries.iter_mut().enumerate() {
             let texts: Vec<&str> = e.texts.iter().map(String::as_str).collect();
             let Some(rule) = supp.matching(e.finding.kind, &texts) else { continue };
             e.finding.suppressed_by = Some(rule.pattern.clone());
-            let i = match used.iter().position(|u| u.pattern == rule.pattern && u.source == rule.source) {
-                Some(i) => i,
-                None => {
-                    used.push(SuppressionUse {
-                        pattern: rule.pattern.clone(),
-                        source: rule.source.clone(),
-                        findings: 0,
-                        allocations: 0,
-                        bytes: 0,
-                    });
-                    used.len() - 1
-                }
-            };
-            used[i].findings += 1;
-            used[i].allocations += e.finding.count;
-            used[i].bytes += e.finding.bytes;
+            let key = (rule.pattern.clone(), rule.source.clone());
+            match matched.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, list)) => list.push(i),
+                None => matched.push((key, vec![i])),
+            }
+        }
+        for ((pattern, source), list) in matched {
+            let totals = Totals::of(list.iter().map(|&i| &self.entries[i].finding));
+            used.push(SuppressionUse {
+                pattern,
+                source,
+                findings: list.len() as u64,
+                allocations: totals.allocations,
+                bytes: totals.bytes,
+            });
         }
         used.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.pattern.cmp(&b.pattern)));
         let mut entries = std::mem::take(&mut self.entries);
@@ -273,7 +277,6 @@ impl Groups {
                 &b.key,
             ))
         });
-        self.keys = entries.iter().map(|e| e.key.clone()).collect();
         entries.into_iter().map(|e| e.finding).collect()
     }
 }
@@ -286,31 +289,19 @@ pub fn fail_on(opts: &Options) -> Vec<LeakKind> {
         .collect()
 }
 
-/// The failing findings' bytes and allocations, each allocation once: a
-/// growing site whose memory is also an exit leak of the same processes
-/// counts as the exit leak.
-fn verdict(findings: &[Finding], keys: &[String], opts: &Options) -> Verdict {
+/// Whether the failing findings fail the job: their bytes and allocations,
+/// each allocation once however many findings name it (a growing site also
+/// leaked at exit, a test's leak also live at exit), against `max_leak_bytes`.
+fn verdict(findings: &[Finding], opts: &Options) -> Verdict {
     let kinds = fail_on(opts);
-    let failing: Vec<(usize, &Finding)> =
-        findings.iter().enumerate().filter(|(_, f)| f.suppressed_by.is_none() && kinds.contains(&f.kind)).collect();
-    let at_exit = |i: usize, f: &Finding| {
-        failing.iter().any(|(j, e)| {
-            e.kind == LeakKind::Exit && keys[*j] == keys[i] && f.processes.iter().all(|p| e.processes.contains(p))
-        })
-    };
-    let (mut bytes, mut allocations) = (0, 0);
-    for &(i, f) in &failing {
-        if f.kind == LeakKind::Growth && at_exit(i, f) {
-            continue;
-        }
-        bytes += f.bytes;
-        allocations += f.count;
-    }
+    let failing: Vec<&Finding> =
+        findings.iter().filter(|f| f.suppressed_by.is_none() && kinds.contains(&f.kind)).collect();
+    let totals = Totals::of(failing.iter().copied());
     Verdict {
         fail_on: kinds,
         max_leak_bytes: opts.max_leak_bytes,
-        leaked_bytes: bytes,
-        leaked_allocations: allocations,
-        fails: !failing.is_empty() && bytes > opts.max_leak_bytes,
+        leaked_bytes: totals.bytes,
+        leaked_allocations: totals.allocations,
+        fails: !failing.is_empty() && totals.bytes > opts.max_leak_bytes,
     }
 }

@@ -2,7 +2,9 @@
 //! `--json`, `--sarif`, GitHub annotations) is written from.
 
 use crate::sites::ShownFrame;
+use cupool_core::model::AllocId;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// The three kinds of leak, each with its own rule.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -76,6 +78,55 @@ pub struct Growth {
     pub sites: u64,
 }
 
+/// What a finding holds, so that the verdict counts each thing once however
+/// many findings name it: an allocation of a process's log, a tensor of its
+/// PyTorch history, an exit leak the timeline does not have (a log written
+/// with `trace=0`), or bytes a test measured with a framework's counters,
+/// which name no allocation. `process` indexes the processes checked.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Held {
+    Allocation { process: usize, id: AllocId },
+    Tensor { process: usize, id: AllocId },
+    ExitLeak { process: usize, index: usize },
+    Measured { process: usize, test: String },
+}
+
+/// One thing a finding holds, with its bytes and how many allocations it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    pub what: Held,
+    pub bytes: u64,
+    pub allocations: u64,
+}
+
+/// Bytes and allocations, each allocation counted once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    pub bytes: u64,
+    pub allocations: u64,
+}
+
+impl Totals {
+    /// The totals of what `findings` hold, each thing once (a finding that
+    /// names nothing it holds counts its own figures).
+    pub fn of<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Totals {
+        let mut once: BTreeMap<&Held, &Holding> = BTreeMap::new();
+        let mut t = Totals::default();
+        for f in findings {
+            if f.holdings.is_empty() {
+                t.bytes += f.bytes;
+                t.allocations += f.count;
+            }
+            for h in &f.holdings {
+                once.entry(&h.what).or_insert(h);
+            }
+        }
+        t.bytes += once.values().map(|h| h.bytes).sum::<u64>();
+        t.allocations += once.values().map(|h| h.allocations).sum::<u64>();
+        t
+    }
+}
+
 /// One finding: leaks of one kind from one site (identical frames), in one
 /// or more processes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -101,6 +152,35 @@ pub struct Finding {
     /// finding is reported in a line, not as a failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub suppressed_by: Option<String>,
+    /// What it holds (its `bytes` and `count` are their sum).
+    #[serde(skip)]
+    pub holdings: Vec<Holding>,
+}
+
+impl Finding {
+    /// Adds what `h` holds to the finding's figures.
+    pub fn hold(&mut self, h: Holding) {
+        self.bytes += h.bytes;
+        self.count += h.allocations;
+        self.holdings.push(h);
+    }
+
+    /// Takes in `other`, a finding of the same site: what it holds (or its
+    /// figures, when it names nothing it holds) and its processes.
+    pub fn absorb(&mut self, other: Finding) {
+        if other.holdings.is_empty() {
+            self.bytes += other.bytes;
+            self.count += other.count;
+        }
+        for h in other.holdings {
+            self.hold(h);
+        }
+        for p in other.processes {
+            if !self.processes.contains(&p) {
+                self.processes.push(p);
+            }
+        }
+    }
 }
 
 impl Finding {
@@ -157,6 +237,8 @@ pub struct Findings {
     pub verdict: Verdict,
     /// Each suppression pattern that matched, with how many findings and bytes it matched.
     pub suppressions_used: Vec<SuppressionUse>,
+    /// What the suppressed findings hold, each allocation once.
+    pub suppressed: Totals,
     /// Processes whose logs were read.
     pub processes: Vec<ProcessRef>,
     /// Lines about what could not be checked (a log cut short, a Python version without frames, ...).
@@ -181,7 +263,7 @@ pub struct Verdict {
     pub fail_on: Vec<LeakKind>,
     pub max_leak_bytes: u64,
     /// Bytes and allocations of the failing findings, each allocation once
-    /// (a growing site also leaked at exit counts once, as its exit leak).
+    /// (a growing site also leaked at exit, a test's leak also live at exit).
     pub leaked_bytes: u64,
     pub leaked_allocations: u64,
     /// `leaked_bytes > max_leak_bytes`.
@@ -189,6 +271,17 @@ pub struct Verdict {
 }
 
 impl Findings {
+    /// What the shipped suppressions matched (memory known libraries keep
+    /// until exit on purpose), each allocation once, and their patterns.
+    pub fn known_caches(&self) -> (Totals, Vec<&str>) {
+        let default = super::suppress::DEFAULT_SOURCE;
+        let patterns: Vec<&str> =
+            self.suppressions_used.iter().filter(|u| u.source == default).map(|u| u.pattern.as_str()).collect();
+        let matched =
+            self.findings.iter().filter(|f| f.suppressed_by.as_deref().is_some_and(|p| patterns.contains(&p)));
+        (Totals::of(matched), patterns)
+    }
+
     /// The findings that count against the job: not suppressed, and of a kind `fail_on` names.
     pub fn failing(&self) -> impl Iterator<Item = &Finding> {
         self.findings.iter().filter(|f| f.suppressed_by.is_none() && self.verdict.fail_on.contains(&f.kind))

@@ -55,7 +55,7 @@ pub fn annotations(findings: &Findings, root: &Path, out: &mut dyn Write) -> std
     }
     if failing.len() > MAX_ANNOTATIONS {
         let rest = &failing[MAX_ANNOTATIONS..];
-        let bytes: u64 = rest.iter().map(|f| f.bytes).sum();
+        let bytes = super::finding::Totals::of(rest.iter().copied()).bytes;
         let text = format!(
             "cupool: {} more leak finding(s), {} in all, not annotated (GitHub shows {MAX_ANNOTATIONS} per step); see the job summary",
             rest.len(),
@@ -91,7 +91,7 @@ pub fn property(s: &str) -> String {
 /// The markdown appended to the job summary.
 pub fn summary_markdown(findings: &Findings, root: &Path) -> String {
     let failing: Vec<&Finding> = findings.failing().collect();
-    let bytes: u64 = failing.iter().map(|f| f.bytes).sum();
+    let bytes = findings.verdict.leaked_bytes;
     let mut s = String::new();
     if failing.is_empty() {
         s.push_str("### cupool check: no leaks\n\n");
@@ -134,7 +134,7 @@ pub fn summary_markdown(findings: &Findings, root: &Path) -> String {
     }
     let suppressed = findings.findings.len() - failing.len();
     if suppressed > 0 {
-        let bytes: u64 = findings.findings.iter().filter(|f| f.suppressed_by.is_some()).map(|f| f.bytes).sum();
+        let bytes = findings.suppressed.bytes;
         let used: Vec<String> = findings
             .suppressions_used
             .iter()

@@ -17,7 +17,7 @@
 //! goes up and down with the data, does not.
 
 use super::finding::Growth;
-use cupool_core::log::{EventKind, EventRecord, Log, MemKind};
+use cupool_core::model::{repeated, AllocId, Allocation, Process, What};
 use std::collections::HashMap;
 
 /// What growth is measured per: a recorded allocation site, or, where the
@@ -29,20 +29,12 @@ pub enum SiteKey {
 }
 
 impl SiteKey {
-    fn of(e: &EventRecord) -> SiteKey {
-        match e.stack {
+    fn of(a: &Allocation) -> SiteKey {
+        match a.stack {
             Some(id) => SiteKey::Stack(id),
-            None => SiteKey::Bare { api: api_of(e), kind: kind_of(e), size: e.size.unwrap_or(0) },
+            None => SiteKey::Bare { api: a.api.as_str().to_string(), kind: a.kind.as_str().to_string(), size: a.size },
         }
     }
-}
-
-fn api_of(e: &EventRecord) -> String {
-    e.api.as_ref().map(|a| a.as_str().to_string()).unwrap_or_default()
-}
-
-fn kind_of(e: &EventRecord) -> String {
-    e.kind.as_ref().map(|k| k.as_str().to_string()).unwrap_or_default()
 }
 
 /// A site that grew.
@@ -53,9 +45,11 @@ pub struct Grown {
     pub api: String,
     pub kind: String,
     pub growth: Growth,
-    /// Bytes and allocations live from the site at the last sample.
+    /// Bytes and allocations live from the site at the last sample, and
+    /// which allocations they are.
     pub bytes: u64,
     pub count: u64,
+    pub held: Vec<AllocId>,
 }
 
 /// Samples kept per series: a longer run is sampled every n-th phase.
@@ -65,44 +59,46 @@ const MAX_SAMPLES: usize = 256;
 /// one sentence). `skip_phase` names phases that are not repetitions of the
 /// program's work (the pytest plugin's per-test phases).
 #[cfg(test)]
-pub fn analyse(log: &Log, min_phases: usize, skip_phase: &dyn Fn(&str) -> bool) -> Result<Vec<Grown>, String> {
-    analyse_leaving_out(log, min_phases, skip_phase, &|_| false)
-}
-
-/// [`analyse`] without the allocations `left_out` names (and so without
-/// their frees): memory whose growth is judged elsewhere, such as the
-/// segments of PyTorch's cache when its tensors were recorded.
-pub fn analyse_leaving_out(
-    log: &Log,
+pub fn analyse(
+    log: &cupool_core::log::Log,
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
-    left_out: &dyn Fn(&EventRecord) -> bool,
 ) -> Result<Vec<Grown>, String> {
-    if !log.header.options.trace {
+    analyse_leaving_out(&Process::new(log.clone()), min_phases, skip_phase, &|_| false)
+}
+
+/// The growing sites of process `p` without the allocations `left_out`
+/// names: memory whose growth is judged elsewhere, such as the segments of
+/// PyTorch's cache when its tensors were recorded.
+pub fn analyse_leaving_out(
+    p: &Process,
+    min_phases: usize,
+    skip_phase: &dyn Fn(&str) -> bool,
+    left_out: &dyn Fn(&Allocation) -> bool,
+) -> Result<Vec<Grown>, String> {
+    if !p.log.header.options.trace {
         return Err("logged with trace=0, so growth was not checked (it needs every allocation and free)".into());
     }
-    if let Some(n) = log.end.as_ref().map(|e| e.dropped_events).filter(|&n| n > 0) {
+    if let Some(n) = p.log.end.as_ref().map(|e| e.dropped_events).filter(|&n| n > 0) {
         return Err(format!(
             "the log lost {n} event(s) (the writer fell behind), so growth was not checked: missing frees would look like growth"
         ));
     }
-    let mut events: Vec<&EventRecord> =
-        log.events.iter().filter(|e| !(e.ev.known() == Some(EventKind::Alloc) && left_out(e))).collect();
-    events.sort_by_key(|e| e.seq);
-    analyse_events(&events, min_phases, skip_phase)
+    analyse_process(p, min_phases, skip_phase, left_out)
 }
 
-/// The growing sites of a timeline of allocations, frees and phase edges,
-/// in order (a log's, or one made from another record of the same
-/// process's memory, such as PyTorch's allocation history).
-pub fn analyse_events(
-    events: &[&EventRecord],
+/// The growing sites of a timeline of allocations, frees and phases (a
+/// log's, or one made from another record of the same process's memory,
+/// such as PyTorch's allocation history).
+pub fn analyse_process(
+    p: &Process,
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
+    left_out: &dyn Fn(&Allocation) -> bool,
 ) -> Result<Vec<Grown>, String> {
-    let replay = Replay::new(events);
+    let replay = Replay::new(p, left_out);
     let mut found: Vec<Grown> = Vec::new();
-    let (groups, skipped) = phase_groups(events, min_phases, skip_phase);
+    let (groups, skipped) = repeated(&p.spans, min_phases, skip_phase);
     if groups.is_empty() && skipped {
         // A test session: one test is not a repetition of the one before,
         // and what each leaves behind is the per-test check's.
@@ -125,8 +121,8 @@ pub fn analyse_events(
         let from = Source { from: "repetition", phase: replay.what(clock), stride: boundaries.stride };
         merge(&mut found, evaluate(&replay, &series, &from));
     } else {
-        for (name, from, instances) in groups {
-            let samples = every_nth(&instances, MAX_SAMPLES);
+        for group in groups {
+            let samples = every_nth(&group.ends, MAX_SAMPLES);
             // The least each site held in each phase, not what it held at
             // the phase's end: a phase that ends more than once per
             // iteration (a collective per gradient bucket) ends at different
@@ -136,7 +132,7 @@ pub fn analyse_events(
             boundaries.push(0);
             boundaries.extend(samples.items.iter().map(|&i| i + 1));
             let series = replay.floors(&boundaries);
-            let from = Source { from, phase: name, stride: samples.stride };
+            let from = Source { from: group.family.source(), phase: group.name, stride: samples.stride };
             merge(&mut found, evaluate(&replay, &series, &from));
         }
     }
@@ -176,23 +172,25 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
         phase: from.phase.clone(),
         sites,
     };
-    let grown = |k: usize, fit: &Fit, sites: u64, bytes: u64, count: u64| Grown {
-        key: replay.keys[k].clone(),
-        api: replay.apis[k].0.clone(),
-        kind: replay.apis[k].1.clone(),
-        growth: growth(fit, sites),
-        bytes,
-        count,
+    let grown = |k: usize, fit: &Fit, sites: &[usize]| {
+        let held: Vec<AllocId> = sites.iter().flat_map(|k| s.last_held.get(k).into_iter().flatten().copied()).collect();
+        Grown {
+            key: replay.keys[k].clone(),
+            api: replay.apis[k].0.clone(),
+            kind: replay.apis[k].1.clone(),
+            growth: growth(fit, sites.len() as u64),
+            bytes: held.iter().map(|&id| replay.p.allocations[id].size).sum(),
+            count: held.len() as u64,
+            held,
+        }
     };
     let mut out = Vec::new();
     let mut explained = 0u64;
     let mut gains: Vec<(u64, usize)> = Vec::new();
     for (&k, series) in &s.by_site {
-        let last = s.last_bytes.get(&k).copied().unwrap_or(0);
-        let count = s.last_counts.get(&k).copied().unwrap_or(0);
         if let Some(fit) = grows(series) {
             explained += fit.gain;
-            out.push(grown(k, &fit, 1, last, count));
+            out.push(grown(k, &fit, &[k]));
         }
         let warm = warm_up(series.len());
         if let Some(gain) = series.last().zip(series.get(warm)).and_then(|(l, f)| l.checked_sub(*f)).filter(|g| *g > 0)
@@ -204,10 +202,11 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
         if explained < fit.gain / 2 {
             gains.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             if let Some(&(_, top)) = gains.first() {
-                let bytes = gains.iter().map(|(_, k)| s.last_bytes.get(k).copied().unwrap_or(0)).sum();
-                let count = gains.iter().map(|(_, k)| s.last_counts.get(k).copied().unwrap_or(0)).sum();
+                let sites: Vec<usize> = gains.iter().map(|&(_, k)| k).collect();
                 out.retain(|g| g.key != replay.keys[top]);
-                out.push(grown(top, &fit, gains.len() as u64, bytes, count));
+                let mut g = grown(top, &fit, &sites);
+                g.growth.sites = sites.len() as u64;
+                out.push(g);
             }
         }
     }
@@ -278,75 +277,6 @@ fn every_nth(items: &[usize], max: usize) -> Thinned {
     Thinned { items: kept, stride }
 }
 
-/// `epoch 12` and `epoch 13` are the same phase: digits do not count.
-pub fn phase_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut in_number = false;
-    for c in name.chars() {
-        if !c.is_ascii_digit() {
-            out.push(c);
-        } else if !in_number {
-            out.push('#');
-        }
-        in_number = c.is_ascii_digit();
-    }
-    out
-}
-
-/// Which API named a phase: `nvtx`, `mark` or `phase`.
-fn family(e: &EventRecord) -> &'static str {
-    match e.api.as_ref().map(|a| a.as_str()).unwrap_or("") {
-        a if a.starts_with("nvtx") => "nvtx",
-        "cupool_mark" => "mark",
-        _ => "phase",
-    }
-}
-
-/// A phase's name, the API family that named it, and the indices in
-/// `events` of its ends.
-type PhaseGroup = (String, &'static str, Vec<usize>);
-
-/// The repeated phases, each that ended at least `min` times, and whether
-/// any phase was skipped. A phase edge is written once per device: an end
-/// of the phase that just ended, on a device it has not yet ended on, is a
-/// copy and counts once. Two ends on one device are two instances, also with
-/// nothing allocated or freed between them (a loop whose memory is all
-/// cached, inside a cache cupool does not see).
-fn phase_groups(events: &[&EventRecord], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<PhaseGroup>, bool) {
-    let mut skipped = false;
-    let mut groups: Vec<PhaseGroup> = Vec::new();
-    // The phase that just ended, and the devices its end was written for.
-    let mut last: Option<(&str, &str, Vec<Option<i32>>)> = None;
-    for (i, e) in events.iter().enumerate() {
-        match e.ev.known() {
-            Some(EventKind::Alloc | EventKind::Free | EventKind::PhaseBegin) => last = None,
-            Some(EventKind::PhaseEnd) => {
-                let name = e.name.as_deref().unwrap_or("");
-                let fam = family(e);
-                if skip(name) {
-                    skipped = true;
-                    continue;
-                }
-                if let Some((f, n, devices)) = &mut last {
-                    if (*f, *n) == (fam, name) && !devices.contains(&e.device) {
-                        devices.push(e.device);
-                        continue;
-                    }
-                }
-                last = Some((fam, name, vec![e.device]));
-                let norm = phase_name(name);
-                match groups.iter_mut().find(|g| g.0 == norm && g.1 == fam) {
-                    Some(g) => g.2.push(i),
-                    None => groups.push((norm, fam, vec![i])),
-                }
-            }
-            _ => {}
-        }
-    }
-    groups.retain(|g| g.2.len() >= min);
-    (groups, skipped)
-}
-
 /// The loop's clock: the site whose allocations start the loop's periods.
 /// Candidates allocate at least `min_count` times at regular intervals
 /// (counted in allocations: at least 80% of the gaps between two of its
@@ -367,8 +297,8 @@ fn clock(replay: &Replay, min_count: usize) -> Option<usize> {
     for (ordinal, &(_, k)) in replay.allocs.iter().enumerate() {
         positions[k].push(ordinal);
     }
-    let end = replay.events.last().map_or(0, |e| e.t_ns);
-    let time_of = |ordinal: usize| replay.events[replay.allocs[ordinal].0].t_ns;
+    let end = replay.p.changes.last().map_or(0, |c| c.t_ns);
+    let time_of = |ordinal: usize| replay.p.changes[replay.allocs[ordinal].0].t_ns;
     let lasts = |k: usize| {
         let (from, to) = (time_of(positions[k][0]), time_of(*positions[k].last().unwrap_or(&positions[k][0])));
         let rest = end.saturating_sub(to);
@@ -395,16 +325,18 @@ fn clock(replay: &Replay, min_count: usize) -> Option<usize> {
     sites.into_iter().min_by_key(|&k| positions[k][0])
 }
 
-/// The allocations and frees of one log, replayed per site.
+/// The allocations of one process, by site.
 struct Replay<'a> {
-    events: &'a [&'a EventRecord],
+    p: &'a Process,
     keys: Vec<SiteKey>,
     /// API and kind of each site's first allocation.
     apis: Vec<(String, String)>,
-    /// (index in `events`, site) of every allocation, in order.
+    /// (change, site) of every allocation judged, in order.
     allocs: Vec<(usize, usize)>,
-    /// Site of the allocation at each index in `events`.
-    site_at: HashMap<usize, usize>,
+    /// The site of each allocation judged (by its id).
+    site_of: Vec<Option<usize>>,
+    /// Every judged allocation's end: (change, allocation), in order.
+    ends: Vec<(usize, AllocId)>,
 }
 
 /// Per-site samples of one pass.
@@ -412,9 +344,8 @@ struct Replay<'a> {
 struct Series {
     by_site: HashMap<usize, Vec<u64>>,
     total: Vec<u64>,
-    /// Allocations and bytes live per site at the last sample.
-    last_counts: HashMap<usize, u64>,
-    last_bytes: HashMap<usize, u64>,
+    /// The allocations live per site at the last sample.
+    last_held: HashMap<usize, Vec<AllocId>>,
 }
 
 impl Series {
@@ -433,86 +364,43 @@ impl Series {
 }
 
 /// What is live: per site, and in all.
-#[derive(Default)]
 struct Ledger {
-    by_ptr: HashMap<(bool, u64), (usize, u64)>,
     bytes: Vec<u64>,
-    counts: Vec<u64>,
     total: u64,
 }
 
-impl Ledger {
-    fn new(sites: usize) -> Ledger {
-        Ledger { bytes: vec![0; sites], counts: vec![0; sites], ..Default::default() }
-    }
-
-    /// Applies event `i`; returns the site it changed.
-    fn apply(&mut self, replay: &Replay, i: usize) -> Option<usize> {
-        let e = replay.events[i];
-        let (Some(ptr), Some(kind)) = (e.ptr, e.kind.as_ref()) else { return None };
-        let at = (*kind == MemKind::Vmm, ptr);
-        match e.ev.known() {
-            Some(EventKind::Alloc) => {
-                let site = *replay.site_at.get(&i)?;
-                let size = e.size.unwrap_or(0);
-                if let Some(old) = self.by_ptr.insert(at, (site, size)) {
-                    self.release(old); // its free was never logged
-                }
-                self.bytes[site] += size;
-                self.counts[site] += 1;
-                self.total += size;
-                Some(site)
-            }
-            Some(EventKind::Free) => {
-                let old = self.by_ptr.remove(&at)?;
-                self.release(old);
-                Some(old.0)
-            }
-            _ => None,
-        }
-    }
-
-    /// The site whose bytes event `i` changes, before it is applied.
-    fn site_changed_by(&self, replay: &Replay, i: usize) -> Option<usize> {
-        let e = replay.events[i];
-        match e.ev.known() {
-            Some(EventKind::Alloc) => replay.site_at.get(&i).copied(),
-            Some(EventKind::Free) => {
-                let kind = e.kind.as_ref()?;
-                self.by_ptr.get(&(*kind == MemKind::Vmm, e.ptr?)).map(|(site, _)| *site)
-            }
-            _ => None,
-        }
-    }
-
-    fn release(&mut self, (site, size): (usize, u64)) {
-        self.bytes[site] = self.bytes[site].saturating_sub(size);
-        self.counts[site] = self.counts[site].saturating_sub(1);
-        self.total = self.total.saturating_sub(size);
-    }
-}
-
 impl<'a> Replay<'a> {
-    fn new(events: &'a [&'a EventRecord]) -> Replay<'a> {
-        let mut r = Replay { events, keys: Vec::new(), apis: Vec::new(), allocs: Vec::new(), site_at: HashMap::new() };
+    fn new(p: &'a Process, left_out: &dyn Fn(&Allocation) -> bool) -> Replay<'a> {
+        let mut r = Replay {
+            p,
+            keys: Vec::new(),
+            apis: Vec::new(),
+            allocs: Vec::new(),
+            site_of: vec![None; p.allocations.len()],
+            ends: Vec::new(),
+        };
         let mut index: HashMap<SiteKey, usize> = HashMap::new();
-        for (i, e) in events.iter().enumerate() {
-            if e.ev.known() != Some(EventKind::Alloc) || e.ptr.is_none() || e.kind.is_none() {
+        for (id, a) in p.allocations.iter().enumerate() {
+            if left_out(a) {
                 continue;
             }
-            let key = SiteKey::of(e);
+            let key = SiteKey::of(a);
             let site = *index.entry(key.clone()).or_insert_with(|| {
                 r.keys.push(key);
-                r.apis.push((api_of(e), kind_of(e)));
+                r.apis.push((a.api.as_str().to_string(), a.kind.as_str().to_string()));
                 r.keys.len() - 1
             });
-            r.allocs.push((i, site));
-            r.site_at.insert(i, site);
+            r.allocs.push((a.at, site));
+            r.site_of[id] = Some(site);
+            if let Some(e) = a.end {
+                r.ends.push((e.at, id));
+            }
         }
+        r.ends.sort_unstable();
         r
     }
 
-    /// The indices in `events` of the allocations of `site`.
+    /// The changes of the allocations of `site`.
     fn starts_of(&self, site: usize) -> Vec<usize> {
         self.allocs.iter().filter(|a| a.1 == site).map(|a| a.0).collect()
     }
@@ -526,19 +414,22 @@ impl<'a> Replay<'a> {
     }
 
     /// The least each site held during each period `[boundaries[p], boundaries[p + 1])`
-    /// (indices in the timeline; its length ends the last period at its end).
+    /// (changes of the timeline; its length ends the last period at its end).
     fn floors(&self, boundaries: &[usize]) -> Series {
-        let mut ledger = Ledger::new(self.keys.len());
+        let mut ledger = Ledger { bytes: vec![0; self.keys.len()], total: 0 };
+        let mut live: Vec<Vec<AllocId>> = vec![Vec::new(); self.keys.len()];
         let mut s = Series::default();
         let mut floor: HashMap<usize, u64> = HashMap::new();
         let mut total_floor = 0u64;
         let mut b = 0;
-        // A boundary may be the end of the timeline (a phase's last end is its last event).
-        for i in 0..=self.events.len() {
+        let mut next_end = 0;
+        let changes = self.p.changes.len();
+        // A boundary may be the end of the timeline (a phase's last end is its last change).
+        for i in 0..=changes {
             if b < boundaries.len() && boundaries[b] == i {
                 if b > 0 {
                     let last = b + 1 == boundaries.len();
-                    self.sample(&ledger, &mut s, Some((&floor, total_floor)), last);
+                    self.sample(&ledger, &live, &mut s, &floor, total_floor, last);
                 }
                 floor.clear();
                 total_floor = ledger.total;
@@ -547,40 +438,71 @@ impl<'a> Replay<'a> {
                     break; // what follows the last period's start is no whole period
                 }
             }
-            if i == self.events.len() {
+            if i == changes {
                 break;
             }
-            let changed = ledger.site_changed_by(self, i).map(|site| (site, ledger.bytes[site]));
-            ledger.apply(self, i);
-            if let (Some((site, before)), true) = (changed, b > 0) {
-                let f = floor.entry(site).or_insert(before);
-                *f = (*f).min(ledger.bytes[site]);
-                total_floor = total_floor.min(ledger.total);
+            // The allocations change `i` ended, then what it made.
+            let mut deltas: Vec<(usize, AllocId, bool)> = Vec::new();
+            while next_end < self.ends.len() && self.ends[next_end].0 == i {
+                let id = self.ends[next_end].1;
+                if let Some(site) = self.site_of[id] {
+                    deltas.push((site, id, false));
+                }
+                next_end += 1;
+            }
+            if let What::Alloc(id) = self.p.changes[i].what {
+                if let Some(site) = self.site_of[id] {
+                    deltas.push((site, id, true));
+                }
+            }
+            for (site, id, made) in deltas {
+                let before = ledger.bytes[site];
+                let size = self.p.allocations[id].size;
+                if made {
+                    ledger.bytes[site] += size;
+                    ledger.total += size;
+                    live[site].push(id);
+                } else {
+                    ledger.bytes[site] = ledger.bytes[site].saturating_sub(size);
+                    ledger.total = ledger.total.saturating_sub(size);
+                    if let Some(at) = live[site].iter().rposition(|&x| x == id) {
+                        live[site].swap_remove(at);
+                    }
+                }
+                if b > 0 {
+                    let f = floor.entry(site).or_insert(before);
+                    *f = (*f).min(ledger.bytes[site]);
+                    total_floor = total_floor.min(ledger.total);
+                }
             }
         }
         s.finish();
         s
     }
 
-    /// One sample of every site holding memory (or, with `floors`, having
-    /// held some in the period).
-    fn sample(&self, ledger: &Ledger, s: &mut Series, floors: Option<(&HashMap<usize, u64>, u64)>, last: bool) {
+    /// One sample of every site holding memory (or having held some in the period).
+    fn sample(
+        &self,
+        ledger: &Ledger,
+        live: &[Vec<AllocId>],
+        s: &mut Series,
+        floors: &HashMap<usize, u64>,
+        total_floor: u64,
+        last: bool,
+    ) {
         let n = s.total.len();
-        for site in 0..self.keys.len() {
-            let now = ledger.bytes[site];
-            let value = match floors {
-                Some((f, _)) => f.get(&site).map_or(now, |m| (*m).min(now)),
-                None => now,
-            };
+        for (site, (&now, held)) in ledger.bytes.iter().zip(live).enumerate() {
+            let value = floors.get(&site).map_or(now, |m| (*m).min(now));
             if value > 0 || s.by_site.contains_key(&site) {
                 s.push(site, n, value);
             }
-            if last && ledger.counts[site] > 0 {
-                s.last_counts.insert(site, ledger.counts[site]);
-                s.last_bytes.insert(site, now);
+            if last && !held.is_empty() {
+                let mut held = held.clone();
+                held.sort_unstable();
+                s.last_held.insert(site, held);
             }
         }
-        s.total.push(floors.map_or(ledger.total, |(_, t)| t));
+        s.total.push(total_floor);
     }
 }
 

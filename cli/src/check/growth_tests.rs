@@ -1,5 +1,7 @@
 use super::*;
 use crate::check::testlog::LogBuilder;
+use cupool_core::log::Log;
+use cupool_core::model::group_name as phase_name;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;

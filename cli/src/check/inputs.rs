@@ -6,13 +6,17 @@
 use super::torch::{self, History};
 use crate::summary::{files_in, is_log_name, logs_named_by};
 use cupool_core::log::{read_log, Log};
+use cupool_core::model::{self, Process};
 use std::path::Path;
 use std::time::SystemTime;
 
 /// What was read, and a line for each file that could not be.
 #[derive(Default)]
 pub struct Read {
-    pub logs: Vec<Log>,
+    /// Ranks first in rank order, then the other processes as they started.
+    pub processes: Vec<Process>,
+    /// The logs read, until `finish` makes them processes.
+    logs: Vec<Log>,
     /// PyTorch's allocation histories of processes of these logs (or of a directory given).
     pub histories: Vec<History>,
     pub notes: Vec<String>,
@@ -48,15 +52,12 @@ impl Read {
         self.histories.extend(other.histories);
         self.notes.extend(other.notes);
         self.unreadable += other.unreadable;
-        self.sort();
     }
 
-    /// Ranks first in rank order, then the other processes as they started.
-    fn sort(&mut self) {
-        self.logs.sort_by_key(|l| {
-            let p = &l.header.process;
-            (p.rank.is_none(), p.rank, p.start_unix_ms, p.pid)
-        });
+    /// The logs read, made into their processes.
+    pub fn finish(mut self) -> Read {
+        self.processes = model::processes(std::mem::take(&mut self.logs));
+        self
     }
 }
 
@@ -77,12 +78,12 @@ pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
         read.take(&path, |log| log.header.options.run_id == run_id);
     }
     read.take_histories(dir, recent, |h| h.run_id == run_id);
-    read.sort();
-    read
+    read.finish()
 }
 
-/// Every log at `path`: a log file, or the logs in a directory. `Err` when
-/// there is nothing to read there at all.
+/// Every log at `path`: a log file, or the logs in a directory (call
+/// `finish` once everything is read). `Err` when there is nothing to read
+/// there at all.
 pub fn logs_at(path: &Path) -> Result<Read, String> {
     if !path.exists() {
         return Err(format!("{}: no such file or directory", path.display()));
@@ -94,6 +95,5 @@ pub fn logs_at(path: &Path) -> Result<Read, String> {
     if path.is_dir() {
         read.take_histories(path, |_| true, |_| true);
     }
-    read.sort();
     Ok(read)
 }

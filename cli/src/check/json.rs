@@ -27,7 +27,10 @@ struct Document<'a> {
 #[derive(Serialize)]
 struct Summary {
     failing: u64,
+    /// The verdict's: each allocation once, however many findings name it.
     failing_bytes: u64,
+    failing_allocations: u64,
+    fails: bool,
     suppressed: u64,
 }
 
@@ -51,7 +54,9 @@ pub fn to_value(findings: &Findings) -> serde_json::Value {
         cupool_version: env!("CARGO_PKG_VERSION"),
         summary: Summary {
             failing: failing.len() as u64,
-            failing_bytes: failing.iter().map(|f| f.bytes).sum(),
+            failing_bytes: findings.verdict.leaked_bytes,
+            failing_allocations: findings.verdict.leaked_allocations,
+            fails: findings.verdict.fails,
             suppressed: (findings.findings.len() - failing.len()) as u64,
         },
         findings: findings
@@ -128,6 +133,7 @@ pub(crate) mod tests {
                     test: None,
                     growth: None,
                     suppressed_by: None,
+                    holdings: Vec::new(),
                 },
                 Finding {
                     kind: LeakKind::Growth,
@@ -151,6 +157,7 @@ pub(crate) mod tests {
                         sites: 1,
                     }),
                     suppressed_by: None,
+                    holdings: Vec::new(),
                 },
                 Finding {
                     kind: LeakKind::Test,
@@ -162,6 +169,7 @@ pub(crate) mod tests {
                     test: Some("tests/test_a,b:c.py::test_leak[50%]".into()),
                     growth: None,
                     suppressed_by: None,
+                    holdings: Vec::new(),
                 },
                 Finding {
                     kind: LeakKind::Test,
@@ -173,6 +181,7 @@ pub(crate) mod tests {
                     test: Some("tests/test_b.py::test_cached".into()),
                     growth: None,
                     suppressed_by: None,
+                    holdings: Vec::new(),
                 },
                 Finding {
                     kind: LeakKind::Exit,
@@ -184,6 +193,7 @@ pub(crate) mod tests {
                     test: None,
                     growth: None,
                     suppressed_by: Some("leak:libcublas".into()),
+                    holdings: Vec::new(),
                 },
             ],
             suppressions_used: vec![SuppressionUse {
@@ -193,13 +203,12 @@ pub(crate) mod tests {
                 allocations: 1,
                 bytes: 32 << 20,
             }],
-            verdict: super::super::finding::Verdict {
-                fail_on: vec![LeakKind::Exit, LeakKind::Growth, LeakKind::Test],
-                ..Default::default()
-            },
+            verdict: Default::default(),
+            suppressed: Default::default(),
             processes: vec![train, worker],
             notes: vec!["pid 4243: python 3.14 frames cannot be read".into()],
         }
+        .judged(&cupool_core::options::Options::default())
     }
 
     fn schema() -> serde_json::Value {

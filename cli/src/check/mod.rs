@@ -30,14 +30,12 @@ mod tests;
 
 use crate::run::{self, LaunchArgs};
 use clap::Args;
+use cupool_core::model::Process;
 use cupool_core::options::{self, Options};
 use finding::Findings;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use suppress::Suppressions;
-
-/// `epoch 12` -> `epoch #`: the name phases of one kind share.
-pub use growth::phase_name as growth_phase_name;
 
 /// Exit statuses of `cupool check` and `cupool merge` beside the program's
 /// own and `exitcode`.
@@ -225,18 +223,18 @@ pub fn check(args: CheckArgs) -> ExitCode {
         Err(code) => return code,
     };
     let mut read = inputs::run_logs(&launched.log_dir, &launched.opts.run_id, launched.started);
-    let tests = per_test::findings(&read.logs, &launched.log_dir).unwrap_or_else(|e| {
+    let tests = per_test::findings(&read.processes, &launched.log_dir).unwrap_or_else(|e| {
         read.notes.push(e);
         Vec::new()
     });
-    let checked = !read.logs.is_empty() || read.unreadable == 0;
+    let checked = !read.processes.is_empty() || read.unreadable == 0;
     let findings =
-        examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &launched.opts, read.notes);
-    if read.logs.is_empty() && read.unreadable == 0 {
+        examine::examine(&read.processes, &read.histories, tests, &reporting.suppressions, &launched.opts, read.notes);
+    if read.processes.is_empty() && read.unreadable == 0 {
         eprintln!("{CHECK}: no CUDA memory activity recorded, so there is nothing to check");
     }
     let written = reporting.write(CHECK, &findings);
-    if !read.logs.is_empty() {
+    if !read.processes.is_empty() {
         eprintln!("{CHECK}: logs in {}", launched.log_dir.display());
     }
     if launched.code != 0 {
@@ -247,11 +245,11 @@ pub fn check(args: CheckArgs) -> ExitCode {
     ExitCode::from(status(Some(launched.code), checked, written, &findings, &launched.opts))
 }
 
-/// The leak findings of `logs` (read by `cupool report`) by the rules of
-/// `cupool merge`: the default suppressions, the check's options from an
+/// The leak findings of `processes` (read by `cupool report`) by the rules
+/// of `cupool merge`: the default suppressions, the check's options from an
 /// inherited `CUPOOL_OPTIONS`, the per-test files beside each log. The notes
 /// say what could not be used.
-pub fn findings_of(logs: &[cupool_core::log::Log]) -> Findings {
+pub fn findings_of(processes: &[Process]) -> Findings {
     let mut notes = Vec::new();
     let opts = merge_options(&[]).unwrap_or_else(|errors| {
         notes.extend(errors.into_iter().map(|e| format!("{e}; the check's defaults are used")));
@@ -259,12 +257,12 @@ pub fn findings_of(logs: &[cupool_core::log::Log]) -> Findings {
     });
     let mut tests = Vec::new();
     let mut histories = Vec::new();
-    let mut dirs: Vec<&Path> = logs.iter().filter_map(|l| l.path.parent()).collect();
+    let mut dirs: Vec<&Path> = processes.iter().filter_map(|p| p.log.path.parent()).collect();
     dirs.sort();
     dirs.dedup();
     for dir in dirs {
         // The per-test files and PyTorch histories of a directory name the pids of the logs beside them.
-        match per_test::findings(logs, dir) {
+        match per_test::findings(processes, dir) {
             Ok(found) => tests.extend(found),
             Err(e) => notes.push(e),
         }
@@ -276,14 +274,14 @@ pub fn findings_of(logs: &[cupool_core::log::Log]) -> Findings {
         }
     }
     let supp = Suppressions::load(&[]).unwrap_or_default();
-    examine::examine(logs, &histories, tests, &supp, &opts, notes)
+    examine::examine(processes, &histories, tests, &supp, &opts, notes)
 }
 
 /// The line `cupool run`'s summary ends with when known caches (PyTorch's,
 /// NCCL's, ...) held memory at exit: the list above it calls that "not
 /// freed", which a new user would take for leaks.
-pub fn known_caches_line(logs: &[cupool_core::log::Log]) -> Option<String> {
-    let (bytes, allocations, names) = examine::held_by_known_caches(logs)?;
+pub fn known_caches_line(processes: &[Process]) -> Option<String> {
+    let (bytes, allocations, names) = examine::held_by_known_caches(processes)?;
     Some(format!(
         "    of which {} in {allocations} allocation(s) held by known caches ({}): not leaks, and {CHECK} leaves \
          them out",
@@ -339,31 +337,31 @@ pub fn merge(args: MergeArgs) -> ExitCode {
         }
     };
     let mut read = inputs::Read::default();
-    let mut tests = Vec::new();
     let mut bad_path = false;
     for path in &args.paths {
         match inputs::logs_at(path) {
-            Ok(here) => {
-                if path.is_dir() {
-                    // Per-test files are matched to the logs beside them.
-                    match per_test::findings(&here.logs, path) {
-                        Ok(found) => tests.extend(found),
-                        Err(e) => read.notes.push(e),
-                    }
-                }
-                read.extend(here);
-            }
+            Ok(here) => read.extend(here),
             Err(e) => {
                 eprintln!("{MERGE}: {e}");
                 bad_path = true;
             }
         }
     }
-    let checked = !read.logs.is_empty() && !bad_path;
-    if read.logs.is_empty() {
+    let mut read = read.finish();
+    let mut tests = Vec::new();
+    // Per-test files are matched to the logs beside them.
+    for path in args.paths.iter().filter(|p| p.is_dir()) {
+        match per_test::findings(&read.processes, path) {
+            Ok(found) => tests.extend(found),
+            Err(e) => read.notes.push(e),
+        }
+    }
+    let checked = !read.processes.is_empty() && !bad_path;
+    if read.processes.is_empty() {
         eprintln!("{MERGE}: no log could be read, so nothing was checked");
     }
-    let findings = examine::examine(&read.logs, &read.histories, tests, &reporting.suppressions, &opts, read.notes);
+    let findings =
+        examine::examine(&read.processes, &read.histories, tests, &reporting.suppressions, &opts, read.notes);
     let written = reporting.write(MERGE, &findings);
     ExitCode::from(status(None, checked, written, &findings, &opts))
 }

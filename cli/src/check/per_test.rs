@@ -3,11 +3,11 @@
 //! (docs/log-schema.md), with the allocation site taken from the log of the
 //! same process.
 
-use super::finding::{Finding, LeakKind, ProcessRef};
+use super::finding::{Finding, Held, Holding, LeakKind, ProcessRef};
 use crate::sites::Resolver;
-use cupool_core::log::{EventKind, Log, MemKind};
+use cupool_core::model::{AllocId, Family, Process, SpanId};
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 /// The `schema` of a per-test results file.
@@ -69,13 +69,20 @@ pub struct DeviceLeak {
     pub leaked_count: Option<u64>,
 }
 
+/// What the plugin measured when no framework's counters were in use: the
+/// shim's own, whose allocations the log has.
+const MEASURED_BY_CUPOOL: &str = "cupool";
+
 /// The test leaks of a run: every test in the `cupool-tests.*.json` files of
-/// `log_dir` whose process is one of `logs` (same pid, same `run_id`) and
-/// that left bytes allocated. A test that leaked in several processes from
-/// the same site (a rerun, two xdist workers) is one finding.
+/// `log_dir` whose process is one of `processes` (same pid, same `run_id`,
+/// its log in `log_dir`) and that left bytes allocated. A test that leaked in
+/// several processes from the same site (a rerun, two xdist workers) is one
+/// finding. Measured with cupool's own counters, a test's leak holds the
+/// allocations of the log it made and left live; measured with a
+/// framework's counters, the bytes it measured.
 ///
 /// Err: one line per file that cannot be read, each naming the file.
-pub fn findings(logs: &[Log], log_dir: &Path) -> Result<Vec<Finding>, String> {
+pub fn findings(processes: &[Process], log_dir: &Path) -> Result<Vec<Finding>, String> {
     let mut problems = Vec::new();
     let mut out: Vec<Finding> = Vec::new();
     for path in results_files(log_dir) {
@@ -86,10 +93,12 @@ pub fn findings(logs: &[Log], log_dir: &Path) -> Result<Vec<Finding>, String> {
                 continue;
             }
         };
-        let mine: Vec<&Log> = logs
-            .iter()
-            .filter(|l| {
-                l.header.process.pid == file.pid && (file.run_id.is_empty() || l.header.options.run_id == file.run_id)
+        let mine: Vec<usize> = (0..processes.len())
+            .filter(|&i| {
+                let log = &processes[i].log;
+                log.path.parent() == Some(log_dir)
+                    && log.header.process.pid == file.pid
+                    && (file.run_id.is_empty() || log.header.options.run_id == file.run_id)
             })
             .collect();
         let Some(&first) = mine.first() else { continue };
@@ -99,36 +108,39 @@ pub fn findings(logs: &[Log], log_dir: &Path) -> Result<Vec<Finding>, String> {
         }
         // The log that holds the test's phase; one process may have written
         // several (cupool.<pid>.<n>.json after an exec).
-        let mut sites: Vec<(&Log, HashMap<String, LiveAtEnd>)> = mine.iter().map(|l| (*l, live_at_end(l))).collect();
+        let mut left: Vec<(usize, LeftByTest)> = mine.iter().map(|&i| (i, live_at_end(&processes[i]))).collect();
         let mut resolvers: HashMap<usize, Resolver> = HashMap::new();
         for t in leaking {
             let phase = format!("{TEST_PHASE}{}", t.nodeid);
             let found =
-                sites.iter_mut().enumerate().find_map(|(i, (log, s))| s.remove(&phase).map(|site| (i, *log, site)));
-            let (log, frames, count) = match found {
-                Some((i, log, site)) => {
-                    let frames = match site.stack {
-                        Some(stack) => resolvers.entry(i).or_insert_with(|| Resolver::new(log)).frames(stack),
-                        None => Vec::new(),
-                    };
-                    (log, frames, Some(site.count))
-                }
-                None => (first, Vec::new(), None),
+                left.iter_mut().find_map(|(i, s)| s.get_mut(&phase).and_then(VecDeque::pop_front).map(|l| (*i, l)));
+            let (process, held) = found.unwrap_or((first, Vec::new()));
+            let p = &processes[process];
+            // The largest; among equals the first made, so the choice does not depend on hashing.
+            let largest = held.iter().copied().max_by_key(|&id| (p.allocations[id].size, std::cmp::Reverse(id)));
+            let frames = match largest.and_then(|id| p.allocations[id].stack) {
+                Some(stack) => resolvers.entry(process).or_insert_with(|| Resolver::new(&p.log)).frames(stack),
+                None => Vec::new(),
             };
-            add(
-                &mut out,
-                Finding {
-                    kind: LeakKind::Test,
-                    bytes: t.leaked_bytes,
-                    count: t.leaked_count.or(count).unwrap_or(0),
-                    frames,
-                    what: "device memory the test left allocated".into(),
-                    processes: vec![ProcessRef::of(log)],
-                    test: Some(t.nodeid.clone()),
-                    growth: None,
-                    suppressed_by: None,
-                },
-            );
+            let mut f = Finding {
+                kind: LeakKind::Test,
+                what: "device memory the test left allocated".into(),
+                processes: vec![ProcessRef::of(&p.log)],
+                test: Some(t.nodeid.clone()),
+                frames,
+                ..Default::default()
+            };
+            if t.measured_by == MEASURED_BY_CUPOOL && !held.is_empty() {
+                for id in held {
+                    let bytes = p.allocations[id].size;
+                    f.hold(Holding { what: Held::Allocation { process, id }, bytes, allocations: 1 });
+                }
+            } else {
+                let allocations = t.leaked_count.unwrap_or(held.len() as u64);
+                let what = Held::Measured { process, test: t.nodeid.clone() };
+                f.hold(Holding { what, bytes: t.leaked_bytes, allocations });
+            }
+            add(&mut out, f);
         }
     }
     if !problems.is_empty() {
@@ -142,15 +154,7 @@ pub fn findings(logs: &[Log], log_dir: &Path) -> Result<Vec<Finding>, String> {
 fn add(out: &mut Vec<Finding>, f: Finding) {
     let same = |g: &Finding| g.test == f.test && g.frames == f.frames;
     match out.iter_mut().find(|g| same(g)) {
-        Some(g) => {
-            g.bytes += f.bytes;
-            g.count += f.count;
-            for p in f.processes {
-                if !g.processes.contains(&p) {
-                    g.processes.push(p);
-                }
-            }
-        }
+        Some(g) => g.absorb(f),
         None => out.push(f),
     }
 }
@@ -212,118 +216,63 @@ fn parse_lines(text: &str) -> Result<TestsFile, String> {
     Ok(file)
 }
 
-/// What a test phase left live in the log when it ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct LiveAtEnd {
-    /// The site of the largest allocation, when it has one.
-    stack: Option<u32>,
-    size: u64,
-    count: u64,
-}
+/// Per test phase name, for each time it ran: the allocations it left live.
+type LeftByTest = HashMap<String, VecDeque<Vec<AllocId>>>;
 
-/// An allocation in the timeline: (is VMM, pointer or handle).
-type Key = (bool, u64);
-
-/// For each `test:<nodeid>` phase of `log`: the allocations made inside it
-/// (not inside a nested `fixture:` phase) and still live when it ended.
-fn live_at_end(log: &Log) -> HashMap<String, LiveAtEnd> {
-    let mut events: Vec<_> = log.events.iter().collect();
-    events.sort_by_key(|e| e.seq);
-    let mut phases: Vec<String> = Vec::new();
-    // A phase edge is one line per device; this thread's edge so far: (is begin, name, devices).
-    let mut edges: HashMap<u32, (bool, String, Vec<i32>)> = HashMap::new();
-    // Per test phase seen (by index): its allocations still live, (is VMM,
-    // pointer or handle) -> (size, site); and which test each live one is of.
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut per_test: Vec<HashMap<Key, (u64, Option<u32>)>> = Vec::new();
-    let mut owners: HashMap<Key, usize> = HashMap::new();
-    let mut out = HashMap::new();
-    for e in events {
-        let tid = e.tid.unwrap_or(0);
-        let kind = e.ev.known();
-        let explicit = e.api.as_ref().is_some_and(|a| a.as_str().starts_with("cupool_phase_"));
-        let (Some(k @ (EventKind::PhaseBegin | EventKind::PhaseEnd)), true) = (kind, explicit) else {
-            edges.remove(&tid);
-            match (kind, e.ptr, e.kind.as_ref()) {
-                (Some(EventKind::Alloc), Some(ptr), Some(mem)) => {
-                    if let Some(test) = owner(&phases) {
-                        let i = *index.entry(test.to_string()).or_insert_with(|| {
-                            per_test.push(HashMap::new());
-                            per_test.len() - 1
-                        });
-                        let key = (*mem == MemKind::Vmm, ptr);
-                        per_test[i].insert(key, (e.size.unwrap_or(0), e.stack));
-                        owners.insert(key, i);
-                    }
-                }
-                (Some(EventKind::Free), Some(ptr), Some(mem)) => {
-                    let key = (*mem == MemKind::Vmm, ptr);
-                    if let Some(i) = owners.remove(&key) {
-                        per_test[i].remove(&key);
-                    }
-                }
-                _ => {}
-            }
-            continue;
-        };
-        let begin = k == EventKind::PhaseBegin;
-        let name = e.name.clone().unwrap_or_default();
-        let device = e.device.unwrap_or(-1);
-        if let Some((b, n, devices)) = edges.get_mut(&tid) {
-            if *b == begin && *n == name && !devices.contains(&device) {
-                devices.push(device);
-                continue; // another device's line of the same edge
-            }
+/// For each `test:<nodeid>` phase of `p`, in the order they ended: the
+/// allocations made inside it (not inside a nested `fixture:` phase) and
+/// still live when it ended.
+fn live_at_end(p: &Process) -> LeftByTest {
+    let mut owners: HashMap<SpanId, Option<SpanId>> = HashMap::new();
+    let mut held: BTreeMap<SpanId, Vec<AllocId>> = BTreeMap::new();
+    for (id, a) in p.allocations.iter().enumerate() {
+        let Some(test) = a.phase.and_then(|s| owner(p, s, &mut owners)) else { continue };
+        let Some(end) = p.spans[test].end else { continue };
+        if a.live_after(end) {
+            held.entry(test).or_default().push(id);
         }
-        edges.insert(tid, (begin, name.clone(), vec![device]));
-        if begin {
-            phases.push(name);
-            continue;
-        }
-        match phases.iter().rposition(|p| *p == name) {
-            Some(i) => {
-                phases.remove(i);
-            }
-            None => continue,
-        }
-        if !name.starts_with(TEST_PHASE) {
-            continue;
-        }
-        let left = match index.get(&name) {
-            Some(&i) => std::mem::take(&mut per_test[i]),
-            None => HashMap::new(),
-        };
-        let mut end = LiveAtEnd { stack: None, size: 0, count: left.len() as u64 };
-        // The largest; among equals the lowest address, so the choice does not depend on hashing.
-        if let Some((_, &(size, stack))) =
-            left.iter().max_by_key(|(&(_, ptr), &(size, _))| (size, std::cmp::Reverse(ptr)))
-        {
-            end.size = size;
-            end.stack = stack;
-        }
-        out.insert(name, end);
+    }
+    let mut tests: Vec<SpanId> = (0..p.spans.len()).filter(|&s| is_test(p, s) && p.spans[s].end.is_some()).collect();
+    tests.sort_by_key(|&s| p.spans[s].end);
+    let mut out = LeftByTest::new();
+    for s in tests {
+        out.entry(p.spans[s].name.clone()).or_default().push_back(held.remove(&s).unwrap_or_default());
     }
     out
 }
 
-/// The test an allocation belongs to: the innermost test phase, unless a
-/// fixture phase opened inside it is still open.
-fn owner(phases: &[String]) -> Option<&str> {
-    for p in phases.iter().rev() {
-        if p.starts_with(FIXTURE_PHASE) {
-            return None;
-        }
-        if p.starts_with(TEST_PHASE) {
-            return Some(p);
-        }
+fn is_test(p: &Process, s: SpanId) -> bool {
+    p.spans[s].family == Family::Phase && p.spans[s].name.starts_with(TEST_PHASE)
+}
+
+/// The test an allocation made in phase `s` belongs to: the innermost test
+/// phase around it, unless a fixture phase opened inside that test is around it too.
+fn owner(p: &Process, s: SpanId, memo: &mut HashMap<SpanId, Option<SpanId>>) -> Option<SpanId> {
+    if let Some(&known) = memo.get(&s) {
+        return known;
     }
-    None
+    let mut at = Some(s);
+    let mut found = None;
+    while let Some(span) = at {
+        let x = &p.spans[span];
+        if x.family == Family::Phase && x.name.starts_with(FIXTURE_PHASE) {
+            break;
+        }
+        if is_test(p, span) {
+            found = Some(span);
+            break;
+        }
+        at = x.parent;
+    }
+    memo.insert(s, found);
+    found
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sites::ShownFrame;
+    use cupool_core::log::Log;
 
     const MIB: u64 = 1 << 20;
 
@@ -339,6 +288,30 @@ mod tests {
         }
         text.push_str("]}\n");
         cupool_core::log::read_log_from(text.as_bytes(), format!("cupool.{pid}.json")).expect("a valid log")
+    }
+
+    /// The logs as processes whose logs lie in `dir`.
+    fn in_dir(dir: &Path, logs: Vec<Log>) -> Vec<Process> {
+        logs.into_iter()
+            .map(|mut l| {
+                l.path = dir.join(&l.path);
+                Process::new(l)
+            })
+            .collect()
+    }
+
+    /// What each test phase of `log` left live: (the largest allocation's site and size, how many).
+    fn left(log: &Log) -> HashMap<String, (Option<u32>, u64, usize)> {
+        let p = Process::new(log.clone());
+        live_at_end(&p)
+            .into_iter()
+            .map(|(name, mut ends)| {
+                let held = ends.pop_back().unwrap();
+                let largest = held.iter().max_by_key(|&&id| (p.allocations[id].size, std::cmp::Reverse(id)));
+                let site = largest.map_or((None, 0), |&id| (p.allocations[id].stack, p.allocations[id].size));
+                (name, (site.0, site.1, held.len()))
+            })
+            .collect()
     }
 
     struct Timeline {
@@ -398,9 +371,9 @@ mod tests {
         t.free(0x6000, MIB);
         t.phase("phase_end", "test:t.py::test_b", &[0, 1]);
         let l = log(42, "", &t.lines);
-        let live = live_at_end(&l);
-        assert_eq!(live["test:t.py::test_a"], LiveAtEnd { stack: Some(2), size: 2 * MIB, count: 3 });
-        assert_eq!(live["test:t.py::test_b"], LiveAtEnd { stack: None, size: 0, count: 0 });
+        let live = left(&l);
+        assert_eq!(live["test:t.py::test_a"], (Some(2), 2 * MIB, 3));
+        assert_eq!(live["test:t.py::test_b"], (None, 0, 0));
         assert_eq!(live.len(), 2);
     }
 
@@ -417,8 +390,8 @@ mod tests {
         t.phase("phase_end", "fixture:module:m", &[0]);
         t.alloc(0x30, 10, Some(3));
         t.phase("phase_end", "test:x", &[0]);
-        let live = live_at_end(&log(1, "", &t.lines));
-        assert_eq!(live["test:x"], LiveAtEnd { stack: Some(3), size: 10, count: 1 });
+        let live = left(&log(1, "", &t.lines));
+        assert_eq!(live["test:x"], (Some(3), 10, 1));
     }
 
     fn scratch(name: &str) -> PathBuf {
@@ -455,7 +428,7 @@ mod tests {
         t.phase("phase_begin", "test:t.py::test_leak", &[-1]);
         t.alloc(0x2000, 3 * MIB, None);
         t.phase("phase_end", "test:t.py::test_leak", &[0]);
-        let logs = vec![log(42, "r1", &t.lines), log(43, "r1", &[])];
+        let logs = in_dir(&dir, vec![log(42, "r1", &t.lines), log(43, "r1", &[])]);
         let a = test_line("t.py::test_leak", 3 * MIB, Some(1));
         let b = test_line("t.py::test_clean", 0, Some(0));
         let c = test_line("t.py::test_other_worker", 100, None);
@@ -482,7 +455,7 @@ mod tests {
     #[test]
     fn the_same_test_leaking_in_two_processes_is_one_finding() {
         let dir = scratch("merge");
-        let logs = vec![log(7, "", &[]), log(8, "", &[])];
+        let logs = in_dir(&dir, vec![log(7, "", &[]), log(8, "", &[])]);
         let a = test_line("t.py::test_leak", 10, Some(1));
         std::fs::write(dir.join("cupool-tests.7.json"), results(7, "", &[&a], true)).unwrap();
         std::fs::write(dir.join("cupool-tests.8.json"), results(8, "", &[&a], true)).unwrap();
@@ -495,7 +468,7 @@ mod tests {
     #[test]
     fn malformed_files_are_errors_naming_the_file() {
         let dir = scratch("malformed");
-        let logs = vec![log(1, "", &[]), log(2, "", &[]), log(3, "", &[])];
+        let logs = in_dir(&dir, vec![log(1, "", &[]), log(2, "", &[]), log(3, "", &[])]);
         std::fs::write(dir.join("cupool-tests.1.json"), "{\"schema\":\"other\",\"version\":1,\"pid\":1,\"tests\":[]}")
             .unwrap();
         let bad_line = results(2, "", &[&test_line("a", 1, None), "{\"nodeid\":5}", &test_line("b", 1, None)], true);
@@ -546,7 +519,7 @@ mod tests {
         t.alloc(0x100, 4096, Some(5));
         t.phase("phase_end", "test:tests/test_x.py::test_leak", &[0]);
         let dir = scratch("frames");
-        let logs = vec![log(9, "", &t.lines)];
+        let logs = in_dir(&dir, vec![log(9, "", &t.lines)]);
         std::fs::write(
             dir.join("cupool-tests.9.json"),
             results(9, "", &[&test_line("tests/test_x.py::test_leak", 4096, None)], true),

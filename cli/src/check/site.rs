@@ -1,7 +1,7 @@
 //! Allocation sites as `cupool check` groups, shows and matches them.
 
 use crate::sites::{Resolver, ShownFrame};
-use cupool_core::log::Log;
+use cupool_core::model::Process;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// One allocation site of one process.
@@ -43,16 +43,16 @@ pub fn frame_texts(frames: &[ShownFrame]) -> Vec<&str> {
     frames.iter().flat_map(|f| [f.function.as_deref(), f.module.as_deref(), f.file.as_deref()]).flatten().collect()
 }
 
-/// Names the sites of one log, resolving each stack once.
+/// Names the sites of one process, resolving each stack once.
 pub struct Namer<'a> {
-    log: &'a Log,
+    p: &'a Process,
     resolver: Option<Resolver>,
     stacks: HashMap<u32, (Vec<ShownFrame>, Vec<String>)>,
 }
 
 impl<'a> Namer<'a> {
-    pub fn new(log: &'a Log) -> Namer<'a> {
-        Namer { log, resolver: None, stacks: HashMap::new() }
+    pub fn new(p: &'a Process) -> Namer<'a> {
+        Namer { p, resolver: None, stacks: HashMap::new() }
     }
 
     /// The site of an allocation made through `api` (memory of `kind`,
@@ -61,7 +61,7 @@ impl<'a> Namer<'a> {
         let what = format!("{api} ({kind})");
         let (frames, modules) = match stack {
             Some(id) => {
-                let log = self.log;
+                let log = &self.p.log;
                 let resolver = self.resolver.get_or_insert_with(|| Resolver::new(log));
                 self.stacks.entry(id).or_insert_with(|| (resolver.frames(id), resolver.module_paths(id))).clone()
             }
@@ -70,14 +70,14 @@ impl<'a> Namer<'a> {
         Site::new(frames, what, modules, size)
     }
 
-    /// The stacks of the log's allocations with a native frame in a module
-    /// whose file name `module` accepts.
+    /// The stacks of the process's allocations with a native frame in a
+    /// module whose file name `module` accepts.
     pub fn stacks_in(&mut self, module: &dyn Fn(&str) -> bool) -> HashSet<u32> {
-        let log = self.log;
-        let ids: BTreeSet<u32> = log.events.iter().filter_map(|e| e.stack).collect();
+        let ids: BTreeSet<u32> = self.p.allocations.iter().filter_map(|a| a.stack).collect();
         if ids.is_empty() {
             return HashSet::new();
         }
+        let log = &self.p.log;
         let resolver = self.resolver.get_or_insert_with(|| Resolver::new(log));
         let file_name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
         ids.into_iter().filter(|&id| resolver.module_paths(id).iter().any(|p| module(&file_name(p)))).collect()

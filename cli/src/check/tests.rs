@@ -1,15 +1,28 @@
 //! The check from logs to report and exit status, on logs made by hand.
 
-use super::examine::examine;
 use super::finding::{Finding, Findings, LeakKind, ProcessRef};
 use super::suppress::Suppressions;
 use super::testlog::LogBuilder;
 use super::{status, text};
 use crate::sites::ShownFrame;
 use cupool_core::log::Log;
+use cupool_core::model::Process;
 use cupool_core::options::{self, Options};
 
 const TORCH: &str = "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so";
+
+/// The check of `logs`, each read into its process.
+fn examine(
+    logs: &[Log],
+    histories: &[super::torch::History],
+    tests: Vec<Finding>,
+    supp: &Suppressions,
+    opts: &Options,
+    notes: Vec<String>,
+) -> Findings {
+    let processes: Vec<Process> = logs.iter().cloned().map(Process::new).collect();
+    super::examine::examine(&processes, histories, tests, supp, opts, notes)
+}
 
 /// Rank 0 and rank 1 of one job: both leak 3 x 1000 bytes at the same
 /// Python site; rank 0 also leaks 5000 bytes at another, two pieces of

@@ -4,7 +4,6 @@
 //! used, and `SUMMARY: cupool: X byte(s) leaked in Y allocation(s).`
 
 use super::finding::{Finding, Findings, LeakKind, ProcessRef};
-use super::suppress::DEFAULT_SOURCE;
 use crate::summary::short_cmdline;
 use crate::units::human_bytes;
 use std::io::{self, Write};
@@ -133,17 +132,16 @@ pub fn process_text(p: &ProcessRef) -> String {
 /// One line for what the default suppressions matched: memory libraries
 /// keep until exit on purpose.
 fn write_known_caches(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
-    let known: Vec<_> = f.suppressions_used.iter().filter(|u| u.source == DEFAULT_SOURCE).collect();
-    if known.is_empty() {
+    let (held, names) = f.known_caches();
+    if names.is_empty() {
         return Ok(());
     }
-    let bytes: u64 = known.iter().map(|u| u.bytes).sum();
-    let allocations: u64 = known.iter().map(|u| u.allocations).sum();
-    let names: Vec<&str> = known.iter().map(|u| u.pattern.as_str()).collect();
     writeln!(
         out,
-        "cupool: held at exit by known caches: {bytes} byte(s) ({}) in {allocations} allocation(s) ({}); not leaks",
-        human_bytes(bytes),
+        "cupool: held at exit by known caches: {} byte(s) ({}) in {} allocation(s) ({}); not leaks",
+        held.bytes,
+        human_bytes(held.bytes),
+        held.allocations,
         names.join(", ")
     )
 }

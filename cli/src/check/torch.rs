@@ -7,12 +7,14 @@
 //! there names the line where the cache had to grow. The history records
 //! every tensor PyTorch handed out and took back, with its Python stack.
 //! Made into a timeline of the same shape as a log's (allocations, frees,
-//! and the log's phase edges placed by time), it goes through the same
-//! growth rule (`growth::analyse_events`), and its findings name the line
+//! and the log's phase edges placed by time) and read into the same model,
+//! it goes through the same growth rule, and its findings name the line
 //! that allocated the tensors kept.
 
 use crate::sites::ShownFrame;
 use cupool_core::log::{EventKind, EventRecord, Log, Named};
+use cupool_core::model::{Process, What};
+use cupool_core::options::Mode;
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -134,13 +136,27 @@ impl History {
             .unwrap_or_default()
     }
 
+    /// The tensors of process `p` as a process of their own: their
+    /// allocations and frees in its log's clock, with its phases, in the
+    /// model every rule reads.
+    pub fn process(&self, p: &Process) -> Process {
+        let mut header = p.log.header.clone();
+        header.options.mode = Mode::Passthrough;
+        Process::new(Log {
+            path: self.path.clone(),
+            header,
+            events: self.timeline(p),
+            definitions: Vec::new(),
+            end: None,
+        })
+    }
+
     /// The tensors' allocations and frees as a timeline in `log`'s clock,
-    /// with `log`'s phase edges placed among them by time: what
-    /// `growth::analyse_events` reads. A tensor is taken back at PyTorch's
+    /// with `log`'s phase edges placed among them by time. A tensor is taken back at PyTorch's
     /// `free_requested` (the program let go of it); the `free_completed`
     /// that may follow is then a free of nothing, which the replay ignores.
-    pub fn timeline(&self, log: &Log) -> Vec<EventRecord> {
-        let offset = self.offset_ns(log);
+    pub fn timeline(&self, p: &Process) -> Vec<EventRecord> {
+        let offset = self.offset_ns(p);
         let at = |t_us: i64| (i128::from(t_us) * 1000 + offset).clamp(0, i128::from(u64::MAX)) as u64;
         let mut lists: Vec<Vec<EventRecord>> = Vec::new();
         for d in &self.devices {
@@ -162,13 +178,8 @@ impl History {
             }
             lists.push(list);
         }
-        let mut phases: Vec<&EventRecord> = log
-            .events
-            .iter()
-            .filter(|e| matches!(e.ev.known(), Some(EventKind::PhaseBegin | EventKind::PhaseEnd)))
-            .collect();
-        phases.sort_by_key(|e| e.seq);
-        lists.push(phases.into_iter().cloned().collect());
+        let phases = p.changes.iter().filter(|c| matches!(c.what, What::PhaseBegin(_) | What::PhaseEnd(_)));
+        lists.push(phases.map(|c| p.log.events[c.event].clone()).collect());
         let mut merged = merge_by_time(lists);
         for (i, e) in merged.iter_mut().enumerate() {
             e.seq = i as u64;
@@ -182,8 +193,8 @@ impl History {
     /// millisecond. The cache's segments are in both records, so where that
     /// estimate is off by more than a second (a PyTorch whose stamps are not
     /// Unix time) the segments' own times are used instead.
-    fn offset_ns(&self, log: &Log) -> i128 {
-        let unix = -i128::from(log.header.process.start_unix_ms) * 1_000_000;
+    fn offset_ns(&self, p: &Process) -> i128 {
+        let unix = -i128::from(p.log.header.process.start_unix_ms) * 1_000_000;
         let mut torch_first: HashMap<u64, i64> = HashMap::new();
         for d in &self.devices {
             for e in d.events.iter().filter(|e| e.0 == "segment_alloc") {
@@ -191,14 +202,12 @@ impl History {
             }
         }
         let mut seen = HashSet::new();
-        let mut diffs: Vec<i128> = log
-            .events
+        let mut diffs: Vec<i128> = p
+            .allocations
             .iter()
-            .filter(|e| e.ev.known() == Some(EventKind::Alloc))
-            .filter_map(|e| {
-                let ptr = e.ptr?;
-                let t_us = *torch_first.get(&ptr)?;
-                seen.insert(ptr).then(|| i128::from(e.t_ns) - i128::from(t_us) * 1000)
+            .filter_map(|a| {
+                let t_us = *torch_first.get(&a.addr)?;
+                seen.insert(a.addr).then(|| i128::from(a.t_ns) - i128::from(t_us) * 1000)
             })
             .collect();
         if diffs.is_empty() {

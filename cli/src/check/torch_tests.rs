@@ -1,9 +1,9 @@
 use super::*;
-use crate::check::examine::examine;
 use crate::check::finding::{Findings, LeakKind};
 use crate::check::growth::{self, SiteKey};
 use crate::check::suppress::Suppressions;
 use crate::check::testlog::LogBuilder;
+use cupool_core::model::Process;
 use cupool_core::options::Options;
 
 const KIB: u64 = 1024;
@@ -92,7 +92,14 @@ fn pytorch_loop(steps: usize, leak: bool, marks: bool, segments_from: &str) -> (
 }
 
 fn check(logs: &[Log], histories: &[History]) -> Findings {
-    examine(logs, histories, vec![], &Suppressions::load(&[]).unwrap(), &Options::default(), vec![])
+    let processes: Vec<Process> = logs.iter().cloned().map(Process::new).collect();
+    let supp = Suppressions::load(&[]).unwrap();
+    crate::check::examine::examine(&processes, histories, vec![], &supp, &Options::default(), vec![])
+}
+
+/// The growing tensors of `h`, the history of `log`'s process.
+fn tensors_grown(log: &Log, h: &History) -> Vec<growth::Grown> {
+    growth::analyse_process(&h.process(&Process::new(log.clone())), 4, &|_| false, &|_| false).unwrap()
 }
 
 const LIBC10: &str = "/site-packages/torch/lib/libc10_cuda.so";
@@ -131,7 +138,7 @@ fn a_history_file_is_read_and_checked() {
     assert!(e.contains("not a cupool PyTorch history"), "{e}");
     // The timeline: the alloc and its free; the oom is not memory.
     let log = LogBuilder::new(7, "python a.py").options(|o| o.run_id = "r".into()).exit(0);
-    let t = h.timeline(&log);
+    let t = h.timeline(&Process::new(log.clone()));
     let kinds: Vec<_> = t.iter().map(|e| (e.ev.known(), e.ptr, e.stack, e.seq)).collect();
     assert_eq!(kinds, [(Some(EventKind::Alloc), Some(4096), Some(0), 0), (Some(EventKind::Free), Some(4096), None, 1)]);
     assert_eq!(t[0].api.as_ref().map(|a| a.as_str()), Some(API));
@@ -144,9 +151,7 @@ fn a_history_file_is_read_and_checked() {
 #[test]
 fn tensors_kept_per_step_grow_at_their_python_line() {
     let (log, h) = pytorch_loop(30, true, false, LIBC10);
-    let timeline = h.timeline(&log);
-    let events: Vec<&EventRecord> = timeline.iter().collect();
-    let grown = growth::analyse_events(&events, 4, &|_| false).unwrap();
+    let grown = tensors_grown(&log, &h);
     assert_eq!(grown.len(), 1, "{grown:#?}");
     let g = &grown[0];
     assert_eq!(g.key, SiteKey::Stack(1));
@@ -155,18 +160,15 @@ fn tensors_kept_per_step_grow_at_their_python_line() {
     assert_eq!((g.bytes, g.count), (29 * 16 * KIB, 29), "what is live at the last period's end");
     // A clean loop: optimizer state in step 1, then flat.
     let (log, h) = pytorch_loop(30, false, false, LIBC10);
-    let timeline = h.timeline(&log);
-    let events: Vec<&EventRecord> = timeline.iter().collect();
-    assert_eq!(growth::analyse_events(&events, 4, &|_| false).unwrap(), vec![]);
+    assert_eq!(tensors_grown(&log, &h), vec![]);
 }
 
 #[test]
 fn the_logs_phases_are_placed_among_the_tensors() {
     let (log, h) = pytorch_loop(20, true, true, LIBC10);
-    let timeline = h.timeline(&log);
+    let timeline = h.timeline(&Process::new(log.clone()));
     assert!(timeline.windows(2).all(|w| w[0].t_ns <= w[1].t_ns && w[0].seq < w[1].seq));
-    let events: Vec<&EventRecord> = timeline.iter().collect();
-    let grown = growth::analyse_events(&events, 4, &|_| false).unwrap();
+    let grown = tensors_grown(&log, &h);
     assert_eq!(grown.len(), 1, "{grown:#?}");
     assert_eq!((grown[0].key.clone(), grown[0].growth.phases_from.as_str()), (SiteKey::Stack(1), "mark"));
     assert_eq!((grown[0].growth.phase.as_str(), grown[0].growth.bytes_per_phase), ("step #", 16 * KIB));
@@ -175,7 +177,7 @@ fn the_logs_phases_are_placed_among_the_tensors() {
     for e in &mut shifted.devices[0].events {
         e.3 -= 1_000_000_000;
     }
-    let moved = shifted.timeline(&log);
+    let moved = shifted.timeline(&Process::new(log.clone()));
     assert_eq!(
         moved.iter().map(|e| (e.t_ns, e.seq)).collect::<Vec<_>>(),
         timeline.iter().map(|e| (e.t_ns, e.seq)).collect::<Vec<_>>()

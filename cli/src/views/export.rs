@@ -7,7 +7,6 @@
 //! export never leaves half a file, nor clobbers the one that was there.
 
 use super::load::{load, Loaded};
-use super::model;
 use super::progress::Progress;
 use clap::Args;
 use cupool_core::log::Log;
@@ -111,9 +110,9 @@ pub fn run(args: ExportArgs) -> ExitCode {
         o.abandon();
     }
     let mut progress = Progress::new("reading logs", 0);
-    let Loaded { logs, problems } = load(&args.paths, &mut progress);
-    let mut status = Loaded { logs: Vec::new(), problems }.report_problems(WHO);
-    if logs.is_empty() {
+    let Loaded { processes, problems } = load(&args.paths, &mut progress);
+    let mut status = Loaded { processes: Vec::new(), problems }.report_problems(WHO);
+    if processes.is_empty() {
         eprintln!("{WHO}: no log could be read, so nothing was exported");
         return ExitCode::from(super::super::summary::EXIT_BAD_INPUT);
     }
@@ -122,24 +121,16 @@ pub fn run(args: ExportArgs) -> ExitCode {
         status = EXIT_CANNOT_WRITE;
     };
     if let Some(path) = &args.perfetto {
-        let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
-        progress.stage("building the trace", events);
-        let mut before = 0;
-        let mut views = Vec::with_capacity(logs.len());
-        for l in &logs {
-            views.push(model::build(l, &mut |done| progress.set(before + done)));
-            before += l.events.len() as u64;
-        }
         progress.stage("writing the trace", 1);
-        let pairs: Vec<(&Log, &model::ProcessView)> = logs.iter().zip(&views).collect();
-        let result =
-            Output::create(path).and_then(|(out, file)| match super::perfetto::write(&pairs, args.max_points, file) {
+        let result = Output::create(path).and_then(|(out, file)| {
+            match super::perfetto::write(&processes, args.max_points, file) {
                 Ok(w) => out.commit().map(|_| w),
                 Err(e) => {
                     out.abandon();
                     Err(format!("{}: cannot write there: {e}", path.display()))
                 }
-            });
+            }
+        });
         progress.set(1);
         match result {
             Ok(w) => {
@@ -149,7 +140,7 @@ pub fn run(args: ExportArgs) -> ExitCode {
                     path.display(),
                     w.events,
                     w.counter_points,
-                    logs.len()
+                    processes.len()
                 );
             }
             Err(e) => failed(e),
@@ -157,21 +148,18 @@ pub fn run(args: ExportArgs) -> ExitCode {
     }
     if let Some(path) = &args.memory_viz {
         let mut taken = Vec::new();
-        let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
-        progress.stage("writing snapshots", events);
-        let mut before = 0;
-        for log in &logs {
-            let target = if logs.len() == 1 { path.clone() } else { per_process(path, log, &mut taken) };
-            let mut tick = |done| progress.set(before + done);
-            let result =
-                Output::create(&target).and_then(|(out, file)| match super::memviz::write(log, file, &mut tick) {
-                    Ok(w) => out.commit().map(|_| w),
-                    Err(e) => {
-                        out.abandon();
-                        Err(format!("{}: cannot write there: {e}", target.display()))
-                    }
-                });
-            before += log.events.len() as u64;
+        progress.stage("writing snapshots", processes.len() as u64);
+        for (i, p) in processes.iter().enumerate() {
+            let log = &p.log;
+            let target = if processes.len() == 1 { path.clone() } else { per_process(path, log, &mut taken) };
+            let result = Output::create(&target).and_then(|(out, file)| match super::memviz::write(p, file) {
+                Ok(w) => out.commit().map(|_| w),
+                Err(e) => {
+                    out.abandon();
+                    Err(format!("{}: cannot write there: {e}", target.display()))
+                }
+            });
+            progress.set(i as u64 + 1);
             match result {
                 Ok(w) => {
                     let addresses = if w.at_real_addresses {

@@ -7,15 +7,14 @@
 //!
 //! The page is `html.template.html` with its data as one inline JSON blob,
 //! drawn from the same model as the other views. The series are downsampled as
-//! the Perfetto export's counters are ([`super::model::downsample`]): each run
+//! the Perfetto export's counters are ([`super::downsample`]): each run
 //! keeps its lowest and highest point, so the plot's maximum is the peak.
 
-use super::model::phase_groups;
-use super::model::{downsample, PhaseSpan, ProcessView};
+use super::downsample;
 use crate::check::finding::{Finding, Findings};
 use crate::sites::{Resolver, SitesReport};
 use crate::summary::short_cmdline;
-use cupool_core::log::{EventKind, Log, MemKind};
+use cupool_core::model::{phase_groups, PhaseSpan, Process, Sample};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -74,31 +73,18 @@ fn frame_texts(frames: &[crate::sites::ShownFrame]) -> Vec<String> {
 }
 
 /// The data of one process.
-fn process(
-    log: &Log,
-    view: &ProcessView,
-    sites: &SitesReport,
-    per_series: usize,
-    per_allocs: usize,
-    w: &mut Written,
-) -> Value {
+fn process(p: &Process, sites: &SitesReport, per_series: usize, per_allocs: usize, w: &mut Written) -> Value {
+    let log = &p.log;
     // Device allocations in order: (t, size, stack).
-    let mut order: Vec<_> = log.events.iter().collect();
-    if !order.is_sorted_by_key(|e| e.seq) {
-        order.sort_by_key(|e| e.seq);
-    }
     let mut allocs: BTreeMap<i32, Vec<(u64, u64, Option<u32>)>> = BTreeMap::new();
-    for e in order {
-        let mem = e.kind.as_ref().and_then(|k| k.known());
-        if e.ev.known() == Some(EventKind::Alloc) && mem != Some(MemKind::Host) && e.ptr.is_some() {
-            allocs.entry(e.device.unwrap_or(-1)).or_default().push((e.t_ns, e.size.unwrap_or(0), e.stack));
-        }
+    for a in p.allocations.iter().filter(|a| !a.is_host()) {
+        allocs.entry(a.device).or_default().push((a.t_ns, a.size, a.stack));
     }
     let mut resolver = None;
     let mut stacks: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     let mut devices = Vec::new();
-    for d in &view.devices {
-        let mut one = |value: fn(&super::model::Sample) -> u64| {
+    for d in &p.devices {
+        let mut one = |value: fn(&Sample) -> u64| {
             let pts: Vec<(u64, u64)> = d.samples.iter().map(|s| (s.t_ns, value(s))).collect();
             let kept = downsample(&pts, per_series, |p| p.1);
             w.points_seen += pts.len();
@@ -147,29 +133,31 @@ fn process(
             "frames": frame_texts(&s.frames),
         })
     };
-    let p = &log.header.process;
-    let rank = view.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
+    let process = &log.header.process;
+    let rank = process.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
+    let notes: Vec<&String> = log.end.iter().flat_map(|e| &e.notes).chain(&p.problems).collect();
     json!({
-        "title": format!("pid {}{rank}: {}", p.pid, short_cmdline(&p.cmdline, 80)),
-        "pid": view.pid,
-        "rank": view.rank,
-        "mode": view.mode,
+        "title": format!("pid {}{rank}: {}", process.pid, short_cmdline(&process.cmdline, 80)),
+        "pid": process.pid,
+        "rank": process.rank,
+        "mode": p.mode(),
         "complete": log.end.is_some(),
-        "duration_ns": view.duration_ns,
+        "duration_ns": p.duration_ns,
+        "reserved_from": p.reserved_from,
         "devices": devices,
-        "phases": phases(&view.phases),
-        "phases_total": view.phases.len(),
-        "phase_groups": phase_groups(view),
+        "phases": phases(&p.spans),
+        "phases_total": p.spans.len(),
+        "phase_groups": phase_groups(&p.spans),
         "sites": {
             "by_peak": sites.by_peak.iter().map(shown).collect::<Vec<_>>(),
             "by_count": sites.by_count.iter().map(shown).collect::<Vec<_>>(),
             "by_live": sites.by_live.iter().map(shown).collect::<Vec<_>>(),
         },
         "stacks": stacks,
-        "ooms": view.ooms,
-        "checkpoints": view.checkpoints,
-        "notes": view.notes,
-        "rebuilt": view.rebuilt,
+        "ooms": p.ooms,
+        "checkpoints": p.checkpoints,
+        "notes": notes,
+        "rebuilt": p.rebuilt,
     })
 }
 
@@ -187,25 +175,24 @@ fn finding(f: &Finding) -> Value {
 }
 
 /// The page's data: every process, then the leak findings.
-pub fn data(logs: &[(&Log, &ProcessView, &SitesReport)], findings: &Findings, w: &mut Written) -> Value {
+pub fn data(logs: &[(&Process, &SitesReport)], findings: &Findings, w: &mut Written) -> Value {
     data_within(logs, findings, SERIES_POINTS, ALLOC_POINTS, w)
 }
 
 /// The page's data with about `series_points` series points and `alloc_points` allocations in all.
 fn data_within(
-    logs: &[(&Log, &ProcessView, &SitesReport)],
+    logs: &[(&Process, &SitesReport)],
     findings: &Findings,
     series_points: usize,
     alloc_points: usize,
     w: &mut Written,
 ) -> Value {
-    let n_devices: usize = logs.iter().map(|(_, v, _)| v.devices.len()).sum::<usize>().max(1);
+    let n_devices: usize = logs.iter().map(|(p, _)| p.devices.len()).sum::<usize>().max(1);
     let per_series = (series_points / (2 * n_devices)).max(MIN_POINTS);
     let per_allocs = (alloc_points / n_devices).max(MIN_POINTS);
-    let processes: Vec<Value> =
-        logs.iter().map(|(log, view, sites)| process(log, view, sites, per_series, per_allocs, w)).collect();
+    let processes: Vec<Value> = logs.iter().map(|(p, sites)| process(p, sites, per_series, per_allocs, w)).collect();
     let shown: Vec<Value> = findings.findings.iter().filter(|f| f.suppressed_by.is_none()).map(finding).collect();
-    let held: u64 = findings.findings.iter().filter(|f| f.suppressed_by.is_some()).map(|f| f.bytes).sum();
+    let held: u64 = findings.suppressed.bytes;
     json!({
         "generator": "cupool report --html",
         "version": env!("CARGO_PKG_VERSION"),
@@ -216,7 +203,7 @@ fn data_within(
 }
 
 /// Writes the page of `logs` into `out`.
-pub fn write(logs: &[(&Log, &ProcessView, &SitesReport)], findings: &Findings, out: impl Write) -> io::Result<Written> {
+pub fn write(logs: &[(&Process, &SitesReport)], findings: &Findings, out: impl Write) -> io::Result<Written> {
     let mut w = Written::default();
     let data = data(logs, findings, &mut w);
     // `<` only occurs inside JSON strings, where `\u003c` reads the same:
@@ -242,8 +229,8 @@ mod tests {
     }
 
     /// A passthrough log of `n` allocations in a saw tooth, one of them a spike.
-    fn saw_log(n: u64) -> Log {
-        use cupool_core::log::{Header, Named, ProcessInfo};
+    fn saw_log(n: u64) -> Process {
+        use cupool_core::log::{EventKind, Header, Log, Named, ProcessInfo};
         use cupool_core::options::{Mode, Options};
         let mut events = Vec::new();
         let mut push = |ev, ptr, size| {
@@ -270,16 +257,15 @@ mod tests {
             },
             options: Options { mode: Mode::Passthrough, ..Options::default() },
         };
-        Log { path: "cupool.9.json".into(), header, events, definitions: Vec::new(), end: None }
+        Process::new(Log { path: "cupool.9.json".into(), header, events, definitions: Vec::new(), end: None })
     }
 
     #[test]
     fn long_series_are_cut_down_with_the_peak_kept() {
-        let log = saw_log(20_000);
-        let view = super::super::model::build(&log, &mut |_| {});
+        let view = saw_log(20_000);
         let sites = SitesReport::default();
         let mut w = Written::default();
-        let data = data_within(&[(&log, &view, &sites)], &Findings::default(), 4000, 1000, &mut w);
+        let data = data_within(&[(&view, &sites)], &Findings::default(), 4000, 1000, &mut w);
         let dev = &data["processes"][0]["devices"][0];
         let values = |key: &str| -> Vec<u64> {
             dev[key].as_array().unwrap().chunks(2).map(|c| c[1].as_u64().unwrap()).collect()
@@ -298,7 +284,7 @@ mod tests {
         assert!(allocs.chunks(3).any(|a| a[1] == 1u64 << 30));
         // A name with `</script>` in it cannot end the data early.
         let mut page = Vec::new();
-        write(&[(&log, &view, &sites)], &Findings::default(), &mut page).unwrap();
+        write(&[(&view, &sites)], &Findings::default(), &mut page).unwrap();
         let page = String::from_utf8(page).unwrap();
         assert_eq!(page.matches("</script>").count(), 2, "the blob's end and the script's");
         assert!(page.contains("\\u003c/script>\\u003cscript>alert(1)"));

@@ -6,13 +6,15 @@
 
 use super::progress::Progress;
 use crate::summary::{is_log_name, EXIT_BAD_INPUT};
-use cupool_core::log::{read_log_with_progress, Log, ReadError, ReadErrorKind};
+use cupool_core::log::{read_log_with_progress, ReadError, ReadErrorKind};
+use cupool_core::model::{self, Process};
 use std::path::{Path, PathBuf};
 
 /// What was read, and one line for each thing that could not be.
 #[derive(Default)]
 pub struct Loaded {
-    pub logs: Vec<Log>,
+    /// Ranks first in rank order, then the other processes as they started.
+    pub processes: Vec<Process>,
     pub problems: Vec<String>,
 }
 
@@ -83,8 +85,7 @@ fn hint_for(e: &ReadError) -> &'static str {
     }
 }
 
-/// Reads every log `paths` name, telling `progress` the bytes read.
-/// Ranks come first in rank order, then the other processes as they started.
+/// Reads every log `paths` name into its model, telling `progress` the bytes read.
 pub fn load(paths: &[PathBuf], progress: &mut Progress) -> Loaded {
     let mut loaded = Loaded::default();
     let mut files = Vec::new();
@@ -96,6 +97,7 @@ pub fn load(paths: &[PathBuf], progress: &mut Progress) -> Loaded {
     }
     let sizes: Vec<u64> = files.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).collect();
     progress.stage("reading logs", sizes.iter().sum());
+    let mut logs = Vec::new();
     let mut before = 0u64;
     for (f, size) in files.iter().zip(&sizes) {
         let read = std::fs::File::open(f)
@@ -108,13 +110,10 @@ pub fn load(paths: &[PathBuf], progress: &mut Progress) -> Loaded {
         before += size;
         progress.set(before);
         match read {
-            Ok(log) => loaded.logs.push(log),
+            Ok(log) => logs.push(log),
             Err(e) => loaded.problems.push(format!("{e}{}", hint_for(&e))),
         }
     }
-    loaded.logs.sort_by_key(|l| {
-        let p = &l.header.process;
-        (p.rank.is_none(), p.rank, p.start_unix_ms, p.pid)
-    });
+    loaded.processes = model::processes(logs);
     loaded
 }

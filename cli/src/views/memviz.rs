@@ -14,16 +14,17 @@
 //! Python frames, then the native ones, named from the module files on disk.
 //! VMM memory (`cuMemCreate`) and pinned host memory are left out.
 
-use super::model::{build_watching, Watch};
 use super::pickle::{Memo, Pickler};
-use super::pool::{PoolReplay, Step};
 use crate::sites::{Resolver, ShownFrame};
-use cupool_core::log::{EventRecord, Log, MemKind};
+use cupool_core::log::MemKind;
+use cupool_core::model::rebuild::{PoolReplay, Step};
+use cupool_core::model::{AllocId, Allocation, PoolWatch, Process, What};
 use cupool_core::pool::BlockState;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
 /// One entry of a device trace.
+#[derive(Clone, Copy)]
 struct Entry {
     action: &'static str,
     addr: u64,
@@ -44,46 +45,44 @@ struct Own {
     stack: Option<u32>,
 }
 
-/// Follows one log's allocations and frees.
-struct Tracer {
+/// Follows one process's allocations and their ends.
+struct Tracer<'a> {
+    p: &'a Process,
     start_us: u64,
     traces: BTreeMap<i32, Vec<Entry>>,
     /// Live pooled blocks: replay address -> (requested size, stack).
     blocks: HashMap<u64, (u64, Option<u32>)>,
-    /// Real pointer -> replay address of its block.
-    pooled: HashMap<u64, u64>,
+    /// Allocation -> replay address of its block.
+    pooled: HashMap<AllocId, u64>,
+    /// Live allocations the pool did not serve, by address.
     own: BTreeMap<u64, Own>,
     limit: u64,
     /// Pool-mode reserved bytes per device, for an OOM entry's `device_free`.
     reserved: HashMap<i32, u64>,
 }
 
-fn memory_kind(e: &EventRecord) -> Option<MemKind> {
-    e.kind.as_ref().and_then(|k| k.known())
-}
-
-impl Tracer {
+impl Tracer<'_> {
     fn push(&mut self, device: i32, entry: Entry) {
         self.traces.entry(device).or_default().push(entry);
     }
 
-    fn entry(&self, action: &'static str, addr: u64, size: u64, e: &EventRecord, replayed: bool) -> Entry {
+    fn entry(&self, action: &'static str, addr: u64, size: u64, a: &Allocation, t_ns: u64, replayed: bool) -> Entry {
         Entry {
             action,
             addr,
             size,
-            stream: e.stream.unwrap_or(0),
-            t_us: self.start_us + e.t_ns / 1000,
-            stack: e.stack,
+            stream: a.stream.unwrap_or(0),
+            t_us: self.start_us + t_ns / 1000,
+            stack: a.stack,
             replayed,
             device_free: None,
         }
     }
 
-    fn segments(&mut self, device: i32, step: &Step, e: &EventRecord) {
+    fn segments(&mut self, device: i32, step: &Step, a: &Allocation, t_ns: u64) {
         for s in &step.segments {
             let action = if s.alloc { "segment_alloc" } else { "segment_free" };
-            let mut entry = self.entry(action, s.addr, s.size, e, true);
+            let mut entry = self.entry(action, s.addr, s.size, a, t_ns, true);
             entry.stack = None;
             let r = self.reserved.entry(device).or_default();
             *r = if s.alloc { *r + s.size } else { r.saturating_sub(s.size) };
@@ -92,78 +91,93 @@ impl Tracer {
     }
 
     /// Memory this view leaves out.
-    fn skipped(e: &EventRecord) -> bool {
-        matches!(memory_kind(e), Some(MemKind::Host | MemKind::Vmm)) || e.ptr.is_none()
+    fn skipped(a: &Allocation) -> bool {
+        matches!(a.kind.known(), Some(MemKind::Host | MemKind::Vmm))
     }
 }
 
-impl Watch for Tracer {
-    fn alloc(&mut self, e: &EventRecord, step: Option<&Step>) {
-        if Self::skipped(e) {
+impl PoolWatch for Tracer<'_> {
+    fn allocated(&mut self, id: AllocId, step: Option<&Step>) {
+        let a = &self.p.allocations[id];
+        if Self::skipped(a) {
             return;
         }
-        let device = e.device.unwrap_or(-1);
-        let (ptr, size) = (e.ptr.unwrap_or(0), e.size.unwrap_or(0));
+        let (device, ptr, size, t) = (a.device, a.addr, a.size, a.t_ns);
         match step {
             Some(step) => {
-                self.segments(device, step, e);
+                self.segments(device, step, a, t);
                 if let Some(b) = step.block {
-                    self.blocks.insert(b.addr, (size, e.stack));
-                    self.pooled.insert(ptr, b.addr);
-                    let entry = self.entry("alloc", b.addr, size, e, true);
+                    self.blocks.insert(b.addr, (size, a.stack));
+                    self.pooled.insert(id, b.addr);
+                    let entry = self.entry("alloc", b.addr, size, a, t, true);
                     self.push(device, entry);
                 }
             }
             None => {
-                let stream = e.stream.unwrap_or(0);
-                self.own.insert(ptr, Own { device, size, stream, stack: e.stack });
-                let mut seg = self.entry("segment_alloc", ptr, size, e, false);
+                let stream = a.stream.unwrap_or(0);
+                self.own.insert(ptr, Own { device, size, stream, stack: a.stack });
+                let mut seg = self.entry("segment_alloc", ptr, size, a, t, false);
                 seg.stack = None;
                 self.push(device, seg);
-                let entry = self.entry("alloc", ptr, size, e, false);
+                let entry = self.entry("alloc", ptr, size, a, t, false);
                 self.push(device, entry);
             }
         }
     }
 
-    fn free(&mut self, e: &EventRecord, step: Option<&Step>) {
-        if Self::skipped(e) {
+    fn ended(&mut self, id: AllocId, step: Option<&Step>) {
+        let a = &self.p.allocations[id];
+        if Self::skipped(a) {
             return;
         }
-        let device = e.device.unwrap_or(-1);
-        let ptr = e.ptr.unwrap_or(0);
-        match (step, self.pooled.remove(&ptr)) {
+        let (device, ptr) = (a.device, a.addr);
+        let t = a.end.map_or(a.t_ns, |e| e.t_ns);
+        match (step, self.pooled.remove(&id)) {
             (Some(step), Some(addr)) => {
-                let (size, stack) = self.blocks.remove(&addr).unwrap_or((e.size.unwrap_or(0), None));
+                let (size, stack) = self.blocks.remove(&addr).unwrap_or((a.size, None));
                 for action in ["free_requested", "free_completed"] {
-                    let mut entry = self.entry(action, addr, size, e, true);
+                    let mut entry = self.entry(action, addr, size, a, t, true);
                     entry.stack = stack;
                     self.push(device, entry);
                 }
-                self.segments(device, step, e);
+                self.segments(device, step, a, t);
             }
             _ => {
                 let Some(own) = self.own.remove(&ptr) else { return };
                 for action in ["free_requested", "free_completed"] {
-                    let mut entry = self.entry(action, ptr, own.size, e, false);
+                    let mut entry = self.entry(action, ptr, own.size, a, t, false);
                     entry.stack = own.stack;
                     self.push(own.device, entry);
                 }
-                let seg = Entry { stack: None, ..self.entry("segment_free", ptr, own.size, e, false) };
+                let seg = Entry { stack: None, ..self.entry("segment_free", ptr, own.size, a, t, false) };
                 self.push(own.device, seg);
             }
         }
     }
 
-    fn oom(&mut self, e: &EventRecord, step: &Step) {
-        let device = e.device.unwrap_or(-1);
+    fn out_of_memory(&mut self, change: usize, step: &Step) {
+        let c = self.p.changes[change];
+        let What::OutOfMemory { device, size } = c.what else { return };
         let reserved = self.reserved.get(&device).copied().unwrap_or(0);
-        let mut entry = self.entry("oom", 0, e.size.unwrap_or(0), e, false);
-        entry.stack = None;
-        // What CUDA had free is not in the log; under a `limit`, what the cap left.
-        entry.device_free = Some(self.limit.saturating_sub(reserved));
+        let entry = Entry {
+            action: "oom",
+            addr: 0,
+            size,
+            stream: 0,
+            t_us: self.start_us + c.t_ns / 1000,
+            stack: None,
+            replayed: false,
+            // What CUDA had free is not in the log; under a `limit`, what the cap left.
+            device_free: Some(self.limit.saturating_sub(reserved)),
+        };
         self.push(device, entry);
-        self.segments(device, step, e);
+        for s in &step.segments {
+            let action = if s.alloc { "segment_alloc" } else { "segment_free" };
+            let r = self.reserved.entry(device).or_default();
+            *r = if s.alloc { *r + s.size } else { r.saturating_sub(s.size) };
+            let e = Entry { action, addr: s.addr, size: s.size, replayed: true, device_free: None, ..entry };
+            self.push(device, e);
+        }
     }
 }
 
@@ -220,10 +234,12 @@ pub struct Written {
     pub at_real_addresses: bool,
 }
 
-/// Writes the snapshot of `log` into `out`; `tick(done)` hears how many events are read.
-pub fn write(log: &Log, out: impl Write, tick: &mut dyn FnMut(u64)) -> io::Result<Written> {
+/// Writes the snapshot of process `p` into `out`.
+pub fn write(p: &Process, out: impl Write) -> io::Result<Written> {
+    let log = &p.log;
     let opts = &log.header.options;
     let mut tracer = Tracer {
+        p,
         start_us: log.header.process.start_unix_ms.saturating_mul(1000),
         traces: BTreeMap::new(),
         blocks: HashMap::new(),
@@ -232,19 +248,19 @@ pub fn write(log: &Log, out: impl Write, tick: &mut dyn FnMut(u64)) -> io::Resul
         limit: opts.limit,
         reserved: HashMap::new(),
     };
-    let (_, replay) = build_watching(log, &mut tracer, tick);
+    let replay = p.replay_pool(&mut tracer);
     let real = |addr: u64, replayed: bool| match (&replay, replayed) {
         (Some(r), true) => r.real(addr),
         _ => addr,
     };
     let mut frames = Frames { resolver: Resolver::new(log), written: HashMap::new(), empty: None };
-    let mut p = Pickler::new(io::BufWriter::new(out))?;
+    let mut pk = Pickler::new(io::BufWriter::new(out))?;
     let mut written =
         Written { segments: 0, entries: 0, at_real_addresses: replay.as_ref().is_none_or(PoolReplay::consistent) };
-    p.begin_dict()?;
+    pk.begin_dict()?;
 
-    p.key("segments")?;
-    p.begin_list()?;
+    pk.key("segments")?;
+    pk.begin_list()?;
     let pool_devices = replay.as_ref().map(PoolReplay::devices).unwrap_or_default();
     for &device in &pool_devices {
         let Some(r) = &replay else { break };
@@ -257,32 +273,39 @@ pub fn write(log: &Log, out: impl Write, tick: &mut dyn FnMut(u64)) -> io::Resul
             };
             let sum =
                 |pick: &dyn Fn(&cupool_core::pool::BlockSnapshot) -> u64| seg.blocks.iter().map(pick).sum::<u64>();
-            segment_head(&mut p, device, real(seg.addr, true), seg.size, 0, if seg.small { "small" } else { "large" })?;
-            p.key("allocated_size")?;
-            p.uint(sum(&|b| if b.state == BlockState::Allocated { b.size } else { 0 }))?;
-            p.key("active_size")?;
-            p.uint(sum(&|b| if b.state == BlockState::Free { 0 } else { b.size }))?;
-            p.key("requested_size")?;
-            p.uint(sum(&|b| b.requested))?;
-            p.key("blocks")?;
-            p.begin_list()?;
+            segment_head(
+                &mut pk,
+                device,
+                real(seg.addr, true),
+                seg.size,
+                0,
+                if seg.small { "small" } else { "large" },
+            )?;
+            pk.key("allocated_size")?;
+            pk.uint(sum(&|b| if b.state == BlockState::Allocated { b.size } else { 0 }))?;
+            pk.key("active_size")?;
+            pk.uint(sum(&|b| if b.state == BlockState::Free { 0 } else { b.size }))?;
+            pk.key("requested_size")?;
+            pk.uint(sum(&|b| b.requested))?;
+            pk.key("blocks")?;
+            pk.begin_list()?;
             for b in &seg.blocks {
                 let stack = tracer.blocks.get(&b.addr).and_then(|x| x.1);
-                p.begin_dict()?;
-                p.key("address")?;
-                p.uint(real(b.addr, true))?;
-                p.key("size")?;
-                p.uint(b.size)?;
-                p.key("requested_size")?;
-                p.uint(if b.state == BlockState::Free { 0 } else { b.requested })?;
-                p.key("state")?;
-                p.str(state(b.state))?;
-                p.key("frames")?;
-                frames.write(&mut p, if b.state == BlockState::Free { None } else { stack })?;
-                p.end()?;
+                pk.begin_dict()?;
+                pk.key("address")?;
+                pk.uint(real(b.addr, true))?;
+                pk.key("size")?;
+                pk.uint(b.size)?;
+                pk.key("requested_size")?;
+                pk.uint(if b.state == BlockState::Free { 0 } else { b.requested })?;
+                pk.key("state")?;
+                pk.str(state(b.state))?;
+                pk.key("frames")?;
+                frames.write(&mut pk, if b.state == BlockState::Free { None } else { stack })?;
+                pk.end()?;
             }
-            p.end()?;
-            p.end()?;
+            pk.end()?;
+            pk.end()?;
         }
     }
     for (&ptr, own) in &tracer.own {
@@ -290,83 +313,83 @@ pub fn write(log: &Log, out: impl Write, tick: &mut dyn FnMut(u64)) -> io::Resul
             continue;
         }
         written.segments += 1;
-        segment_head(&mut p, own.device, ptr, own.size, own.stream, "large")?;
+        segment_head(&mut pk, own.device, ptr, own.size, own.stream, "large")?;
         for key in ["allocated_size", "active_size", "requested_size"] {
-            p.key(key)?;
-            p.uint(own.size)?;
+            pk.key(key)?;
+            pk.uint(own.size)?;
         }
-        p.key("blocks")?;
-        p.begin_list()?;
-        p.begin_dict()?;
-        p.key("address")?;
-        p.uint(ptr)?;
-        p.key("size")?;
-        p.uint(own.size)?;
-        p.key("requested_size")?;
-        p.uint(own.size)?;
-        p.key("state")?;
-        p.str("active_allocated")?;
-        p.key("frames")?;
-        frames.write(&mut p, own.stack)?;
-        p.end()?;
-        p.end()?;
-        p.end()?;
+        pk.key("blocks")?;
+        pk.begin_list()?;
+        pk.begin_dict()?;
+        pk.key("address")?;
+        pk.uint(ptr)?;
+        pk.key("size")?;
+        pk.uint(own.size)?;
+        pk.key("requested_size")?;
+        pk.uint(own.size)?;
+        pk.key("state")?;
+        pk.str("active_allocated")?;
+        pk.key("frames")?;
+        frames.write(&mut pk, own.stack)?;
+        pk.end()?;
+        pk.end()?;
+        pk.end()?;
     }
-    p.end()?;
+    pk.end()?;
 
     // One trace per device ordinal from 0, as memory_viz indexes them.
-    p.key("device_traces")?;
-    p.begin_list()?;
+    pk.key("device_traces")?;
+    pk.begin_list()?;
     let last = tracer.traces.keys().copied().chain(pool_devices.iter().copied()).max().unwrap_or(-1);
     for device in 0..=last {
-        p.begin_list()?;
+        pk.begin_list()?;
         for e in tracer.traces.get(&device).map(Vec::as_slice).unwrap_or(&[]) {
             written.entries += 1;
-            p.begin_dict()?;
-            p.key("action")?;
-            p.str(e.action)?;
-            p.key("addr")?;
-            p.uint(real(e.addr, e.replayed))?;
-            p.key("size")?;
-            p.uint(e.size)?;
-            p.key("stream")?;
-            p.uint(e.stream)?;
-            p.key("time_us")?;
-            p.uint(e.t_us)?;
+            pk.begin_dict()?;
+            pk.key("action")?;
+            pk.str(e.action)?;
+            pk.key("addr")?;
+            pk.uint(real(e.addr, e.replayed))?;
+            pk.key("size")?;
+            pk.uint(e.size)?;
+            pk.key("stream")?;
+            pk.uint(e.stream)?;
+            pk.key("time_us")?;
+            pk.uint(e.t_us)?;
             if let Some(free) = e.device_free {
-                p.key("device_free")?;
-                p.uint(free)?;
+                pk.key("device_free")?;
+                pk.uint(free)?;
             }
-            p.key("frames")?;
-            frames.write(&mut p, e.stack)?;
-            p.end()?;
+            pk.key("frames")?;
+            frames.write(&mut pk, e.stack)?;
+            pk.end()?;
         }
-        p.end()?;
+        pk.end()?;
     }
-    p.end()?;
+    pk.end()?;
 
     // Settings as PyTorch names them, and where the snapshot came from.
-    p.key("allocator_settings")?;
-    p.begin_dict()?;
-    p.key("cupool_mode")?;
-    p.str(match opts.mode {
+    pk.key("allocator_settings")?;
+    pk.begin_dict()?;
+    pk.key("cupool_mode")?;
+    pk.str(match opts.mode {
         cupool_core::options::Mode::Pool => "pool",
         cupool_core::options::Mode::Passthrough => "passthrough",
     })?;
-    p.end()?;
-    p.key("cupool")?;
-    p.begin_dict()?;
-    p.key("pid")?;
-    p.uint(u64::from(log.header.process.pid))?;
-    p.key("log")?;
-    p.str(&log.path.display().to_string())?;
-    p.key("segments_rebuilt")?;
-    p.bool(replay.is_some())?;
-    p.key("at_real_addresses")?;
-    p.bool(written.at_real_addresses)?;
-    p.end()?;
-    p.end()?;
-    p.finish()?;
+    pk.end()?;
+    pk.key("cupool")?;
+    pk.begin_dict()?;
+    pk.key("pid")?;
+    pk.uint(u64::from(log.header.process.pid))?;
+    pk.key("log")?;
+    pk.str(&log.path.display().to_string())?;
+    pk.key("segments_rebuilt")?;
+    pk.bool(replay.is_some())?;
+    pk.key("at_real_addresses")?;
+    pk.bool(written.at_real_addresses)?;
+    pk.end()?;
+    pk.end()?;
+    pk.finish()?;
     Ok(written)
 }
 

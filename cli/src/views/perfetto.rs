@@ -9,12 +9,12 @@
 //! the end record. Processes share one clock: their start times.
 //!
 //! Counter tracks with more points than their share of `max_points` are
-//! downsampled ([`super::model::downsample`]): each run of points keeps its
+//! downsampled ([`super::downsample`]): each run of points keeps its
 //! lowest and highest, so every peak survives.
 
-use super::model::{downsample, Family, PhaseSpan, ProcessView, Sample};
+use super::downsample;
 use crate::summary::short_cmdline;
-use cupool_core::log::Log;
+use cupool_core::model::{Family, PhaseSpan, Process, Sample};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -102,27 +102,28 @@ fn nesting(spans: &[&PhaseSpan], end_of_log: u64) -> Vec<(usize, bool)> {
     out
 }
 
-/// Writes the trace of `logs` (with their views) into `out`; counter tracks
-/// keep about `max_points` points in all.
-pub fn write(logs: &[(&Log, &ProcessView)], max_points: usize, out: impl Write) -> io::Result<Written> {
+/// Writes the trace of `processes` into `out`; counter tracks keep about
+/// `max_points` points in all.
+pub fn write(processes: &[Process], max_points: usize, out: impl Write) -> io::Result<Written> {
     let mut w = Writer { out: io::BufWriter::new(out), first: true, written: Written::default() };
     w.out.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
-    let origin = logs.iter().map(|(l, _)| l.header.process.start_unix_ms).min().unwrap_or(0);
+    let origin = processes.iter().map(|p| p.log.header.process.start_unix_ms).min().unwrap_or(0);
     let tracks: usize =
-        logs.iter().flat_map(|(_, v)| &v.devices).map(|d| if d.peak_mapped.bytes > 0 { 3 } else { 2 }).sum();
+        processes.iter().flat_map(|p| &p.devices).map(|d| if d.peak_mapped.bytes > 0 { 3 } else { 2 }).sum();
     let per_track = (max_points / tracks.max(1)).max(MIN_POINTS);
     let mut pids = HashSet::new();
     let mut async_id = 0u64;
-    for (log, view) in logs {
+    for view in processes {
+        let process = &view.log.header.process;
         // Logs of several machines may share a pid.
-        let mut pid = u64::from(view.pid);
+        let mut pid = u64::from(process.pid);
         while !pids.insert(pid) {
             pid += PID_STEP;
         }
-        let start = view.start_unix_ms;
+        let start = process.start_unix_ms;
         let ts = |t_ns: u64| clock(origin, start, t_ns);
-        let rank = view.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
-        let title = format!("pid {}{rank}: {}", view.pid, short_cmdline(&log.header.process.cmdline, 60));
+        let rank = process.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
+        let title = format!("pid {}{rank}: {}", process.pid, short_cmdline(&process.cmdline, 60));
         let meta = |name: &'static str, tid: u64, args: Value| Event {
             name,
             ph: "M",
@@ -135,7 +136,7 @@ pub fn write(logs: &[(&Log, &ProcessView)], max_points: usize, out: impl Write) 
             args,
         };
         w.event(&meta("process_name", 0, json!({ "name": title })))?;
-        w.event(&meta("process_sort_index", 0, json!({ "sort_index": view.rank.unwrap_or(u32::MAX) })))?;
+        w.event(&meta("process_sort_index", 0, json!({ "sort_index": process.rank.unwrap_or(u32::MAX) })))?;
 
         for d in &view.devices {
             let device = if d.device < 0 { "device ?".to_string() } else { format!("device {}", d.device) };
@@ -178,7 +179,7 @@ pub fn write(logs: &[(&Log, &ProcessView)], max_points: usize, out: impl Write) 
         // Phases: one track per kind; NVTX push/pop on the thread's own track.
         let mut track_names: Vec<(u64, &str)> = Vec::new();
         let mut by_track: Vec<(u64, Vec<&PhaseSpan>)> = Vec::new();
-        for span in &view.phases {
+        for span in &view.spans {
             let tid = match span.family {
                 Family::Mark => MARK_TID,
                 Family::Phase => PHASE_TID,
@@ -265,7 +266,7 @@ pub fn write(logs: &[(&Log, &ProcessView)], max_points: usize, out: impl Write) 
             let args = json!({ "device": c.device, "api": c.api, "leaked_bytes": c.leaked_bytes, "leaked_count": c.leaked_count });
             instant(&mut w, &format!("{} destroyed a context", c.api), "checkpoint", ts(c.t_ns), pid, args)?;
         }
-        for n in &view.notes {
+        for n in view.log.end.iter().flat_map(|e| &e.notes).chain(&view.problems) {
             instant(&mut w, "note", "note", ts(view.duration_ns), pid, json!({ "note": n }))?;
         }
     }
@@ -341,6 +342,9 @@ mod tests {
             tid: 1,
             begin_ns: begin,
             end_ns: end,
+            begin: None,
+            end: None,
+            parent: None,
             devices: Vec::new(),
         }
     }

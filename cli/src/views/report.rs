@@ -10,13 +10,16 @@
 
 use super::export::{Output, EXIT_CANNOT_WRITE};
 use super::load::{load, Loaded};
-use super::model::{self, phase_groups, DeviceView, Peak, PhaseGroup, PhaseSpan, ProcessView, Sample};
 use super::progress::Progress;
 use crate::check::finding::{Finding, Findings, LeakKind};
 use crate::sites::{self, SitesReport};
 use crate::summary::short_cmdline;
 use crate::units::human_bytes;
-use cupool_core::log::{summarize, Log, Summary};
+use cupool_core::model::{
+    phase_groups, CheckpointView, DeviceSeries, OomView, Peak, PhaseGroup, PhaseSpan, Process, Rebuilt, ReservedFrom,
+    Sample, SizeBucket, Summary,
+};
+use cupool_core::options::Mode;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -47,6 +50,55 @@ pub struct Fragmentation {
     pub most_unused: Peak,
 }
 
+/// One process's memory over the run, as `cupool report --json` writes it.
+#[derive(Serialize)]
+struct Memory<'a> {
+    pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rank: Option<u32>,
+    start_unix_ms: u64,
+    duration_ns: u64,
+    mode: Mode,
+    devices: &'a [DeviceSeries],
+    host: &'a DeviceSeries,
+    reserved_from: ReservedFrom,
+    phases: &'a [PhaseSpan],
+    sizes: &'a [SizeBucket],
+    ooms: &'a [OomView],
+    checkpoints: &'a [CheckpointView],
+    notes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rebuilt: &'a Option<Rebuilt>,
+}
+
+impl<'a> Memory<'a> {
+    fn of(p: &'a Process) -> Memory<'a> {
+        let process = &p.log.header.process;
+        Memory {
+            pid: process.pid,
+            rank: process.rank,
+            start_unix_ms: process.start_unix_ms,
+            duration_ns: p.duration_ns,
+            mode: p.mode(),
+            devices: &p.devices,
+            host: &p.host,
+            reserved_from: p.reserved_from,
+            phases: &p.spans,
+            sizes: &p.sizes,
+            ooms: &p.ooms,
+            checkpoints: &p.checkpoints,
+            notes: notes(p),
+            rebuilt: &p.rebuilt,
+        }
+    }
+}
+
+/// The end record's notes, then what the model could not use.
+fn notes(p: &Process) -> Vec<String> {
+    let end = p.log.end.as_ref().map_or(&[][..], |e| &e.notes[..]);
+    end.iter().chain(&p.problems).cloned().collect()
+}
+
 /// One entry of `cupool report --json`: one log.
 #[derive(Serialize)]
 struct LogReport<'a> {
@@ -54,7 +106,7 @@ struct LogReport<'a> {
     summary: Summary,
     path: String,
     sites: SitesReport,
-    memory: &'a ProcessView,
+    memory: Memory<'a>,
     fragmentation: Vec<Fragmentation>,
     phase_groups: Vec<PhaseGroup>,
     /// The leak findings of `cupool check` that name this process.
@@ -71,7 +123,7 @@ fn at(samples: &[Sample], t: u64) -> Sample {
     }
 }
 
-pub fn fragmentation(p: &ProcessView, d: &DeviceView) -> Fragmentation {
+pub fn fragmentation(p: &Process, d: &DeviceSeries) -> Fragmentation {
     let n = FRAGMENTATION_POINTS as u64;
     let points = (0..n)
         .map(|i| {
@@ -88,7 +140,7 @@ pub fn fragmentation(p: &ProcessView, d: &DeviceView) -> Fragmentation {
         }
     }
     if let Some(s) = best {
-        most_unused = Peak { bytes: s.reserved - s.allocated, t_ns: s.t_ns, phase: phase_at(&p.phases, s.t_ns) };
+        most_unused = Peak { bytes: s.reserved - s.allocated, t_ns: s.t_ns, phase: phase_at(&p.spans, s.t_ns) };
     }
     Fragmentation { device: d.device, points, most_unused }
 }
@@ -125,14 +177,19 @@ fn device_name(device: i32) -> String {
     }
 }
 
-fn process_title(log: &Log, view: &ProcessView) -> String {
-    let p = &log.header.process;
-    let rank = view.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
-    let mode = match view.mode {
-        cupool_core::options::Mode::Pool => "pool mode",
-        cupool_core::options::Mode::Passthrough => "passthrough",
+fn process_title(p: &Process) -> String {
+    let process = &p.log.header.process;
+    let rank = process.rank.map(|r| format!(" (rank {r})")).unwrap_or_default();
+    let mode = match p.mode() {
+        Mode::Pool => "pool mode",
+        Mode::Passthrough => "passthrough",
     };
-    format!("pid {}{rank}: {}  [{mode}, {} long]", p.pid, short_cmdline(&p.cmdline, 50), seconds(view.duration_ns))
+    format!(
+        "pid {}{rank}: {}  [{mode}, {} long]",
+        process.pid,
+        short_cmdline(&process.cmdline, 50),
+        seconds(p.duration_ns)
+    )
 }
 
 fn peak_line(out: &mut dyn Write, label: &str, what: &str, peak: &Peak, extra: &str) {
@@ -142,10 +199,10 @@ fn peak_line(out: &mut dyn Write, label: &str, what: &str, peak: &Peak, extra: &
     let _ = writeln!(out, "{}", line.trim_end());
 }
 
-fn print_process(log: &Log, view: &ProcessView, sites: &SitesReport, out: &mut dyn Write) {
+fn print_process(p: &Process, sites: &SitesReport, out: &mut dyn Write) {
     let _ = writeln!(out);
-    let _ = writeln!(out, "== {} ==", process_title(log, view));
-    let devices: Vec<&DeviceView> = view.devices.iter().filter(|d| d.allocs > 0 || d.failures > 0).collect();
+    let _ = writeln!(out, "== {} ==", process_title(p));
+    let devices: Vec<&DeviceSeries> = p.devices.iter().filter(|d| d.allocs > 0 || d.failures > 0).collect();
     if devices.is_empty() {
         let _ = writeln!(out, "  no device memory in the timeline (logged with trace=0, or none allocated)");
     } else {
@@ -153,16 +210,33 @@ fn print_process(log: &Log, view: &ProcessView, sites: &SitesReport, out: &mut d
         for d in &devices {
             let name = device_name(d.device);
             peak_line(out, &name, "allocated", &d.peak_allocated, "");
-            let recorded = match (d.recorded_peak_reserved, view.rebuilt.is_some()) {
-                (Some(r), true) if r != d.peak_reserved.bytes => format!(" (log: {})", human_bytes(r)),
-                _ => String::new(),
-            };
-            peak_line(out, "", "reserved", &d.peak_reserved, &recorded);
+            if p.reserved_from == ReservedFrom::NotRecorded {
+                let r = d.recorded_peak_reserved.map_or("?".to_string(), human_bytes);
+                let _ = writeln!(
+                    out,
+                    "  {:<10} {:<10} {r:>11}  (the end record's; not recorded over time)",
+                    "", "reserved"
+                );
+            } else {
+                let recorded = match d.recorded_peak_reserved {
+                    Some(r) if r != d.peak_reserved.bytes => format!(" (end record: {})", human_bytes(r)),
+                    _ => String::new(),
+                };
+                peak_line(out, "", "reserved", &d.peak_reserved, &recorded);
+            }
             if d.peak_mapped.bytes > 0 {
                 peak_line(out, "", "mapped", &d.peak_mapped, "");
             }
         }
-        if let Some(r) = &view.rebuilt {
+        if p.reserved_from == ReservedFrom::NotRecorded {
+            let version = p.log.header.version;
+            let _ = writeln!(
+                out,
+                "  reserved: this log (version {version}) does not record the VMM pool's pages over time; \
+                 the figures below count only what CUDA handed out directly"
+            );
+        }
+        if let Some(r) = &p.rebuilt {
             let verdict = if r.misplaced == 0 {
                 "every block where the program had it".to_string()
             } else {
@@ -171,13 +245,13 @@ fn print_process(log: &Log, view: &ProcessView, sites: &SitesReport, out: &mut d
             let _ = writeln!(out, "  reserved: the pool's segments rebuilt from the log, {verdict}");
         }
     }
-    print_sizes(view, out);
+    print_sizes(p, out);
     for d in &devices {
-        print_fragmentation(view, d, out);
+        print_fragmentation(p, d, out);
     }
-    print_phases(view, out);
-    print_ooms(view, out);
-    for c in &view.checkpoints {
+    print_phases(p, out);
+    print_ooms(p, out);
+    for c in &p.checkpoints {
         let _ = writeln!(
             out,
             "Checkpoint at {}: {} destroyed a context on {} holding {} in {} allocation(s)",
@@ -188,21 +262,21 @@ fn print_process(log: &Log, view: &ProcessView, sites: &SitesReport, out: &mut d
             c.leaked_count
         );
     }
-    for n in &view.notes {
+    for n in notes(p) {
         let _ = writeln!(out, "Note: {n}");
     }
     if !sites.by_peak.is_empty() {
-        sites::print_text(log.header.process.pid, sites, out);
+        sites::print_text(p.log.header.process.pid, sites, out);
     }
 }
 
-fn print_sizes(view: &ProcessView, out: &mut dyn Write) {
-    if view.sizes.is_empty() {
+fn print_sizes(p: &Process, out: &mut dyn Write) {
+    if p.sizes.is_empty() {
         return;
     }
     let _ = writeln!(out, "Allocation sizes (device memory){:<10} {:>9}  {:>11}", "", "count", "bytes");
-    let most = view.sizes.iter().map(|b| b.count).max().unwrap_or(1).max(1);
-    for b in &view.sizes {
+    let most = p.sizes.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    for b in &p.sizes {
         let range =
             if b.low == 0 { "0 B".to_string() } else { format!("{} - {}", human_bytes(b.low), human_bytes(2 * b.low)) };
         let width = ((b.count * BAR as u64).div_ceil(most)) as usize;
@@ -210,8 +284,8 @@ fn print_sizes(view: &ProcessView, out: &mut dyn Write) {
     }
 }
 
-fn print_fragmentation(view: &ProcessView, d: &DeviceView, out: &mut dyn Write) {
-    let f = fragmentation(view, d);
+fn print_fragmentation(p: &Process, d: &DeviceSeries, out: &mut dyn Write) {
+    let f = fragmentation(p, d);
     let _ = writeln!(out, "Reserved against allocated, {}:", device_name(d.device));
     let _ = writeln!(out, "  {:>12} {:>11} {:>11} {:>11}", "time", "allocated", "reserved", "unused");
     let mut last = None;
@@ -247,8 +321,8 @@ fn print_fragmentation(view: &ProcessView, d: &DeviceView, out: &mut dyn Write) 
     }
 }
 
-fn print_phases(view: &ProcessView, out: &mut dyn Write) {
-    let groups = phase_groups(view);
+fn print_phases(p: &Process, out: &mut dyn Write) {
+    let groups = phase_groups(&p.spans);
     if groups.is_empty() {
         return;
     }
@@ -258,7 +332,7 @@ fn print_phases(view: &ProcessView, out: &mut dyn Write) {
         "", "count", "peak", "(in)", "growth", "largest"
     );
     for g in groups.iter().take(PHASE_GROUPS) {
-        let name = if view.devices.len() > 1 { format!("{} [{}]", g.name, g.device) } else { g.name.clone() };
+        let name = if p.devices.len() > 1 { format!("{} [{}]", g.name, g.device) } else { g.name.clone() };
         let _ = writeln!(
             out,
             "  {:<26} {:>5} {:>11}  {:<16} {:>11} {:>11}",
@@ -275,8 +349,8 @@ fn print_phases(view: &ProcessView, out: &mut dyn Write) {
     }
 }
 
-fn print_ooms(view: &ProcessView, out: &mut dyn Write) {
-    for o in &view.ooms {
+fn print_ooms(p: &Process, out: &mut dyn Write) {
+    for o in &p.ooms {
         let phase = o.phase.as_deref().map(|p| format!(" in {}", cut(p, 30))).unwrap_or_default();
         let api = if o.api.is_empty() { String::new() } else { format!("{} of ", o.api) };
         let _ = writeln!(
@@ -308,7 +382,7 @@ fn print_ooms(view: &ProcessView, out: &mut dyn Write) {
 
 fn print_findings(f: &Findings, out: &mut dyn Write) {
     let shown: Vec<&Finding> = f.findings.iter().filter(|x| x.suppressed_by.is_none()).collect();
-    let held: u64 = f.findings.iter().filter(|x| x.suppressed_by.is_some()).map(|x| x.bytes).sum();
+    let held: u64 = f.suppressed.bytes;
     let _ = writeln!(out);
     if shown.is_empty() {
         let _ = write!(out, "Leaks (as cupool check judges them): none");
@@ -367,27 +441,23 @@ pub fn run(paths: &[PathBuf], as_json: bool, html: Option<&Path>, n_sites: usize
         }
     }
     let mut progress = Progress::new("reading logs", 0);
-    let Loaded { logs, problems } = load(paths, &mut progress);
-    let status = Loaded { logs: Vec::new(), problems }.report_problems("cupool report");
-    if html.is_some() && logs.is_empty() {
+    let Loaded { processes, problems } = load(paths, &mut progress);
+    let status = Loaded { processes: Vec::new(), problems }.report_problems("cupool report");
+    if html.is_some() && processes.is_empty() {
         eprintln!("cupool report: no log could be read, so no page was written");
         return ExitCode::from(status);
     }
-    let events: u64 = logs.iter().map(|l| l.events.len() as u64).sum();
-    progress.stage("summarising", events);
-    let mut views = Vec::with_capacity(logs.len());
-    let mut site_reports = Vec::with_capacity(logs.len());
-    let mut before = 0;
-    for log in &logs {
-        views.push(model::build(log, &mut |done| progress.set(before + done)));
-        site_reports.push(sites::report(log, n_sites));
-        before += log.events.len() as u64;
+    progress.stage("summarising", processes.len() as u64);
+    let mut site_reports = Vec::with_capacity(processes.len());
+    for (i, p) in processes.iter().enumerate() {
+        site_reports.push(sites::report(p, n_sites));
+        progress.set(i as u64 + 1);
     }
     progress.stage("judging leaks", 1);
-    let findings = if logs.is_empty() { Findings::default() } else { crate::check::findings_of(&logs) };
+    let findings = if processes.is_empty() { Findings::default() } else { crate::check::findings_of(&processes) };
     if let Some(path) = html {
         progress.stage("writing the page", 1);
-        let pages: Vec<_> = logs.iter().zip(&views).zip(&site_reports).map(|((l, v), s)| (l, v, s)).collect();
+        let pages: Vec<_> = processes.iter().zip(&site_reports).collect();
         let result = Output::create(path).and_then(|(out, file)| match super::html::write(&pages, &findings, file) {
             Ok(w) => out.commit().map(|_| w),
             Err(e) => {
@@ -402,7 +472,7 @@ pub fn run(paths: &[PathBuf], as_json: bool, html: Option<&Path>, n_sites: usize
                 eprintln!(
                     "cupool report: {}: {} process(es), {} point(s){sampled}, {}; open it in a browser",
                     path.display(),
-                    logs.len(),
+                    processes.len(),
                     w.points,
                     human_bytes(w.bytes)
                 );
@@ -418,30 +488,29 @@ pub fn run(paths: &[PathBuf], as_json: bool, html: Option<&Path>, n_sites: usize
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if as_json {
-        let entries: Vec<LogReport> = logs
+        let entries: Vec<LogReport> = processes
             .iter()
-            .zip(&views)
             .zip(site_reports)
-            .map(|((log, view), sites)| LogReport {
-                summary: summarize(log),
-                path: log.path.display().to_string(),
+            .map(|(p, sites)| LogReport {
+                summary: p.summary(),
+                path: p.log.path.display().to_string(),
                 sites,
-                memory: view,
-                fragmentation: view.devices.iter().map(|d| fragmentation(view, d)).collect(),
-                phase_groups: phase_groups(view),
+                memory: Memory::of(p),
+                fragmentation: p.devices.iter().map(|d| fragmentation(p, d)).collect(),
+                phase_groups: phase_groups(&p.spans),
                 findings: findings
                     .findings
                     .iter()
-                    .filter(|f| f.processes.iter().any(|p| p.pid == log.header.process.pid))
+                    .filter(|f| f.processes.iter().any(|r| r.pid == p.log.header.process.pid))
                     .collect(),
             })
             .collect();
         let _ = serde_json::to_writer(&mut out, &entries);
         let _ = writeln!(out);
-    } else if !logs.is_empty() {
-        crate::summary::print_text(&logs, None, &mut out);
-        for ((log, view), sites) in logs.iter().zip(&views).zip(&site_reports) {
-            print_process(log, view, sites, &mut out);
+    } else if !processes.is_empty() {
+        crate::summary::print_text(&processes, None, &mut out);
+        for (p, sites) in processes.iter().zip(&site_reports) {
+            print_process(p, sites, &mut out);
         }
         print_findings(&findings, &mut out);
     }

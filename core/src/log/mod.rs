@@ -1,6 +1,6 @@
 //! The cupool log: event vocabulary, the typed records of the log schema
 //! (`schema`), the line-oriented JSON writer used by the shim, and the reader
-//! used by the CLI, replay and the tests.
+//! of the files, whose logs `crate::model` makes into what every reader uses.
 //!
 //! A log is one JSON document written one line at a time, so that a file cut
 //! short by SIGKILL is still readable line by line:
@@ -22,9 +22,7 @@ mod tests;
 mod write;
 
 pub use names::{Api, EventKind, MemKind, Named, NamedEnum};
-pub use read::{
-    maybe_gunzip, read_log, read_log_from, read_log_with_progress, summarize, Log, ReadError, ReadErrorKind, Summary,
-};
+pub use read::{maybe_gunzip, read_log, read_log_from, read_log_with_progress, Log, ReadError, ReadErrorKind};
 pub use schema::{
     parse_hex, Definition, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary,
     MagazineRecord, ModuleRecord, MultiStreamBecause, OomRecord, PageCosts, PagesAtPeak, PagesRecord, PoolRecord,

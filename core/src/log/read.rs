@@ -1,12 +1,8 @@
 //! Reading logs back: complete or cut short, plain or gzipped.
 
-use super::schema::{
-    Definition, DeviceCounters, End, EventRecord, ExitRecord, Header, Leak, READABLE_VERSIONS, SCHEMA,
-};
-use super::{Api, EventKind, MemKind, Named};
+use super::schema::{Definition, End, EventRecord, Header, READABLE_VERSIONS, SCHEMA};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -281,127 +277,25 @@ fn parse_document(text: &str) -> Result<Log, ParseError> {
     Ok(Log { path: PathBuf::new(), header, events, definitions, end })
 }
 
-/// One process at a glance: from the end record when there is one, else
-/// rebuilt from the timeline. Serializes as one entry of `cupool report --json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    pub pid: u32,
-    /// The command line, joined by spaces.
-    pub cmdline: String,
-    /// The log has its end record.
-    pub complete: bool,
-    pub exit: Option<ExitRecord>,
-    /// Number of events in the timeline.
-    pub events: usize,
-    pub devices: Vec<DeviceCounters>,
-    pub host: DeviceCounters,
-    pub leak_bytes: u64,
-    /// The end record's leaks, or, for a log cut short, the allocations the
-    /// timeline leaves live (`at: "not finished"`, `age_ms` up to the last event).
-    pub leaks: Vec<Leak>,
-}
-
-/// Per-process figures: from the end record when there is one, else rebuilt
-/// from the timeline.
-pub fn summarize(log: &Log) -> Summary {
-    let process = &log.header.process;
-    let mut s = Summary {
-        pid: process.pid,
-        cmdline: process.cmdline.join(" "),
-        complete: log.end.is_some(),
-        exit: None,
-        events: log.events.len(),
-        devices: Vec::new(),
-        host: DeviceCounters::new(-1),
-        leak_bytes: 0,
-        leaks: Vec::new(),
-    };
-    if let Some(end) = &log.end {
-        s.exit = Some(end.exit.clone());
-        s.devices = end.devices.clone();
-        s.host = end.host.clone();
-        s.leaks = end.leaks.clone();
-        s.leak_bytes = end.leak_summary.bytes;
-        return s;
-    }
-    let mut order: Vec<&EventRecord> = log.events.iter().collect();
-    order.sort_by_key(|e| e.seq);
-    let last_t = order.iter().map(|e| e.t_ns).max().unwrap_or(0);
-    let mut devices: BTreeMap<i32, DeviceCounters> = BTreeMap::new();
-    let mut live: HashMap<(bool, u64), &EventRecord> = HashMap::new();
-    for e in order {
-        let Some(kind) = &e.kind else {
-            continue; // start, checkpoints and invalid frees move no bytes
-        };
-        let dev = e.device.unwrap_or(-1);
-        let slot = if *kind == MemKind::Host {
-            &mut s.host
-        } else {
-            devices.entry(dev).or_insert_with(|| DeviceCounters::new(dev))
-        };
-        let size = e.size.unwrap_or(0);
-        let key = e.ptr.map(|p| (*kind == MemKind::Vmm, p));
-        match e.ev.known() {
-            Some(EventKind::Alloc) => {
-                slot.allocs += 1;
-                slot.current_bytes += size;
-                slot.peak_bytes = slot.peak_bytes.max(slot.current_bytes);
-                slot.current_count += 1;
-                slot.peak_count = slot.peak_count.max(slot.current_count);
-                if let Some(k) = key {
-                    live.insert(k, e);
-                }
-            }
-            Some(EventKind::Free) => {
-                slot.frees += 1;
-                slot.current_bytes = slot.current_bytes.saturating_sub(size);
-                slot.current_count = slot.current_count.saturating_sub(1);
-                if let Some(k) = key {
-                    live.remove(&k);
-                }
-            }
-            Some(EventKind::AllocFailed) => slot.failures += 1,
-            _ => {}
-        }
-    }
-    s.devices = devices.into_values().collect();
-    let mut leaks: Vec<(u64, Leak)> = live
-        .into_iter()
-        .map(|((vmm, p), e)| {
-            let leak = Leak {
-                ptr: (!vmm).then_some(p),
-                handle: vmm.then_some(p),
-                size: e.size.unwrap_or(0),
-                device: e.device.unwrap_or(-1),
-                kind: e.kind.clone().unwrap_or(Named::Known(MemKind::Device)),
-                api: e.api.clone().unwrap_or(Named::Known(Api::None)),
-                age_ms: last_t.saturating_sub(e.t_ns) / 1_000_000,
-                tid: e.tid.unwrap_or(0),
-                at: "not finished".into(),
-                stream: e.stream,
-                stack: e.stack,
-            };
-            (e.seq, leak)
-        })
-        .collect();
-    leaks.sort_by_key(|(seq, l)| (std::cmp::Reverse(l.size), *seq));
-    s.leak_bytes = leaks.iter().map(|(_, l)| l.size).sum();
-    s.leaks = leaks.into_iter().map(|(_, l)| l).collect();
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::ExitRecord;
+    use crate::model::Process;
+
+    /// The summary of the log `log`'s model gives.
+    fn summarize(log: &Log) -> crate::model::Summary {
+        Process::new(log.clone()).summary()
+    }
 
     const COMPLETE: &str = concat!(
-        "{\"schema\":\"cupool-log\",\"version\":2,\"process\":{\"pid\":5,\"cmdline\":[\"a\",\"b\"]},\"options\":{},\"events\":[\n",
+        "{\"schema\":\"cupool-log\",\"version\":2,\"process\":{\"pid\":5,\"cmdline\":[\"a\",\"b\"]},\"options\":{\"mode\":\"passthrough\"},\"events\":[\n",
         "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":1}\n",
         ",{\"seq\":1,\"t_ns\":5,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x10\",\"size\":100,\"device\":0,\"tid\":1}\n",
         ",{\"seq\":2,\"t_ns\":6,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x20\",\"size\":50,\"device\":0,\"tid\":1}\n",
         ",{\"seq\":3,\"t_ns\":7,\"ev\":\"free\",\"api\":\"cudaFree\",\"kind\":\"device\",\"ptr\":\"0x10\",\"size\":100,\"device\":0,\"tid\":1}\n",
         "],\"end\":{\"end_unix_ms\":9,\"duration_ms\":1,\"exit\":{\"how\":\"exit\",\"status\":0},",
-        "\"devices\":[{\"device\":0,\"allocs\":2,\"frees\":1,\"failures\":0,\"current_bytes\":50,\"peak_bytes\":150,\"current_count\":1,\"peak_count\":2,\"reserved_bytes\":0,\"peak_reserved_bytes\":0}],",
+        "\"devices\":[{\"device\":0,\"allocs\":2,\"frees\":1,\"failures\":0,\"current_bytes\":50,\"peak_bytes\":150,\"current_count\":1,\"peak_count\":2,\"reserved_bytes\":50,\"peak_reserved_bytes\":150}],",
         "\"host\":{\"device\":-1,\"allocs\":0,\"frees\":0,\"failures\":0,\"current_bytes\":0,\"peak_bytes\":0,\"current_count\":0,\"peak_count\":0,\"reserved_bytes\":0,\"peak_reserved_bytes\":0},",
         "\"leaks\":[{\"ptr\":\"0x20\",\"size\":50,\"device\":0,\"kind\":\"device\",\"api\":\"cudaMalloc\",\"age_ms\":0,\"tid\":1,\"at\":\"exit\"}],",
         "\"leak_summary\":{\"bytes\":50,\"count\":1},\"dropped_events\":0,\"pools\":[],\"ooms\":[],\"complete\":true}}\n"

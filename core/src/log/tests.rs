@@ -19,6 +19,7 @@ fn event(kind: EventKind, aux: u64) -> Event {
     e.tid = u32::MAX;
     e.result = -2;
     e.stack = aux as u32;
+    e.pooled = aux != 0;
     e
 }
 

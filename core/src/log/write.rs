@@ -168,6 +168,14 @@ mod tests {
         a.aux = 0x55;
         a.tid = 42;
         write_event(&mut s, &a, EventLine::Later);
+        let mut r = Event::new(EventKind::Reserve, Api::None);
+        r.seq = 3;
+        r.device = 0;
+        r.size = 2 << 20;
+        write_event(&mut s, &r, EventLine::Later);
+        let mut p = Event::new(EventKind::Alloc, Api::CudaMalloc);
+        (p.seq, p.device, p.ptr, p.size, p.pooled) = (4, 0, 0x7f00_0010_0000, 512, true);
+        write_event(&mut s, &p, EventLine::Later);
         let mut c = Event::new(EventKind::Checkpoint, Api::CuCtxDestroy);
         c.seq = 2;
         c.device = 1;
@@ -191,12 +199,14 @@ mod tests {
         };
         write_end(&mut s, &end);
         let expected = concat!(
-            "{\"schema\":\"cupool-log\",\"version\":3,",
+            "{\"schema\":\"cupool-log\",\"version\":4,",
             "\"process\":{\"pid\":7,\"ppid\":1,\"cmdline\":[\"a\"],\"exe\":\"/a\",\"start_unix_ms\":5},",
             "\"options\":{\"mode\":\"pool\",\"log_dir\":\".\",\"log\":true,\"trace\":true,\"run_id\":\"\",",
             "\"flush_ms\":100,\"limit\":0,\"verbosity\":1,\"fence_us\":100,\"give_back\":\"auto\",\"backing\":\"vmm\",\"direct_min\":1073741824,\"magazines\":\"auto\",\"nvtx\":true,\"stack_depth\":32,\"python_depth\":16},\"events\":[\n",
             "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":0}\n",
             ",{\"seq\":1,\"t_ns\":99,\"ev\":\"alloc\",\"api\":\"cudaMallocAsync\",\"kind\":\"async\",\"ptr\":\"0x7f0000000200\",\"size\":1000003,\"device\":0,\"stream\":\"0x55\",\"tid\":42}\n",
+            ",{\"seq\":3,\"t_ns\":0,\"ev\":\"reserve\",\"size\":2097152,\"device\":0,\"tid\":0}\n",
+            ",{\"seq\":4,\"t_ns\":0,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x7f0000100000\",\"size\":512,\"device\":0,\"pooled\":true,\"tid\":0}\n",
             ",{\"seq\":2,\"t_ns\":0,\"ev\":\"checkpoint\",\"api\":\"cuCtxDestroy_v2\",\"device\":1,\"leaked_bytes\":5000011,\"leaked_count\":1,\"tid\":0}\n",
             "],\"end\":{\"end_unix_ms\":9,\"duration_ms\":4,\"exit\":{\"how\":\"exit\",\"status\":null},\"devices\":[],",
             "\"host\":{\"device\":-1,\"allocs\":0,\"frees\":0,\"failures\":0,\"current_bytes\":0,\"peak_bytes\":0,",
@@ -205,6 +215,6 @@ mod tests {
         );
         assert_eq!(s, expected);
         let v: serde_json::Value = serde_json::from_str(&s).expect("complete log is valid JSON");
-        assert_eq!(v["events"].as_array().unwrap().len(), 3);
+        assert_eq!(v["events"].as_array().unwrap().len(), 5);
     }
 }

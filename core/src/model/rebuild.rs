@@ -1,8 +1,10 @@
 //! The pool's segments, rebuilt from a pool-mode log.
 //!
-//! The shim logs the program's allocations and frees, not the segments its
-//! pool reserves from CUDA (those show only as the `reserved` figure of phase
-//! events and the end record). The pool is `cupool-core`'s deterministic
+//! Logs written before version 4 record the program's allocations and frees,
+//! not the segments its pool reserved from CUDA (those show only as the
+//! `reserved` figure of phase events and the end record); and no log records
+//! where the blocks sit in the segments, which the memory_viz export shows.
+//! The pool is `cupool-core`'s deterministic
 //! allocator, so running the same requests through it again, with the log's
 //! options, lays out the same segments and blocks. The replay checks itself
 //! against the log: the first block of each segment fixes the segment's real
@@ -12,9 +14,10 @@
 //! for free memory (`cudaMemGetInfo`), allocations CUDA served during a stream
 //! capture. The report says how close the rebuilt peak is to the recorded one.
 
-use cupool_core::log::{EventRecord, MemKind};
-use cupool_core::options::{GiveBack as Policy, Mode, Options};
-use cupool_core::pool::{Backend, BlockId, GiveBack, Pool, PoolConfig, SegmentSnapshot, Timeline};
+use super::AllocId;
+use crate::log::{EventRecord, MemKind};
+use crate::options::{GiveBack as Policy, Mode, Options};
+use crate::pool::{Backend, BlockId, GiveBack, Pool, PoolConfig, SegmentSnapshot, Timeline};
 use std::collections::{BTreeMap, HashMap};
 
 /// Where rebuilt segments start: far from where CUDA or a fake driver put memory.
@@ -72,8 +75,8 @@ pub struct Step {
 
 struct DevicePool {
     pool: Pool<ReplayDevice>,
-    /// Real pointer -> block.
-    blocks: HashMap<u64, (BlockId, u64)>,
+    /// The allocations it serves, and their blocks.
+    blocks: HashMap<AllocId, BlockId>,
 }
 
 /// The pools of one process, one per device (the log does not name contexts).
@@ -87,7 +90,8 @@ pub struct PoolReplay {
     pub misplaced: u64,
 }
 
-/// Is `e` (an `alloc` or `free`) served by the pool in a pool-mode process?
+/// Would the pool of a pool-mode process have served `e` (an `alloc`), in a
+/// log written before allocations said so themselves?
 pub fn pooled(e: &EventRecord) -> bool {
     matches!(e.kind.as_ref().and_then(|k| k.known()), Some(MemKind::Device | MemKind::Pitched))
         && e.ptr.is_some()
@@ -127,16 +131,13 @@ impl PoolReplay {
         p
     }
 
-    /// The program allocated `size` bytes at `ptr` on `device`.
-    pub fn alloc(&mut self, device: i32, ptr: u64, size: u64, t_ns: u64) -> Step {
+    /// The program's allocation `id` of `size` bytes at `ptr` on `device`.
+    pub fn alloc(&mut self, id: AllocId, device: i32, ptr: u64, size: u64, t_ns: u64) -> Step {
         let p = self.pool(device, t_ns);
-        if let Some((old, _)) = p.blocks.remove(&ptr) {
-            p.pool.free(old); // a free the log lost: keep the books straight
-        }
         let block = p.pool.allocate(size).ok();
         let info = block.and_then(|b| p.pool.block_info(b.id));
         if let Some(b) = block {
-            p.blocks.insert(ptr, (b.id, size));
+            p.blocks.insert(id, b.id);
         }
         let changes = std::mem::take(&mut p.pool.backend_mut().changes);
         let step = self.record(changes, block.map(|b| Placed { addr: b.addr, size: b.size }));
@@ -155,11 +156,11 @@ impl PoolReplay {
         step
     }
 
-    /// The program freed `ptr` on `device`; `None` when the replay never
-    /// placed it (the pool did not serve it).
-    pub fn free(&mut self, device: i32, ptr: u64, t_ns: u64) -> Option<Step> {
+    /// The program's allocation `alloc` on `device` ended; `None` when the
+    /// replay never placed it (the pool did not serve it).
+    pub fn free(&mut self, alloc: AllocId, device: i32, t_ns: u64) -> Option<Step> {
         let p = self.pool(device, t_ns);
-        let (id, _) = p.blocks.remove(&ptr)?;
+        let id = p.blocks.remove(&alloc)?;
         let info = p.pool.block_info(id);
         p.pool.free(id);
         let changes = std::mem::take(&mut p.pool.backend_mut().changes);
@@ -230,28 +231,28 @@ mod tests {
     fn small_blocks_share_a_segment_at_the_programs_addresses() {
         let mut r = PoolReplay::new(&pool_opts()).unwrap();
         let base = 0x7f00_0000_0000;
-        let a = r.alloc(0, base, 4096, 1);
+        let a = r.alloc(0, 0, base, 4096, 1);
         assert_eq!(a.segments, vec![SegmentChange { alloc: true, addr: a.block.unwrap().addr, size: 2 << 20 }]);
-        let b = r.alloc(0, base + 4096, 1000, 2);
+        let b = r.alloc(1, 0, base + 4096, 1000, 2);
         assert!(b.segments.is_empty(), "the second block fits in the first segment");
         assert_eq!(b.block.unwrap().size, 1024, "rounded to 512 bytes");
         assert!(r.consistent() && r.placed == 2);
         assert_eq!(r.real(b.block.unwrap().addr), base + 4096);
         assert_eq!(r.reserved(0), 2 << 20);
         // Freeing both empties the segment, which goes back (give_back=auto).
-        r.free(0, base, 3).unwrap();
-        let last = r.free(0, base + 4096, 4).unwrap();
+        r.free(0, 0, 3).unwrap();
+        let last = r.free(1, 0, 4).unwrap();
         assert_eq!(last.segments.len(), 1);
         assert!(!last.segments[0].alloc);
         assert_eq!(r.reserved(0), 0);
-        assert!(r.free(0, 0x1234, 5).is_none(), "never placed");
+        assert!(r.free(7, 0, 5).is_none(), "never placed");
     }
 
     #[test]
     fn a_block_elsewhere_than_the_log_says_is_counted() {
         let mut r = PoolReplay::new(&pool_opts()).unwrap();
-        r.alloc(0, 0x1000_0000, 4096, 1);
-        r.alloc(0, 0x2000_0000, 4096, 2); // the real pool put it in another segment
+        r.alloc(0, 0, 0x1000_0000, 4096, 1);
+        r.alloc(1, 0, 0x2000_0000, 4096, 2); // the real pool put it in another segment
         assert_eq!((r.placed, r.misplaced), (1, 1));
         assert!(!r.consistent());
         let addr = r.snapshot(0)[0].blocks[1].addr;
