@@ -523,3 +523,56 @@ fn help_names_the_check_options_and_statuses() {
         assert_eq!(help.contains("the program's own when it failed"), program, "{help}");
     }
 }
+
+/// The number in SUMMARY, the `--json` summary, the GitHub step summary and
+/// the annotations' total are one number: each leaked allocation once,
+/// although a loop that keeps a buffer per step is both a growth leak and an
+/// exit leak of the same allocations.
+#[test]
+fn every_output_gives_the_same_number_for_a_leak_that_is_also_growth() {
+    let dir = scratch_dir("check-one-number");
+    let json = dir.join("findings.json");
+    let step_summary = dir.join("step-summary.md");
+    let prog = path_str(check_loop());
+    let out = cupool_command(
+        &[
+            "check",
+            "--log-dir",
+            path_str(&dir.join("logs")),
+            "--json",
+            path_str(&json),
+            "--",
+            prog,
+            "40",
+            "leak",
+            "mark",
+        ],
+        &dir,
+    )
+    .env("GITHUB_ACTIONS", "true")
+    .env("GITHUB_STEP_SUMMARY", &step_summary)
+    .env("GITHUB_WORKSPACE", &dir)
+    .output()
+    .expect("run cupool check");
+    assert_eq!(code(&out), 23, "{}", show(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("Growing leak of 4096 byte(s) per phase"), "both kinds are reported: {err}");
+    assert!(err.contains("Direct leak of 163840 byte(s) in 40 allocation(s)"), "{err}");
+    // 40 steps keep 4 KiB each: 163,840 bytes in 40 allocations, counted once.
+    assert!(err.contains("SUMMARY: cupool: 163840 byte(s) leaked in 40 allocation(s).\n"), "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let s = &doc["summary"];
+    assert_eq!((s["failing_bytes"].as_u64(), s["failing_allocations"].as_u64()), (Some(163_840), Some(40)), "{s}");
+    assert_eq!(s["fails"], true);
+    let md = std::fs::read_to_string(&step_summary).unwrap();
+    assert!(md.starts_with("### cupool check: 2 leak finding(s), 160.0 KiB\n"), "{md}");
+    // Under the threshold the same number lets the job pass, and says so.
+    let dir = scratch_dir("check-one-number-tolerated");
+    let out = check(&dir, &["-o", "max_leak_bytes=163840"], &[prog, "40", "leak", "mark"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert!(
+        stderr_of(&out).contains("cupool: 163840 byte(s) leaked, no more than max_leak_bytes=163840"),
+        "{}",
+        show(&out)
+    );
+}

@@ -491,3 +491,60 @@ fn cupool_check_names_each_leaking_test() {
     assert_eq!(got, want, "{}", stderr_of(&out));
     assert!(stderr_of(&out).contains("Test leak of"), "{}", stderr_of(&out));
 }
+
+/// A test's leak that is still live at exit is one allocation: the check
+/// counts it once, so a job under its `max_leak_bytes` passes, and every
+/// output gives the same figures.
+#[test]
+fn a_test_leak_live_at_exit_is_counted_once() {
+    let dir = scratch_dir("pytest-plugin-once");
+    fs::write(dir.join("conftest.py"), CONFTEST).unwrap();
+    // The pointer is kept with no owner that frees it: still live at exit.
+    let test = "import ctypes\nfrom conftest import _malloc, MIB\nKEPT = []\n\n\ndef test_keeps():\n    \
+                p = ctypes.c_void_p()\n    assert _malloc(ctypes.byref(p), 2 * MIB) == 0\n    KEPT.append(p)\n";
+    fs::write(dir.join("test_keep.py"), test).unwrap();
+    let python = python();
+    for (limit, status) in [("3m", 0), ("1m", 23)] {
+        let findings = dir.join(format!("findings-{limit}.json"));
+        let max = format!("max_leak_bytes={limit}");
+        let out = cupool_command(
+            &[
+                "check",
+                "--log-dir",
+                dir.join(format!("logs-{limit}")).to_str().unwrap(),
+                "-o",
+                &max,
+                "--json",
+                findings.to_str().unwrap(),
+                "--",
+                python.to_str().unwrap(),
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--rootdir",
+                ".",
+            ],
+            &dir.join("stats"),
+        )
+        .current_dir(&dir)
+        .env("FAKE_CUDART", fakes().libcudart())
+        .env_remove("PYTEST_ADDOPTS")
+        .env_remove("PYTEST_PLUGINS")
+        .output()
+        .expect("run cupool check");
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(status), "{limit}:\n{}\n{err}", stdout_of(&out));
+        assert!(
+            err.contains("Test leak of 2097152 byte(s) in 1 allocation(s) in test test_keep.py::test_keeps"),
+            "{err}"
+        );
+        assert!(err.contains("Direct leak of 2097152 byte(s) in 1 allocation(s)"), "still live at exit: {err}");
+        assert!(err.contains("SUMMARY: cupool: 2097152 byte(s) leaked in 1 allocation(s).\n"), "{err}");
+        let doc: Value = serde_json::from_str(&fs::read_to_string(&findings).unwrap()).unwrap();
+        assert_eq!(doc["summary"]["failing_bytes"], 2 * MIB, "{}", doc["summary"]);
+        assert_eq!(doc["summary"]["failing_allocations"], 1);
+        assert_eq!(doc["summary"]["fails"], status != 0);
+    }
+}
