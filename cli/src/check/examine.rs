@@ -166,7 +166,7 @@ pub fn held_by_known_caches(processes: &[Process]) -> Option<(u64, u64, Vec<Stri
     }
     let mut f = Findings::default();
     f.findings = groups.judge(&Suppressions::load(&[]).ok()?, &mut f.suppressions_used);
-    let (totals, names) = f.known_caches();
+    let (totals, names) = super::suppress::known_caches(&f);
     (!names.is_empty()).then(|| (totals.bytes, totals.allocations, names.into_iter().map(String::from).collect()))
 }
 

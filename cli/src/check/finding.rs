@@ -271,17 +271,6 @@ pub struct Verdict {
 }
 
 impl Findings {
-    /// What the shipped suppressions matched (memory known libraries keep
-    /// until exit on purpose), each allocation once, and their patterns.
-    pub fn known_caches(&self) -> (Totals, Vec<&str>) {
-        let default = super::suppress::DEFAULT_SOURCE;
-        let patterns: Vec<&str> =
-            self.suppressions_used.iter().filter(|u| u.source == default).map(|u| u.pattern.as_str()).collect();
-        let matched =
-            self.findings.iter().filter(|f| f.suppressed_by.as_deref().is_some_and(|p| patterns.contains(&p)));
-        (Totals::of(matched), patterns)
-    }
-
     /// The findings that count against the job: not suppressed, and of a kind `fail_on` names.
     pub fn failing(&self) -> impl Iterator<Item = &Finding> {
         self.findings.iter().filter(|f| f.suppressed_by.is_none() && self.verdict.fail_on.contains(&f.kind))

@@ -3,7 +3,7 @@
 //! file (`default.supp`: caches and long-lived state of known libraries);
 //! `--suppressions FILE` adds more.
 
-use super::finding::LeakKind;
+use super::finding::{Findings, LeakKind, Totals};
 use std::path::{Path, PathBuf};
 
 /// Where the shipped rules come from, in reports.
@@ -136,6 +136,15 @@ pub fn matches(pattern: &str, text: &str) -> bool {
         }
     }
     true
+}
+
+/// What the shipped suppressions matched in `f` (memory known libraries
+/// keep until exit on purpose), each allocation once, and their patterns.
+pub fn known_caches(f: &Findings) -> (Totals, Vec<&str>) {
+    let patterns: Vec<&str> =
+        f.suppressions_used.iter().filter(|u| u.source == DEFAULT_SOURCE).map(|u| u.pattern.as_str()).collect();
+    let matched = f.findings.iter().filter(|x| x.suppressed_by.as_deref().is_some_and(|p| patterns.contains(&p)));
+    (Totals::of(matched), patterns)
 }
 
 #[cfg(test)]

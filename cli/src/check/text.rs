@@ -132,7 +132,7 @@ pub fn process_text(p: &ProcessRef) -> String {
 /// One line for what the default suppressions matched: memory libraries
 /// keep until exit on purpose.
 fn write_known_caches(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
-    let (held, names) = f.known_caches();
+    let (held, names) = super::suppress::known_caches(f);
     if names.is_empty() {
         return Ok(());
     }

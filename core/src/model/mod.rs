@@ -144,6 +144,32 @@ pub enum Moment {
     Change(usize),
 }
 
+/// The iterator of [`Process::moments`].
+pub struct Moments {
+    /// Every allocation's end: (change, allocation), in order.
+    ends: Vec<(usize, AllocId)>,
+    next_end: usize,
+    change: usize,
+    changes: usize,
+}
+
+impl Iterator for Moments {
+    type Item = Moment;
+
+    fn next(&mut self) -> Option<Moment> {
+        if self.change >= self.changes {
+            return None;
+        }
+        if let Some(&(at, id)) = self.ends.get(self.next_end).filter(|e| e.0 == self.change) {
+            debug_assert_eq!(at, self.change);
+            self.next_end += 1;
+            return Some(Moment::Ended(id));
+        }
+        self.change += 1;
+        Some(Moment::Change(self.change - 1))
+    }
+}
+
 /// What a view drawn alongside [`Process::replay_pool`] hears.
 pub trait PoolWatch {
     fn allocated(&mut self, _id: AllocId, _step: Option<&rebuild::Step>) {}
@@ -379,19 +405,11 @@ impl Process {
     /// The timeline with every allocation's end in its place: at each
     /// change, first the allocations it ended (freed, address reused,
     /// context destroyed), then the change itself.
-    pub fn moments(&self) -> impl Iterator<Item = Moment> + '_ {
+    pub fn moments(&self) -> Moments {
         let mut ends: Vec<(usize, AllocId)> =
             self.allocations.iter().enumerate().filter_map(|(id, a)| a.end.map(|e| (e.at, id))).collect();
         ends.sort_unstable();
-        let mut next = 0;
-        (0..self.changes.len()).flat_map(move |i| {
-            let from = next;
-            while next < ends.len() && ends[next].0 == i {
-                next += 1;
-            }
-            let ended: Vec<Moment> = ends[from..next].iter().map(|&(_, id)| Moment::Ended(id)).collect();
-            ended.into_iter().chain(std::iter::once(Moment::Change(i)))
-        })
+        Moments { ends, next_end: 0, change: 0, changes: self.changes.len() }
     }
 
     /// Walks the allocations and their ends, running the pooled ones
