@@ -174,9 +174,13 @@ fn the_views_agree_with_each_other_and_with_the_end_records() {
     }
     // The verdict: the killed loop's 12 kept buffers are a growth leak and an
     // exit leak, counted once.
-    let json = dir.join("f.json");
-    let out = cupool(&["merge", "--json", path_str(&json), "."]);
+    let (json, sarif) = (dir.join("f.json"), dir.join("f.sarif"));
+    let out = cupool(&["merge", "--json", path_str(&json), "--sarif", path_str(&sarif), "."]);
     let f: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sarif: Value = serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+    let run = &sarif["runs"][0]["properties"];
+    assert_eq!(run["failing_bytes"], f["summary"]["failing_bytes"]);
+    assert_eq!(run["failing_allocations"], f["summary"]["failing_allocations"]);
     let exit: u64 = f["findings"]
         .as_array()
         .unwrap()

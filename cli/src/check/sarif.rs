@@ -108,6 +108,12 @@ pub fn document(findings: &Findings, root: &Path) -> Value {
             "originalUriBaseIds": { SRCROOT: { "uri": file_uri(root, true) } },
             "invocations": [{ "executionSuccessful": true, "toolExecutionNotifications": notifications }],
             "results": results,
+            // The verdict's figures, each allocation once, as every other output gives them.
+            "properties": {
+                "failing_bytes": findings.verdict.leaked_bytes,
+                "failing_allocations": findings.verdict.leaked_allocations,
+                "fails": findings.verdict.fails,
+            },
         }]
     })
 }
