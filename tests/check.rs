@@ -18,6 +18,9 @@ fn check(dir: &Path, flags: &[&str], argv: &[&str]) -> Output {
     run_cupool(&v, dir)
 }
 
+/// `cupool check`'s status when it could not check (apart from `timeout`'s 124 and the shells').
+const COULD_NOT_CHECK: i32 = 66;
+
 fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or_else(|| panic!("killed: {out:?}"))
 }
@@ -246,12 +249,14 @@ fn merge_reads_logs_gathered_elsewhere() {
     );
     assert!(err.contains(&used) && err.contains("cupool: no leaks\n"), "{err}");
 
-    // A foreign file and a log cut short beside the good one: notes, the rest is checked.
+    // A foreign file and a log cut short beside the good one: the rest is
+    // checked, the foreign file is named and the merge could not check it all.
     std::fs::write(b.join("cupool.1.json"), "this is not a log\n").unwrap();
     let text = python_log(4343);
     std::fs::write(b.join("cupool.4343.json"), &text[..text.find(",{\"seq\":2").unwrap()]).unwrap();
     let out = run_cupool(&["merge", "-o", "fail_on=none", path_str(&b)], &b);
-    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert_eq!(code(&out), COULD_NOT_CHECK, "{}", show(&out));
+    assert!(stderr_of(&out).contains("cupool merge: 1 log(s) could not be read (named above)"), "{}", show(&out));
     let err = stderr_of(&out);
     let foreign = format!("cupool: note: {}: not a cupool log", b.join("cupool.1.json").display());
     assert!(err.contains(&foreign) && err.contains("; not checked\n"), "{err}");
@@ -267,11 +272,11 @@ fn merge_without_anything_to_check_says_so() {
     for (args, says) in [
         (vec!["merge", path_str(&empty)], "no cupool logs in this directory"),
         (vec!["merge", "/nonexistent/cupool-logs"], "/nonexistent/cupool-logs: no such file or directory"),
-        (vec!["merge", path_str(&junk)], "no log could be read, so nothing was checked"),
+        (vec!["merge", path_str(&junk)], "1 log(s) could not be read (named above)"),
         (vec!["merge", "-o", "mode=pool", path_str(&junk)], "takes only the check's options"),
     ] {
         let out = run_cupool(&args, &empty);
-        let want = if args[1] == "-o" { 2 } else { 124 };
+        let want = if args[1] == "-o" { 2 } else { COULD_NOT_CHECK };
         assert_eq!(code(&out), want, "{args:?}: {}", show(&out));
         assert!(stderr_of(&out).contains(says), "{args:?}: {}", show(&out));
     }
@@ -290,22 +295,22 @@ fn bad_input_is_refused_before_the_program_runs() {
     let cases: Vec<(Vec<String>, i32, String)> = vec![
         (
             vec!["--suppressions".into(), path_str(&missing).into()],
-            124,
+            COULD_NOT_CHECK,
             format!("cupool check: {}: cannot read the suppressions file", missing.display()),
         ),
         (
             vec!["--suppressions".into(), path_str(&bad_supp).into()],
-            124,
+            COULD_NOT_CHECK,
             format!("cupool check: {}:2: unsupported suppression type 'race'", bad_supp.display()),
         ),
         (
             vec!["--json".into(), "/nonexistent/dir/findings.json".into()],
-            124,
+            COULD_NOT_CHECK,
             "cupool check: /nonexistent/dir/findings.json: cannot write the report there".into(),
         ),
         (
             vec!["--sarif".into(), path_str(&a_dir).into()],
-            124,
+            COULD_NOT_CHECK,
             format!("cupool check: {}: is a directory", a_dir.display()),
         ),
         (vec!["-o".into(), "fail_on=leaks".into()], 2, "cupool check: -o fail_on=leaks: bad value 'leaks'".into()),
@@ -327,22 +332,25 @@ fn bad_input_is_refused_before_the_program_runs() {
 }
 
 #[test]
-fn a_log_that_cannot_be_read_is_a_note_unless_nothing_else_can() {
+fn a_log_that_cannot_be_read_fails_the_check() {
     let fork = path_str(&fakes().prog("prog_fork")).to_string();
     let dir = scratch_dir("check-unreadable");
     let junk = dir.join("cupool.1.json");
     let script = format!("echo garbage > {} && {fork}", junk.display());
     let out = check(&dir, &[], &["sh", "-c", &script]);
-    assert_eq!(code(&out), 23, "{}", show(&out));
+    assert_eq!(code(&out), COULD_NOT_CHECK, "the logs read are judged, but the check is incomplete: {}", show(&out));
     let err = stderr_of(&out);
     assert!(err.contains(&format!("cupool: note: {}: not a cupool log", junk.display())), "{err}");
     assert!(err.contains("cupool: 2 process(es) checked"), "{err}");
+    assert!(err.contains("1 log(s) of this run could not be read (named above)"), "{err}");
 
     let dir = scratch_dir("check-unreadable-only");
     let junk = dir.join("cupool.1.json");
     let out = check(&dir, &[], &["sh", "-c", &format!("echo garbage > {}", junk.display())]);
-    assert_eq!(code(&out), 124, "{}", show(&out));
-    assert!(stderr_of(&out).contains("no log of this run could be read, so nothing was checked"), "{}", show(&out));
+    assert_eq!(code(&out), COULD_NOT_CHECK, "{}", show(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("1 log(s) of this run could not be read"), "{}", show(&out));
+    assert!(!err.contains("no leaks"), "nothing was read, so nothing passes: {err}");
 
     // Files older than the run are not this run's.
     let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
@@ -353,15 +361,67 @@ fn a_log_that_cannot_be_read_is_a_note_unless_nothing_else_can() {
 }
 
 #[test]
-fn a_program_without_cuda_has_nothing_to_check() {
+fn a_program_without_cuda_passes_and_says_so() {
     let dir = scratch_dir("check-nocuda");
     let out = check(&dir, &[], &[path_str(&fakes().prog("prog_nocuda")), "0"]);
     assert_eq!(code(&out), 0, "{}", show(&out));
+    let err = stderr_of(&out);
     assert!(
-        stderr_of(&out).contains("no CUDA memory activity recorded, so there is nothing to check"),
-        "{}",
-        show(&out)
+        err.contains("1 process(es) ran under cupool and none used CUDA memory, so there was nothing to check"),
+        "{err}"
     );
+    assert!(!err.contains("no leaks"), "{err}");
+    assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("cupool-ran")));
+}
+
+/// A program the shim never reached (here one that starts its work with
+/// `LD_PRELOAD` taken out of the environment, as some launchers do) is not
+/// a pass: nothing was checked.
+#[test]
+fn a_check_where_the_shim_never_loaded_could_not_check() {
+    let dir = scratch_dir("check-not-loaded");
+    let prog = path_str(check_loop());
+    let out = check(&dir, &[], &["env", "-u", "LD_PRELOAD", prog, "10", "leak"]);
+    assert_eq!(code(&out), COULD_NOT_CHECK, "{}", show(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("the shim was not loaded in any process of the program"), "{err}");
+    assert!(!err.contains("no leaks"), "{err}");
+    // `cupool run` says the same in its summary.
+    let out =
+        run_cupool(&["run", "--log-dir", path_str(&dir), "--", "env", "-u", "LD_PRELOAD", prog, "10", "clean"], &dir);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert!(stderr_of(&out).contains("cupool: the shim was not loaded in any process"), "{}", show(&out));
+}
+
+/// A gzipped log cut short (damaged on its way from another machine) is
+/// named as such and fails the merge, rather than reading as a process
+/// killed mid-run whose part of a log has no leaks.
+#[test]
+fn merge_names_a_truncated_gzipped_log_and_fails() {
+    use std::io::Write as _;
+    let dir = scratch_dir("merge-truncated");
+    let out = check(&dir, &[], &[path_str(check_loop()), "10", "clean"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let log = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "json"))
+        .unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&std::fs::read(&log).unwrap()).unwrap();
+    let bytes = gz.finish().unwrap();
+    std::fs::remove_file(&log).unwrap();
+    let cut = dir.join("cupool.77.json.gz");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let out = run_cupool(&["merge", path_str(&dir)], &dir);
+    assert_eq!(code(&out), COULD_NOT_CHECK, "{}", show(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("cupool.77.json.gz") && err.contains("cut short"), "{err}");
+    assert!(!err.contains("no leaks"), "{err}");
 }
 
 #[test]
@@ -519,7 +579,7 @@ fn help_names_the_check_options_and_statuses() {
         {
             assert!(help.contains(option), "{command} --help lacks {option}: {help}");
         }
-        assert!(help.contains("124 when cupool could not check"), "{help}");
+        assert!(help.contains("66 when cupool could not check"), "{help}");
         assert_eq!(help.contains("the program's own when it failed"), program, "{help}");
     }
 }

@@ -182,6 +182,30 @@ pub struct Launched {
     pub opts: Options,
     /// Just before the program started: a log file older than this is not this run's.
     pub started: std::time::SystemTime,
+    /// Processes that ran with the shim loaded and never used CUDA memory
+    /// (those that did wrote logs): with no log and none of these, the shim
+    /// was never loaded.
+    pub ran_without_cuda: usize,
+}
+
+impl Launched {
+    /// Whether the shim was loaded in any process of the run.
+    pub fn shim_loaded(&self, logs: usize) -> bool {
+        logs > 0 || self.ran_without_cuda > 0
+    }
+}
+
+/// The line said when the shim was loaded in no process of the program.
+pub const NOT_LOADED: &str = "the shim was not loaded in any process of the program (a statically linked \
+    program, or one that drops LD_PRELOAD from its environment)";
+
+/// How many processes left the pid file of `ran_without_cuda_file` in
+/// `log_dir` (read, then removed: it served this run alone).
+fn ran_without_cuda(log_dir: &Path, run_id: &str) -> usize {
+    let path = log_dir.join(cupool_core::log::ran_without_cuda_file(run_id));
+    let n = std::fs::read_to_string(&path).map(|t| t.lines().filter(|l| !l.trim().is_empty()).count()).unwrap_or(0);
+    let _ = std::fs::remove_file(&path);
+    n
 }
 
 /// The options the program gets (see `options_of`), with a fresh `run_id`;
@@ -298,10 +322,11 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
         }
     };
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let ran_without_cuda = ran_without_cuda(&log_dir, &opts.run_id);
     if created {
         let _ = std::fs::remove_dir(&log_dir); // only if nothing was logged: leave no empty directory
     }
-    Ok(Launched { code, log_dir, opts, started })
+    Ok(Launched { code, log_dir, opts, started, ran_without_cuda })
 }
 
 /// `known_caches` adds a line to the summary about memory that known caches
@@ -317,6 +342,9 @@ pub fn run(args: RunArgs, known_caches: fn(&[cupool_core::model::Process]) -> Op
         if l.opts.log {
             let logs = summary::logs_of_run(&l.log_dir, &l.opts.run_id);
             summary::print_text(&logs, Some(&l.log_dir), &mut std::io::stderr());
+            if !l.shim_loaded(logs.len()) {
+                eprintln!("cupool: {NOT_LOADED}");
+            }
             if let Some(line) = known_caches(&logs) {
                 eprintln!("{line}");
             }

@@ -64,6 +64,7 @@ fn start() -> bool {
 
 /// The program's exit status as it leaves (`main`'s return or `exit`'s argument).
 pub fn note_exit_status(status: i32) {
+    note_ran_without_cuda();
     EXIT_STATUS.store(status as i64, Ordering::Relaxed);
     settle_magazines();
     if crate::pool::tools::attached() {
@@ -110,8 +111,33 @@ fn finish_on_signal(sig: i32) {
     finish(ExitInfo::Signal(sig));
 }
 
+/// Appends this process's pid to `<log_dir>/cupool-ran.<run_id>`, once per
+/// process, when it leaves without having used CUDA memory (a process that
+/// did has its log). A few system calls at exit; nothing before.
+fn note_ran_without_cuda() {
+    static NOTED_BY: AtomicU32 = AtomicU32::new(0);
+    let pid = std::process::id();
+    if SESSION.was_started() || NOTED_BY.swap(pid, Ordering::Relaxed) == pid {
+        return;
+    }
+    diag::shielded(|| {
+        let opts = options::get();
+        if opts.run_id.is_empty() || !opts.log {
+            return;
+        }
+        let dir = std::path::Path::new(&opts.log_dir);
+        let _ = std::fs::create_dir_all(dir);
+        let path = dir.join(cupool_core::log::ran_without_cuda_file(&opts.run_id));
+        // One short append per process: atomic with O_APPEND, whatever else writes there.
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = std::io::Write::write_all(&mut f, format!("{pid}\n").as_bytes());
+        }
+    });
+}
+
 /// Writes the end of the log exactly once. Later CUDA calls still work; they are just not recorded.
 pub fn finish(how: ExitInfo) {
+    note_ran_without_cuda();
     if PID.load(Ordering::Relaxed) != std::process::id() {
         return; // a vfork child, or a forked child that never used CUDA itself
     }

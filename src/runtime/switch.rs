@@ -57,6 +57,11 @@ impl Switch {
         on
     }
 
+    /// Whether it was ever asked to start (on, finished, or failed to start).
+    pub fn was_started(&self) -> bool {
+        self.0.load(Ordering::Acquire) != OFF
+    }
+
     /// Turns an `on` switch to finished; true for the one caller that did.
     pub fn finish(&self) -> bool {
         self.0.compare_exchange(ON, DONE, Ordering::AcqRel, Ordering::Acquire).is_ok()

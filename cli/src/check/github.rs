@@ -93,7 +93,9 @@ pub fn summary_markdown(findings: &Findings, root: &Path) -> String {
     let failing: Vec<&Finding> = findings.failing().collect();
     let bytes = findings.verdict.leaked_bytes;
     let mut s = String::new();
-    if failing.is_empty() {
+    if findings.processes.is_empty() {
+        s.push_str("### cupool check: nothing was checked (no log could be read)\n\n");
+    } else if failing.is_empty() {
         s.push_str("### cupool check: no leaks\n\n");
     } else {
         s.push_str(&format!("### cupool check: {} leak finding(s), {}\n\n", failing.len(), human_bytes(bytes)));
@@ -195,8 +197,10 @@ mod tests {
     #[test]
     fn golden_summary() {
         check_golden(&golden_dir().join("check-summary.md"), &summary_markdown(&sample(), Path::new(ROOT)));
-        let empty = summary_markdown(&Findings::default(), Path::new(ROOT));
-        assert_eq!(empty, "### cupool check: no leaks\n\n");
+        let nothing = summary_markdown(&Findings::default(), Path::new(ROOT));
+        assert_eq!(nothing, "### cupool check: nothing was checked (no log could be read)\n\n");
+        let clean = Findings { processes: sample().processes, ..Default::default() };
+        assert_eq!(summary_markdown(&clean, Path::new(ROOT)), "### cupool check: no leaks\n\n");
     }
 
     #[test]

@@ -40,9 +40,12 @@ use suppress::Suppressions;
 /// Exit statuses of `cupool check` and `cupool merge` beside the program's
 /// own and `exitcode`.
 pub mod exit {
-    /// cupool could not check: a suppressions file or report path that cannot
-    /// be used, no log that can be read, a report that could not be written.
-    pub const COULD_NOT_CHECK: u8 = 124;
+    /// cupool could not check: the shim was loaded in no process, a log of
+    /// the run cannot be read (truncated, corrupt), a suppressions file or
+    /// report path that cannot be used, a report that could not be written.
+    /// sysexits' EX_NOINPUT: apart from LeakSanitizer's 23, from GNU
+    /// `timeout`'s 124 to 127, and from the shells' 126, 127 and 128 + N.
+    pub const COULD_NOT_CHECK: u8 = 66;
 }
 
 /// What `check` and `merge` report into.
@@ -103,11 +106,16 @@ pub fn help(run: bool) -> String {
     }
     s.push_str(&format!(
         "`exitcode` (23) when leaks of the kinds fail_on names, not suppressed, add up to more than \
-         max_leak_bytes; else 0. {} when cupool could not check (a suppressions file or report path \
-         that cannot be used, no readable log, a report that could not be written{}); 2 for a bad \
-         flag or option{}.\n",
+         max_leak_bytes; else 0. {} when cupool could not check (a log that cannot be read, truncated \
+         or corrupt; a suppressions file or report path that cannot be used; a report that could not \
+         be written{}); 2 for a bad flag or option{}.\n",
         exit::COULD_NOT_CHECK,
-        if run { "" } else { ", a path that does not exist or holds no logs" },
+        if run {
+            "; the shim loaded in no process of the program. A program whose processes ran under cupool \
+             but used no CUDA memory passes, and the check says so"
+        } else {
+            "; a path that does not exist or holds no logs"
+        },
         if run {
             ", 123 when the log directory cannot be written, 125, 126 and 127 as in cupool run; \
              nothing is run when a check before the run fails"
@@ -227,20 +235,28 @@ pub fn check(args: CheckArgs) -> ExitCode {
         read.notes.push(e);
         Vec::new()
     });
-    let checked = !read.processes.is_empty() || read.unreadable == 0;
+    let loaded = launched.shim_loaded(read.processes.len() + read.unreadable);
+    let checked = loaded && read.unreadable == 0;
     let findings =
         examine::examine(&read.processes, &read.histories, tests, &reporting.suppressions, &launched.opts, read.notes);
-    if read.processes.is_empty() && read.unreadable == 0 {
-        eprintln!("{CHECK}: no CUDA memory activity recorded, so there is nothing to check");
-    }
     let written = reporting.write(CHECK, &findings);
     if !read.processes.is_empty() {
         eprintln!("{CHECK}: logs in {}", launched.log_dir.display());
     }
     if launched.code != 0 {
         eprintln!("{CHECK}: the program failed (exit status {}): that is the status of the check", launched.code);
-    } else if !checked {
-        eprintln!("{CHECK}: no log of this run could be read, so nothing was checked");
+    } else if !loaded {
+        eprintln!("{CHECK}: {}: nothing was checked", run::NOT_LOADED);
+    } else if read.unreadable > 0 {
+        eprintln!(
+            "{CHECK}: {} log(s) of this run could not be read (named above): what they hold was not checked",
+            read.unreadable
+        );
+    } else if read.processes.is_empty() {
+        eprintln!(
+            "{CHECK}: {} process(es) ran under cupool and none used CUDA memory, so there was nothing to check",
+            launched.ran_without_cuda
+        );
     }
     ExitCode::from(status(Some(launched.code), checked, written, &findings, &launched.opts))
 }
@@ -356,12 +372,17 @@ pub fn merge(args: MergeArgs) -> ExitCode {
             Err(e) => read.notes.push(e),
         }
     }
-    let checked = !read.processes.is_empty() && !bad_path;
-    if read.processes.is_empty() {
-        eprintln!("{MERGE}: no log could be read, so nothing was checked");
-    }
+    let checked = !read.processes.is_empty() && !bad_path && read.unreadable == 0;
     let findings =
         examine::examine(&read.processes, &read.histories, tests, &reporting.suppressions, &opts, read.notes);
     let written = reporting.write(MERGE, &findings);
+    if read.unreadable > 0 {
+        eprintln!(
+            "{MERGE}: {} log(s) could not be read (named above): what they hold was not checked",
+            read.unreadable
+        );
+    } else if read.processes.is_empty() {
+        eprintln!("{MERGE}: no log could be read, so nothing was checked");
+    }
     ExitCode::from(status(None, checked, written, &findings, &opts))
 }

@@ -14,6 +14,13 @@ const FRAMES: usize = 16;
 const PROCESSES: usize = 4;
 
 pub fn write(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
+    if f.processes.is_empty() {
+        // Nothing was read: no verdict, only why (the caller says what that means).
+        for note in &f.notes {
+            writeln!(out, "cupool: note: {note}")?;
+        }
+        return Ok(());
+    }
     let shown: Vec<&Finding> = f.findings.iter().filter(|x| x.suppressed_by.is_none()).collect();
     writeln!(out, "cupool: {} process(es) checked", f.processes.len())?;
     if f.failing().next().is_some() {
@@ -119,6 +126,9 @@ fn write_frames(f: &Finding, out: &mut dyn Write) -> io::Result<()> {
     }
     if f.frames.len() > FRAMES {
         writeln!(out, "    ... {} more frame(s)", f.frames.len() - FRAMES)?;
+    }
+    if f.hidden_frames > 0 {
+        writeln!(out, "    ({} frame(s) of the interpreter, the test runner and cupool not shown)", f.hidden_frames)?;
     }
     Ok(())
 }

@@ -31,6 +31,16 @@ pub use schema::{
 pub use sites::Sites;
 pub use write::{write_definition, write_end, write_event, write_header, write_named_event, EventLine};
 
+/// The file, in the log directory, that each process of a `cupool run` or
+/// `check` (tagged `run_id`) which never used CUDA memory appends its pid
+/// to as it leaves (one line each). With the logs it tells the check that
+/// the shim was loaded, so that a check where it never was (a static
+/// binary, an environment that drops `LD_PRELOAD`) is "could not check"
+/// rather than a pass on nothing.
+pub fn ran_without_cuda_file(run_id: &str) -> String {
+    format!("cupool-ran.{run_id}")
+}
+
 /// One fixed-size record of something the shim saw. `Copy` and heap-free so
 /// that recording it on the hot path never allocates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -131,7 +131,10 @@ pub fn read_log_with_progress(
 }
 
 /// `bytes` decompressed when they start with gzip's magic, else unchanged.
-/// A gzip stream cut short yields what could be decompressed.
+/// A gzip stream cut short is an error: the shim writes plain text (a log cut
+/// short by a killed process reads as far as its last line), so a gzipped log
+/// that ends early was damaged after it was written, and reading part of it
+/// would pass off a partial log as a whole one.
 pub fn maybe_gunzip(bytes: Vec<u8>) -> std::io::Result<Vec<u8>> {
     if !bytes.starts_with(&[0x1f, 0x8b]) {
         return Ok(bytes);
@@ -139,7 +142,10 @@ pub fn maybe_gunzip(bytes: Vec<u8>) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     match flate2::read::GzDecoder::new(&bytes[..]).read_to_end(&mut out) {
         Ok(_) => Ok(out),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => Ok(out),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the gzip stream is cut short after {} byte(s) (a truncated or damaged file)", out.len()),
+        )),
         Err(e) => Err(e),
     }
 }
@@ -355,9 +361,14 @@ mod tests {
         let log = read_log_from(&bytes[..], "x.json.gz").unwrap();
         assert_eq!(log.events.len(), 4);
         assert!(log.end.is_some());
-        // A gzip stream cut short still gives the events it holds.
-        let cut = read_log_from(&bytes[..bytes.len() - 12], "x.json.gz");
-        assert!(cut.is_ok() || cut.unwrap_err().to_string().starts_with("x.json.gz"));
+        // A gzip stream cut short is named as such, never read as a log cut short.
+        for keep in [bytes.len() - 12, bytes.len() / 2, 20] {
+            let e = read_log_from(&bytes[..keep], "x.json.gz").unwrap_err();
+            assert!(e.to_string().starts_with("x.json.gz: "), "{e}");
+            assert!(matches!(e.kind, ReadErrorKind::Io(_)), "{e}");
+        }
+        let e = read_log_from(&bytes[..bytes.len() - 12], "x.json.gz").unwrap_err();
+        assert!(e.to_string().contains("cut short"), "{e}");
     }
 
     #[test]
