@@ -90,6 +90,109 @@ impl ShownFrame {
     }
 }
 
+/// Who wrote a frame: what a report shows of a stack, and where a finding points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The program's own code: where a finding points.
+    User,
+    /// A library or the language's standard library: shown, for it says what allocated.
+    Library,
+    /// cupool's own (its Python package, the shim): never shown.
+    Cupool,
+    /// The interpreter running Python code, and the foreign-function
+    /// trampolines (libffi, `_ctypes`) between it and native code: hidden
+    /// where the stack has Python frames, which say the same for people.
+    Interpreter,
+    /// The test runner calling the test (pytest, pluggy, unittest): hidden.
+    TestRunner,
+}
+
+/// The last path component of `path` and the one before it.
+fn tail2(path: &str) -> (&str, &str) {
+    let mut parts = path.rsplit('/');
+    let file = parts.next().unwrap_or("");
+    (parts.next().unwrap_or(""), file)
+}
+
+impl ShownFrame {
+    /// Who wrote the frame.
+    pub fn origin(&self) -> Origin {
+        let file = self.file.as_deref().unwrap_or("");
+        if self.lang == "python" {
+            let (dir, name) = tail2(file);
+            if dir == "cupool" && name.ends_with(".py") {
+                return Origin::Cupool;
+            }
+            let runner = ["/_pytest/", "/pluggy/", "/pytest/", "/unittest/", "/xdist/", "/execnet/"];
+            if runner.iter().any(|r| file.contains(r)) || file.ends_with("/pytest") {
+                return Origin::TestRunner;
+            }
+            let library = ["site-packages/", "dist-packages/", "/lib/python3", "/lib64/python3"];
+            if file.starts_with('<') || library.iter().any(|l| file.contains(l)) {
+                return Origin::Library;
+            }
+            return Origin::User;
+        }
+        let module = self.module.as_deref().unwrap_or("");
+        let function = self.function.as_deref().unwrap_or("");
+        if module.starts_with("libcupool") {
+            return Origin::Cupool;
+        }
+        let interpreter = module.starts_with("libpython")
+            || (module.starts_with("python") && !module.contains(".so"))
+            || module.starts_with("libffi")
+            || module.starts_with("_ctypes")
+            || function.starts_with("ffi_call")
+            || function.starts_with("_Py")
+            || function.starts_with("Py");
+        if interpreter {
+            return Origin::Interpreter;
+        }
+        let system = ["/usr/", "/lib/", "/lib64/", "/opt/", "site-packages/", "dist-packages/"];
+        if file.is_empty() || system.iter().any(|p| file.starts_with(p) || file.contains(p)) {
+            Origin::Library
+        } else {
+            Origin::User
+        }
+    }
+}
+
+/// The frames people read: cupool's own dropped; where the stack has
+/// Python frames, the interpreter and the foreign-function trampolines
+/// under them dropped; the test runner's frames dropped. Returns the
+/// frames kept, innermost first, and how many were left out.
+pub fn collapse(frames: Vec<ShownFrame>) -> (Vec<ShownFrame>, u64) {
+    let python = frames.iter().any(|f| f.lang == "python");
+    let before = frames.len();
+    let kept: Vec<ShownFrame> = frames
+        .into_iter()
+        .filter(|f| match f.origin() {
+            Origin::Cupool | Origin::TestRunner => false,
+            Origin::Interpreter => !python,
+            Origin::User | Origin::Library => true,
+        })
+        .collect();
+    let hidden = (before - kept.len()) as u64;
+    (kept, hidden)
+}
+
+/// The innermost frame the user wrote, if any: preferably one in `file`
+/// (a test leak's test file), else the first Python frame of the user's,
+/// else the first native one.
+pub fn user_frame<'a>(frames: &'a [ShownFrame], file: Option<&str>) -> Option<&'a ShownFrame> {
+    let user = |f: &&ShownFrame| f.origin() == Origin::User && f.file.is_some();
+    let in_file = |f: &&ShownFrame| {
+        file.is_some_and(|want| {
+            f.file.as_deref().is_some_and(|have| have == want || have.ends_with(&format!("/{want}")))
+        })
+    };
+    frames
+        .iter()
+        .find(|f| in_file(f) && user(f))
+        .or_else(|| frames.iter().filter(|f| f.lang == "python").find(user))
+        .or_else(|| frames.iter().find(user))
+}
+
 /// Resolves the stacks of one log into frames.
 pub struct Resolver {
     sites: Sites,
@@ -219,6 +322,68 @@ mod tests {
         for f in ["main", "cudaish_helper", "cub::DeviceScan", "curl_easy", "allocate_buffers"] {
             assert!(!is_cuda_internal(f), "{f}");
         }
+    }
+
+    fn py(function: &str, file: &str, line: u32) -> ShownFrame {
+        ShownFrame {
+            lang: "python",
+            function: Some(function.into()),
+            file: Some(file.into()),
+            line: Some(line),
+            module: None,
+            offset: None,
+        }
+    }
+
+    fn native(function: &str, module: &str) -> ShownFrame {
+        ShownFrame {
+            lang: "native",
+            function: Some(function.into()),
+            file: None,
+            line: None,
+            module: Some(module.into()),
+            offset: Some(0x10),
+        }
+    }
+
+    /// A pytest test's leak through a helper of its own, under cupool's
+    /// decorator, reached from pytest through pluggy, with the interpreter
+    /// and libffi below the Python frames.
+    fn pytest_stack() -> Vec<ShownFrame> {
+        vec![
+            py("empty", "/venv/lib/python3.11/site-packages/torch/cuda/memory.py", 80),
+            py("make_buffer", "/repo/tests/helpers.py", 12),
+            py("wrapper", "/venv/lib/python3.11/site-packages/cupool/__init__.py", 298),
+            py("test_keeps", "/repo/tests/test_models.py", 31),
+            py("pytest_pyfunc_call", "/venv/lib/python3.11/site-packages/_pytest/python.py", 187),
+            py("_multicall", "/venv/lib/python3.11/site-packages/pluggy/_callers.py", 103),
+            py("<module>", "/venv/bin/pytest", 8),
+            native("ffi_call_unix64", "libffi.so.8"),
+            native("_ctypes_callproc", "_ctypes.cpython-311-x86_64-linux-gnu.so"),
+            native("_PyEval_EvalFrameDefault", "libpython3.11.so.1.0"),
+            native("at::empty", "libtorch_cuda.so"),
+            native("main", "python3.11"),
+        ]
+    }
+
+    #[test]
+    fn frames_people_need_not_read_are_collapsed() {
+        let (kept, hidden) = collapse(pytest_stack());
+        let names: Vec<&str> = kept.iter().map(|f| f.function.as_deref().unwrap()).collect();
+        assert_eq!(names, ["empty", "make_buffer", "test_keeps", "at::empty"]);
+        assert_eq!(hidden, 8, "cupool's wrapper, three of the runner, the interpreter's and libffi's");
+        // Without Python frames, native frames of any library stay: they are the stack.
+        let native_only = vec![native("cudaMalloc", "libcudart.so.13"), native("PyInit_x", "libpython3.11.so.1.0")];
+        assert_eq!(collapse(native_only.clone()), (native_only, 0));
+    }
+
+    #[test]
+    fn a_test_leak_points_at_the_test_not_at_its_helper() {
+        let (kept, _) = collapse(pytest_stack());
+        let at = |file| user_frame(&kept, file).and_then(|f| f.function.as_deref());
+        assert_eq!(at(Some("tests/test_models.py")), Some("test_keeps"));
+        assert_eq!(at(None), Some("make_buffer"), "other leaks: the innermost frame the user wrote");
+        assert_eq!(at(Some("tests/elsewhere.py")), Some("make_buffer"));
     }
 
     #[test]

@@ -204,7 +204,13 @@ impl Groups {
         let id = (kind, site.key.clone(), None);
         let i = *self.index.entry(id).or_insert_with(|| {
             self.entries.push(Entry {
-                finding: Finding { kind, frames: site.frames.clone(), what: site.what.clone(), ..Default::default() },
+                finding: Finding {
+                    kind,
+                    frames: site.frames.clone(),
+                    hidden_frames: site.hidden,
+                    what: site.what.clone(),
+                    ..Default::default()
+                },
                 key: site.key.clone(),
                 texts: site.match_texts().into_iter().map(String::from).collect(),
             });

@@ -136,8 +136,13 @@ pub struct Finding {
     pub bytes: u64,
     /// Allocations leaked.
     pub count: u64,
-    /// The allocation site, innermost frame first; empty when none was recorded.
+    /// The allocation site, innermost frame first, as people read it
+    /// (`sites::collapse`); empty when none was recorded.
     pub frames: Vec<ShownFrame>,
+    /// Frames of the site left out of `frames`: cupool's own, the
+    /// interpreter's under Python code, the test runner's.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub hidden_frames: u64,
     /// What was allocated: the API and kind, `cudaMalloc (device)`; for a
     /// site without frames, all that tells it apart.
     pub what: String,
@@ -155,6 +160,10 @@ pub struct Finding {
     /// What it holds (its `bytes` and `count` are their sum).
     #[serde(skip)]
     pub holdings: Vec<Holding>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Finding {
@@ -210,21 +219,12 @@ impl Finding {
         format!("{h:016x}")
     }
 
-    /// The innermost frame that is the user's code: the first Python frame
-    /// outside the standard library and site-packages, else the first native
-    /// frame with a source file outside system directories.
-    #[allow(dead_code)] // until the SARIF and GitHub writers, which place findings there, land
+    /// The innermost frame that is the user's code: for a test leak, one in
+    /// the test's own file where there is one; else the first Python frame
+    /// the user wrote, else the first native one (`sites::user_frame`).
     pub fn user_frame(&self) -> Option<&ShownFrame> {
-        let user_file = |f: &&ShownFrame| {
-            f.file.as_deref().is_some_and(|file| {
-                !file.contains("site-packages/")
-                    && !file.contains("dist-packages/")
-                    && !file.starts_with("/usr/")
-                    && !file.starts_with('<')
-                    && !file.contains("/lib/python3")
-            })
-        };
-        self.frames.iter().filter(|f| f.lang == "python").find(user_file).or_else(|| self.frames.iter().find(user_file))
+        let test_file = self.test.as_deref().and_then(|t| t.split("::").next()).filter(|p| !p.is_empty());
+        crate::sites::user_frame(&self.frames, test_file)
     }
 }
 

@@ -134,6 +134,7 @@ pub(crate) mod tests {
                     growth: None,
                     suppressed_by: None,
                     holdings: Vec::new(),
+                    hidden_frames: 0,
                 },
                 Finding {
                     kind: LeakKind::Growth,
@@ -158,6 +159,7 @@ pub(crate) mod tests {
                     }),
                     suppressed_by: None,
                     holdings: Vec::new(),
+                    hidden_frames: 0,
                 },
                 Finding {
                     kind: LeakKind::Test,
@@ -170,6 +172,7 @@ pub(crate) mod tests {
                     growth: None,
                     suppressed_by: None,
                     holdings: Vec::new(),
+                    hidden_frames: 0,
                 },
                 Finding {
                     kind: LeakKind::Test,
@@ -182,6 +185,7 @@ pub(crate) mod tests {
                     growth: None,
                     suppressed_by: None,
                     holdings: Vec::new(),
+                    hidden_frames: 0,
                 },
                 Finding {
                     kind: LeakKind::Exit,
@@ -194,6 +198,7 @@ pub(crate) mod tests {
                     growth: None,
                     suppressed_by: Some("leak:libcublas".into()),
                     holdings: Vec::new(),
+                    hidden_frames: 0,
                 },
             ],
             suppressions_used: vec![SuppressionUse {

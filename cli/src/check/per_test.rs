@@ -118,16 +118,18 @@ pub fn findings(processes: &[Process], log_dir: &Path) -> Result<Vec<Finding>, S
             let p = &processes[process];
             // The largest; among equals the first made, so the choice does not depend on hashing.
             let largest = held.iter().copied().max_by_key(|&id| (p.allocations[id].size, std::cmp::Reverse(id)));
-            let frames = match largest.and_then(|id| p.allocations[id].stack) {
+            let stack = match largest.and_then(|id| p.allocations[id].stack) {
                 Some(stack) => resolvers.entry(process).or_insert_with(|| Resolver::new(&p.log)).frames(stack),
                 None => Vec::new(),
             };
+            let (frames, hidden_frames) = crate::sites::collapse(stack);
             let mut f = Finding {
                 kind: LeakKind::Test,
                 what: "device memory the test left allocated".into(),
                 processes: vec![ProcessRef::of(&p.log)],
                 test: Some(t.nodeid.clone()),
                 frames,
+                hidden_frames,
                 ..Default::default()
             };
             if t.measured_by == MEASURED_BY_CUPOOL && !held.is_empty() {

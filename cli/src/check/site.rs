@@ -11,6 +11,8 @@ pub struct Site {
     /// for a site without frames, what was allocated and its size.
     pub key: String,
     pub frames: Vec<ShownFrame>,
+    /// Frames of the stack left out of `frames` (`sites::collapse`).
+    pub hidden: u64,
     /// `cudaMalloc (device)`.
     pub what: String,
     /// Full paths of the modules of its native frames: suppressions match
@@ -19,15 +21,17 @@ pub struct Site {
 }
 
 impl Site {
-    /// A site of `frames`, innermost first; one without frames is told apart
-    /// by what was allocated and its size.
+    /// A site of `frames`, innermost first, as people read them
+    /// (`sites::collapse`); one without frames is told apart by what was
+    /// allocated and its size.
     pub fn new(frames: Vec<ShownFrame>, what: String, modules: Vec<String>, size: u64) -> Site {
+        let (frames, hidden) = crate::sites::collapse(frames);
         let key = if frames.is_empty() {
             format!("{what} {size}")
         } else {
             frames.iter().enumerate().map(|(i, f)| f.text(i)).collect::<Vec<_>>().join("\n")
         };
-        Site { key, frames, what, modules }
+        Site { key, frames, hidden, what, modules }
     }
 
     /// What a suppression pattern is matched against.

@@ -248,7 +248,8 @@ fn test_leaks_are_grouped_named_and_suppressed_by_their_frames() {
         test("tests/test_a.py::test_keeps", vec![frame("/src/tests/test_a.py", "test_keeps")], 512),
         test("tests/test_b.py::test_cupy", vec![frame("/venv/site-packages/cupy/cuda/memory.py", "malloc")], 4096),
     ];
-    let f = examine(&[], &[], found, &defaults(), &Options::default(), vec![]);
+    let session = LogBuilder::new(300, "python -m pytest").exit(0);
+    let f = examine(&[session], &[], found, &defaults(), &Options::default(), vec![]);
     let text = report(&f);
     assert!(
         text.contains(
