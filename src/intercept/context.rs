@@ -1,5 +1,6 @@
 //! Which CUDA context (and device) a call is made in, asked of the driver.
 
+use super::call::AllocCall;
 use crate::cuda::{CUcontext, CUdevice, SUCCESS};
 use crate::real;
 
@@ -54,4 +55,25 @@ pub fn primary(device: i32) -> Option<u64> {
         real!(cuDevicePrimaryCtxRelease_v2(device));
         Some(ctx as u64)
     }
+}
+
+/// The current context; for a runtime call, created first if need be,
+/// exactly as the runtime call being made would. 0 when none.
+pub fn ensure(call: AllocCall) -> u64 {
+    let ctx = current_only();
+    if ctx != 0 || !start(call) {
+        return ctx;
+    }
+    current_only()
+}
+
+/// A runtime call with no usable context starts one first, as the real call
+/// would (`cudaFree(NULL)`, the runtime's idiom; after a reset too); a driver
+/// call does not. Returns whether it tried.
+pub fn start(call: AllocCall) -> bool {
+    if !super::call::is_runtime(call.api) {
+        return false;
+    }
+    unsafe { real!(cudaFree(std::ptr::null_mut())) };
+    true
 }

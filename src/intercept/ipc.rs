@@ -38,7 +38,7 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
     let Some(_guard) = Guard::enter() else {
         return real(ptr);
     };
-    let block = match diag::shielded(|| super::find_as_the_program_sees_it(ptr).0) {
+    let block = match diag::shielded(|| super::queries::find_as_the_program_sees_it(ptr).0) {
         Some(pool::Found::Block(block)) => block,
         // Freed memory inside a live segment: the driver would hand out the
         // segment's handle; CUDA refuses freed memory.

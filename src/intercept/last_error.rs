@@ -12,7 +12,7 @@ use cupool_core::log::Api;
 
 /// What cupool answers the runtime call `api`; made the thread's last error.
 pub fn runtime_error(api: Api, code: Status) -> Status {
-    if !super::is_runtime(api) {
+    if !super::call::is_runtime(api) {
         return code;
     }
     as_last_error(code)
@@ -44,4 +44,11 @@ pub fn as_last_error(code: Status) -> Status {
         }
     }
     code
+}
+
+/// May a runtime call be made twice? Only while the thread has no error
+/// left unread: clearing the failed attempt's error would clear that one
+/// too. (Driver calls keep no last error.)
+pub fn no_error_pending(api: Api) -> bool {
+    !super::call::is_runtime(api) || unsafe { real!(cudaPeekAtLastError()) } == SUCCESS
 }
