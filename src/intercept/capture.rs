@@ -59,7 +59,7 @@ pub fn into_graph(stream: u64, per_thread: bool) -> bool {
 /// call the runtime's own `cudaMalloc` asks, so that a refusal is the
 /// thread's last error too, as `cudaFree`'s would be. `pool` served the block.
 #[inline]
-pub fn refused_free(api: Api, pool: usize) -> Option<Status> {
+pub fn refused_free(api: Api, pool: pool::PoolHandle) -> Option<Status> {
     if !pool::any_capture() {
         return None;
     }
@@ -69,7 +69,7 @@ pub fn refused_free(api: Api, pool: usize) -> Option<Status> {
 /// The probe itself, out of the free's way.
 #[cold]
 #[inline(never)]
-fn capture_probe(api: Api, pool: usize) -> Option<Status> {
+fn capture_probe(api: Api, pool: pool::PoolHandle) -> Option<Status> {
     // Only with no error unread: the probe's own failure would replace it.
     let r = if is_runtime(api) && no_error_pending(api) {
         runtime_probe()

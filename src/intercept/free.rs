@@ -27,12 +27,12 @@ pub fn release(api: Api, space: Space, key: u64, real: impl FnOnce() -> Status) 
     let known = diag::shielded(|| observe::releasing(space, key)).flatten();
     let stamp = sink::stamp_for(EventKind::Free);
     let result = match known.and_then(|a| Some((a.pooled?, a.size))) {
-        Some((p, size)) => match capture::refused_free(api, p.pool.get()) {
+        Some((p, size)) => match capture::refused_free(api, p.pool) {
             Some(code) => code,
             None => {
                 pool::tools::block_freed(key); // before the pool may hand it out again
                 diag::shielded(|| {
-                    pool::free(p.pool.get(), BlockId::from_raw(p.block), key, size, &mut observe::reserved_changed)
+                    pool::free(p.pool, BlockId::from_raw(p.block), key, size, &mut observe::reserved_changed)
                 });
                 SUCCESS
             }

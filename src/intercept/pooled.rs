@@ -12,7 +12,6 @@ use crate::runtime::{diag, guard::Guard, options};
 use crate::{lifecycle, pool};
 use cupool_core::log::MultiStreamBecause;
 use cupool_core::options::Mode;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A device allocation that the pool may serve. `call.request` is what the
@@ -92,11 +91,8 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
     match result {
         Ok(block) => {
             pool::tools::block_handed_out(block.addr, bytes);
-            let pooled = Pooled {
-                pool: NonZeroUsize::new(pool as *const _ as usize)?,
-                block: block.id.to_raw(),
-                buffer_id: next_buffer_id(),
-            };
+            let pooled =
+                Pooled { pool: pool::PoolHandle::of(pool), block: block.id.to_raw(), buffer_id: next_buffer_id() };
             observe::allocated(
                 Space::Pointer,
                 block.addr,

@@ -4,6 +4,8 @@
 
 mod engine;
 mod fence;
+mod handle;
+pub use handle::PoolHandle;
 pub mod ipc;
 mod magazine;
 pub use magazine::on_start as on_magazine_start;

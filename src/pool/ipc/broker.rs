@@ -21,6 +21,7 @@
 
 use super::Ticket;
 use crate::cuda::{Status, INVALID_VALUE, SUCCESS};
+use crate::pool::PoolHandle;
 use parking_lot::Mutex;
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -35,7 +36,7 @@ const TIMEOUT_S: i64 = 20;
 struct Export {
     token: u64,
     /// The `ContextPool` the pages belong to: its death ends the export.
-    pool: usize,
+    pool: PoolHandle,
     /// The block's address: exported again, it keeps its ticket, as CUDA
     /// gives one allocation one handle.
     block: u64,
@@ -80,7 +81,7 @@ pub type ExportFd = fn(u64) -> Result<OwnedFd, Status>;
 /// exported from `pool`; returns the ticket its handle carries. `Err`: the
 /// broker could not be started.
 pub fn publish(
-    pool: usize,
+    pool: PoolHandle,
     block: u64,
     pages: Vec<(u64, u64)>,
     offset: u64,
@@ -111,7 +112,7 @@ pub fn publish(
 }
 
 /// The context of `pool` died, and its pages with it: its exports end.
-pub fn forget_pool(pool: usize) {
+pub fn forget_pool(pool: PoolHandle) {
     for e in EXPORTS.lock().list.iter_mut() {
         if e.as_ref().is_some_and(|e| e.pool == pool) {
             *e = None;
