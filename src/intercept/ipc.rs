@@ -22,7 +22,7 @@
 use crate::cuda::{Status, INVALID_CONTEXT, INVALID_VALUE, SUCCESS};
 use crate::pool;
 pub use crate::pool::ipc::Handle;
-use crate::pool::ipc::{Mapping, Sealed};
+use crate::pool::ipc::{Closed, Mapping, Sealed};
 use crate::runtime::{diag, guard::Guard};
 
 /// `CUDA_ERROR_NOT_SUPPORTED`.
@@ -173,10 +173,10 @@ pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
             }
             r
         }
-        Some(Mapping::Pages(_)) => match diag::shielded(|| pool::ipc::closed(ptr)).flatten() {
+        Some(Mapping::Pages(_)) => match diag::shielded(|| pool::ipc::closed(ptr)) {
             // Closed meanwhile by another thread: as closing an unopened pointer.
-            None => INVALID_VALUE,
-            Some(Some(Mapping::Pages(last))) => {
+            None | Some(Closed::NotOpen) => INVALID_VALUE,
+            Some(Closed::LastClose(Mapping::Pages(last))) => {
                 diag::shielded(|| pool::ipc::pages::unmap(&last));
                 SUCCESS
             }

@@ -26,7 +26,7 @@ pub fn allocation(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status 
 /// refused it and the pools gave memory back; the observers told.
 pub fn passthrough(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status {
     if let Some(cap) = limit::cap().filter(|_| call.kind.is_device()) {
-        if let Some(Some(device)) = diag::shielded(|| refused_by_cap(call, cap)) {
+        if let Some(device) = diag::shielded(|| refused_by_cap(call, cap)).flatten() {
             lifecycle::recording();
             observe::alloc_failed(call.api, call.kind, device, call.request, OUT_OF_MEMORY);
             return last_error::runtime_error(call.api, OUT_OF_MEMORY);

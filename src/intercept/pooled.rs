@@ -26,28 +26,41 @@ pub fn pooled_allocation(call: AllocCall, write: impl FnOnce(u64), mut real: imp
     };
     // During a capture the real call answers (`capture.rs`).
     if options::get().mode == Mode::Pool && call.request > 0 && !pool::any_capture() {
-        if let Some(Some(result)) = diag::shielded(|| from_pool(call)) {
-            return match result {
-                Ok(ptr) => {
-                    write(ptr);
-                    SUCCESS
-                }
-                Err(code) => last_error::runtime_error(call.api, code),
-            };
+        match diag::shielded(|| from_pool(call)) {
+            Some(FromPool::Served(ptr)) => {
+                write(ptr);
+                return SUCCESS;
+            }
+            Some(FromPool::OutOfMemory) => return last_error::runtime_error(call.api, OUT_OF_MEMORY),
+            Some(FromPool::PassThrough) | None => {}
         }
     }
     passthrough(call, real)
 }
 
-/// `None`: the pool cannot be used here (no context); the caller passes through.
+/// What became of a request offered to the pool.
+enum FromPool {
+    /// A pooled block at this address serves it.
+    Served(u64),
+    /// The pool has no room for it: the call fails with CUDA's out-of-memory error.
+    OutOfMemory,
+    /// The pool cannot be used for it (no context, a memory checker that
+    /// cannot see pooled blocks, a large request, a device that refused a
+    /// page mapping): the real call answers.
+    PassThrough,
+}
+
 #[inline]
-fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
+fn from_pool(call: AllocCall) -> FromPool {
     let bytes = call.request;
     lifecycle::recording();
     let id = match context::current_id() {
         Some(id) => id,
-        None if context::start(call) => context::current_id()?,
-        None => return None,
+        None if context::start(call) => match context::current_id() {
+            Some(id) => id,
+            None => return FromPool::PassThrough,
+        },
+        None => return FromPool::PassThrough,
     };
     if !is_runtime(call.api) {
         match pool::driver_allocation(crate::runtime::guard::tid() as u64) {
@@ -65,7 +78,7 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
                 "a memory checker (compute-sanitizer without --nvtx yes) cannot see pooled blocks: allocations go to CUDA",
             )
         });
-        return None;
+        return FromPool::PassThrough;
     }
     // The handle and device are asked only when a new context is met.
     let (pool, stale) = pool::pool_of(id, context::current);
@@ -76,20 +89,12 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
         // Pages are mapped one by one, tens of microseconds each: a request
         // of a gigabyte costs the pool tens of milliseconds the first time,
         // where `cuMemAlloc` takes well under one (BENCHMARKS.md §12).
-        return None;
+        return FromPool::PassThrough;
     }
     let ctx = pool.ctx;
     let cap = |own| limit::cap().map_or(u64::MAX, |cap| limit::pool_cap(cap, pool.device, own));
-    let result = pool::allocate(pool, bytes, cap, &mut observe::reserved_changed);
-    let Ok(result) = result else {
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            observe::remark("backing=vmm: the driver refused a page mapping: allocations of that context go to CUDA")
-        });
-        return None;
-    };
-    match result {
-        Ok(block) => {
+    match pool::allocate(pool, bytes, cap, &mut observe::reserved_changed) {
+        pool::Carved::Block(block) => {
             pool::tools::block_handed_out(block.addr, bytes);
             let pooled =
                 Pooled { pool: pool::PoolHandle::of(pool), block: block.id.to_raw(), buffer_id: next_buffer_id() };
@@ -98,12 +103,21 @@ fn from_pool(call: AllocCall) -> Option<Result<u64, Status>> {
                 block.addr,
                 allocation_record(call, ctx, pool.device, bytes, Some(pooled)),
             );
-            Some(Ok(block.addr))
+            FromPool::Served(block.addr)
         }
-        Err(_) => {
+        pool::Carved::OutOfMemory => {
             observe::alloc_failed(call.api, call.kind, pool.device, bytes, OUT_OF_MEMORY);
             observe::out_of_memory(call.api, pool.device, bytes, || pool::records::at_oom(pool));
-            Some(Err(OUT_OF_MEMORY))
+            FromPool::OutOfMemory
+        }
+        pool::Carved::PoolUnusable => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                observe::remark(
+                    "backing=vmm: the driver refused a page mapping: allocations of that context go to CUDA",
+                )
+            });
+            FromPool::PassThrough
         }
     }
 }

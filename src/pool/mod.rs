@@ -3,6 +3,7 @@
 //! safe by stream tracking (`streams`) and fences (`fence`).
 
 mod engine;
+pub use engine::Carved;
 mod fence;
 mod handle;
 pub use handle::PoolHandle;

@@ -1,13 +1,13 @@
 //! One pool per CUDA context, found from any thread without a lock on the
 //! hot path (a per-thread cache invalidated by a generation counter).
 
-use super::engine::{Engine, Unusable};
+use super::engine::{Carved, Engine};
 use super::fence::{self, Progress};
 use super::handle::PoolHandle;
 use super::magazine::{self, Returns};
 use super::streams;
 use crate::runtime::bias::{BiasedGuard, BiasedMutex};
-use cupool_core::pool::{Block, BlockId, OutOfMemory, Timeline};
+use cupool_core::pool::{Block, BlockId, Timeline};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -82,28 +82,28 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
 /// A block of `size` bytes from `pool`, which may reserve at most
 /// `cap(what it reserves now)` bytes in all. Every change of a pool's
 /// reserved bytes on the way goes to `on_reserved(device, delta)`.
-/// `Unusable`: the call goes to CUDA.
+/// `Carved::PoolUnusable`: the call goes to CUDA.
 #[inline]
 pub fn allocate(
     pool: &'static ContextPool,
     size: u64,
     cap: impl Fn(u64) -> u64,
     on_reserved: &mut dyn FnMut(i32, i64),
-) -> Result<Result<Block, OutOfMemory>, Unusable> {
+) -> Carved {
     let addr = PoolHandle::of(pool);
     magazine::start_if_always();
     if magazine::active() {
         if let Some(block) =
             magazine::take(addr, size, &pool.progress).or_else(|| refill(pool, size, &cap, on_reserved))
         {
-            return Ok(Ok(block));
+            return Carved::Block(block);
         }
     }
     if magazine::orphans() {
         settle(true, on_reserved);
     }
     let result = allocate_now(pool, size, &cap, on_reserved);
-    if matches!(result, Ok(Err(_))) && magazine::any() {
+    if matches!(result, Carved::OutOfMemory) && magazine::any() {
         // Blocks kept by threads' magazines count as allocated: give them back first.
         settle(false, on_reserved);
         return allocate_now(pool, size, &cap, on_reserved);
@@ -133,7 +133,7 @@ fn allocate_now(
     size: u64,
     cap: &impl Fn(u64) -> u64,
     on_reserved: &mut dyn FnMut(i32, i64),
-) -> Result<Result<Block, OutOfMemory>, Unusable> {
+) -> Carved {
     let mut p = lock(pool);
     let before = capped(&mut p, cap);
     let result = p.allocate(size);
@@ -168,7 +168,7 @@ fn refill(
         let before = capped(&mut p, cap);
         while n < want {
             match p.allocate(class) {
-                Ok(Ok(b)) => taken[n] = b,
+                Carved::Block(b) => taken[n] = b,
                 _ => break, // the caller asks again, alone, and gets the pool's answer
             }
             n += 1;
