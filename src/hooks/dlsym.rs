@@ -18,8 +18,8 @@ extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
         return std::ptr::null_mut();
     }
     // Cheap reject first: this runs for every symbol Python imports.
-    let head = unsafe { [*name as u8, *name.add(1) as u8] };
-    if head != *b"cu" {
+    let cu = unsafe { *name as u8 == b'c' && *name.add(1) as u8 == b'u' };
+    if !cu {
         return std::ptr::null_mut();
     }
     crate::runtime::diag::shielded(|| {

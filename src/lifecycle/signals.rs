@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 const SIGNALS: [libc::c_int; 7] =
     [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGABRT, libc::SIGSEGV, libc::SIGBUS];
-static mut PREVIOUS: [std::mem::MaybeUninit<libc::sigaction>; 7] = [const { std::mem::MaybeUninit::uninit() }; 7];
+/// The program's actions, as `install` replaced them. All-zero until then:
+/// `SIG_DFL` with no flags, a valid `sigaction`.
+static mut PREVIOUS: [std::mem::MaybeUninit<libc::sigaction>; 7] = [const { std::mem::MaybeUninit::zeroed() }; 7];
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// How long a dying process waits for its log to be finished.

@@ -268,6 +268,13 @@ fn answer(conn: &OwnedFd, export_fd: ExportFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Room for one control message of up to `CHUNK` descriptors, aligned for
+/// `cmsghdr` (8 bytes; a `Vec<u8>` promises no alignment).
+fn control_buffer() -> Vec<u64> {
+    let bytes = unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize;
+    vec![0u64; bytes.div_ceil(size_of::<u64>())]
+}
+
 fn send(fd: RawFd, status: Status, total: u32, offset: u64, sizes: &[u64], fds: &[RawFd]) -> io::Result<()> {
     let mut msg = Vec::with_capacity(HEADER + 8 * sizes.len());
     msg.extend_from_slice(&(status as u32).to_le_bytes());
@@ -279,7 +286,7 @@ fn send(fd: RawFd, status: Status, total: u32, offset: u64, sizes: &[u64], fds: 
         msg.extend_from_slice(&s.to_le_bytes());
     }
     let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
-    let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize];
+    let mut control = control_buffer();
     let mut hdr: libc::msghdr = unsafe { zeroed() };
     hdr.msg_iov = &mut iov;
     hdr.msg_iovlen = 1;
@@ -347,12 +354,12 @@ type Reply = (Status, u32, u64, Vec<u64>, Vec<OwnedFd>);
 fn receive(fd: RawFd) -> io::Result<Reply> {
     let mut msg = vec![0u8; HEADER + 8 * CHUNK];
     let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
-    let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize];
+    let mut control = control_buffer();
     let mut hdr: libc::msghdr = unsafe { zeroed() };
     hdr.msg_iov = &mut iov;
     hdr.msg_iovlen = 1;
     hdr.msg_control = control.as_mut_ptr().cast();
-    hdr.msg_controllen = control.len() as _;
+    hdr.msg_controllen = std::mem::size_of_val(control.as_slice()) as _;
     let n = unsafe { libc::recvmsg(fd, &mut hdr, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(io::Error::last_os_error());
