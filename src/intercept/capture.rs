@@ -92,10 +92,14 @@ fn capture_probe(api: Api, pool: pool::PoolHandle) -> Option<Status> {
 /// capture's is taken back from the thread's last error.
 fn runtime_probe() -> Status {
     let mut probe = std::ptr::null_mut();
+    // SAFETY: the runtime's `cudaMalloc` (prototype in `cuda/table.rs`) writes only into `probe`, a live
+    // local.
     let r = unsafe { real!(cudaMalloc(&mut probe, 1)) };
     if r == SUCCESS {
+        // SAFETY: frees the one byte the runtime just allocated, once.
         unsafe { real!(cudaFree(probe)) };
     } else if !CAPTURE_ERRORS.contains(&r) {
+        // SAFETY: `cudaGetLastError` takes no arguments.
         unsafe { real!(cudaGetLastError()) }; // a full device: the free goes ahead, as plainly
     }
     r
@@ -104,8 +108,10 @@ fn runtime_probe() -> Status {
 /// A one-byte `cuMemAlloc` in the current context, freed at once.
 fn driver_probe() -> Status {
     let mut probe = 0;
+    // SAFETY: the driver's `cuMemAlloc_v2` writes only into `probe`, a live local.
     let r = unsafe { real!(cuMemAlloc_v2(&mut probe, 1)) };
     if r == SUCCESS {
+        // SAFETY: frees the one byte the driver just allocated, once.
         unsafe { real!(cuMemFree_v2(probe)) };
     }
     r

@@ -108,6 +108,8 @@ pub fn open(handle: &Handle, out: &mut u64, runtime: bool, real: impl FnOnce(&Ha
             if runtime {
                 // What the runtime's own open would do first: initialize
                 // and make its device's context current (cudaFree(NULL)).
+                // SAFETY: `cudaFree(NULL)` frees nothing: it only makes the runtime start its context, as its
+                // own open would.
                 let r = unsafe { crate::real!(cudaFree(std::ptr::null_mut())) };
                 if r != SUCCESS {
                     return r;
@@ -189,10 +191,13 @@ pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
 /// the mapping is taken as the handle describes it.)
 fn mapping_holds(base: u64, offset: u64) -> bool {
     let (mut start, mut size) = (0u64, 0usize);
+    // SAFETY: the driver's `cuMemGetAddressRange_v2` writes only into `start` and `size`, live locals.
     let r = unsafe { crate::real!(cuMemGetAddressRange_v2(&mut start, &mut size, base)) };
     r != SUCCESS || offset < size as u64
 }
 
 fn close_mapping(base: u64) {
+    // SAFETY: `base` is the mapping the real open just made for this call (its caller returns without it):
+    // closed once.
     unsafe { crate::real!(cuIpcCloseMemHandle(base)) };
 }

@@ -28,6 +28,9 @@ pub fn as_last_error(code: Status) -> Status {
     }
     // The runtime's own driver calls underneath are not the program's.
     let _inside = crate::runtime::guard::Guard::enter();
+    // SAFETY: the runtime calls are made to fail: `cudaMalloc` writes at most into `p`, a live local, and the
+    // `cudaFree` of the address of a static (host memory, never a device allocation) is refused without
+    // touching it.
     unsafe {
         match code {
             // More than any device has (256 TiB): refused, nothing reserved.
@@ -50,5 +53,6 @@ pub fn as_last_error(code: Status) -> Status {
 /// left unread: clearing the failed attempt's error would clear that one
 /// too. (Driver calls keep no last error.)
 pub fn no_error_pending(api: Api) -> bool {
+    // SAFETY: `cudaPeekAtLastError` takes no arguments.
     !super::call::is_runtime(api) || unsafe { real!(cudaPeekAtLastError()) } == SUCCESS
 }

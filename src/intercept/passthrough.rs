@@ -42,6 +42,7 @@ pub fn passthrough(call: AllocCall, mut real: impl FnMut() -> Outcome) -> Status
             // success does not clear it), where without cupool the call
             // just succeeded: PyTorch checks `cudaGetLastError` after
             // every kernel launch.
+            // SAFETY: `cudaGetLastError` takes no arguments.
             unsafe { real!(cudaGetLastError()) };
         }
     }
@@ -96,6 +97,7 @@ fn beyond_reach(call: AllocCall, device: i32) -> bool {
         return false;
     }
     let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: the driver's `cuMemGetInfo_v2` writes only into `free` and `total`, live locals.
     if unsafe { real!(cuMemGetInfo_v2(&mut free, &mut total)) } != SUCCESS {
         return false;
     }
