@@ -1,5 +1,5 @@
 //! Fatal signals still produce the end of the log, and then the program's own
-//! disposition is honoured: a handler it installed runs as before, a default
+//! disposition is honoured: a handler it installed still runs, a default
 //! action still kills (with the same signal, so exit statuses do not change).
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -307,8 +307,8 @@ impl CudaBackend {
         // unmapped only once the GPU *finished* the work, which only the
         // fences' own events tell (`poll`): they stay queued until then. A
         // barrier comes every `fence_us` while the GPU runs far behind, so
-        // dropping them left the pool unaware of finished work: idle pages
-        // stayed cooling and pages were made beside them.
+        // dropping them would leave the pool unaware of finished work: idle
+        // pages would stay cooling while new pages were made beside them.
         let previous = std::mem::replace(&mut self.barrier, vec![joined]);
         self.spare_events.extend(previous);
         self.complete_up_to(epoch);

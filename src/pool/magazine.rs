@@ -10,10 +10,10 @@
 //! frees back a batch at a time. So does a thread, alone or not, whose small
 //! frees of the same few sizes keep waiting for fences (several streams in
 //! use): the pool cannot hand such a block back at once, so each of its
-//! allocations placed another block, two to three times the cost of a pair
-//! on a magazine (BENCHMARKS.md §12). A thread that does neither never
+//! allocations would place another block, two to three times the cost of a
+//! pair on a magazine (BENCHMARKS.md §12). A thread that does neither never
 //! starts one: a program whose work goes to one stream, from one thread,
-//! runs as before.
+//! runs as it would without magazines.
 //!
 //! A thread also takes back the blocks it frees itself, without the pool:
 //! the pool's own work per block (placement, splitting, merging) under its
@@ -71,10 +71,11 @@ const FENCED_SCORE_TO_START: u16 = 64;
 const CLASSES: usize = 4;
 /// Classes asked for but not held that a magazine remembers: one is taken
 /// on (a refill, replacing a held class) only when asked for again while
-/// remembered. Taking on every class asked for made a thread whose small
-/// sizes vary refill on nearly every allocation, each refill taking up to
-/// 16 blocks it would give back unused: random sizes up to 64 KiB from two
-/// threads ran at 0.3-0.5 M pairs/s against 1.6 M without magazines.
+/// remembered. Taking on every class asked for would make a thread whose
+/// small sizes vary refill on nearly every allocation, each refill taking up
+/// to 16 blocks it would give back unused: random sizes up to 64 KiB from
+/// two threads run at 0.3-0.5 M pairs/s that way, against 1.6 M without
+/// magazines.
 const MISSED: usize = 8;
 /// Blocks of one class a magazine takes at a time, and bytes at most.
 pub const REFILL: usize = 16;
@@ -89,9 +90,9 @@ pub const FREED_BYTES: u64 = 256 << 10;
 /// bytes at most; past either, the oldest goes back to the pool. A thread
 /// making a pair every 150 ns frees about 330 blocks between two fences
 /// (`fence.rs`, one per half `fence_us` at most, 50 µs by default): with
-/// room for fewer (128 before), two threads on two cores took the pool's
-/// lock every few dozen pairs to give the overflow back and refill, and ran
-/// no faster than one.
+/// room for fewer (128, say), two threads on two cores take the pool's lock
+/// every few dozen pairs to give the overflow back and refill, and run no
+/// faster than one.
 const WAITING: usize = 512;
 const WAITING_BYTES: u64 = 2 << 20;
 

@@ -182,8 +182,8 @@ const CALIBRATION_SPAN_NS: u64 = 50_000_000;
 /// barriers): from the time-stamp counter and its measured rate where the
 /// kernel keeps time with it, once 50 ms passed since the first call; the
 /// clock itself before that and elsewhere. Two clock reads per pooled pair
-/// were a sixth of a thread's time with several streams; the counter is one
-/// instruction. Not a clock for the log: the rate is measured once.
+/// would be a sixth of a thread's time with several streams; the counter is
+/// one instruction. Not a clock for the log: the rate is measured once.
 #[inline]
 pub fn pace_ns() -> u64 {
     match PACE.get() {
