@@ -85,6 +85,7 @@ fn start_sleep_under_cupool(dir: &Path) -> (std::process::Child, u32) {
 fn wait_for_cupool(cupool: &mut std::process::Child, prog_pid: u32, what: &str) -> std::process::ExitStatus {
     poll_for(Duration::from_secs(10), || cupool.try_wait().expect("wait for cupool")).unwrap_or_else(|| {
         let prog_alive = Path::new(&format!("/proc/{prog_pid}")).exists();
+        // SAFETY: `kill` takes integers; it signals the test's own child program.
         unsafe { libc::kill(prog_pid as libc::pid_t, libc::SIGKILL) };
         let _ = cupool.kill();
         let _ = cupool.wait();
@@ -528,6 +529,7 @@ fn bad_input_is_refused_with_one_line_and_a_documented_status() {
         bad(&["replay", &p("nohdr.csv")], 2, &format!("{}:1: the header has no Action column", p("nohdr.csv"))),
         bad(&["replay", &p("bad.csv.gz")], 2, &format!("{}:4: 1 column(s)", p("bad.csv.gz"))),
     ];
+    // SAFETY: `geteuid` takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         // Root writes into read-only directories; /proc above stands in for it there.
         let ro = base.join("read-only");

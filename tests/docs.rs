@@ -1,8 +1,11 @@
-//! Documentation that cannot drift: README's option table against the core's
-//! parser, and the files BENCHMARKS.md cites against the repository.
+//! Documentation that cannot drift: the lists of options kept outside
+//! `core/src/options.rs` (README's table, the log schema's, the Python
+//! package's defaults) against the declaration there, and the files
+//! BENCHMARKS.md cites against the repository.
 //! `cargo test --test docs`
 
-use std::collections::BTreeMap;
+use cupool_core::options::OPTION_HELP;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 fn repo_file(name: &str) -> String {
@@ -27,19 +30,32 @@ fn table_rows(markdown: &str, section: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// README's table of options has one row per declared option, with its default.
 #[test]
-fn readme_option_table_matches_the_parser() {
+fn readme_option_table_matches_the_declaration() {
     let readme = repo_file("README.md");
     let table: BTreeMap<String, String> = table_rows(&readme, "Options")
         .into_iter()
         .map(|(k, d)| (k, if d == "empty" { String::new() } else { d }))
         .collect();
-    let defaults = cupool_core::options::Options::default();
-    let parsed: BTreeMap<String, String> = cupool_core::options::OPTION_HELP
+    let declared: BTreeMap<String, String> =
+        OPTION_HELP.iter().map(|(k, d, _)| (k.to_string(), d.to_string())).collect();
+    let missing: Vec<&String> = declared.keys().filter(|k| !table.contains_key(*k)).collect();
+    let unknown: Vec<&String> = table.keys().filter(|k| !declared.contains_key(*k)).collect();
+    let other_default: Vec<String> = declared
         .iter()
-        .map(|(k, _, _)| (k.to_string(), cupool_core::options::value_of(&defaults, k).expect("the parser knows it")))
+        .filter_map(|(k, d)| table.get(k).filter(|t| *t != d).map(|t| format!("{k}: README {t:?}, declared {d:?}")))
         .collect();
-    assert_eq!(table, parsed, "README's option table (left) against the options the core parses and their defaults");
+    assert!(
+        missing.is_empty() && unknown.is_empty() && other_default.is_empty(),
+        "README.md's option table against core/src/options.rs: no row for {missing:?}; rows of no option \
+         {unknown:?}; other defaults {other_default:?}"
+    );
+    // The declared default is what the parser reads and writes back.
+    let defaults = cupool_core::options::Options::default();
+    for (k, d, _) in OPTION_HELP {
+        assert_eq!(cupool_core::options::value_of(&defaults, k).as_deref(), Some(*d), "{k}");
+    }
 }
 
 /// Every backticked repository path in BENCHMARKS.md (a word with a `/` that starts with
@@ -70,4 +86,68 @@ fn benchmarks_cite_only_files_that_exist() {
     assert!(cited.iter().any(|c| c == "scripts/gpu-bench.sh"), "the scan finds the cited scripts: {cited:?}");
     let missing: Vec<&String> = cited.iter().filter(|c| !root.join(c.as_str()).exists()).collect();
     assert!(missing.is_empty(), "BENCHMARKS.md cites files that are not in the repository: {missing:?}");
+}
+
+/// The defaults `python/cupool/_options.py` keeps (`DEFAULTS`, for the
+/// options the Python package reads) are the declared ones, and every option
+/// the package reads through `option(...)` is among them.
+#[test]
+fn python_option_defaults_match_the_declaration() {
+    const FILE: &str = "python/cupool/_options.py";
+    let text = repo_file(FILE);
+    let block = text
+        .split_once("\nDEFAULTS = {\n")
+        .and_then(|(_, rest)| rest.split_once("\n}\n"))
+        .unwrap_or_else(|| panic!("{FILE} has no `DEFAULTS = {{ ... }}` dict (one `\"key\": \"default\",` per line)"))
+        .0;
+    let declared: BTreeMap<&str, &str> = OPTION_HELP.iter().map(|(k, d, _)| (*k, *d)).collect();
+    let mut python = BTreeMap::new();
+    for line in block.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let quoted: Vec<&str> = line.split('"').collect();
+        let [_, key, _, value, rest] = quoted[..] else {
+            panic!("{FILE}: DEFAULTS line {line:?} is not `\"key\": \"default\",`");
+        };
+        assert_eq!(rest, ",", "{FILE}: DEFAULTS line {line:?} is not `\"key\": \"default\",`");
+        match declared.get(key) {
+            None => panic!("{FILE}: DEFAULTS names {key:?}, which core/src/options.rs does not declare"),
+            Some(d) => assert_eq!(
+                value, *d,
+                "{FILE}: DEFAULTS[{key:?}] is {value:?}, but core/src/options.rs declares the default {d:?}"
+            ),
+        }
+        python.insert(key.to_string(), value.to_string());
+    }
+    assert!(!python.is_empty(), "{FILE}: DEFAULTS is empty");
+    // Every option the package reads through `option(opts, "key")` has its default there.
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/cupool");
+    for entry in std::fs::read_dir(&package).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "py") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (i, _) in source.match_indices("option(") {
+            let Some((args, _)) = source[i + "option(".len()..].split_once(')') else { continue };
+            let Some((_, key)) = args.split_once(',') else { continue };
+            let Some(key) = key.trim().strip_prefix('"').and_then(|k| k.strip_suffix('"')) else { continue };
+            assert!(python.contains_key(key), "{} reads option {key:?}, which {FILE}'s DEFAULTS lacks", path.display());
+        }
+    }
+}
+
+/// The log schema's table of the `options` record lists exactly the
+/// options a log records (those the CLI alone reads are not recorded).
+#[test]
+fn log_schema_lists_the_recorded_options() {
+    let schema = repo_file("docs/log-schema.md");
+    let listed: BTreeSet<String> = table_rows(&schema, "`options`").into_iter().map(|(k, _)| k).collect();
+    let record = serde_json::to_value(cupool_core::options::Options::default()).unwrap();
+    let recorded: BTreeSet<String> = record.as_object().unwrap().keys().cloned().collect();
+    let missing: Vec<&String> = recorded.difference(&listed).collect();
+    let extra: Vec<&String> = listed.difference(&recorded).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "docs/log-schema.md's `options` table against the options a log records: missing {missing:?}, not \
+         recorded {extra:?}"
+    );
 }

@@ -61,6 +61,8 @@ fn no_unwind_lib() -> &'static NoUnwind {
             let text = String::from_utf8_lossy(&out.stdout);
             assert!(!text.contains(" FDE "), "libnounwind.so has FDEs:\n{text}");
         }
+        // SAFETY: `open_symbol` returns the addresses of `nounwind_call` and `hostile_call` in the library
+        // just built from `NO_UNWIND_C`, whose prototypes are `CallThrough` and `HostileCall`.
         unsafe {
             NoUnwind {
                 call: std::mem::transmute::<usize, CallThrough>(open_symbol(&path, "nounwind_call")),
@@ -85,6 +87,8 @@ fn marker_inner(len: usize) -> Vec<u64> {
 
 #[inline(never)]
 unsafe extern "C" fn marker_callback(arg: *mut c_void) -> u64 {
+    // SAFETY: `arg` is the pointer to a live `Captured` that the caller passed through the C library
+    // unchanged, and nothing else uses it during the call.
     let captured = unsafe { &mut *(arg as *mut Captured) };
     captured.frames = marker_inner(black_box(64));
     black_box(captured.frames.len() as u64)
@@ -94,6 +98,8 @@ unsafe extern "C" fn marker_callback(arg: *mut c_void) -> u64 {
 fn marker_through_nounwind() -> Vec<u64> {
     let mut captured = Captured { frames: Vec::new() };
     let lib = no_unwind_lib();
+    // SAFETY: `call` is `nounwind_call` (prototype `CallThrough`); `marker_callback` takes the pointer it is
+    // given, here to `captured`, a live `Captured`.
     unsafe { (lib.call)(marker_callback, &mut captured as *mut Captured as *mut c_void) };
     black_box(captured.frames)
 }
@@ -115,6 +121,9 @@ fn frames_above_a_c_function_without_unwind_info_are_found() {
 fn marker_hostile(fake_rbp: u64) -> Vec<u64> {
     let mut captured = Captured { frames: Vec::new() };
     let lib = no_unwind_lib();
+    // SAFETY: `hostile` is `hostile_call` (prototype `HostileCall`), which saves `rbp`, points it at
+    // `fake_rbp` for the call and restores it after, so Rust code sees the register preserved; it calls
+    // `marker_callback` with `captured`, a live `Captured`.
     unsafe { (lib.hostile)(marker_callback, &mut captured as *mut Captured as *mut c_void, fake_rbp) };
     black_box(captured.frames)
 }
@@ -178,6 +187,8 @@ unsigned long late_call(callback cb, void *arg) {
 #[inline(never)]
 fn marker_through_late(call: CallThrough) -> Vec<u64> {
     let mut captured = Captured { frames: Vec::new() };
+    // SAFETY: `call` is a `late_call` (prototype `CallThrough`) of a library that stays loaded;
+    // `marker_callback` takes the pointer to `captured`, a live `Captured`.
     unsafe { call(marker_callback, &mut captured as *mut Captured as *mut c_void) };
     black_box(captured.frames)
 }
@@ -191,6 +202,8 @@ fn a_library_loaded_after_the_first_capture_is_unwound_through() {
     assert!(!marker_inner(8).is_empty());
     assert!(!loaded_modules().iter().any(|m| m.path.ends_with("/liblate.so")));
 
+    // SAFETY: `open_symbol` returns the address of `late_call` in the library just built from `LATE_C`, whose
+    // prototype is `CallThrough`.
     let call = unsafe { std::mem::transmute::<usize, CallThrough>(open_symbol(&path, "late_call")) };
     let names = eventually(|| {
         let names = syms.names(&marker_through_late(call));
@@ -227,6 +240,8 @@ struct FakeCudart {
 fn fake_cudart() -> FakeCudart {
     // Named like the CUDA runtime: its frames are trimmed while they lead.
     let path = build_so("cudart", "libcudart.so.99", FAKE_CUDART_C, &["-O2", "-fno-optimize-sibling-calls"]);
+    // SAFETY: `open_symbol` returns the addresses of `cudart_capture` and `cudart_call` in the library just
+    // built from `FAKE_CUDART_C`, whose prototypes are `CudartCapture` and `CallThrough`.
     unsafe {
         FakeCudart {
             capture: std::mem::transmute::<usize, CudartCapture>(open_symbol(&path, "cudart_capture")),
@@ -238,6 +253,8 @@ fn fake_cudart() -> FakeCudart {
 #[inline(never)]
 fn marker_capture_in_cudart(lib: &FakeCudart) -> Vec<u64> {
     let mut out = vec![0u64; 32];
+    // SAFETY: `capture` is `cudart_capture` (prototype `CudartCapture`); it hands `capture_raw` the buffer
+    // `out` with its true length, and `capture_raw` writes at most that many frames.
     let n = unsafe { (lib.capture)(capture_raw, out.as_mut_ptr(), out.len()) };
     out.truncate(n);
     black_box(out)
@@ -309,6 +326,8 @@ fn captures_stay_right_while_libraries_load_and_tables_are_swapped() {
     for i in 0..6 {
         let path =
             build_so(&format!("swap{i}"), &format!("libswap{i}.so"), LATE_C, &["-O2", "-fno-optimize-sibling-calls"]);
+        // SAFETY: `open_symbol` returns the address of `late_call` in the library just built from `LATE_C`,
+        // whose prototype is `CallThrough`.
         let call = unsafe { std::mem::transmute::<usize, CallThrough>(open_symbol(&path, "late_call")) };
         eventually(|| {
             syms.names(&marker_through_late(call)).iter().any(|n| n.contains("marker_through_late")).then_some(())

@@ -91,10 +91,18 @@ fn a_deep_stack_is_cut_at_the_buffer_length() {
     assert_eq!(recurse(1500, MAX_FRAMES + 100).len(), MAX_FRAMES);
 }
 
+/// A thread stack far below the default 8 MiB that an optimised capture fits
+/// in. Unoptimised, a thread's first capture builds framehop's caches on the
+/// stack before it boxes them (about 32 KiB each, and copies), so a debug
+/// build needs over 128 KiB: it gets a stack of 256 KiB, still far below the
+/// default and of a size the thread set itself.
+const SMALL_STACK: usize = if cfg!(debug_assertions) { 256 << 10 } else { 64 << 10 };
+
 #[test]
 fn a_small_thread_stack_is_walked_to_its_start() {
     init();
-    let frames = std::thread::Builder::new().stack_size(64 * 1024).spawn(|| marker_alpha(64)).unwrap().join().unwrap();
+    let frames =
+        std::thread::Builder::new().stack_size(SMALL_STACK).spawn(|| marker_alpha(64)).unwrap().join().unwrap();
     let names = ExeSymbols::load().names(&frames);
     assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha"]), [0, 1, 2]);
     // The walk reaches the thread's start routine (clone3 / start_thread in libc).

@@ -48,6 +48,7 @@ fn roots() -> Vec<(PathBuf, bool)> {
     if let Some(h) = std::env::var_os("HOME").and_then(abs) {
         v.push((h.join(".cache").join("cupool"), false));
     }
+    // SAFETY: `getuid` takes no arguments and cannot fail.
     v.push((std::env::temp_dir().join(format!("cupool-{}", unsafe { libc::getuid() })), true));
     v
 }
@@ -92,6 +93,7 @@ fn install_in(root: &Path, shared_tmp: bool, name: &str, files: &[Carried]) -> R
 /// others: nobody else may plant a library or a module there.
 fn private(dir: &Path) -> Result<(), String> {
     let m = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: `getuid` takes no arguments and cannot fail.
     if !m.is_dir() || m.uid() != unsafe { libc::getuid() } || m.mode() & 0o022 != 0 {
         return Err(format!("{} is not a private directory of this user", dir.display()));
     }

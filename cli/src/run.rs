@@ -81,6 +81,7 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 extern "C" fn forward(sig: libc::c_int) {
     let pid = CHILD.load(Ordering::Relaxed);
     if pid > 0 {
+        // SAFETY: `kill` takes integers and is async-signal-safe, as a signal handler needs.
         unsafe { libc::kill(pid, sig) };
     }
 }
@@ -267,6 +268,10 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
     } else if opts.nvtx && args.verbose {
         eprintln!("cupool: NVTX_INJECTION64_PATH is set already: NVTX ranges go to that tool, not into the log");
     }
+    // SAFETY: `signal` is given a constant disposition or `forward`, an `extern "C" fn(c_int)` handler that
+    // makes only async-signal-safe calls. The `pre_exec` closure runs in the child between `fork` and `exec`,
+    // where only async-signal-safe calls may be made: `signal`, `sigemptyset` and `pthread_sigmask` are, and
+    // it allocates nothing (`none` is zeroed on the stack).
     unsafe {
         // The terminal's ^C reaches the child directly; cupool waits and reports.
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -284,7 +289,9 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
         });
     }
     // A SIGTERM that arrives before the child's pid is known must wait, not be lost.
+    // SAFETY: `sigset_t` is plain data: all-zero is a valid (empty) set.
     let mut forwarded: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `sigemptyset`, `sigaddset` and `pthread_sigmask` only read and write `forwarded`, a live local.
     unsafe {
         libc::sigemptyset(&mut forwarded);
         libc::sigaddset(&mut forwarded, libc::SIGTERM);
@@ -296,6 +303,7 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
     if let Ok(c) = &spawned {
         CHILD.store(c.id() as i32, Ordering::Relaxed);
     }
+    // SAFETY: `pthread_sigmask` reads `forwarded`, a live local, and writes nothing (null).
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &forwarded, std::ptr::null_mut()) };
     let mut child = match spawned {
         Ok(c) => c,

@@ -106,160 +106,260 @@ impl Backing {
     }
 }
 
-/// The options in force. Also the `options` record of the log header: an
-/// option missing from an older log reads as its default, and a key this
-/// build does not know (an option since removed) is ignored.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Options {
-    pub mode: Mode,
-    /// Directory for `cupool.<pid>.json`; created if missing.
-    pub log_dir: String,
-    /// Write a log file at all.
-    pub log: bool,
-    /// Stream every alloc/free into the timeline (failures, checkpoints and the
-    /// leak report are written either way).
-    pub trace: bool,
-    /// Opaque tag the CLI uses to find the logs of one run.
-    pub run_id: String,
-    /// Milliseconds between background flushes of the event stream.
-    pub flush_ms: u64,
-    /// Per-device cap on the bytes cupool lets a process hold; 0 = none.
-    pub limit: u64,
-    /// Report problems of the shim itself on stderr (0 = silent, 1 = errors, 2 = chatty).
-    pub verbosity: u8,
-    /// Pool mode with streams: microseconds between reuse fences.
-    pub fence_us: u64,
-    /// Pool mode: when completely free segments go back to the device.
-    pub give_back: GiveBack,
-    /// Pool mode: fixed segments or VMM pages. A log from before the option
-    /// was pooled on segments.
-    #[serde(default = "Backing::before_the_option")]
-    pub backing: Backing,
-    /// Pool mode on VMM pages: requests of at least this many bytes go to
-    /// CUDA as they are; 0 = none do, as in a log from before the option.
-    #[serde(default)]
-    pub direct_min: u64,
-    /// Pool mode: which threads keep small blocks in a magazine of their own.
-    pub magazines: Magazines,
-    /// Take NVTX ranges as phases (cupool attaches as the NVTX tool).
-    pub nvtx: bool,
-    /// Native frames kept per allocation site; 0 = no native stacks.
-    pub stack_depth: u32,
-    /// Python frames kept per allocation site; 0 = no Python frames.
-    pub python_depth: u32,
-    // The options of `cupool check` and `cupool merge`. The shim reads and
-    // ignores them; they are not its options, so the log does not record them.
-    /// The exit status when leaks fail the job.
-    #[serde(skip)]
-    pub exitcode: u8,
-    /// Leaked bytes (of the kinds `fail_on` names, unsuppressed) tolerated before the job fails.
-    #[serde(skip)]
-    pub max_leak_bytes: u64,
-    /// The kinds of leak that fail the job, as written by [`set`]: `exit,growth,test`
-    /// in that order, a subset of it, or `none`.
-    #[serde(skip)]
-    pub fail_on: String,
-    /// The fewest repeated phases (or periods of a loop) a growth leak needs.
-    #[serde(skip)]
-    pub growth_phases: u32,
-    /// `cupool check`: entries of PyTorch's allocation history each Python
-    /// process records per device (a ring buffer); 0 = none recorded.
-    #[serde(skip)]
-    pub torch_history: u64,
+/// How an option's text is read (and what a bad one is told it should be)
+/// and written back.
+#[derive(Clone, Copy)]
+enum Rule {
+    /// One of an enum's words (its `as_str`); `expected` names them.
+    Word(&'static str),
+    /// `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`; written `1` or `0`.
+    Flag,
+    /// Any text, taken as it is.
+    Text,
+    /// Any text but the empty one.
+    NonEmpty(&'static str),
+    /// A whole number in `lo..=hi`.
+    Range(u64, u64, &'static str),
+    /// Bytes ([`parse_bytes`]), written back as a plain number.
+    Bytes(&'static str),
+    /// Bytes, written back in the largest unit that holds them exactly (`1g`).
+    ShortBytes(&'static str),
+    /// Kinds of leak ([`parse_fail_on`]).
+    LeakKinds(&'static str),
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            mode: Mode::Pool,
-            log_dir: ".".into(),
-            log: true,
-            trace: true,
-            run_id: String::new(),
-            flush_ms: 100,
-            limit: 0,
-            verbosity: 1,
-            fence_us: 100,
-            give_back: GiveBack::Auto,
-            backing: Backing::Vmm,
-            direct_min: 1 << 30,
-            magazines: Magazines::Auto,
-            nvtx: true,
-            stack_depth: 32,
-            python_depth: 16,
-            exitcode: 23,
-            max_leak_bytes: 0,
-            fail_on: "exit,growth,test".into(),
-            growth_phases: 4,
-            torch_history: 200_000,
+impl Rule {
+    /// What a bad value is told the option takes.
+    fn expected(self) -> &'static str {
+        match self {
+            Rule::Flag => "1 or 0",
+            Rule::Text => "any text",
+            Rule::Word(e) | Rule::NonEmpty(e) | Rule::Range(_, _, e) | Rule::Bytes(e) | Rule::ShortBytes(e) => e,
+            Rule::LeakKinds(e) => e,
         }
     }
 }
 
-/// One line per option, as shown by `cupool run --help` and the README.
-pub const OPTION_HELP: &[(&str, &str, &str)] = &[
-    ("mode", "pool", "pool | passthrough: serve device allocations from cupool's pool, or only observe"),
-    ("log_dir", ".", "directory for cupool.<pid>.json (created if missing)"),
-    ("log", "1", "1 | 0: write the JSON log at all"),
-    (
-        "trace",
-        "1",
-        "1 | 0: stream every alloc/free into the log's timeline (failures, checkpoints and leaks are kept either way)",
-    ),
-    ("run_id", "", "tag written into every log of one run (set by the cupool CLI)"),
-    ("flush_ms", "100", "milliseconds between background flushes of the event stream (10..10000)"),
-    ("limit", "0", "per-device byte cap, e.g. 16g or 512m; 0 = the device's own size"),
-    ("verbosity", "1", "0 silent, 1 errors, 2 also notes from the shim on stderr"),
-    (
-        "fence_us",
-        "100",
-        "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable, and between the GPU-side barriers that let them be reused where they were freed (10..100000)",
-    ),
-    (
-        "give_back",
-        "auto",
-        "pool mode: auto | always | never: when segments that frees leave empty go back to the device (auto: at once, but a size the program regrows within a second of one going back stays cached)",
-    ),
-    (
-        "backing",
-        "vmm",
+/// A type an option holds, read from its `CUPOOL_OPTIONS` text and written
+/// back to it by the option's [`Rule`]. A rule that does not fit the type
+/// reads nothing, which the declared default shows at once
+/// (`Options::default` reads every default).
+trait OptionValue: Sized {
+    fn read(text: &str, rule: Rule) -> Option<Self>;
+    fn write(&self, rule: Rule) -> String;
+}
+
+impl OptionValue for bool {
+    fn read(text: &str, rule: Rule) -> Option<bool> {
+        match rule {
+            Rule::Flag => parse_bool(text),
+            _ => None,
+        }
+    }
+    fn write(&self, _: Rule) -> String {
+        u8::from(*self).to_string()
+    }
+}
+
+impl OptionValue for String {
+    fn read(text: &str, rule: Rule) -> Option<String> {
+        match rule {
+            Rule::Text => Some(text.to_string()),
+            Rule::NonEmpty(_) => (!text.is_empty()).then(|| text.to_string()),
+            Rule::LeakKinds(_) => parse_fail_on(text),
+            _ => None,
+        }
+    }
+    fn write(&self, _: Rule) -> String {
+        self.clone()
+    }
+}
+
+impl OptionValue for u64 {
+    fn read(text: &str, rule: Rule) -> Option<u64> {
+        match rule {
+            Rule::Range(lo, hi, _) => text.parse::<u64>().ok().filter(|n| (lo..=hi).contains(n)),
+            Rule::Bytes(_) | Rule::ShortBytes(_) => parse_bytes(text),
+            _ => None,
+        }
+    }
+    fn write(&self, rule: Rule) -> String {
+        match rule {
+            Rule::ShortBytes(_) => bytes_text(*self),
+            _ => self.to_string(),
+        }
+    }
+}
+
+/// Smaller integers: read as a `u64` in their option's range.
+macro_rules! narrow_option_value {
+    ($($t:ty),*) => {$(
+        impl OptionValue for $t {
+            fn read(text: &str, rule: Rule) -> Option<$t> {
+                match rule {
+                    Rule::Range(..) => <$t>::try_from(u64::read(text, rule)?).ok(),
+                    _ => None,
+                }
+            }
+            fn write(&self, _: Rule) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+narrow_option_value!(u8, u32);
+
+/// Enums: one word per variant, the variant's `as_str`.
+macro_rules! word_option_value {
+    ($($t:ident: [$($variant:ident),*];)*) => {$(
+        impl OptionValue for $t {
+            fn read(text: &str, rule: Rule) -> Option<$t> {
+                match rule {
+                    Rule::Word(_) => [$($t::$variant),*].into_iter().find(|v| v.as_str() == text),
+                    _ => None,
+                }
+            }
+            fn write(&self, _: Rule) -> String {
+                self.as_str().to_string()
+            }
+        }
+    )*};
+}
+word_option_value! {
+    Mode: [Passthrough, Pool];
+    GiveBack: [Auto, Always, Never];
+    Backing: [Segments, Vmm];
+    Magazines: [Auto, Always, Never];
+}
+
+/// Declares every option once: its field (and key, the same name), type,
+/// default as `CUPOOL_OPTIONS` writes it, rule, and one line of help. From
+/// that come the `Options` struct (the help is each field's documentation),
+/// its `Default`, [`OPTION_HELP`], [`value_of`] and [`set`]; the README's
+/// table and the Python package's defaults are checked against it
+/// (`tests/docs.rs`).
+macro_rules! options {
+    ($(
+        $(#[$attr:meta])*
+        $field:ident: $ty:ty = $default:literal, $rule:expr,
+            $help:expr;
+    )*) => {
+        /// The options in force. Also the `options` record of the log header: an
+        /// option missing from an older log reads as its default, and a key this
+        /// build does not know (an option since removed) is ignored.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct Options {
+            $(
+                #[doc = $help]
+                $(#[$attr])*
+                pub $field: $ty,
+            )*
+        }
+
+        impl Default for Options {
+            fn default() -> Self {
+                Options {
+                    $($field: match OptionValue::read($default, $rule) {
+                        Some(v) => v,
+                        None => panic!(concat!("the declared default of `", stringify!($field), "` does not read")),
+                    },)*
+                }
+            }
+        }
+
+        /// One line per option: (key, default, help), as shown by `cupool run
+        /// --help`, in the order declared.
+        pub const OPTION_HELP: &[(&str, &str, &str)] = &[$((stringify!($field), $default, $help)),*];
+
+        /// The value of option `key` in `opts`, written as `CUPOOL_OPTIONS` takes it
+        /// (without quotes); `None` for a key no option has.
+        pub fn value_of(opts: &Options, key: &str) -> Option<String> {
+            match key {
+                $(stringify!($field) => Some(opts.$field.write($rule)),)*
+                _ => None,
+            }
+        }
+
+        /// Sets option `key` to `value` (taken as it is: no quotes, no trimming).
+        /// On error `opts` is unchanged.
+        pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError> {
+            let bad = |rule: Rule| OptionError::BadValue { key: key.into(), value: value.into(), expected: rule.expected() };
+            match key {
+                $(stringify!($field) => opts.$field = OptionValue::read(value, $rule).ok_or_else(|| bad($rule))?,)*
+                _ => return Err(OptionError::Unknown { key: key.to_string() }),
+            }
+            Ok(())
+        }
+    };
+}
+
+options! {
+    mode: Mode = "pool", Rule::Word("pool or passthrough"),
+        "pool | passthrough: serve device allocations from cupool's pool, or only observe";
+    log_dir: String = ".", Rule::NonEmpty("a directory"),
+        "directory for cupool.<pid>.json (created if missing)";
+    log: bool = "1", Rule::Flag,
+        "1 | 0: write the JSON log at all";
+    trace: bool = "1", Rule::Flag,
+        "1 | 0: stream every alloc/free into the log's timeline (failures, checkpoints and leaks are kept either way)";
+    run_id: String = "", Rule::Text,
+        "tag written into every log of one run (set by the cupool CLI)";
+    flush_ms: u64 = "100", Rule::Range(10, 10_000, "a number of milliseconds, 10..10000"),
+        "milliseconds between background flushes of the event stream (10..10000)";
+    limit: u64 = "0", Rule::Bytes("bytes such as 16g, 512m or 4096; 0 = none"),
+        "per-device byte cap, e.g. 16g or 512m; 0 = the device's own size";
+    verbosity: u8 = "1", Rule::Range(0, 2, "0, 1 or 2"),
+        "0 silent, 1 errors, 2 also notes from the shim on stderr";
+    fence_us: u64 = "100", Rule::Range(10, 100_000, "a number of microseconds, 10..100000"),
+        "pool mode, once streams exist: microseconds between the fences that make freed blocks reusable, and \
+         between the GPU-side barriers that let them be reused where they were freed (10..100000)";
+    give_back: GiveBack = "auto", Rule::Word("auto, always or never"),
+        "pool mode: auto | always | never: when segments that frees leave empty go back to the device (auto: at \
+         once, but a size the program regrows within a second of one going back stays cached)";
+    /// A log from before the option was pooled on segments.
+    #[serde(default = "Backing::before_the_option")]
+    backing: Backing = "vmm", Rule::Word("segments or vmm"),
         "pool mode: vmm | segments: carve blocks from physical pages mapped into reserved address ranges \
          (cuMemCreate/cuMemMap; segments where the device has no VMM or a memory tool is attached), or from fixed \
-         cuMemAlloc segments",
-    ),
-    (
-        "direct_min",
-        "1g",
+         cuMemAlloc segments";
+    /// 0 in a log from before the option: those builds pooled every request.
+    #[serde(default)]
+    direct_min: u64 = "1g", Rule::ShortBytes("bytes such as 1g, 256m or 4096; 0 = none"),
         "pool mode, backing=vmm: requests of at least this many bytes go to CUDA as they are (cudaMalloc's own \
-         memory, freed by cudaFree), e.g. 1g or 256m; 0 = none do",
-    ),
-    (
-        "magazines",
-        "auto",
+         memory, freed by cudaFree), e.g. 1g or 256m; 0 = none do";
+    magazines: Magazines = "auto", Rule::Word("auto, always or never"),
         "pool mode: auto | always | never: threads that keep small blocks (up to 64 KiB) in a magazine of their own, \
          taken from the pool in batches, their own frees taken back once no queued GPU work can touch them (auto: a \
          thread that keeps finding the pool's lock taken by another, or whose small frees of the same few sizes keep \
-         waiting for fences)",
-    ),
-    ("nvtx", "1", "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)"),
-    ("stack_depth", "32", "native frames recorded per allocation site (0..128); 0 = no native stacks"),
-    ("python_depth", "16", "Python frames recorded per allocation site (0..64); 0 = no Python frames"),
-    ("exitcode", "23", "cupool check/merge: exit status when leaks fail the job (0..255)"),
-    ("max_leak_bytes", "0", "cupool check/merge: leaked bytes tolerated before the job fails, e.g. 1m"),
-    (
-        "fail_on",
-        "exit,growth,test",
-        "cupool check/merge: the kinds of leak that fail the job, comma-separated, or none",
-    ),
-    ("growth_phases", "4", "cupool check/merge: fewest repeated phases a growth leak needs (3..1000)"),
-    (
-        "torch_history",
-        "200000",
+         waiting for fences)";
+    nvtx: bool = "1", Rule::Flag,
+        "1 | 0: take the program's NVTX ranges as phases (cupool run attaches the shim as the NVTX tool)";
+    stack_depth: u32 = "32", Rule::Range(0, 128, "a number of frames, 0..128"),
+        "native frames recorded per allocation site (0..128); 0 = no native stacks";
+    python_depth: u32 = "16", Rule::Range(0, 64, "a number of frames, 0..64"),
+        "Python frames recorded per allocation site (0..64); 0 = no Python frames";
+    // The options of `cupool check` and `cupool merge`. The shim reads and
+    // ignores them; they are not its options, so the log does not record them.
+    #[serde(skip)]
+    exitcode: u8 = "23", Rule::Range(0, 255, "an exit status, 0..255"),
+        "cupool check/merge: exit status when leaks fail the job (0..255)";
+    #[serde(skip)]
+    max_leak_bytes: u64 = "0", Rule::Bytes("bytes such as 0, 4096 or 1m"),
+        "cupool check/merge: leaked bytes tolerated before the job fails, e.g. 1m";
+    /// Written by [`set`] in one form: `exit,growth,test` in that order, a
+    /// subset of it, or `none`.
+    #[serde(skip)]
+    fail_on: String = "exit,growth,test", Rule::LeakKinds("exit, growth, test separated by commas, or none"),
+        "cupool check/merge: the kinds of leak that fail the job, comma-separated, or none";
+    #[serde(skip)]
+    growth_phases: u32 = "4", Rule::Range(3, 1000, "a number of phases, 3..1000"),
+        "cupool check/merge: fewest repeated phases a growth leak needs (3..1000)";
+    #[serde(skip)]
+    torch_history: u64 = "200000", Rule::Range(0, 10_000_000, "a number of events, 0..10000000"),
         "cupool check: events of PyTorch's allocation history each Python process keeps per device, for growth \
-         inside its cache (0..10000000); 0 = not recorded",
-    ),
-];
+         inside its cache (0..10000000); 0 = not recorded";
+}
 
 /// The kinds of leak `fail_on` can name, in the order it writes them.
 pub const LEAK_KINDS: [&str; 3] = ["exit", "growth", "test"];
@@ -460,103 +560,6 @@ pub fn format(opts: &Options) -> String {
     entries.join(":")
 }
 
-/// The value of option `key` in `opts`, written as `CUPOOL_OPTIONS` takes it
-/// (without quotes); `None` for a key no option has.
-pub fn value_of(opts: &Options, key: &str) -> Option<String> {
-    Some(match key {
-        "mode" => opts.mode.as_str().to_string(),
-        "log_dir" => opts.log_dir.clone(),
-        "log" => u8::from(opts.log).to_string(),
-        "trace" => u8::from(opts.trace).to_string(),
-        "run_id" => opts.run_id.clone(),
-        "flush_ms" => opts.flush_ms.to_string(),
-        "limit" => opts.limit.to_string(),
-        "verbosity" => opts.verbosity.to_string(),
-        "fence_us" => opts.fence_us.to_string(),
-        "give_back" => opts.give_back.as_str().to_string(),
-        "backing" => opts.backing.as_str().to_string(),
-        "direct_min" => bytes_text(opts.direct_min),
-        "magazines" => opts.magazines.as_str().to_string(),
-        "nvtx" => u8::from(opts.nvtx).to_string(),
-        "stack_depth" => opts.stack_depth.to_string(),
-        "python_depth" => opts.python_depth.to_string(),
-        "exitcode" => opts.exitcode.to_string(),
-        "max_leak_bytes" => opts.max_leak_bytes.to_string(),
-        "fail_on" => opts.fail_on.clone(),
-        "growth_phases" => opts.growth_phases.to_string(),
-        "torch_history" => opts.torch_history.to_string(),
-        _ => return None,
-    })
-}
-
-/// Sets option `key` to `value` (taken as it is: no quotes, no trimming).
-/// On error `opts` is unchanged.
-pub fn set(opts: &mut Options, key: &str, value: &str) -> Result<(), OptionError> {
-    let bad = |expected: &'static str| OptionError::BadValue { key: key.into(), value: value.into(), expected };
-    let in_range = |lo: u64, hi: u64, expected| match value.parse::<u64>() {
-        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
-        _ => Err(bad(expected)),
-    };
-    match key {
-        "mode" => {
-            opts.mode = match value {
-                "pool" => Mode::Pool,
-                "passthrough" => Mode::Passthrough,
-                _ => return Err(bad("pool or passthrough")),
-            }
-        }
-        "give_back" => {
-            opts.give_back = match value {
-                "auto" => GiveBack::Auto,
-                "always" => GiveBack::Always,
-                "never" => GiveBack::Never,
-                _ => return Err(bad("auto, always or never")),
-            }
-        }
-        "backing" => {
-            opts.backing = match value {
-                "segments" => Backing::Segments,
-                "vmm" => Backing::Vmm,
-                _ => return Err(bad("segments or vmm")),
-            }
-        }
-        "magazines" => {
-            opts.magazines = match value {
-                "auto" => Magazines::Auto,
-                "always" => Magazines::Always,
-                "never" => Magazines::Never,
-                _ => return Err(bad("auto, always or never")),
-            }
-        }
-        "log_dir" if value.is_empty() => return Err(bad("a directory")),
-        "log_dir" => opts.log_dir = value.to_string(),
-        "log" => opts.log = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
-        "trace" => opts.trace = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
-        "nvtx" => opts.nvtx = parse_bool(value).ok_or_else(|| bad("1 or 0"))?,
-        "run_id" => opts.run_id = value.to_string(),
-        "flush_ms" => opts.flush_ms = in_range(10, 10_000, "a number of milliseconds, 10..10000")?,
-        "fence_us" => opts.fence_us = in_range(10, 100_000, "a number of microseconds, 10..100000")?,
-        "limit" => opts.limit = parse_bytes(value).ok_or_else(|| bad("bytes such as 16g, 512m or 4096; 0 = none"))?,
-        "direct_min" => {
-            opts.direct_min = parse_bytes(value).ok_or_else(|| bad("bytes such as 1g, 256m or 4096; 0 = none"))?
-        }
-        "verbosity" => opts.verbosity = in_range(0, 2, "0, 1 or 2")? as u8,
-        "stack_depth" => opts.stack_depth = in_range(0, 128, "a number of frames, 0..128")? as u32,
-        "python_depth" => opts.python_depth = in_range(0, 64, "a number of frames, 0..64")? as u32,
-        "exitcode" => opts.exitcode = in_range(0, 255, "an exit status, 0..255")? as u8,
-        "max_leak_bytes" => {
-            opts.max_leak_bytes = parse_bytes(value).ok_or_else(|| bad("bytes such as 0, 4096 or 1m"))?
-        }
-        "fail_on" => {
-            opts.fail_on = parse_fail_on(value).ok_or_else(|| bad("exit, growth, test separated by commas, or none"))?
-        }
-        "growth_phases" => opts.growth_phases = in_range(3, 1000, "a number of phases, 3..1000")? as u32,
-        "torch_history" => opts.torch_history = in_range(0, 10_000_000, "a number of events, 0..10000000")?,
-        _ => return Err(OptionError::Unknown { key: key.to_string() }),
-    }
-    Ok(())
-}
-
 fn parse_bool(v: &str) -> Option<bool> {
     match v {
         "1" | "true" | "yes" | "on" => Some(true),
@@ -746,6 +749,73 @@ mod tests {
             assert_eq!(o, defaults, "{key}");
         }
         assert_eq!(format(&defaults), "");
+    }
+
+    /// Each option's complaint about a bad value, word for word (the CLI
+    /// shows them), and where each range ends.
+    #[test]
+    fn every_option_says_what_it_takes() {
+        let expected = [
+            ("mode", "pool or passthrough"),
+            ("log_dir", "a directory"),
+            ("log", "1 or 0"),
+            ("trace", "1 or 0"),
+            ("flush_ms", "a number of milliseconds, 10..10000"),
+            ("limit", "bytes such as 16g, 512m or 4096; 0 = none"),
+            ("verbosity", "0, 1 or 2"),
+            ("fence_us", "a number of microseconds, 10..100000"),
+            ("give_back", "auto, always or never"),
+            ("backing", "segments or vmm"),
+            ("direct_min", "bytes such as 1g, 256m or 4096; 0 = none"),
+            ("magazines", "auto, always or never"),
+            ("nvtx", "1 or 0"),
+            ("stack_depth", "a number of frames, 0..128"),
+            ("python_depth", "a number of frames, 0..64"),
+            ("exitcode", "an exit status, 0..255"),
+            ("max_leak_bytes", "bytes such as 0, 4096 or 1m"),
+            ("fail_on", "exit, growth, test separated by commas, or none"),
+            ("growth_phases", "a number of phases, 3..1000"),
+            ("torch_history", "a number of events, 0..10000000"),
+        ];
+        let keys: Vec<&str> = OPTION_HELP.iter().map(|(k, _, _)| *k).filter(|k| *k != "run_id").collect();
+        assert_eq!(expected.map(|(k, _)| k), keys[..], "every option but run_id, which takes any text");
+        let mut o = Options::default();
+        for (key, takes) in expected {
+            // `log_dir` takes any text but the empty one.
+            let bad = if key == "log_dir" { "" } else { "x" };
+            let e = set(&mut o, key, bad).unwrap_err().to_string();
+            let want = if bad.is_empty() {
+                format!("no value for '{key}' (expected {takes})")
+            } else {
+                format!("bad value '{bad}' for '{key}' (expected {takes})")
+            };
+            assert_eq!(e, want);
+        }
+        assert_eq!(o, Options::default());
+        assert_eq!(set(&mut o, "run_id", "any: text"), Ok(()), "run_id takes any text");
+        for (key, lo, hi) in [
+            ("flush_ms", 10, 10_000),
+            ("verbosity", 0, 2),
+            ("fence_us", 10, 100_000),
+            ("stack_depth", 0, 128),
+            ("python_depth", 0, 64),
+            ("exitcode", 0, 255),
+            ("growth_phases", 3, 1000),
+            ("torch_history", 0, 10_000_000),
+        ] {
+            for (n, ok) in
+                [(lo, true), (hi, true), (hi + 1, false)].into_iter().chain((lo > 0).then_some((lo - 1, false)))
+            {
+                assert_eq!(set(&mut o, key, &n.to_string()).is_ok(), ok, "{key}={n}");
+                assert_eq!(value_of(&o, key).filter(|_| ok), ok.then(|| n.to_string()), "{key}={n}");
+            }
+        }
+        for (text, on) in [("1", true), ("true", true), ("yes", true), ("on", true), ("0", false), ("off", false)] {
+            assert_eq!(set(&mut o, "trace", text), Ok(()));
+            assert_eq!(o.trace, on, "{text}");
+        }
+        assert_eq!((set(&mut o, "limit", "16g"), value_of(&o, "limit").unwrap()), (Ok(()), (16u64 << 30).to_string()));
+        assert_eq!((set(&mut o, "direct_min", "256m"), value_of(&o, "direct_min").unwrap()), (Ok(()), "256m".into()));
     }
 
     fn any_text() -> impl Strategy<Value = String> {

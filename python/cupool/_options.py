@@ -4,6 +4,22 @@ Shared by the pytest plugin and the PyTorch history recorder; imports
 nothing, so that reading the options costs nothing where they are read.
 """
 
+# The defaults of the options the package reads, as core/src/options.rs
+# declares them (tests/docs.rs checks that they agree).
+DEFAULTS = {
+    "log": "1",
+    "log_dir": ".",
+    "python_depth": "16",
+    "run_id": "",
+    "torch_history": "200000",
+    "verbosity": "1",
+}
+
+
+def option(opts, key):
+    """Option ``key`` from ``opts`` (what `parse_options` returned), else its default."""
+    return opts.get(key, DEFAULTS[key])
+
 
 def parse_options(spec):
     """``key=value:key=value`` into a dict; the last entry of a key wins.

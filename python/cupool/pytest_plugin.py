@@ -50,7 +50,7 @@ import sys
 import pytest
 
 from cupool._options import flag as _flag
-from cupool._options import parse_options
+from cupool._options import option, parse_options
 
 MARKER = "cupool_no_leak_check"
 _PLUGIN_NAME = "cupool-leak-check"
@@ -76,12 +76,12 @@ def pytest_configure(config):
     if not cupool.available():
         return
     options = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
-    if not _flag(options.get("log", "1"), True):
+    if not _flag(option(options, "log"), True):
         return
-    log_dir = os.path.abspath(options.get("log_dir", "."))
+    log_dir = os.path.abspath(option(options, "log_dir"))
     workerinput = getattr(config, "workerinput", None)
     worker = workerinput.get("workerid") if isinstance(workerinput, dict) else None
-    config.pluginmanager.register(LeakCheck(log_dir, worker, options.get("run_id", "")), _PLUGIN_NAME)
+    config.pluginmanager.register(LeakCheck(log_dir, worker, option(options, "run_id")), _PLUGIN_NAME)
 
 
 # ---------------------------------------------------------------------------

@@ -26,15 +26,15 @@ on stderr with ``verbosity=2``.
 import os
 import sys
 
-from cupool._options import flag, parse_options
+from cupool._options import DEFAULTS, flag, option, parse_options
 
 SCHEMA = "cupool-torch"
 VERSION = 1
-# The default of the `torch_history` option (core/src/options.rs): entries
-# of PyTorch's history kept per device, a ring buffer.
-DEFAULT_ENTRIES = 200000
+# The default of the `torch_history` option: entries of PyTorch's history
+# kept per device, a ring buffer.
+DEFAULT_ENTRIES = int(DEFAULTS["torch_history"])
 # The default of `python_depth`: frames kept per stack.
-DEFAULT_DEPTH = 16
+DEFAULT_DEPTH = int(DEFAULTS["python_depth"])
 # The actions the check reads; PyTorch's others (snapshot, oom, ...) are dropped.
 _ACTIONS = frozenset(
     (
@@ -95,10 +95,10 @@ def _prepare(torch):
     if _state["started"]:
         return
     opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
-    _state["verbose"] = _int(opts.get("verbosity"), 1) >= 2
+    _state["verbose"] = _int(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
     entries = _int(opts.get("torch_history"), DEFAULT_ENTRIES)
     depth = _int(opts.get("python_depth"), DEFAULT_DEPTH)
-    if not opts.get("run_id") or not flag(opts.get("log", "1"), True) or entries <= 0:
+    if not option(opts, "run_id") or not flag(option(opts, "log"), True) or entries <= 0:
         return  # not started by cupool check (which tags its runs), or no log to sit beside
     import cupool
 
@@ -118,8 +118,8 @@ def _prepare(torch):
         started=True,
         entries=entries,
         depth=depth,
-        log_dir=os.path.abspath(opts.get("log_dir", ".")),
-        run_id=opts.get("run_id", ""),
+        log_dir=os.path.abspath(option(opts, "log_dir")),
+        run_id=option(opts, "run_id"),
     )
     lazy_call(_begin)
 

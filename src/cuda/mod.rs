@@ -61,7 +61,9 @@ pub struct Real<F> {
 
 const ABSENT: usize = 1;
 
-// F is a function-pointer type: a code address, valid for the process.
+// SAFETY: a `Real` holds no `F`, only its type: its state is an atomic and two immutable values (a `'static`
+// name and a library tag), and `get` hands out copies of a code address that is valid for the whole process.
+// Nothing in it needs one thread at a time.
 unsafe impl<F> Sync for Real<F> {}
 
 impl<F: Copy> Real<F> {

@@ -28,6 +28,7 @@ pub fn dlsym_fn() -> DlsymFn {
     let mut p = REAL_DLSYM.load(Ordering::Acquire);
     if p == 0 {
         for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: `dlvsym` with the `RTLD_NEXT` pseudo-handle and two NUL-terminated literals.
             p = unsafe { dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
             if p != 0 {
                 break;
@@ -40,6 +41,8 @@ pub fn dlsym_fn() -> DlsymFn {
         }
         REAL_DLSYM.store(p, Ordering::Release);
     }
+    // SAFETY: `p` is non-zero and is the C library's `dlsym`, found by its versioned name: its prototype is
+    // `DlsymFn`.
     unsafe { std::mem::transmute::<usize, DlsymFn>(p) }
 }
 
@@ -58,8 +61,11 @@ pub fn libcuda() -> *mut c_void {
         return h;
     }
     let name = c"libcuda.so.1".as_ptr();
+    // SAFETY: `name` is a NUL-terminated literal; with `RTLD_NOLOAD` nothing is loaded.
     let mut h = unsafe { libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD) };
     if h.is_null() {
+        // SAFETY: `name` is a NUL-terminated literal. Loading the driver runs its initialisers, as the
+        // program's own first CUDA call would.
         h = unsafe { libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NODELETE) };
     }
     if !h.is_null() {
@@ -91,10 +97,13 @@ fn local_cudart() -> *mut c_void {
         }
         0
     }
+    // SAFETY: `visit` writes into `path` only a name shorter than its 4096 bytes, plus a NUL, and `path`
+    // lives across the call.
     unsafe { libc::dl_iterate_phdr(Some(visit), path.as_mut_ptr().cast()) };
     if path[0] == 0 {
         return std::ptr::null_mut();
     }
+    // SAFETY: `path` holds a NUL-terminated name (`visit`); with `RTLD_NOLOAD` nothing is loaded.
     let h = unsafe { libc::dlopen(path.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     if !h.is_null() {
         HANDLE.store(h, Ordering::Release);
@@ -120,6 +129,8 @@ pub enum Lookup {
 }
 
 pub fn lookup(name: &CStr, lib: Lib) -> Lookup {
+    // SAFETY: `dlsym` gets the `RTLD_NEXT` pseudo-handle or a handle checked non-null that the dynamic linker
+    // returned, and a NUL-terminated name.
     let p = unsafe {
         match lib {
             Lib::Driver => {

@@ -18,11 +18,14 @@ extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
         return std::ptr::null_mut();
     }
     // Cheap reject first: this runs for every symbol Python imports.
-    let head = unsafe { [*name as u8, *name.add(1) as u8] };
-    if head != *b"cu" {
+    // SAFETY: `name` is non-null and, as `dlsym`'s contract requires, a NUL-terminated string. `&&` reads the
+    // second byte only when the first is `c`, not the terminator, so both reads are inside the string.
+    let cu = unsafe { *name as u8 == b'c' && *name.add(1) as u8 == b'u' };
+    if !cu {
         return std::ptr::null_mut();
     }
     crate::runtime::diag::shielded(|| {
+        // SAFETY: `name` is non-null and NUL-terminated (`dlsym`'s contract), alive for this call.
         let name = unsafe { CStr::from_ptr(name) };
         if name.to_bytes().starts_with(b"cuda") {
             super::procaddr::dlsym_substitute(super::runtime_entries(), handle, name)

@@ -15,11 +15,20 @@ use std::ffi::{c_uint, c_void};
 const _: () = assert!(std::mem::size_of::<CUipcMemHandle>() == 64);
 const _: () = assert!(std::mem::size_of::<cudaIpcMemHandle_t>() == 64);
 
+/// The bytes of `h`, one of the two 64-byte handle types.
 fn bytes<T>(h: &T) -> &Handle {
+    const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<Handle>()) };
+    // SAFETY: `T` is one of the two IPC handle types, both `struct { char reserved[64]; }` (sizes asserted
+    // above and at compile time here): every byte of `h` is initialised, and `Handle` is a byte array
+    // (alignment 1) of that size, borrowed for as long as `h`.
     unsafe { &*(h as *const T).cast::<Handle>() }
 }
 
+/// A handle of type `T`, one of the two 64-byte handle types, from its bytes.
 fn from_bytes<T: Copy>(h: &Handle) -> T {
+    const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<Handle>()) };
+    // SAFETY: `T` is one of the two IPC handle types (size checked at compile time), plain bytes for which
+    // any value is valid; `h` holds exactly that many bytes, read unaligned.
     unsafe { std::ptr::read_unaligned(h.as_ptr().cast::<T>()) }
 }
 

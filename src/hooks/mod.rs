@@ -22,7 +22,8 @@ pub struct Entry {
     pub real: &'static dyn RealFunction,
 }
 
-// The wrapper is a code address, immutable and valid for the process.
+// SAFETY: `wrapper` is the address of one of cupool's exported functions: set once in a `const` table, never
+// written, never read through; `real` is `Sync` already. Sharing an `Entry` shares two immutable addresses.
 unsafe impl Sync for Entry {}
 
 impl Entry {

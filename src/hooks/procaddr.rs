@@ -18,13 +18,17 @@ fn wrapper_for(real: usize) -> Option<*mut c_void> {
         return Some(e.wrapper());
     }
     // Not an exported symbol's address: ask the dynamic linker what is there.
+    // SAFETY: `Dl_info` is pointers and integers: all-zero (null pointers) is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `dladdr` only writes into `info`, a live local; `real` is looked up, never dereferenced.
     if unsafe { libc::dladdr(real as *const c_void, &mut info) } == 0
         || info.dli_saddr as usize != real
         || info.dli_sname.is_null()
     {
         return None;
     }
+    // SAFETY: `dladdr` succeeded and `dli_sname` is non-null: the symbol's NUL-terminated name, kept by the
+    // dynamic linker while its object is loaded (it holds a function the program is about to call).
     let name = unsafe { CStr::from_ptr(info.dli_sname) };
     let e = super::driver_entries().find(|e| e.real.name() == name)?;
     (e.real.learn(real) == real).then(|| e.wrapper())
@@ -79,6 +83,8 @@ pub fn dlsym_substitute<'a>(
     let Some(e) = table.find(|e| e.real.name() == name) else {
         return std::ptr::null_mut();
     };
+    // SAFETY: `handle` is the caller's own argument to `dlsym`, passed on as the real `dlsym` would receive
+    // it; `name` is NUL-terminated.
     let found = unsafe { crate::cuda::resolve::dlsym(handle, name) } as usize;
     let wrapper = e.wrapper();
     if found == 0 || found == wrapper as usize {

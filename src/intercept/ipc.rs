@@ -22,7 +22,7 @@
 use crate::cuda::{Status, INVALID_CONTEXT, INVALID_VALUE, SUCCESS};
 use crate::pool;
 pub use crate::pool::ipc::Handle;
-use crate::pool::ipc::{Mapping, Sealed};
+use crate::pool::ipc::{Closed, Mapping, Sealed};
 use crate::runtime::{diag, guard::Guard};
 
 /// `CUDA_ERROR_NOT_SUPPORTED`.
@@ -38,7 +38,7 @@ pub unsafe fn export(ptr: u64, handle: *mut Handle, real: impl FnOnce(u64) -> St
     let Some(_guard) = Guard::enter() else {
         return real(ptr);
     };
-    let block = match diag::shielded(|| super::find_as_the_program_sees_it(ptr).0) {
+    let block = match diag::shielded(|| super::queries::find_as_the_program_sees_it(ptr).0) {
         Some(pool::Found::Block(block)) => block,
         // Freed memory inside a live segment: the driver would hand out the
         // segment's handle; CUDA refuses freed memory.
@@ -108,6 +108,8 @@ pub fn open(handle: &Handle, out: &mut u64, runtime: bool, real: impl FnOnce(&Ha
             if runtime {
                 // What the runtime's own open would do first: initialize
                 // and make its device's context current (cudaFree(NULL)).
+                // SAFETY: `cudaFree(NULL)` frees nothing: it only makes the runtime start its context, as its
+                // own open would.
                 let r = unsafe { crate::real!(cudaFree(std::ptr::null_mut())) };
                 if r != SUCCESS {
                     return r;
@@ -173,10 +175,10 @@ pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
             }
             r
         }
-        Some(Mapping::Pages(_)) => match diag::shielded(|| pool::ipc::closed(ptr)).flatten() {
+        Some(Mapping::Pages(_)) => match diag::shielded(|| pool::ipc::closed(ptr)) {
             // Closed meanwhile by another thread: as closing an unopened pointer.
-            None => INVALID_VALUE,
-            Some(Some(Mapping::Pages(last))) => {
+            None | Some(Closed::NotOpen) => INVALID_VALUE,
+            Some(Closed::LastClose(Mapping::Pages(last))) => {
                 diag::shielded(|| pool::ipc::pages::unmap(&last));
                 SUCCESS
             }
@@ -189,10 +191,13 @@ pub fn close(ptr: u64, real: impl FnOnce(u64) -> Status) -> Status {
 /// the mapping is taken as the handle describes it.)
 fn mapping_holds(base: u64, offset: u64) -> bool {
     let (mut start, mut size) = (0u64, 0usize);
+    // SAFETY: the driver's `cuMemGetAddressRange_v2` writes only into `start` and `size`, live locals.
     let r = unsafe { crate::real!(cuMemGetAddressRange_v2(&mut start, &mut size, base)) };
     r != SUCCESS || offset < size as u64
 }
 
 fn close_mapping(base: u64) {
+    // SAFETY: `base` is the mapping the real open just made for this call (its caller returns without it):
+    // closed once.
     unsafe { crate::real!(cuIpcCloseMemHandle(base)) };
 }

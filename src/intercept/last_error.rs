@@ -12,7 +12,7 @@ use cupool_core::log::Api;
 
 /// What cupool answers the runtime call `api`; made the thread's last error.
 pub fn runtime_error(api: Api, code: Status) -> Status {
-    if !super::is_runtime(api) {
+    if !super::call::is_runtime(api) {
         return code;
     }
     as_last_error(code)
@@ -28,6 +28,9 @@ pub fn as_last_error(code: Status) -> Status {
     }
     // The runtime's own driver calls underneath are not the program's.
     let _inside = crate::runtime::guard::Guard::enter();
+    // SAFETY: the runtime calls are made to fail: `cudaMalloc` writes at most into `p`, a live local, and the
+    // `cudaFree` of the address of a static (host memory, never a device allocation) is refused without
+    // touching it.
     unsafe {
         match code {
             // More than any device has (256 TiB): refused, nothing reserved.
@@ -44,4 +47,12 @@ pub fn as_last_error(code: Status) -> Status {
         }
     }
     code
+}
+
+/// May a runtime call be made twice? Only while the thread has no error
+/// left unread: clearing the failed attempt's error would clear that one
+/// too. (Driver calls keep no last error.)
+pub fn no_error_pending(api: Api) -> bool {
+    // SAFETY: `cudaPeekAtLastError` takes no arguments.
+    !super::call::is_runtime(api) || unsafe { real!(cudaPeekAtLastError()) } == SUCCESS
 }

@@ -17,10 +17,14 @@ pub extern "C" fn prepare() {
 }
 
 pub extern "C" fn parent() {
+    // SAFETY: `pthread_atfork` runs this in the forking thread after `prepare` took every lock: `unlock`'s
+    // contract.
     unsafe { unlock(false) };
 }
 
 pub extern "C" fn child() {
+    // SAFETY: `pthread_atfork` runs this in the child, whose one thread is the one that ran `prepare`:
+    // `unlock`'s contract.
     unsafe { unlock(true) };
     guard::reset_after_fork();
     SESSION.reset();

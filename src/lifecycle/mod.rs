@@ -45,6 +45,8 @@ fn start() -> bool {
     ONCE_PER_IMAGE.call_once(|| {
         diag::quiet_panics();
         crate::sink::set_finish_on_signal(finish_on_signal);
+        // SAFETY: `at_exit` and the fork handlers are `extern "C"` functions of this library, which stays
+        // loaded for the whole process (preloaded); `Once` registers them once per loaded image.
         unsafe {
             libc::atexit(at_exit);
             libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child));

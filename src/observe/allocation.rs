@@ -1,5 +1,6 @@
 //! What cupool knows of one live allocation.
 
+use crate::pool::PoolHandle;
 use cupool_core::log::{Api, MemKind};
 
 #[derive(Clone, Copy, Debug)]
@@ -23,9 +24,9 @@ pub struct Allocation {
 /// A block of one of cupool's pools.
 #[derive(Clone, Copy, Debug)]
 pub struct Pooled {
-    /// The `ContextPool` that owns the block (pools live for the whole
-    /// process); never null, which keeps `Option<Pooled>` as small as `Pooled`.
-    pub pool: std::num::NonZeroUsize,
+    /// The pool that owns the block (a handle is never null, which keeps
+    /// `Option<Pooled>` as small as `Pooled`).
+    pub pool: PoolHandle,
     pub block: u32,
     /// What `CU_POINTER_ATTRIBUTE_BUFFER_ID` answers for it: fresh for every
     /// pooled allocation, so caches keyed on it (UCX, MPI, NCCL user

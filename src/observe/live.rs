@@ -4,8 +4,8 @@
 //! Sharded by pointer so that threads allocating at once rarely meet on a
 //! lock, and no lock is ever held across a CUDA call. Each shard has cache
 //! lines of its own: threads that reuse their own blocks (thread magazines)
-//! then touch only their own shards' lines, where 64 shards side by side had
-//! two threads' calls take turns on the same lines.
+//! then touch only their own shards' lines, where 64 shards side by side
+//! would have two threads' calls take turns on the same lines.
 
 use super::allocation::{Allocation, Space};
 use crate::runtime::bias::{self, Access};
@@ -48,9 +48,9 @@ static HANDLES: LazyLock<Mutex<Table>> = LazyLock::new(|| Mutex::new(Table::defa
 /// The shard of a pointer: by the 64 KiB granule it lies in, hashed. Threads
 /// that allocate at once each reuse blocks of their own (thread magazines,
 /// handed out in runs of neighbours), so keyed by granule each thread keeps
-/// to shards of its own. Keyed by the pointer's low bits, 4 KiB blocks used
-/// only every eighth shard, and every thread's blocks met on those: each
-/// lock was a cache miss, a tenth of the time of eight threads' pairs.
+/// to shards of its own. Keyed by the pointer's low bits, 4 KiB blocks would
+/// use only every eighth shard, and every thread's blocks would meet on
+/// those: each lock a cache miss, a tenth of the time of eight threads' pairs.
 #[inline]
 fn shard_of(key: u64) -> usize {
     ((key >> 16).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARDS.trailing_zeros())) as usize

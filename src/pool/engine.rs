@@ -9,7 +9,7 @@ use super::tools;
 use crate::runtime::{diag, options};
 use cupool_core::log::{self, MultiStreamBecause, PagesRecord, PoolRecord};
 use cupool_core::options::{Backing, GiveBack as Policy};
-use cupool_core::pool::{Block, BlockId, BlockInfo, Fragmentation, GiveBack, OutOfMemory, Pool, PoolConfig, Stat};
+use cupool_core::pool::{Block, BlockId, BlockInfo, Fragmentation, GiveBack, Pool, PoolConfig, Stat};
 use cupool_core::vmm::{PageInfo, VmmConfig, VmmPool};
 
 // One per CUDA context, behind its lock: the variants' sizes do not matter,
@@ -20,9 +20,16 @@ pub enum Engine {
     Pages(VmmPool<CudaPages>),
 }
 
-/// The pool cannot serve this context any more (its device refused a
-/// mapping): the call goes to CUDA.
-pub struct Unusable;
+/// What a context's pool made of a request.
+pub enum Carved {
+    /// A block serves it.
+    Block(Block),
+    /// The pool could not place it within its limit and the device's memory.
+    OutOfMemory,
+    /// The pool can serve this context no more (its device refused a page
+    /// mapping): the call goes to CUDA.
+    PoolUnusable,
+}
 
 fn limit() -> u64 {
     match options::get().limit {
@@ -81,17 +88,18 @@ impl Engine {
     }
 
     #[inline(always)]
-    pub fn allocate(&mut self, size: u64) -> Result<Result<Block, OutOfMemory>, Unusable> {
+    pub fn allocate(&mut self, size: u64) -> Carved {
         match self {
-            Engine::Segments(p) => Ok(p.allocate(size)),
-            Engine::Pages(p) if p.backend().broken => Err(Unusable),
-            Engine::Pages(p) => {
-                let r = p.allocate(size);
-                if r.is_err() && p.backend().broken {
-                    return Err(Unusable);
-                }
-                Ok(r)
-            }
+            Engine::Segments(p) => match p.allocate(size) {
+                Ok(block) => Carved::Block(block),
+                Err(_) => Carved::OutOfMemory,
+            },
+            Engine::Pages(p) if p.backend().broken => Carved::PoolUnusable,
+            Engine::Pages(p) => match p.allocate(size) {
+                Ok(block) => Carved::Block(block),
+                Err(_) if p.backend().broken => Carved::PoolUnusable,
+                Err(_) => Carved::OutOfMemory,
+            },
         }
     }
 

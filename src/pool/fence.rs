@@ -260,6 +260,9 @@ impl CudaBackend {
             Some(e) if record(e, stream) => self.retired.push(e),
             other => {
                 self.spare_events.extend(other);
+                // SAFETY: the driver's `cuStreamSynchronize` (prototype in `cuda/table.rs`) on a stream of
+                // this context that the program has not destroyed: `stream_destroyed` retires it before the
+                // real destroy runs.
                 unsafe { real!(cuStreamSynchronize(stream as CUstream)) };
             }
         }
@@ -304,8 +307,8 @@ impl CudaBackend {
         // unmapped only once the GPU *finished* the work, which only the
         // fences' own events tell (`poll`): they stay queued until then. A
         // barrier comes every `fence_us` while the GPU runs far behind, so
-        // dropping them left the pool unaware of finished work: idle pages
-        // stayed cooling and pages were made beside them.
+        // dropping them would leave the pool unaware of finished work: idle
+        // pages would stay cooling while new pages were made beside them.
         let previous = std::mem::replace(&mut self.barrier, vec![joined]);
         self.spare_events.extend(previous);
         self.complete_up_to(epoch);
@@ -373,6 +376,8 @@ impl CudaBackend {
             self.spare_events.push(e);
         } else if !wait(stream, e) {
             // Cannot be ordered on the GPU: the host waits for that work.
+            // SAFETY: the driver's `cuEventSynchronize` on `e`, an event this backend created
+            // (`create_event`); cupool never destroys its events.
             unsafe { real!(cuEventSynchronize(e as CUevent)) };
         }
     }
@@ -440,6 +445,8 @@ impl Backend for CudaBackend {
         }
         let _current = InContext::enter(self.ctx)?;
         let mut p: CUdeviceptr = 0;
+        // SAFETY: the driver's `cuMemAlloc_v2` writes the address into `p`, a live local; the pool's context
+        // is current (`_current`).
         if unsafe { real!(cuMemAlloc_v2(&mut p, size as usize)) } != SUCCESS {
             return None;
         }
@@ -455,6 +462,9 @@ impl Backend for CudaBackend {
         // shim answers `cudaFree` before the runtime binds one).
         let _current = InContext::enter(self.ctx);
         tools::segment_released(addr);
+        // SAFETY: the driver's `cuMemFree_v2` on `addr`, a segment this backend allocated and the pool gives
+        // back once (the core's pool releases each segment once); a dead context's segments never come here
+        // (`dead`).
         unsafe { real!(cuMemFree_v2(addr)) };
     }
 }
@@ -495,6 +505,8 @@ impl Timeline for CudaBackend {
         let events = self.fences[index].1.clone();
         let t = clock::monotonic_ns();
         for e in events {
+            // SAFETY: the driver's `cuEventSynchronize` on events of a queued fence, all created by this
+            // backend (`create_event`) and never destroyed.
             unsafe { real!(cuEventSynchronize(e as CUevent)) };
         }
         self.counters.wait_ns += clock::monotonic_ns() - t;
@@ -521,6 +533,8 @@ impl Timeline for CudaBackend {
         let t = clock::monotonic_ns();
         let waited = (0..=index).all(|f| {
             (0..self.fences[f].1.len())
+                // SAFETY: the driver's `cuEventSynchronize` on events of a queued fence, all created by this
+                // backend (`create_event`) and never destroyed.
                 .all(|i| unsafe { real!(cuEventSynchronize(self.fences[f].1[i] as CUevent)) } == SUCCESS)
         });
         self.counters.wait_ns += clock::monotonic_ns() - t;
@@ -567,6 +581,8 @@ impl Timeline for CudaBackend {
         }
         let closing = self.next_epoch();
         let t = clock::monotonic_ns();
+        // SAFETY: the driver's `cuCtxSynchronize` takes no arguments; the pool's context is current
+        // (`_current`).
         let synced = unsafe { real!(cuCtxSynchronize()) } == SUCCESS;
         self.counters.wait_ns += clock::monotonic_ns() - t;
         if !synced {
@@ -612,6 +628,7 @@ pub fn drain(ctx: u64) -> bool {
         return false;
     }
     let Some(_current) = InContext::enter(ctx) else { return false };
+    // SAFETY: the driver's `cuCtxSynchronize` takes no arguments; `ctx` is current (`_current`).
     unsafe { real!(cuCtxSynchronize()) == SUCCESS }
 }
 
@@ -623,11 +640,14 @@ impl InContext {
     /// `None` when `ctx` cannot be made current (it died).
     pub(super) fn enter(ctx: u64) -> Option<InContext> {
         let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver's `cuCtxGetCurrent` writes only into `current`, a live local.
         if unsafe { real!(cuCtxGetCurrent(&mut current)) } == SUCCESS && current as u64 == ctx {
             return Some(InContext(false));
         }
         // Lazily: an InContext made and dropped for a failed push would pop
         // the caller's context.
+        // SAFETY: the driver's `cuCtxPushCurrent_v2` takes the context handle by value and checks it; a
+        // pushed context is popped by `Drop`.
         (unsafe { real!(cuCtxPushCurrent_v2(ctx as CUcontext)) } == SUCCESS).then(|| InContext(true))
     }
 }
@@ -636,6 +656,8 @@ impl Drop for InContext {
     fn drop(&mut self) {
         if self.0 {
             let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: only an `InContext` that pushed a context pops one, and the driver's
+            // `cuCtxPopCurrent_v2` writes only into `popped`, a live local.
             unsafe { real!(cuCtxPopCurrent_v2(&mut popped)) };
         }
     }
@@ -647,19 +669,28 @@ impl Drop for InContext {
 fn create_event() -> Option<u64> {
     const DISABLE_TIMING: u32 = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
     let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: the driver's `cuEventCreate` writes only into `e`, a live local.
     (unsafe { real!(cuEventCreate(&mut e, DISABLE_TIMING)) } == SUCCESS).then_some(e as u64)
 }
 
 fn record(event: u64, stream: u64) -> bool {
+    // SAFETY: the driver's `cuEventRecord` takes both handles by value: an event this backend created
+    // (`create_event`; cupool never destroys its events) and a stream of the context's list, the legacy
+    // stream (0), or one about to be destroyed (`retire_stream` runs before the real destroy). Streams
+    // destroyed through cupool's hooks leave the list first.
     unsafe { real!(cuEventRecord(event as CUevent, stream as CUstream)) == SUCCESS }
 }
 
 /// Makes `stream` wait, on the GPU, for `event`.
 pub fn wait(stream: u64, event: u64) -> bool {
+    // SAFETY: the driver's `cuStreamWaitEvent` takes both handles by value: an event this backend created
+    // (never destroyed) and a stream of the context's list, the legacy stream (0) or one just created.
     unsafe { real!(cuStreamWaitEvent(stream as CUstream, event as CUevent, 0)) == SUCCESS }
 }
 
 fn query(event: u64) -> bool {
+    // SAFETY: the driver's `cuEventQuery` on an event this backend created (`create_event`, never destroyed);
+    // it takes it by value.
     unsafe { real!(cuEventQuery(event as CUevent)) == SUCCESS }
 }
 
@@ -667,6 +698,8 @@ fn query(event: u64) -> bool {
 /// as for a stream destroyed behind cupool's back.
 fn capture_status(stream: u64) -> Option<i32> {
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as i32;
+    // SAFETY: the driver's `cuStreamIsCapturing` writes only into `status`, a live local; the stream is taken
+    // by value and an unknown one is answered with an error.
     let r = unsafe { real!(cuStreamIsCapturing(stream as CUstream, &mut status)) };
     (r == SUCCESS).then_some(status)
 }

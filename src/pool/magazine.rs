@@ -10,10 +10,10 @@
 //! frees back a batch at a time. So does a thread, alone or not, whose small
 //! frees of the same few sizes keep waiting for fences (several streams in
 //! use): the pool cannot hand such a block back at once, so each of its
-//! allocations placed another block, two to three times the cost of a pair
-//! on a magazine (BENCHMARKS.md §12). A thread that does neither never
+//! allocations would place another block, two to three times the cost of a
+//! pair on a magazine (BENCHMARKS.md §12). A thread that does neither never
 //! starts one: a program whose work goes to one stream, from one thread,
-//! runs as before.
+//! runs as it would without magazines.
 //!
 //! A thread also takes back the blocks it frees itself, without the pool:
 //! the pool's own work per block (placement, splitting, merging) under its
@@ -50,6 +50,7 @@
 //! moment at most, so the reverse order cannot deadlock.
 
 use super::fence::Progress;
+use super::handle::PoolHandle;
 use crate::runtime::bias::BiasedMutex;
 use crate::runtime::options;
 use cupool_core::log::MagazineRecord;
@@ -70,10 +71,11 @@ const FENCED_SCORE_TO_START: u16 = 64;
 const CLASSES: usize = 4;
 /// Classes asked for but not held that a magazine remembers: one is taken
 /// on (a refill, replacing a held class) only when asked for again while
-/// remembered. Taking on every class asked for made a thread whose small
-/// sizes vary refill on nearly every allocation, each refill taking up to
-/// 16 blocks it would give back unused: random sizes up to 64 KiB from two
-/// threads ran at 0.3-0.5 M pairs/s against 1.6 M without magazines.
+/// remembered. Taking on every class asked for would make a thread whose
+/// small sizes vary refill on nearly every allocation, each refill taking up
+/// to 16 blocks it would give back unused: random sizes up to 64 KiB from
+/// two threads run at 0.3-0.5 M pairs/s that way, against 1.6 M without
+/// magazines.
 const MISSED: usize = 8;
 /// Blocks of one class a magazine takes at a time, and bytes at most.
 pub const REFILL: usize = 16;
@@ -88,9 +90,9 @@ pub const FREED_BYTES: u64 = 256 << 10;
 /// bytes at most; past either, the oldest goes back to the pool. A thread
 /// making a pair every 150 ns frees about 330 blocks between two fences
 /// (`fence.rs`, one per half `fence_us` at most, 50 µs by default): with
-/// room for fewer (128 before), two threads on two cores took the pool's
-/// lock every few dozen pairs to give the overflow back and refill, and ran
-/// no faster than one.
+/// room for fewer (128, say), two threads on two cores take the pool's lock
+/// every few dozen pairs to give the overflow back and refill, and run no
+/// faster than one.
 const WAITING: usize = 512;
 const WAITING_BYTES: u64 = 2 << 20;
 
@@ -165,15 +167,15 @@ impl Class {
 
 #[derive(Default)]
 struct Magazine {
-    /// The pool the classes' blocks came from (0: none yet).
-    pool: usize,
+    /// The pool the classes' blocks came from (`None`: none yet).
+    pool: Option<PoolHandle>,
     classes: [Class; CLASSES],
     next_class: usize,
     /// Classes asked for and not held, in a ring (0: an empty slot).
     missed: [u64; MISSED],
     next_missed: usize,
-    /// Freed blocks, each with its pool's address.
-    freed: [(usize, u32); FREED],
+    /// Freed blocks, each with its pool (`Some` below `nfreed`).
+    freed: [Option<(PoolHandle, u32)>; FREED],
     nfreed: usize,
     freed_bytes: u64,
     /// The `FORK_EPOCH` its blocks belong to: a fork child forgets them.
@@ -184,12 +186,12 @@ struct Magazine {
     counts: MagazineRecord,
 }
 
-/// Blocks to give back to their pools, as (pool address, block): filled
+/// Blocks to give back to their pools, as (pool, block): filled
 /// here, freed by the caller under each pool's lock. On the heap (a
 /// magazine's whole content is 34 KiB of them), made once per thread:
 /// [`spare_returns`].
 pub struct Returns {
-    blocks: Vec<(usize, u32)>,
+    blocks: Vec<(PoolHandle, u32)>,
 }
 
 /// A magazine's whole content fits.
@@ -202,11 +204,11 @@ impl Default for Returns {
 }
 
 impl Returns {
-    fn push(&mut self, pool: usize, block: u32) {
+    fn push(&mut self, pool: PoolHandle, block: u32) {
         self.blocks.push((pool, block));
     }
 
-    pub fn as_slice(&self) -> &[(usize, u32)] {
+    pub fn as_slice(&self) -> &[(PoolHandle, u32)] {
         &self.blocks
     }
 
@@ -438,7 +440,7 @@ fn with_mine<R>(f: impl FnOnce(&mut Magazine) -> R) -> Option<R> {
 /// once `progress` says no queued work can touch it any more, else one of
 /// the stock. `None`: none held (see [`refill`]).
 #[inline]
-pub fn take(pool: usize, size: u64, progress: &Progress) -> Option<Block> {
+pub fn take(pool: PoolHandle, size: u64, progress: &Progress) -> Option<Block> {
     if size > MAX_SIZE || !active() {
         return None;
     }
@@ -464,7 +466,7 @@ pub fn take(pool: usize, size: u64, progress: &Progress) -> Option<Block> {
 /// The tag of the oldest block of `size`'s class this thread freed into its
 /// magazine for `pool`: the caller, holding the pool's lock, asks the pool's
 /// fences about it before taking new blocks.
-pub fn oldest_waiting(pool: usize, size: u64) -> Option<u64> {
+pub fn oldest_waiting(pool: PoolHandle, size: u64) -> Option<u64> {
     let class = round_size(size)?;
     with_mine(|m| m.class(pool, class)?.oldest().map(|w| w.tag)).flatten()
 }
@@ -474,24 +476,24 @@ pub fn oldest_waiting(pool: usize, size: u64) -> Option<u64> {
 /// magazine's frees, the blocks of the class it replaces, and every block of
 /// another pool. `None`: this thread has no magazine, `size` is not served,
 /// or its class is not held and not taken on yet (`Magazine::admits`).
-pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usize)> {
+pub fn refill(pool: PoolHandle, size: u64, returns: &mut Returns) -> Option<(u64, usize)> {
     if size > MAX_SIZE {
         return None;
     }
     let class = round_size(size)?;
     with_mine(|m| {
-        let held = if m.pool == pool { m.classes.iter().position(|c| c.size == class) } else { None };
+        let held = if m.pool == Some(pool) { m.classes.iter().position(|c| c.size == class) } else { None };
         if held.is_none() && !m.admits(class) {
             return None; // the pool serves it this time
         }
         m.give_back_frees(returns);
-        if m.pool != pool {
+        if m.pool != Some(pool) {
             // Another pool: no class is held there yet, and none starts big.
             for slot in 0..CLASSES {
                 m.give_back_class(slot, returns);
                 (m.classes[slot].size, m.classes[slot].burst) = (0, FIRST_REFILL);
             }
-            m.pool = pool;
+            m.pool = Some(pool);
         }
         let most = (REFILL_BYTES / class).clamp(1, REFILL as u64) as usize;
         let c = match held {
@@ -517,7 +519,7 @@ pub fn refill(pool: usize, size: u64, returns: &mut Returns) -> Option<(u64, usi
 /// Keeps `blocks` (just taken from `pool` for `class`, beside the one the
 /// refill hands out at once) for later requests; those it cannot keep (the
 /// thread's magazine went meanwhile) go into `unkept`.
-pub fn store(pool: usize, class: u64, blocks: &[Block], unkept: &mut Returns) {
+pub fn store(pool: PoolHandle, class: u64, blocks: &[Block], unkept: &mut Returns) {
     let kept = with_mine(|m| {
         m.counts.refills += 1;
         m.counts.stock_handed_out += 1; // the refill's first block
@@ -551,7 +553,7 @@ pub enum Kept {
 /// else until its batch goes back. The block holds at least its class's
 /// size: the pools round every request up to the same classes.
 #[inline]
-pub fn keep_freed(pool: usize, block: BlockId, addr: u64, bytes: u64, progress: &Progress) -> Kept {
+pub fn keep_freed(pool: PoolHandle, block: BlockId, addr: u64, bytes: u64, progress: &Progress) -> Kept {
     if bytes > MAX_SIZE || !active() {
         return Kept::No;
     }
@@ -575,7 +577,7 @@ pub fn keep_freed(pool: usize, block: BlockId, addr: u64, bytes: u64, progress: 
             m.counts.overflowed += 1;
         }
         let (pool, block, bytes) = to_batch;
-        m.freed[m.nfreed] = (pool, block);
+        m.freed[m.nfreed] = Some((pool, block));
         m.nfreed += 1;
         m.freed_bytes += bytes;
         if m.nfreed == FREED || m.freed_bytes >= FREED_BYTES {
@@ -710,15 +712,15 @@ impl Magazine {
 
     /// The class of `size` bytes this magazine holds for `pool`, if it does.
     #[inline]
-    fn class(&mut self, pool: usize, size: u64) -> Option<&mut Class> {
-        if self.pool != pool {
+    fn class(&mut self, pool: PoolHandle, size: u64) -> Option<&mut Class> {
+        if self.pool != Some(pool) {
             return None;
         }
         self.classes.iter_mut().find(|c| c.size == size)
     }
 
     fn give_back_frees(&mut self, returns: &mut Returns) {
-        for &(pool, block) in &self.freed[..self.nfreed] {
+        for &(pool, block) in self.freed[..self.nfreed].iter().flatten() {
             returns.push(pool, block);
         }
         self.nfreed = 0;
@@ -726,8 +728,12 @@ impl Magazine {
     }
 
     fn give_back_class(&mut self, slot: usize, returns: &mut Returns) {
-        let pool = self.pool;
         let c = &mut self.classes[slot];
+        // A magazine holds blocks only once it has a pool.
+        let Some(pool) = self.pool else {
+            debug_assert!(c.n == 0 && c.nwaiting == 0);
+            return;
+        };
         for h in &c.blocks[..c.n] {
             returns.push(pool, h.block);
         }
@@ -742,6 +748,14 @@ impl Magazine {
 mod tests {
     use super::super::streams;
     use super::*;
+    use std::num::NonZeroUsize;
+
+    /// Pool number `n`: the magazine only compares pools.
+    fn p(n: usize) -> PoolHandle {
+        // SAFETY: these handles are only compared and stored, never turned
+        // back into pools (nothing here frees a block into a pool).
+        unsafe { PoolHandle::for_test(NonZeroUsize::new(n).unwrap()) }
+    }
 
     fn start_here() {
         for _ in 0..CONTENDED_TO_START {
@@ -754,13 +768,13 @@ mod tests {
     }
 
     /// A refill that takes the class on: asked for twice ([`MISSED`]).
-    fn take_on(pool: usize, size: u64, r: &mut Returns) -> (u64, usize) {
+    fn take_on(pool: PoolHandle, size: u64, r: &mut Returns) -> (u64, usize) {
         refill(pool, size, r).or_else(|| refill(pool, size, r)).expect("taken on when asked again")
     }
 
     /// Starts a magazine on this thread holding `blocks` blocks of 4 KiB
     /// (ids 0.., addresses 0x1000 × id) of `pool`.
-    fn magazine_with(pool: usize, blocks: u32) {
+    fn magazine_with(pool: PoolHandle, blocks: u32) {
         start_here();
         let mut r = Returns::default();
         let (class, _) = take_on(pool, 4096, &mut r);
@@ -784,9 +798,9 @@ mod tests {
     fn nothing_is_kept_until_the_thread_has_met_contention() {
         std::thread::spawn(|| {
             let mut r = Returns::default();
-            assert_eq!(keep_freed(1, BlockId::from_raw(1), 0x1000, 4096, &tagging(0)), Kept::No);
-            assert_eq!(refill(1, 4096, &mut r), None);
-            assert!(take(1, 4096, &Progress::completed_up_to(0)).is_none());
+            assert_eq!(keep_freed(p(1), BlockId::from_raw(1), 0x1000, 4096, &tagging(0)), Kept::No);
+            assert_eq!(refill(p(1), 4096, &mut r), None);
+            assert!(take(p(1), 4096, &Progress::completed_up_to(0)).is_none());
         })
         .join()
         .unwrap();
@@ -796,32 +810,32 @@ mod tests {
     fn blocks_are_handed_out_by_class_and_other_frees_go_back_in_batches() {
         std::thread::spawn(|| {
             let done = Progress::completed_up_to(0);
-            magazine_with(7, 16);
+            magazine_with(p(7), 16);
             // Another pool's request is not served from pool 7's blocks.
-            assert!(take(8, 4096, &done).is_none());
-            assert!(take(7, 3000, &done).is_none(), "3000 B is the 3072 B class");
-            let got = take(7, 3900, &done).unwrap();
+            assert!(take(p(8), 4096, &done).is_none());
+            assert!(take(p(7), 3000, &done).is_none(), "3000 B is the 3072 B class");
+            let got = take(p(7), 3900, &done).unwrap();
             assert_eq!(got.size, 4096);
-            assert!(take(7, 8192, &done).is_none(), "another class");
+            assert!(take(p(7), 8192, &done).is_none(), "another class");
             // Frees of a class the magazine does not hold go back in batches.
             for i in 0..FREED as u32 - 1 {
-                assert_eq!(keep_freed(7, BlockId::from_raw(100 + i), 0, 8192, &tagging(0)), Kept::Yes);
+                assert_eq!(keep_freed(p(7), BlockId::from_raw(100 + i), 0, 8192, &tagging(0)), Kept::Yes);
             }
-            assert_eq!(keep_freed(7, BlockId::from_raw(999), 0, 8192, &tagging(0)), Kept::BatchFull);
+            assert_eq!(keep_freed(p(7), BlockId::from_raw(999), 0, 8192, &tagging(0)), Kept::BatchFull);
             let mut r = Returns::default();
             take_frees(&mut r);
             assert_eq!(r.as_slice().len(), FREED, "the batch goes back whole");
             assert_eq!(
-                keep_freed(7, BlockId::from_raw(5), 0, MAX_SIZE + 1, &tagging(0)),
+                keep_freed(p(7), BlockId::from_raw(5), 0, MAX_SIZE + 1, &tagging(0)),
                 Kept::No,
                 "too large to keep"
             );
             // A refill for another pool gives back every block of this one,
             // and the class starts there as any class does.
             let mut r = Returns::default();
-            assert_eq!(take_on(8, 4096, &mut r), (4096, FIRST_REFILL));
+            assert_eq!(take_on(p(8), 4096, &mut r), (4096, FIRST_REFILL));
             assert_eq!(r.as_slice().len(), 15);
-            assert!(r.as_slice().iter().all(|&(p, _)| p == 7));
+            assert!(r.as_slice().iter().all(|&(pool, _)| pool == p(7)));
         })
         .join()
         .unwrap();
@@ -834,23 +848,23 @@ mod tests {
             let mut r = Returns::default();
             // Sizes that never come back are left to the pool: no class changes hands.
             for k in 1..=MISSED as u64 {
-                assert_eq!(refill(5, k * 512, &mut r), None, "{k}");
+                assert_eq!(refill(p(5), k * 512, &mut r), None, "{k}");
             }
             assert!(r.as_slice().is_empty());
             // Asked again while remembered: taken on, two blocks first, then twice as many each time.
-            assert_eq!(refill(5, MISSED as u64 * 512, &mut r), Some((MISSED as u64 * 512, 2)));
-            let bursts: Vec<usize> = (0..4).map(|_| refill(5, MISSED as u64 * 512, &mut r).unwrap().1).collect();
+            assert_eq!(refill(p(5), MISSED as u64 * 512, &mut r), Some((MISSED as u64 * 512, 2)));
+            let bursts: Vec<usize> = (0..4).map(|_| refill(p(5), MISSED as u64 * 512, &mut r).unwrap().1).collect();
             assert_eq!(bursts, [4, 8, 16, 16]);
             // A large class takes at most REFILL_BYTES a time.
-            assert_eq!(take_on(5, 64 << 10, &mut r), (64 << 10, 2));
-            assert_eq!(refill(5, 64 << 10, &mut r), Some((64 << 10, 4)));
-            assert_eq!(refill(5, 64 << 10, &mut r), Some((64 << 10, 4)));
+            assert_eq!(take_on(p(5), 64 << 10, &mut r), (64 << 10, 2));
+            assert_eq!(refill(p(5), 64 << 10, &mut r), Some((64 << 10, 4)));
+            assert_eq!(refill(p(5), 64 << 10, &mut r), Some((64 << 10, 4)));
             // Forgotten after MISSED other misses: asked once more, it is declined again.
-            assert_eq!(refill(5, 40 * 512, &mut r), None);
+            assert_eq!(refill(p(5), 40 * 512, &mut r), None);
             for k in 0..MISSED as u64 {
-                assert_eq!(refill(5, (20 + k) * 512, &mut r), None);
+                assert_eq!(refill(p(5), (20 + k) * 512, &mut r), None);
             }
-            assert_eq!(refill(5, 40 * 512, &mut r), None);
+            assert_eq!(refill(p(5), 40 * 512, &mut r), None);
         })
         .join()
         .unwrap();
@@ -859,20 +873,20 @@ mod tests {
     #[test]
     fn a_freed_block_is_taken_again_only_once_its_fence_completed() {
         std::thread::spawn(|| {
-            magazine_with(4, 2);
-            let a = take(4, 4096, &Progress::completed_up_to(0)).unwrap();
-            assert_eq!(keep_freed(4, a.id, a.addr, 4000, &tagging(5)), Kept::Yes);
+            magazine_with(p(4), 2);
+            let a = take(p(4), 4096, &Progress::completed_up_to(0)).unwrap();
+            assert_eq!(keep_freed(p(4), a.id, a.addr, 4000, &tagging(5)), Kept::Yes);
             // Epoch 5 has not completed: the stock serves, then nothing.
             let pending = Progress::completed_up_to(4);
-            let b = take(4, 4096, &pending).unwrap();
+            let b = take(p(4), 4096, &pending).unwrap();
             assert_ne!(id(b), id(a));
-            assert!(take(4, 4096, &pending).is_none());
-            assert_eq!(oldest_waiting(4, 4096), Some(5));
-            assert_eq!(oldest_waiting(4, 8192), None, "a class not held");
+            assert!(take(p(4), 4096, &pending).is_none());
+            assert_eq!(oldest_waiting(p(4), 4096), Some(5));
+            assert_eq!(oldest_waiting(p(4), 8192), None, "a class not held");
             // Completed: the freed block comes back, at its own address.
-            let again = take(4, 4096, &Progress::completed_up_to(5)).unwrap();
+            let again = take(p(4), 4096, &Progress::completed_up_to(5)).unwrap();
             assert_eq!((id(again), again.addr), (id(a), a.addr));
-            assert!(take(4, 4096, &Progress::completed_up_to(9)).is_none());
+            assert!(take(p(4), 4096, &Progress::completed_up_to(9)).is_none());
         })
         .join()
         .unwrap();
@@ -881,28 +895,28 @@ mod tests {
     #[test]
     fn freed_blocks_come_back_oldest_first_and_the_overflow_goes_to_the_pool() {
         std::thread::spawn(|| {
-            magazine_with(2, 0);
+            magazine_with(p(2), 0);
             let room = (WAITING_BYTES / 4096) as u32;
             assert_eq!(room as usize, WAITING.min(room as usize));
             for i in 0..room {
                 assert_eq!(
-                    keep_freed(2, BlockId::from_raw(i), u64::from(i) << 12, 4096, &tagging(u64::from(i))),
+                    keep_freed(p(2), BlockId::from_raw(i), u64::from(i) << 12, 4096, &tagging(u64::from(i))),
                     Kept::Yes
                 );
             }
             // One more: the oldest (block 0) goes to the batch for the pool.
-            assert_eq!(keep_freed(2, BlockId::from_raw(room), u64::from(room) << 12, 4096, &tagging(99)), Kept::Yes);
+            assert_eq!(keep_freed(p(2), BlockId::from_raw(room), u64::from(room) << 12, 4096, &tagging(99)), Kept::Yes);
             let mut r = Returns::default();
             take_frees(&mut r);
-            assert_eq!(r.as_slice(), &[(2, 0)]);
+            assert_eq!(r.as_slice(), &[(p(2), 0)]);
             // Completed up to 2: blocks 1 and 2 come back, in that order, and no more.
             let done = Progress::completed_up_to(2);
-            assert_eq!(id(take(2, 4096, &done).unwrap()), 1);
-            assert_eq!(id(take(2, 4096, &done).unwrap()), 2);
-            assert!(take(2, 4096, &done).is_none());
+            assert_eq!(id(take(p(2), 4096, &done).unwrap()), 1);
+            assert_eq!(id(take(p(2), 4096, &done).unwrap()), 2);
+            assert!(take(p(2), 4096, &done).is_none());
             // Giving the class back returns every block still waiting.
             let mut r = Returns::default();
-            take_on(3, 4096, &mut r);
+            take_on(p(3), 4096, &mut r);
             assert_eq!(r.as_slice().len(), room as usize - 2);
         })
         .join()
@@ -914,26 +928,26 @@ mod tests {
         std::thread::spawn(|| {
             start_here();
             let mut r = Returns::default();
-            let (class, _) = take_on(3, 512, &mut r);
+            let (class, _) = take_on(p(3), 512, &mut r);
             let mut unkept = Returns::default();
-            store(3, class, &[block(1, 0x100, 512), block(2, 0x300, 512)], &mut unkept);
+            store(p(3), class, &[block(1, 0x100, 512), block(2, 0x300, 512)], &mut unkept);
             assert!(unkept.as_slice().is_empty());
-            assert_eq!(keep_freed(3, BlockId::from_raw(9), 0x900, 512, &tagging(1)), Kept::Yes);
-            assert_eq!(keep_freed(3, BlockId::from_raw(10), 0xa00, 4096, &tagging(1)), Kept::Yes);
+            assert_eq!(keep_freed(p(3), BlockId::from_raw(9), 0x900, 512, &tagging(1)), Kept::Yes);
+            assert_eq!(keep_freed(p(3), BlockId::from_raw(10), 0xa00, 4096, &tagging(1)), Kept::Yes);
         })
         .join()
         .unwrap();
         assert!(orphans());
         let mut back = Vec::new();
         settle(true, |r| back.extend_from_slice(r.as_slice()));
-        for returned in [(3, 1), (3, 2), (3, 9), (3, 10)] {
+        for returned in [(p(3), 1), (p(3), 2), (p(3), 9), (p(3), 10)] {
             assert!(back.contains(&returned), "{back:?}");
         }
         // (Whether other tests' threads have exited meanwhile, setting the
         // flag again, is theirs: what this magazine held must not come back.)
-        let mut again: Vec<(usize, u32)> = Vec::new();
+        let mut again: Vec<(PoolHandle, u32)> = Vec::new();
         // Only orphans: a full settle would empty the magazines of tests running beside this one.
-        settle(true, |r| again.extend(r.as_slice().iter().filter(|&&(p, _)| p == 3)));
+        settle(true, |r| again.extend(r.as_slice().iter().filter(|&&(pool, _)| pool == p(3))));
         assert!(again.is_empty(), "{again:?}");
     }
 
@@ -945,9 +959,9 @@ mod tests {
         std::thread::spawn(|| {
             start_here();
             for i in 0..FREED as u32 - 1 {
-                assert_eq!(keep_freed(11, BlockId::from_raw(i), 0, 4096, &tagging(0)), Kept::Yes);
+                assert_eq!(keep_freed(p(11), BlockId::from_raw(i), 0, 4096, &tagging(0)), Kept::Yes);
             }
-            assert_eq!(keep_freed(11, BlockId::from_raw(99), 0, 4096, &tagging(0)), Kept::BatchFull);
+            assert_eq!(keep_freed(p(11), BlockId::from_raw(99), 0, 4096, &tagging(0)), Kept::BatchFull);
             let m = THREAD.with(|t| t.magazine.borrow().clone().unwrap());
             let mut r = Returns::default();
             {
@@ -955,7 +969,7 @@ mod tests {
                 take_frees(&mut r);
             }
             assert!(r.as_slice().is_empty(), "the lock was held: nothing taken");
-            assert_eq!(keep_freed(11, BlockId::from_raw(100), 0, 4096, &tagging(0)), Kept::No);
+            assert_eq!(keep_freed(p(11), BlockId::from_raw(100), 0, 4096, &tagging(0)), Kept::No);
             take_frees(&mut r);
             assert_eq!(r.as_slice().len(), FREED, "the batch, whole, once the lock is free");
         })

@@ -3,7 +3,10 @@
 //! safe by stream tracking (`streams`) and fences (`fence`).
 
 mod engine;
+pub use engine::Carved;
 mod fence;
+mod handle;
+pub use handle::PoolHandle;
 pub mod ipc;
 mod magazine;
 pub use magazine::on_start as on_magazine_start;

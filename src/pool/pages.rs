@@ -65,6 +65,8 @@ impl CudaPages {
         let recommended = CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED as c_int;
         let granularity = |shareable| {
             let mut g = 0usize;
+            // SAFETY: the driver's `cuMemGetAllocationGranularity` writes only into `g`, a live local, and
+            // reads the properties, a temporary alive for the call.
             let r = unsafe {
                 real!(cuMemGetAllocationGranularity(&mut g, &page_properties(device, shareable), recommended))
             };
@@ -76,6 +78,7 @@ impl CudaPages {
         };
         let page = (granularity as u64).max(2 << 20).next_multiple_of(granularity as u64);
         let mut count: c_int = 0;
+        // SAFETY: the driver's `cuDeviceGetCount` writes only into `count`, a live local.
         unsafe { real!(cuDeviceGetCount(&mut count)) };
         let readers = (0..count.max(1)).filter(|&d| d == device || can_access_peer(d, device));
         let access = readers
@@ -105,6 +108,7 @@ impl CudaPages {
 /// Can device `reader` reach `owner`'s memory?
 fn can_access_peer(reader: i32, owner: i32) -> bool {
     let mut can: c_int = 0;
+    // SAFETY: the driver's `cuDeviceCanAccessPeer` writes only into `can`, a live local.
     let r = unsafe { real!(cuDeviceCanAccessPeer(&mut can, reader as CUdevice, owner as CUdevice)) };
     r == SUCCESS && can != 0
 }
@@ -113,6 +117,7 @@ impl PageBackend for CudaPages {
     fn reserve(&mut self, size: u64, align: u64) -> Option<u64> {
         let _current = InContext::enter(self.ctx)?;
         let mut addr = 0;
+        // SAFETY: the driver's `cuMemAddressReserve` writes only into `addr`, a live local.
         let r = unsafe { real!(cuMemAddressReserve(&mut addr, size as usize, align as usize, 0, 0)) };
         (r == SUCCESS).then_some(addr)
     }
@@ -121,6 +126,8 @@ impl PageBackend for CudaPages {
         let _current = InContext::enter(self.ctx)?;
         let t = clock::monotonic_ns();
         let mut handle: CUmemGenericAllocationHandle = 0;
+        // SAFETY: the driver's `cuMemCreate` writes only into `handle`, a live local, and reads the
+        // properties, a temporary alive for the call.
         let mut create = |shareable| unsafe {
             real!(cuMemCreate(&mut handle, size as usize, &page_properties(self.device, shareable), 0))
         };
@@ -138,6 +145,8 @@ impl PageBackend for CudaPages {
     fn map(&mut self, addr: u64, size: u64, handle: u64) -> bool {
         let Some(_current) = InContext::enter(self.ctx) else { return self.refused() };
         let t = clock::monotonic_ns();
+        // SAFETY: the driver's `cuMemMap` of `handle`, a page this backend created, into a range it reserved:
+        // the VMM pool maps a page only where its range has no page.
         let r = unsafe { real!(cuMemMap(addr, size as usize, 0, handle, 0)) };
         self.costs.map_ns += clock::monotonic_ns() - t;
         r == SUCCESS || self.refused()
@@ -146,6 +155,7 @@ impl PageBackend for CudaPages {
     fn device_memory(&mut self) -> Option<(u64, u64)> {
         let _current = InContext::enter(self.ctx)?;
         let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: the driver's `cuMemGetInfo_v2` writes only into `free` and `total`, live locals.
         let r = unsafe { real!(cuMemGetInfo_v2(&mut free, &mut total)) };
         (r == SUCCESS).then_some((free as u64, total as u64))
     }
@@ -153,6 +163,8 @@ impl PageBackend for CudaPages {
     fn grant(&mut self, addr: u64, size: u64) -> bool {
         let Some(_current) = InContext::enter(self.ctx) else { return self.refused() };
         let t = clock::monotonic_ns();
+        // SAFETY: the driver's `cuMemSetAccess` reads `self.access.len()` descriptors from `self.access`,
+        // alive for the call.
         let r = unsafe { real!(cuMemSetAccess(addr, size as usize, self.access.as_ptr(), self.access.len())) };
         self.costs.access_ns += clock::monotonic_ns() - t;
         r == SUCCESS || self.refused()
@@ -163,6 +175,8 @@ impl PageBackend for CudaPages {
         // (the pool's fences), so the unmap cannot pull memory from under a kernel.
         let _current = InContext::enter(self.ctx);
         let t = clock::monotonic_ns();
+        // SAFETY: the driver's `cuMemUnmap` of a range the VMM pool mapped; only pages no block holds and no
+        // queued work can touch come here (the pool's fences).
         unsafe { real!(cuMemUnmap(addr, size as usize)) };
         self.costs.unmap_ns += clock::monotonic_ns() - t;
     }
@@ -170,6 +184,8 @@ impl PageBackend for CudaPages {
     fn release_page(&mut self, handle: u64) {
         let _current = InContext::enter(self.ctx);
         let t = clock::monotonic_ns();
+        // SAFETY: the driver's `cuMemRelease` of a page this backend created; the VMM pool releases each page
+        // once, after unmapping it.
         unsafe { real!(cuMemRelease(handle)) };
         self.costs.release_ns += clock::monotonic_ns() - t;
     }

@@ -1,12 +1,13 @@
 //! One pool per CUDA context, found from any thread without a lock on the
 //! hot path (a per-thread cache invalidated by a generation counter).
 
-use super::engine::{Engine, Unusable};
+use super::engine::{Carved, Engine};
 use super::fence::{self, Progress};
+use super::handle::PoolHandle;
 use super::magazine::{self, Returns};
 use super::streams;
 use crate::runtime::bias::{BiasedGuard, BiasedMutex};
-use cupool_core::pool::{Block, BlockId, OutOfMemory, Timeline};
+use cupool_core::pool::{Block, BlockId, Timeline};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -38,7 +39,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 crate::runtime::tls::static_tls! {
     /// The pool this thread used last: (context id, `GENERATION`, pool).
-    CACHED: Cell<(u64, u64, *const ContextPool)>;
+    CACHED: Cell<(u64, u64, Option<PoolHandle>)>;
 }
 
 /// The pool of the context with unique id `id`, created on first use with
@@ -50,9 +51,10 @@ crate::runtime::tls::static_tls! {
 #[inline]
 pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static ContextPool, Option<u64>) {
     let gen = GENERATION.load(Ordering::Acquire);
-    let (i, g, p) = CACHED.with(Cell::get);
-    if i == id && g == gen && !p.is_null() {
-        return (unsafe { &*p }, None);
+    if let (i, g, Some(p)) = CACHED.with(Cell::get) {
+        if i == id && g == gen {
+            return (p.get(), None);
+        }
     }
     let mut pools = POOLS.lock();
     let (pool, stale) = match pools.iter().copied().find(|p| p.id == id) {
@@ -73,35 +75,35 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
             (p, stale)
         }
     };
-    CACHED.with(|c| c.set((id, gen, pool)));
+    CACHED.with(|c| c.set((id, gen, Some(PoolHandle::of(pool)))));
     (pool, stale)
 }
 
 /// A block of `size` bytes from `pool`, which may reserve at most
 /// `cap(what it reserves now)` bytes in all. Every change of a pool's
 /// reserved bytes on the way goes to `on_reserved(device, delta)`.
-/// `Unusable`: the call goes to CUDA.
+/// `Carved::PoolUnusable`: the call goes to CUDA.
 #[inline]
 pub fn allocate(
-    pool: &ContextPool,
+    pool: &'static ContextPool,
     size: u64,
     cap: impl Fn(u64) -> u64,
     on_reserved: &mut dyn FnMut(i32, i64),
-) -> Result<Result<Block, OutOfMemory>, Unusable> {
-    let addr = pool as *const ContextPool as usize;
+) -> Carved {
+    let addr = PoolHandle::of(pool);
     magazine::start_if_always();
     if magazine::active() {
         if let Some(block) =
             magazine::take(addr, size, &pool.progress).or_else(|| refill(pool, size, &cap, on_reserved))
         {
-            return Ok(Ok(block));
+            return Carved::Block(block);
         }
     }
     if magazine::orphans() {
         settle(true, on_reserved);
     }
     let result = allocate_now(pool, size, &cap, on_reserved);
-    if matches!(result, Ok(Err(_))) && magazine::any() {
+    if matches!(result, Carved::OutOfMemory) && magazine::any() {
         // Blocks kept by threads' magazines count as allocated: give them back first.
         settle(false, on_reserved);
         return allocate_now(pool, size, &cap, on_reserved);
@@ -131,7 +133,7 @@ fn allocate_now(
     size: u64,
     cap: &impl Fn(u64) -> u64,
     on_reserved: &mut dyn FnMut(i32, i64),
-) -> Result<Result<Block, OutOfMemory>, Unusable> {
+) -> Carved {
     let mut p = lock(pool);
     let before = capped(&mut p, cap);
     let result = p.allocate(size);
@@ -145,12 +147,12 @@ fn allocate_now(
 /// oldest block this thread freed of that class, it is taken instead.
 #[cold]
 fn refill(
-    pool: &ContextPool,
+    pool: &'static ContextPool,
     size: u64,
     cap: &impl Fn(u64) -> u64,
     on_reserved: &mut dyn FnMut(i32, i64),
 ) -> Option<Block> {
-    let addr = pool as *const ContextPool as usize;
+    let addr = PoolHandle::of(pool);
     let mut returns = magazine::spare_returns();
     let (class, want) = magazine::refill(addr, size, &mut returns)?;
     give_back(&returns, on_reserved);
@@ -166,7 +168,7 @@ fn refill(
         let before = capped(&mut p, cap);
         while n < want {
             match p.allocate(class) {
-                Ok(Ok(b)) => taken[n] = b,
+                Carved::Block(b) => taken[n] = b,
                 _ => break, // the caller asks again, alone, and gets the pool's answer
             }
             n += 1;
@@ -199,19 +201,18 @@ fn report(device: i32, before: u64, after: u64, on_reserved: &mut dyn FnMut(i32,
     }
 }
 
-/// Returns `block` (`bytes` asked) to the pool at `pool` (a `ContextPool`
-/// address kept with the allocation), now or, from a thread with a
+/// Returns `block` (`bytes` asked) to `pool` (kept with the allocation), now or, from a thread with a
 /// magazine, with its next batch. A pool whose context died still takes
 /// it: the memory is gone, the books stay straight. A block exported
 /// through IPC is never handed out again: another process may still read
 /// it through its handle. Bytes a pool gives back to its device (a free may
 /// empty a segment or a page) go to `on_reserved`.
 #[inline]
-pub fn free(pool: usize, block: BlockId, addr: u64, bytes: u64, on_reserved: &mut dyn FnMut(i32, i64)) {
+pub fn free(pool: PoolHandle, block: BlockId, addr: u64, bytes: u64, on_reserved: &mut dyn FnMut(i32, i64)) {
     if kept_exported(pool, block.to_raw()) {
         return;
     }
-    let progress = unsafe { &(*(pool as *const ContextPool)).progress };
+    let progress = &pool.get().progress;
     match magazine::keep_freed(pool, block, addr, bytes, progress) {
         magazine::Kept::No => {
             if bytes <= magazine::MAX_SIZE && progress.tag_now() != 0 {
@@ -233,8 +234,8 @@ fn give_back_batch(on_reserved: &mut dyn FnMut(i32, i64)) {
 }
 
 #[inline]
-fn free_now(pool: usize, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) {
-    let pool_ref = unsafe { &*(pool as *const ContextPool) };
+fn free_now(pool: PoolHandle, block: BlockId, on_reserved: &mut dyn FnMut(i32, i64)) {
+    let pool_ref = pool.get();
     let mut p = lock(pool_ref);
     if p.timeline().is_dead() {
         return; // its context died, and the block's memory with it
@@ -289,7 +290,7 @@ fn wait_unlocked<'a>(pool: &'a ContextPool, mut p: BiasedGuard<'a, Engine>, on_r
 /// (another process may still read it through its handle): it is marked
 /// freed for the program instead.
 #[inline]
-fn kept_exported(pool: usize, block: u32) -> bool {
+fn kept_exported(pool: PoolHandle, block: u32) -> bool {
     if !ANY_EXPORTED.load(Ordering::Acquire) {
         return false;
     }
@@ -309,9 +310,9 @@ fn give_back(returns: &Returns, on_reserved: &mut dyn FnMut(i32, i64)) {
     }
 }
 
-/// Frees `blocks`, all of the pool at `pool`, under one lock.
-fn give_back_run(pool: usize, blocks: &[(usize, u32)], on_reserved: &mut dyn FnMut(i32, i64)) {
-    let pool_ref = unsafe { &*(pool as *const ContextPool) };
+/// Frees `blocks`, all of `pool`, under one lock.
+fn give_back_run(pool: PoolHandle, blocks: &[(PoolHandle, u32)], on_reserved: &mut dyn FnMut(i32, i64)) {
+    let pool_ref = pool.get();
     let mut p = lock(pool_ref);
     if p.timeline().is_dead() {
         return; // blocks a magazine held when their context died: gone with it
@@ -336,9 +337,9 @@ pub fn settle(only_orphans: bool, on_reserved: &mut dyn FnMut(i32, i64)) {
     magazine::settle(only_orphans, |returns| give_back(returns, on_reserved));
 }
 
-/// Blocks exported through IPC, as (pool address, block id).
+/// Blocks exported through IPC, as (pool, block id).
 /// With whether the program freed them since (they stay allocated).
-static EXPORTED: Mutex<BTreeMap<(usize, u32), bool>> = Mutex::new(BTreeMap::new());
+static EXPORTED: Mutex<BTreeMap<(PoolHandle, u32), bool>> = Mutex::new(BTreeMap::new());
 static ANY_EXPORTED: AtomicBool = AtomicBool::new(false);
 
 /// An allocated pooled block, as `find` sees it.
@@ -351,7 +352,7 @@ pub struct PooledBlock {
     pub vmm: bool,
     /// Its pages can be shared (always, for a segment's block).
     pub shareable: bool,
-    pool: usize,
+    pool: PoolHandle,
     block: u32,
 }
 
@@ -369,7 +370,7 @@ pub fn find(ptr: u64) -> Found {
     for &p in POOLS.lock().iter() {
         let pool = p.pool.lock();
         if let Some(b) = pool.lookup(ptr) {
-            let pool_addr = p as *const ContextPool as usize;
+            let pool_addr = PoolHandle::of(p);
             if ANY_EXPORTED.load(Ordering::Acquire)
                 && EXPORTED.lock().get(&(pool_addr, b.id.to_raw())).copied().unwrap_or(false)
             {
@@ -395,8 +396,7 @@ pub fn find(ptr: u64) -> Found {
 /// Publishes the pages under a VMM block to this process's IPC broker;
 /// returns the ticket its handle carries (`pool::ipc`).
 pub fn publish_pages(b: &PooledBlock) -> Result<super::ipc::Ticket, crate::cuda::Status> {
-    let pool = unsafe { &*(b.pool as *const ContextPool) };
-    let pages = pool.pool.lock().block_pages(b.addr).ok_or(crate::cuda::INVALID_VALUE)?;
+    let pages = b.pool.get().pool.lock().block_pages(b.addr).ok_or(crate::cuda::INVALID_VALUE)?;
     let first = pages.first().ok_or(crate::cuda::INVALID_VALUE)?;
     let offset = b.addr - first.addr;
     // A descriptor of every page now (closed at once), so that an export a
@@ -458,7 +458,7 @@ pub fn drop_context(dies: impl Fn(&ContextPool) -> bool) -> Vec<(i32, u64)> {
             let mut pool = p.pool.lock();
             gone.push((p.device, pool.reserved()));
             pool.context_died();
-            super::ipc::broker::forget_pool(*p as *const ContextPool as usize);
+            super::ipc::broker::forget_pool(PoolHandle::of(p));
         }
         !dead
     });
@@ -571,12 +571,10 @@ pub fn retired() -> Vec<&'static ContextPool> {
     RETIRED.lock().clone()
 }
 
-/// Runs `f` with the context of the pool `pool` (a `Pooled::pool`) current,
+/// Runs `f` with the context of `pool` (a `Pooled::pool`) current,
 /// restoring the thread's own after; `None` when it cannot be made current.
-pub fn in_context_of<R>(pool: usize, f: impl FnOnce() -> R) -> Option<R> {
-    // SAFETY: a pooled block's pool lives as long as the process (pools of
-    // dead contexts are retired, never freed).
-    let ctx = unsafe { (*(pool as *const ContextPool)).ctx };
+pub fn in_context_of<R>(pool: PoolHandle, f: impl FnOnce() -> R) -> Option<R> {
+    let ctx = pool.get().ctx;
     let _current = super::fence::InContext::enter(ctx)?;
     Some(f())
 }

@@ -3,15 +3,15 @@
 //! [`BOOKS`]), each pool's lock ([`BiasedMutex`]) and the log's sequence
 //! number (`sink`).
 //!
-//! Every pooled `cudaMalloc`+`cudaFree` pair locked and unlocked a
-//! live-table shard twice, the pool twice, and bumped six counters: fourteen
-//! atomic read-modify-writes, about 5 ns each even uncontended (a `perf` of
-//! the hook bench put half the pair there). Most programs allocate from one
-//! thread, so the first thread that touches a [`Bias`]'s state *owns* it: it
-//! reads and writes with plain loads and stores and takes no lock. The first
-//! other thread that needs the state revokes the bias for good (everyone
-//! locks and uses atomics from then on), after waiting for the owner to
-//! leave the section it may be in.
+//! With locks and atomic counters alone, every pooled `cudaMalloc`+`cudaFree`
+//! pair would lock and unlock a live-table shard twice, the pool twice, and
+//! bump six counters: fourteen atomic read-modify-writes, about 5 ns each
+//! even uncontended (half the pair's time in a `perf` of the hook bench).
+//! Most programs allocate from one thread, so the first thread that touches
+//! a [`Bias`]'s state *owns* it: it reads and writes with plain loads and
+//! stores and takes no lock. The first other thread that needs the state
+//! revokes the bias for good (everyone locks and uses atomics from then on),
+//! after waiting for the owner to leave the section it may be in.
 //!
 //! The handshake is Dekker's, made cheap on the owner's side with an
 //! asymmetric fence: the owner marks itself inside a section and then checks

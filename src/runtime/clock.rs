@@ -21,6 +21,7 @@ static START_UNIX_MS: AtomicU64 = AtomicU64::new(0);
 
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` writes only into `ts`, a live local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -181,8 +182,8 @@ const CALIBRATION_SPAN_NS: u64 = 50_000_000;
 /// barriers): from the time-stamp counter and its measured rate where the
 /// kernel keeps time with it, once 50 ms passed since the first call; the
 /// clock itself before that and elsewhere. Two clock reads per pooled pair
-/// were a sixth of a thread's time with several streams; the counter is one
-/// instruction. Not a clock for the log: the rate is measured once.
+/// would be a sixth of a thread's time with several streams; the counter is
+/// one instruction. Not a clock for the log: the rate is measured once.
 #[inline]
 pub fn pace_ns() -> u64 {
     match PACE.get() {
@@ -232,6 +233,7 @@ pub fn at_least_since(last: u64, interval: u64) -> bool {
 #[inline]
 pub fn now_coarse_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` writes only into `ts`, a live local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     (ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64).saturating_sub(T0_NS.load(Ordering::Relaxed))
 }

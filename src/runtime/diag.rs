@@ -12,6 +12,7 @@ fn write_line(prefix: &str, msg: &str) {
     line.push_str(prefix);
     line.push_str(msg);
     line.push('\n');
+    // SAFETY: `write` reads `line.len()` bytes from `line`, alive for the call.
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
@@ -62,6 +63,7 @@ pub fn note(msg: &str) {
 /// An internal failure the shim cannot step around.
 pub fn fatal(msg: &str) -> ! {
     write_line("fatal: ", msg);
+    // SAFETY: `abort` takes no arguments.
     unsafe { libc::abort() }
 }
 

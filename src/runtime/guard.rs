@@ -60,6 +60,7 @@ pub fn tid() -> u32 {
         let t = &s.tid;
         let mut id = t.get();
         if id == 0 {
+            // SAFETY: `gettid` takes no arguments and cannot fail.
             id = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
             t.set(id);
         }

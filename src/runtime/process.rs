@@ -16,6 +16,7 @@ pub fn info() -> ProcessInfo {
     let exe = std::fs::read_link("/proc/self/exe").map(|p| p.display().to_string()).unwrap_or_default();
     ProcessInfo {
         pid: std::process::id(),
+        // SAFETY: `getppid` takes no arguments and cannot fail.
         ppid: unsafe { libc::getppid() } as u32,
         cmdline,
         exe,

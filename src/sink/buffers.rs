@@ -3,7 +3,7 @@
 //! chunk's length; the writer thread reads up to that length. A thread takes
 //! the lock only to trade a full chunk for an empty one, once per [`CHUNK`]
 //! events: while one thread records, the hot path has no read-modify-write,
-//! where a shared buffer's lock made two per event (with the sequence
+//! where a shared buffer's lock would make two per event (with the sequence
 //! number's, a fifth of a traced pair's cost on the CPU).
 
 use crate::runtime::bias::{Access, Bias};
@@ -35,8 +35,8 @@ const MAX_OVERFLOW: usize = 1 << 20;
 
 /// The next sequence number, on cache lines of its own: the recording
 /// thread reads and writes it for every event, and a neighbour the writer
-/// thread writes (a lock) made that read a miss (a third of a traced pair's
-/// added cost on the CPU).
+/// thread writes (a lock) would make that read a miss (a third of a traced
+/// pair's added cost on the CPU).
 static SEQ: Aligned<AtomicU64> = Aligned(AtomicU64::new(1));
 /// Who may count `SEQ` with a plain load and store: the first thread that
 /// records (`runtime::bias`). A domain of its own, not the books': a thread
@@ -349,8 +349,8 @@ impl Stream {
 
 /// Appends the streams' events to `batch` in `seq` order: a k-way merge
 /// that copies each stream's events in slices, up to the next stream's
-/// head (sorting a million interleaved events took the writer longer than
-/// eight threads took to make them).
+/// head (sorting a million interleaved events takes the writer longer than
+/// eight threads take to make them).
 fn merge(mut streams: Vec<Stream>, batch: &mut Vec<Event>) {
     use std::cmp::Reverse;
     let mut heads: std::collections::BinaryHeap<Reverse<(u64, usize)>> =

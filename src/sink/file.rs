@@ -53,6 +53,7 @@ impl LogFile {
             };
             let c = std::ffi::CString::new(path.as_str()).ok()?;
             let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+            // SAFETY: `c` is a NUL-terminated path alive for the call.
             fd = unsafe { libc::open(c.as_ptr(), flags, 0o644) };
             if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
                 break;
@@ -67,6 +68,7 @@ impl LogFile {
         log::write_event(&mut text, &Event::new(EventKind::Start, log::Api::None), EventLine::First);
         if let Err(e) = write_all(fd, text.as_bytes()) {
             diag::error(&format!("cannot write {path}: {e}; no log will be written"));
+            // SAFETY: `fd` is the file this function opened, closed once here before it is dropped.
             unsafe { libc::close(fd) };
             let _ = std::fs::remove_file(&path);
             return None;
@@ -151,11 +153,13 @@ impl LogFile {
             tail(&mut self.text);
             self.flush();
         }
+        // SAFETY: `self.fd` is this log's file, closed once: `close_with` consumes `self`.
         unsafe { libc::close(self.fd) };
     }
 
     /// Closes the file without writing (a forked child holds its parent's).
     pub fn abandon(self) {
+        // SAFETY: `self.fd` is this log's file, closed once: `abandon` consumes `self`.
         unsafe { libc::close(self.fd) };
     }
 
@@ -187,6 +191,7 @@ impl LogFile {
     }
 
     fn cut_back(&mut self) {
+        // SAFETY: `ftruncate` and `lseek` take the log's open descriptor and integers.
         unsafe {
             libc::ftruncate(self.fd, self.written as libc::off_t);
             libc::lseek(self.fd, self.written as libc::off_t, libc::SEEK_SET);
@@ -196,6 +201,8 @@ impl LogFile {
 
 fn write_all(fd: i32, mut bytes: &[u8]) -> std::io::Result<()> {
     while !bytes.is_empty() {
+        // SAFETY: `write` reads at most `bytes.len()` bytes from `bytes`, alive for the call; `fd` is the
+        // log's open file.
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n < 0 {
             let e = std::io::Error::last_os_error();

@@ -23,6 +23,8 @@ pub type FinishOnSignal = fn(i32);
 pub fn start(finish: FinishOnSignal) {
     let mut wake = [-1; 2];
     let mut ack = [-1; 2];
+    // SAFETY: `pipe2` writes two descriptors into each two-element array; `fcntl` takes `wake[1]` only after
+    // its `pipe2` succeeded.
     unsafe {
         // Non-blocking writes: a thread that wakes the writer never waits for it.
         if libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC) != 0
@@ -39,13 +41,17 @@ pub fn start(finish: FinishOnSignal) {
     // The writer must never run a signal handler (the handler waits for the
     // writer): it is born with every signal blocked, not blocking them itself
     // a moment too late.
+    // SAFETY: `sigset_t` is plain data: all-zero is a valid (empty) set.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `sigset_t` is plain data: all-zero is a valid (empty) set.
     let mut previous: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `sigfillset` and `pthread_sigmask` only read and write the two live local sets.
     unsafe {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
     }
     let spawned = std::thread::Builder::new().name("cupool-writer".into()).spawn(move || run(wake_rd, ack_wr, finish));
+    // SAFETY: `pthread_sigmask` reads `previous`, the mask saved above, and writes nothing (null).
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) };
     if spawned.is_err() {
         diag::error("cannot start the writer thread; events will be written at exit only");
@@ -58,11 +64,17 @@ fn run(wake_rd: i32, ack_wr: i32, finish: FinishOnSignal) {
     loop {
         let mut pfd = libc::pollfd { fd: wake_rd, events: libc::POLLIN, revents: 0 };
         wake::dozing(true);
+        // SAFETY: `poll` reads and writes one `pollfd`, `pfd`, a live local; `wake_rd` is the pipe's read
+        // end, owned by this thread.
         let ready = unsafe { libc::poll(&mut pfd, 1, period) };
         wake::dozing(false);
         let mut byte = 0u8;
+        // SAFETY: `read` writes at most one byte into `byte`, a live local; `wake_rd` is the pipe's read end,
+        // owned by this thread.
         if ready > 0 && unsafe { libc::read(wake_rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
             finish(byte as i32);
+            // SAFETY: `write` reads one byte from `byte`, a live local; `ack_wr` is the acknowledgement
+            // pipe's write end, owned by this thread.
             unsafe { libc::write(ack_wr, (&byte as *const u8).cast(), 1) };
             return;
         }
@@ -81,12 +93,15 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> 
     if wake < 0 || ack < 0 {
         return false;
     }
+    // SAFETY: `gettid` takes no arguments and cannot fail.
     if WRITER_TID.load(Ordering::Acquire) == unsafe { libc::syscall(libc::SYS_gettid) } as u32 {
         // Only a fault can land here (the writer blocks every other signal).
         finish(sig);
         return true;
     }
     let byte = sig as u8;
+    // SAFETY: `write` reads one byte from `byte` and `poll` one `pollfd`, both live locals; the descriptors
+    // are the writer's pipes (checked non-negative above), which stay open while the writer runs.
     unsafe {
         if libc::write(wake, (&byte as *const u8).cast(), 1) != 1 {
             return false;
@@ -100,6 +115,8 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> 
 pub fn forget_in_child() {
     for fd in [wake::take_fd(), ACK_FD.swap(-1, Ordering::AcqRel)] {
         if fd >= 0 {
+            // SAFETY: `fd` was taken out of its slot (`take_fd`, `swap`): it is closed here once, and nobody
+            // uses it after.
             unsafe { libc::close(fd) };
         }
     }

@@ -950,6 +950,7 @@ pub fn wait_with_timeout(child: &mut Child, limit: std::time::Duration) -> std::
 
 /// Sends `sig` to process `pid`.
 pub fn send_signal(pid: u32, sig: i32) {
+    // SAFETY: `kill` takes integers; callers name processes the tests started.
     let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
     assert_eq!(r, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
 }

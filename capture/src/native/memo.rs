@@ -167,8 +167,12 @@ mod tests {
         assert_eq!(memos.recall(&Regs { bp: 4, ..regs }, &mut out, 0), None);
         // The last word read changes: the walk might go elsewhere. (Written
         // volatile: the memo reads the array through addresses only.)
+        // SAFETY: `stack` is a live local array; the pointer comes from a unique reference to one of its
+        // elements.
         unsafe { std::ptr::write_volatile(&mut stack[2], 31) };
         assert_eq!(memos.recall(&regs, &mut out, 0), None);
+        // SAFETY: `stack` is a live local array; the pointer comes from a unique reference to one of its
+        // elements.
         unsafe { std::ptr::write_volatile(&mut stack[2], 30) };
         assert_eq!(memos.recall(&regs, &mut out, 0).map(|r| r.0), Some(3));
         assert_eq!(memos.hits, 2);
@@ -202,11 +206,14 @@ mod tests {
         let regs = Regs { ip: 1, sp: 2, bp: 3 };
         let mut caller = [100u64];
         walk_reading(&mut memos, &regs, &caller, &[1, 100]);
+        // SAFETY: `caller` is a live local array; the pointer comes from a unique reference to its element.
         unsafe { std::ptr::write_volatile(&mut caller[0], 200) };
         let mut out = [0; 8];
         assert_eq!(memos.recall(&regs, &mut out, 0), None);
         walk_reading(&mut memos, &regs, &caller, &[1, 200]);
         for c in [100, 200, 100, 200] {
+            // SAFETY: `caller` is a live local array; the pointer comes from a unique reference to its
+            // element.
             unsafe { std::ptr::write_volatile(&mut caller[0], c) };
             assert_eq!(memos.recall(&regs, &mut out, 0).map(|r| r.0), Some(2));
             assert_eq!(out[..2], [1, c]);

@@ -462,6 +462,8 @@ mod tests {
     fn sample_3_13() -> DebugOffsets313 {
         // Values the v3.13.0 build on this machine publishes (read with
         // tools/py_offsets.c); only the ones checked or used matter here.
+        // SAFETY: `DebugOffsets313` and the structs in it hold integers and integer arrays only: all-zero
+        // is a valid value.
         let mut d: DebugOffsets313 = unsafe { std::mem::zeroed() };
         d.cookie = *DEBUG_COOKIE;
         d.version = 0x030d00f0;

@@ -65,10 +65,14 @@ impl ExeSymbols {
 }
 
 pub fn dladdr_name(ra: u64) -> Option<String> {
+    // SAFETY: `Dl_info` is pointers and integers: all-zero (null pointers) is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `dladdr` only writes into `info`, a live local; the address is looked up, never dereferenced.
     if unsafe { libc::dladdr((ra - 1) as *const libc::c_void, &mut info) } == 0 || info.dli_sname.is_null() {
         return None;
     }
+    // SAFETY: `dladdr` succeeded and `dli_sname` is non-null: a NUL-terminated name the dynamic linker keeps
+    // while the object is loaded; it is copied at once.
     Some(unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned())
 }
 
@@ -104,9 +108,13 @@ pub fn build_so(dir_name: &str, file_name: &str, source: &str, flags: &[&str]) -
 /// `dlopen`s `path` (never closed) and looks up `symbol` in it.
 pub fn open_symbol(path: &Path, symbol: &str) -> usize {
     let path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: `path` is a NUL-terminated string alive for the call; the library is one this test suite just
+    // compiled, whose initialisers are its own C code.
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     assert!(!handle.is_null(), "dlopen {path:?}");
     let name = CString::new(symbol).unwrap();
+    // SAFETY: `handle` is the non-null handle just returned by `dlopen`, never closed; `name` is
+    // NUL-terminated.
     let sym = unsafe { libc::dlsym(handle, name.as_ptr()) };
     assert!(!sym.is_null(), "{symbol} in {path:?}");
     sym as usize

@@ -63,6 +63,8 @@ impl Deref for Bytes {
 // SAFETY: the slice is inside an `Arc`'s allocation (the mapping or the
 // owned bytes), which stays where it is for as long as any clone holds it.
 unsafe impl gimli::StableDeref for Bytes {}
+// SAFETY: as above: a clone of `Bytes` clones the `Arc`, so it derefs to the same slice, which stays where it
+// is.
 unsafe impl gimli::CloneStableDeref for Bytes {}
 
 type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;

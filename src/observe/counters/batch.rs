@@ -10,7 +10,7 @@
 //! the calls only by what other threads still hold in their batches: less
 //! than [`NET_BYTES`] + [`MAX_SIZE`] (the call that passes `NET_BYTES` adds
 //! the batch) and [`OPS`] allocations each. Threads without a magazine, and
-//! larger allocations, count at once, as before.
+//! larger allocations, count at once.
 //!
 //! Readers (the end record, phases, `cupool_memory_stats`, peak resets, a
 //! refused free) add every batch first ([`flush_all`]); a thread that exits
@@ -55,8 +55,8 @@ static ALL: Mutex<Vec<Arc<ThreadBatchLock>>> = Mutex::new(Vec::new());
 
 /// A thread's batch, which its thread locks without an atomic
 /// read-modify-write while no other thread has flushed it (`runtime::bias`):
-/// the lock and unlock were two of them per call, a seventh of eight
-/// threads' pair time under `perf` on the GPU host. A flush from another
+/// an ordinary lock and unlock would be two of them per call, a seventh of
+/// eight threads' pair time under `perf` on the GPU host. A flush from another
 /// thread (a phase, the memory statistics) makes it an ordinary lock.
 type ThreadBatchLock = BiasedMutex<Batch>;
 

@@ -21,6 +21,7 @@
 
 use super::Ticket;
 use crate::cuda::{Status, INVALID_VALUE, SUCCESS};
+use crate::pool::PoolHandle;
 use parking_lot::Mutex;
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -35,7 +36,7 @@ const TIMEOUT_S: i64 = 20;
 struct Export {
     token: u64,
     /// The `ContextPool` the pages belong to: its death ends the export.
-    pool: usize,
+    pool: PoolHandle,
     /// The block's address: exported again, it keeps its ticket, as CUDA
     /// gives one allocation one handle.
     block: u64,
@@ -80,7 +81,7 @@ pub type ExportFd = fn(u64) -> Result<OwnedFd, Status>;
 /// exported from `pool`; returns the ticket its handle carries. `Err`: the
 /// broker could not be started.
 pub fn publish(
-    pool: usize,
+    pool: PoolHandle,
     block: u64,
     pages: Vec<(u64, u64)>,
     offset: u64,
@@ -111,7 +112,7 @@ pub fn publish(
 }
 
 /// The context of `pool` died, and its pages with it: its exports end.
-pub fn forget_pool(pool: usize) {
+pub fn forget_pool(pool: PoolHandle) {
     for e in EXPORTS.lock().list.iter_mut() {
         if e.as_ref().is_some_and(|e| e.pool == pool) {
             *e = None;
@@ -121,6 +122,8 @@ pub fn forget_pool(pool: usize) {
 
 fn random_u64() -> u64 {
     let mut t = 0u64;
+    // SAFETY: `getrandom` writes at most `size_of::<u64>()` bytes through a pointer to `t`, a live local of
+    // exactly that size.
     let n = unsafe { libc::getrandom((&mut t as *mut u64).cast(), size_of::<u64>(), 0) };
     if n != size_of::<u64>() as isize {
         // No entropy source: still unlikely to repeat across processes.
@@ -130,6 +133,7 @@ fn random_u64() -> u64 {
 }
 
 fn address(pid: u32, nonce: u64) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: `sockaddr_un` is an integer and a byte array: all-zero is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let name = socket_name(pid, nonce);
@@ -142,10 +146,13 @@ fn address(pid: u32, nonce: u64) -> (libc::sockaddr_un, libc::socklen_t) {
 }
 
 fn socket() -> io::Result<OwnedFd> {
+    // SAFETY: `socket` takes no pointers; its result is checked before it is used.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: `fd` was just returned by `socket` (checked non-negative) and nothing else owns it: the
+    // `OwnedFd` becomes its one owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -161,7 +168,10 @@ fn check(r: libc::c_int) -> io::Result<()> {
 fn start(pid: u32, nonce: u64, export_fd: ExportFd) -> io::Result<RawFd> {
     let listener = socket()?;
     let (addr, len) = address(pid, nonce);
+    // SAFETY: `addr` is a live `sockaddr_un` and `len` (from `address`) covers only its filled-in prefix;
+    // `bind` reads it during the call only. The descriptor is `listener`'s, open here.
     check(unsafe { libc::bind(listener.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    // SAFETY: `listen` takes no pointers; the descriptor is `listener`'s, open here.
     check(unsafe { libc::listen(listener.as_raw_fd(), 64) })?;
     let fd = listener.as_raw_fd();
     std::thread::Builder::new().name("cupool-ipc".into()).spawn(move || serve(listener, export_fd))?;
@@ -170,6 +180,8 @@ fn start(pid: u32, nonce: u64, export_fd: ExportFd) -> io::Result<RawFd> {
 
 fn serve(listener: OwnedFd, export_fd: ExportFd) {
     loop {
+        // SAFETY: null address pointers: `accept4` writes nothing of ours. The descriptor is `listener`'s,
+        // owned by this thread and open.
         let fd = unsafe {
             libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
         };
@@ -193,6 +205,8 @@ fn serve(listener: OwnedFd, export_fd: ExportFd) {
                 }
             }
         }
+        // SAFETY: `fd` is the connection `accept4` just returned (checked non-negative); nothing else owns
+        // it.
         let conn = unsafe { OwnedFd::from_raw_fd(fd) };
         if !trusted(conn.as_raw_fd()) {
             continue;
@@ -208,6 +222,8 @@ fn serve(listener: OwnedFd, export_fd: ExportFd) {
 fn set_timeouts(fd: RawFd) {
     let tv = libc::timeval { tv_sec: TIMEOUT_S, tv_usec: 0 };
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: `setsockopt` reads `size_of::<timeval>()` bytes from `tv`, a live `timeval`, during the
+        // call; `fd` is the caller's open socket.
         unsafe {
             libc::setsockopt(
                 fd,
@@ -222,11 +238,15 @@ fn set_timeouts(fd: RawFd) {
 
 /// Is the peer this process's own user, or root?
 fn trusted(fd: RawFd) -> bool {
+    // SAFETY: `ucred` is three integers: all-zero is a valid value.
     let mut cred: libc::ucred = unsafe { zeroed() };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `getsockopt` writes at most `len` bytes (the size of `cred`) into `cred` and updates `len`,
+    // both live locals; `fd` is the caller's open socket.
     let r = unsafe {
         libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
     };
+    // SAFETY: `geteuid` takes no arguments and cannot fail.
     r == 0 && (cred.uid == 0 || cred.uid == unsafe { libc::geteuid() })
 }
 
@@ -234,6 +254,8 @@ fn answer(conn: &OwnedFd, export_fd: ExportFd) -> io::Result<()> {
     let fd = conn.as_raw_fd();
     set_timeouts(fd);
     let mut req = [0u8; REQUEST];
+    // SAFETY: `recv` writes at most `REQUEST` bytes into `req`, a live buffer of `REQUEST` bytes; `fd` is
+    // `conn`'s, open.
     let n = unsafe { libc::recv(fd, req.as_mut_ptr().cast(), REQUEST, 0) };
     if n != REQUEST as isize {
         return Ok(());
@@ -267,6 +289,14 @@ fn answer(conn: &OwnedFd, export_fd: ExportFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Room for one control message of up to `CHUNK` descriptors, aligned for
+/// `cmsghdr` (8 bytes; a `Vec<u8>` promises no alignment).
+fn control_buffer() -> Vec<u64> {
+    // SAFETY: `CMSG_SPACE` is arithmetic on its argument; it touches no memory.
+    let bytes = unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize;
+    vec![0u64; bytes.div_ceil(size_of::<u64>())]
+}
+
 fn send(fd: RawFd, status: Status, total: u32, offset: u64, sizes: &[u64], fds: &[RawFd]) -> io::Result<()> {
     let mut msg = Vec::with_capacity(HEADER + 8 * sizes.len());
     msg.extend_from_slice(&(status as u32).to_le_bytes());
@@ -278,14 +308,21 @@ fn send(fd: RawFd, status: Status, total: u32, offset: u64, sizes: &[u64], fds: 
         msg.extend_from_slice(&s.to_le_bytes());
     }
     let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
-    let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize];
+    let mut control = control_buffer();
+    // SAFETY: `msghdr` is integers and pointers: all-zero (null pointers, zero lengths) is a valid value.
     let mut hdr: libc::msghdr = unsafe { zeroed() };
     hdr.msg_iov = &mut iov;
     hdr.msg_iovlen = 1;
     if !fds.is_empty() {
         let bytes = std::mem::size_of_val(fds);
         hdr.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: `CMSG_SPACE` is arithmetic on its argument; it touches no memory.
         hdr.msg_controllen = unsafe { libc::CMSG_SPACE(bytes as u32) } as _;
+        // SAFETY: `control` is 8-byte aligned, as `cmsghdr` needs, and holds `CMSG_SPACE` of `CHUNK`
+        // descriptors; `fds` holds at most `CHUNK` (`answer` sends pages in chunks of `CHUNK`, errors none),
+        // so `msg_controllen` is within `control` and `CMSG_FIRSTHDR` returns its start (not null: the length
+        // covers a header). The header is written in place, and `CMSG_DATA` has room for `bytes`, exactly the
+        // `fds.len()` descriptors copied from `fds`, a separate allocation.
         unsafe {
             let c = libc::CMSG_FIRSTHDR(&hdr);
             (*c).cmsg_level = libc::SOL_SOCKET;
@@ -294,6 +331,8 @@ fn send(fd: RawFd, status: Status, total: u32, offset: u64, sizes: &[u64], fds: 
             std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
         }
     }
+    // SAFETY: `sendmsg` only reads `hdr` and what it points to (`iov` over `msg`, and `control`), all alive
+    // until it returns; `fd` is the caller's open socket.
     let n = unsafe { libc::sendmsg(fd, &hdr, libc::MSG_NOSIGNAL) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -311,6 +350,8 @@ pub fn fetch(ticket: Ticket, mut take: impl FnMut(RawFd, u64) -> Result<(), Stat
     set_timeouts(fd);
     let (addr, len) = address(ticket.pid, ticket.nonce);
     // No broker: the exporter is gone, or never exported this.
+    // SAFETY: `connect` reads `len` bytes of `addr`, a live `sockaddr_un`, during the call; `fd` is `conn`'s,
+    // open.
     check(unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) }).map_err(|_| INVALID_VALUE)?;
     if !trusted(fd) {
         // Another user's socket under the broker's name: nothing from it is mapped.
@@ -319,6 +360,7 @@ pub fn fetch(ticket: Ticket, mut take: impl FnMut(RawFd, u64) -> Result<(), Stat
     let mut req = [0u8; REQUEST];
     req[0..4].copy_from_slice(&ticket.id.to_le_bytes());
     req[8..16].copy_from_slice(&ticket.token.to_le_bytes());
+    // SAFETY: `send` reads `REQUEST` bytes from `req`, a live array of that size; `fd` is `conn`'s, open.
     if unsafe { libc::send(fd, req.as_ptr().cast(), REQUEST, libc::MSG_NOSIGNAL) } != REQUEST as isize {
         return Err(INVALID_VALUE);
     }
@@ -346,18 +388,27 @@ type Reply = (Status, u32, u64, Vec<u64>, Vec<OwnedFd>);
 fn receive(fd: RawFd) -> io::Result<Reply> {
     let mut msg = vec![0u8; HEADER + 8 * CHUNK];
     let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
-    let mut control = vec![0u8; unsafe { libc::CMSG_SPACE((CHUNK * size_of::<RawFd>()) as u32) } as usize];
+    let mut control = control_buffer();
+    // SAFETY: `msghdr` is integers and pointers: all-zero (null pointers, zero lengths) is a valid value.
     let mut hdr: libc::msghdr = unsafe { zeroed() };
     hdr.msg_iov = &mut iov;
     hdr.msg_iovlen = 1;
     hdr.msg_control = control.as_mut_ptr().cast();
-    hdr.msg_controllen = control.len() as _;
+    hdr.msg_controllen = std::mem::size_of_val(control.as_slice()) as _;
+    // SAFETY: `recvmsg` writes at most `msg.len()` bytes into `msg` (through `iov`), at most `msg_controllen`
+    // (the size of `control`) into `control`, and fills `hdr`'s lengths and flags: all live locals. `fd` is
+    // the caller's open socket.
     let n = unsafe { libc::recvmsg(fd, &mut hdr, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
     // Every descriptor that arrived is owned (and closed) from here on.
     let mut fds = Vec::new();
+    // SAFETY: the walk stays within the control data the kernel wrote: `CMSG_FIRSTHDR`/`CMSG_NXTHDR` bound
+    // every header by `msg_controllen`, which `recvmsg` set to at most the size of `control` (8-byte aligned,
+    // as `cmsghdr` needs). An `SCM_RIGHTS` message carries `cmsg_len - CMSG_LEN(0)` bytes of descriptors
+    // after its header, read unaligned. Each is a descriptor the kernel just installed in this process for
+    // this message, owned by nothing else: the `OwnedFd` takes it.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&hdr);
         while !c.is_null() {

@@ -177,17 +177,28 @@ pub fn opened_at(ptr: u64) -> Option<Mapping> {
     OPENED.lock().as_ref()?.get(&ptr).map(|o| o.mapping.clone())
 }
 
-/// One open of the block at `ptr` was closed: `None` when it was not open,
-/// else its mapping when that was the last close.
-pub fn closed(ptr: u64) -> Option<Option<Mapping>> {
+/// What closing one open of a block did.
+pub enum Closed {
+    /// The block was not open (never, or closed meanwhile by another thread).
+    NotOpen,
+    /// Other opens of it remain.
+    StillOpen,
+    /// That was its last open: its mapping, now forgotten.
+    LastClose(Mapping),
+}
+
+/// One open of the block at `ptr` was closed.
+pub fn closed(ptr: u64) -> Closed {
     let mut opened = OPENED.lock();
-    let table = opened.as_mut()?;
-    let entry = table.get_mut(&ptr)?;
-    entry.opens -= 1;
-    if entry.opens > 0 {
-        return Some(None);
+    let Some(table) = opened.as_mut() else { return Closed::NotOpen };
+    let std::collections::hash_map::Entry::Occupied(mut entry) = table.entry(ptr) else {
+        return Closed::NotOpen;
+    };
+    entry.get_mut().opens -= 1;
+    if entry.get().opens > 0 {
+        return Closed::StillOpen;
     }
-    Some(table.remove(&ptr).map(|o| o.mapping))
+    Closed::LastClose(entry.remove().mapping)
 }
 
 pub fn lock_for_fork() {

@@ -18,10 +18,14 @@ const POSIX_FD: libc::c_int = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSI
 /// (`pool/pages.rs`) have one.
 pub fn export_fd(handle: u64) -> Result<OwnedFd, Status> {
     let mut fd: libc::c_int = -1;
+    // SAFETY: the driver's `cuMemExportToShareableHandle` writes one `int` descriptor into `fd`, a live
+    // local, for a POSIX descriptor handle type; `handle` is a page handle of a pool.
     let r = unsafe { real!(cuMemExportToShareableHandle((&mut fd as *mut libc::c_int).cast(), handle, POSIX_FD, 0)) };
     if r != SUCCESS {
         return Err(r);
     }
+    // SAFETY: the call succeeded: `fd` is a new descriptor the driver opened for this call, owned by nothing
+    // else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -46,6 +50,7 @@ impl Imported {
 /// The current context, or CUDA's error for its absence.
 pub fn current_context() -> Result<u64, Status> {
     let mut ctx = std::ptr::null_mut();
+    // SAFETY: the driver's `cuCtxGetCurrent` writes only into `ctx`, a live local.
     let r = unsafe { real!(cuCtxGetCurrent(&mut ctx)) };
     if r != SUCCESS {
         return Err(r);
@@ -59,6 +64,8 @@ pub fn current_context() -> Result<u64, Status> {
 /// Is `ptr` still mapped (not gone with a destroyed context)?
 pub fn still_mapped(ptr: u64) -> bool {
     let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: the driver's `cuMemGetAddressRange_v2` writes only into `base` and `size`, live locals; `ptr`
+    // is taken by value.
     unsafe { real!(cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) == SUCCESS }
 }
 
@@ -67,6 +74,7 @@ pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
     unmap_parked();
     let ctx = current_context()?;
     let mut device = 0;
+    // SAFETY: the driver's `cuCtxGetDevice` writes only into `device`, a live local.
     let r = unsafe { real!(cuCtxGetDevice(&mut device)) };
     if r != SUCCESS {
         return Err(r);
@@ -75,6 +83,9 @@ pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
     let mut handles = Vec::new();
     let fetched = broker::fetch(ticket, |fd: RawFd, size| {
         let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: the driver's `cuMemImportFromShareableHandle` writes into `h`, a live local; for a POSIX
+        // descriptor handle type the "pointer" argument carries the descriptor itself, `fd`, open until this
+        // callback returns (`broker::fetch`).
         let r = unsafe { real!(cuMemImportFromShareableHandle(&mut h, fd as usize as *mut _, POSIX_FD)) };
         if r != SUCCESS {
             return Err(r);
@@ -91,6 +102,7 @@ pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
     };
     let span: u64 = handles.iter().map(|&(_, size)| size).sum();
     let align = handles.first().map_or(0, |&(_, size)| size);
+    // SAFETY: the driver's `cuMemAddressReserve` writes the range's address into `m.base`, a live field.
     let r = unsafe { real!(cuMemAddressReserve(&mut m.base, span as usize, align as usize, 0, 0)) };
     if r != SUCCESS {
         release(&handles);
@@ -99,6 +111,8 @@ pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
     m.span = span;
     let mut at = m.base;
     for &(h, size) in &handles {
+        // SAFETY: the driver's `cuMemMap` of page `h` (just imported) at `at`, inside the range reserved
+        // above (`span` is the sum of the pages' sizes).
         let r = unsafe { real!(cuMemMap(at, size as usize, 0, h, 0)) };
         if r != SUCCESS {
             let mapped = m.pages.len();
@@ -113,6 +127,8 @@ pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
         location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device },
         flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
+    // SAFETY: the driver's `cuMemSetAccess` reads one `CUmemAccessDesc` from `access`, a live local, for the
+    // range reserved and mapped above.
     let r = unsafe { real!(cuMemSetAccess(m.base, span as usize, &access, 1)) };
     if r != SUCCESS {
         unmap(&m);
@@ -123,6 +139,7 @@ pub fn import(ticket: Ticket) -> Result<(u64, Imported), Status> {
 
 fn release(handles: &[(CUmemGenericAllocationHandle, u64)]) {
     for &(h, _) in handles {
+        // SAFETY: the driver's `cuMemRelease` of a handle imported by this call and not released yet.
         unsafe { real!(cuMemRelease(h)) };
     }
 }
@@ -181,14 +198,19 @@ fn unmap_now(m: &Imported) {
         // The context died, and the mapping with it.
         return;
     };
+    // SAFETY: the driver's `cuCtxSynchronize` takes no arguments; the mapping's context is current
+    // (`_current`).
     unsafe { real!(cuCtxSynchronize()) };
     for &(at, size, h) in &m.pages {
+        // SAFETY: the driver's `cuMemUnmap`/`cuMemRelease` of pages this mapping mapped and holds
+        // (`m.pages`), each released once: the mapping is dropped after this.
         unsafe {
             real!(cuMemUnmap(at, size as usize));
             real!(cuMemRelease(h));
         }
     }
     if m.span > 0 {
+        // SAFETY: the driver's `cuMemAddressFree` of the range this mapping reserved (`span > 0`), once.
         unsafe { real!(cuMemAddressFree(m.base, m.span as usize)) };
     }
 }

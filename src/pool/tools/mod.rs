@@ -95,6 +95,8 @@ fn loaded_object_containing(needle: &str) -> bool {
         0
     }
     let mut data = (needle, false);
+    // SAFETY: `visit` gets back the pointer to `data`, a live local of the type it casts to, and reads only
+    // the dynamic linker's entries for the duration of its call.
     unsafe { libc::dl_iterate_phdr(Some(visit), &mut data as *mut (&str, bool) as *mut libc::c_void) };
     data.1
 }

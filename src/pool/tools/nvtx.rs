@@ -225,12 +225,17 @@ impl Mem {
             message_type: MESSAGE_ASCII,
             message: c"cupool pool segment".as_ptr(),
         };
+        // SAFETY: `heap_register` is the tool's `nvtxMemHeapRegister` (a slot it filled in `offer`), of
+        // NVTX's prototype `HeapRegister`; `desc` and the range it points to live until the call returns, and
+        // a tool copies what it keeps.
         unsafe { (self.heap_register)(self.domain, &desc) }
     }
 
     pub fn unregister_heap(&self, heap: usize) {
         // A null handle is NVTX's "whole process" heap, which cannot be unregistered.
         if heap != 0 {
+            // SAFETY: `heap_release` is the tool's `nvtxMemHeapUnregister` or `nvtxMemHeapReset` (`offer`),
+            // of NVTX's prototype `HeapRelease`; `heap` is a handle that tool returned from `register_heap`.
             unsafe { (self.heap_release)(self.domain, heap) }
         }
     }
@@ -247,6 +252,9 @@ impl Mem {
             region_desc_elements: &range,
             region_handle_elements_out: std::ptr::null_mut(), // a virtual-address region is named by its address
         };
+        // SAFETY: `regions_register` is the tool's `nvtxMemRegionsRegister` (`offer`), of NVTX's prototype;
+        // `batch` and the range it points to live until the call returns, and the null out-pointer asks for
+        // no region handles.
         unsafe { (self.regions_register)(self.domain, &batch) }
     }
 
@@ -259,6 +267,8 @@ impl Mem {
             ref_element_size: size_of::<u64>(),
             ref_elements: &addr,
         };
+        // SAFETY: `regions_unregister` is the tool's `nvtxMemRegionsUnregister` (`offer`), of NVTX's
+        // prototype; `batch` and `addr`, which it points to, live until the call returns.
         unsafe { (self.regions_unregister)(self.domain, &batch) }
     }
 }
@@ -272,28 +282,43 @@ pub fn attach() -> Result<Option<Mem>, String> {
     };
     let name = path.to_string_lossy().into_owned();
     let c_path = CString::new(path.as_bytes()).map_err(|_| "NVTX_INJECTION64_PATH holds a NUL byte".to_string())?;
+    // SAFETY: `c_path` is a NUL-terminated string alive for the call. Loading the tool runs its initialisers,
+    // as the NVTX library itself would in a program that uses NVTX.
     let tool = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_LAZY) };
     if tool.is_null() {
         return Err(format!("cannot load the NVTX tool {name}"));
     }
     // Another copy of cupool is cupool too: it takes no memory annotations.
+    // SAFETY: `tool` is the handle `dlopen` just returned (checked non-null); the name is a NUL-terminated
+    // literal.
     if tool == own_handle() || !unsafe { dlsym(tool, c"cupool_api_version") }.is_null() {
         return Ok(None);
     }
+    // SAFETY: `tool` is the handle `dlopen` just returned (checked non-null); the name is a NUL-terminated
+    // literal.
     let init_extension = unsafe { dlsym(tool, c"InitializeInjectionNvtxExtension") };
     if init_extension.is_null() {
         return Err(format!("the NVTX tool {name} has no memory extension"));
     }
     // NVTX initialises the core first; a failure there leaves the extension to try alone.
+    // SAFETY: `tool` is the handle `dlopen` just returned (checked non-null); the name is a NUL-terminated
+    // literal.
     let init_core = unsafe { dlsym(tool, c"InitializeInjectionNvtx2") };
     if !init_core.is_null() {
+        // SAFETY: `init_core` is the tool's non-null `InitializeInjectionNvtx2`, whose prototype NVTX fixes
+        // as `InitCore`; `get_export_table` answers only with pointers to statics, valid for the process.
         unsafe { std::mem::transmute::<*mut c_void, InitCore>(init_core)(get_export_table) };
     }
+    // SAFETY: `init_extension` is the tool's non-null `InitializeInjectionNvtxExtension`, whose prototype
+    // NVTX fixes as `InitExtension`.
     let init_extension = unsafe { std::mem::transmute::<*mut c_void, InitExtension>(init_extension) };
     let Some(functions) = LAYOUTS.iter().find_map(|&layout| offer(init_extension, layout)) else {
         return Err(format!("the NVTX tool {name} registers no heaps and regions"));
     };
     let [heap_register, heap_release, regions_register, regions_unregister] = functions;
+    // SAFETY: each value is a function slot the tool filled (`offer` keeps only slots above 1, NVTX's
+    // "disabled" mark) for the callback id that NVTX's memory extension gives that prototype; `domain` calls
+    // the tool's `nvtxDomainCreateA` the same way.
     Ok(Some(unsafe {
         Mem {
             domain: domain(),
@@ -323,6 +348,9 @@ fn offer(init_extension: InitExtension, (segment_id, slot_count): (usize, usize)
         get_export_function,
         ext_info: std::ptr::null(),
     };
+    // SAFETY: `init_extension` is the tool's extension initialiser (NVTX's prototype); `info` and the
+    // `segment` it points to live until it returns, and the slots it may fill are `MEM_SLOTS`, a static of
+    // `slot_count` or more atomics.
     if unsafe { init_extension(&mut info) } == 0 {
         return None;
     }
@@ -344,6 +372,8 @@ fn offer(init_extension: InitExtension, (segment_id, slot_count): (usize, usize)
 fn domain() -> usize {
     match CORE.slots[MODULE_CORE2][CORE2_DOMAIN_CREATE_A].load(Ordering::Acquire) {
         0 => 0,
+        // SAFETY: `create` is the function the tool put in the core2 slot of `nvtxDomainCreateA` (non-zero),
+        // of NVTX's prototype `DomainCreateA`; the name is a NUL-terminated literal.
         create => unsafe { std::mem::transmute::<usize, DomainCreateA>(create)(c"cupool".as_ptr()) },
     }
 }
@@ -351,11 +381,17 @@ fn domain() -> usize {
 /// This library's handle, to recognise `NVTX_INJECTION64_PATH` naming it
 /// (`cupool run` sets it so), whatever path it is named by.
 fn own_handle() -> *mut c_void {
+    // SAFETY: `Dl_info` is pointers and integers: all-zero (null pointers) is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let here = own_handle as fn() -> *mut c_void as *const c_void;
+    // SAFETY: `dladdr` only writes into `info`, a live local; `here` is the address of a function of this
+    // library.
     if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
         return std::ptr::null_mut();
     }
+    // SAFETY: `dladdr` succeeded and `dli_fname` is non-null: a NUL-terminated path the dynamic linker keeps
+    // while this library is loaded, which is for the whole process.
     let file: &CStr = unsafe { CStr::from_ptr(info.dli_fname) };
+    // SAFETY: `file` is a NUL-terminated path; with `RTLD_NOLOAD` nothing is loaded, so no initialiser runs.
     unsafe { libc::dlopen(file.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) }
 }

@@ -1,0 +1,47 @@
+//! The handle by which allocations, magazines and IPC exports keep a pool:
+//! the address of its `ContextPool`, turned back into the pool here alone.
+
+use super::registry::ContextPool;
+use std::num::NonZeroUsize;
+
+/// One context's pool, kept by address: `Copy` and `Send` (it travels in
+/// the live table, in threads' magazines and to the IPC broker's thread),
+/// compared and ordered by identity, never null (an `Option<PoolHandle>` is
+/// one word). Made only from a `&'static ContextPool`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub struct PoolHandle(NonZeroUsize);
+
+impl PoolHandle {
+    /// The handle of `pool`.
+    #[inline(always)]
+    pub fn of(pool: &'static ContextPool) -> PoolHandle {
+        match NonZeroUsize::new(std::ptr::from_ref(pool).expose_provenance()) {
+            Some(addr) => PoolHandle(addr),
+            None => unreachable!("a reference is never null"),
+        }
+    }
+
+    /// The pool the handle was made of.
+    #[inline(always)]
+    pub fn get(self) -> &'static ContextPool {
+        // SAFETY: outside tests a `PoolHandle` is made only by `of`, from a
+        // `&'static ContextPool` whose provenance it exposed (tests make
+        // handles that are only compared, never passed here: `for_test`).
+        // Every pool is made by `registry::pool_of` with `Box::leak` and is
+        // never freed or moved: a pool whose context dies moves to the
+        // retired list, and a fork child forgets the lists, not the memory.
+        // So the address is that of a live, initialised `ContextPool` for the
+        // rest of the process, and only shared references to it are ever made
+        // (what changes in it sits behind its lock and atomics).
+        unsafe { &*std::ptr::with_exposed_provenance::<ContextPool>(self.0.get()) }
+    }
+
+    /// A handle to no pool, for tests of code that only compares handles.
+    ///
+    /// # Safety
+    /// The handle must never reach [`PoolHandle::get`].
+    #[cfg(test)]
+    pub unsafe fn for_test(id: NonZeroUsize) -> PoolHandle {
+        PoolHandle(id)
+    }
+}
