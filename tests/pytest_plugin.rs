@@ -17,7 +17,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::OnceLock;
 use support::*;
 
@@ -27,34 +27,7 @@ const REQUIREMENTS: &[&str] = &["pytest>=7,<10", "pytest-xdist>=3,<4"];
 /// A Python with pytest and pytest-xdist (see the module's documentation).
 fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            if let Some(p) = std::env::var_os("CUPOOL_TEST_PYTHON").filter(|p| !p.is_empty()) {
-                return PathBuf::from(p);
-            }
-            let dir = target_dir().join("pytest-tools");
-            let python = dir.join("bin").join("python");
-            let ready = dir.join(".installed");
-            let want = REQUIREMENTS.join("\n");
-            if python.exists() && fs::read_to_string(&ready).is_ok_and(|have| have == want) {
-                return python;
-            }
-            let _ = fs::remove_dir_all(&dir);
-            let system = std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
-            run_ok(
-                Command::new(system).args(["-m", "venv"]).arg(&dir),
-                "python3 -m venv (on Debian: apt-get install python3-venv)",
-            );
-            run_ok(
-                Command::new(&python)
-                    .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-                    .args(REQUIREMENTS),
-                "pip install pytest pytest-xdist (needs PyPI once; or set CUPOOL_TEST_PYTHON)",
-            );
-            fs::write(&ready, want).unwrap();
-            python
-        })
-        .clone()
+    PYTHON.get_or_init(|| python_with("pytest-tools", REQUIREMENTS)).clone()
 }
 
 /// Allocations through the fake runtime, and fixtures of every scope.

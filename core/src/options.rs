@@ -359,6 +359,10 @@ options! {
     torch_history: u64 = "200000", Rule::Range(0, 10_000_000, "a number of events, 0..10000000"),
         "cupool check: events of PyTorch's allocation history each Python process keeps per device, for growth \
          inside its cache (0..10000000); 0 = not recorded";
+    #[serde(skip)]
+    jax_history_ms: u64 = "100", Rule::Range(0, 60_000, "a number of milliseconds, 0..60000"),
+        "cupool check: milliseconds between looks at JAX's live arrays in each Python process that uses JAX, for \
+         growth inside its arena by array (0..60000); 0 = not recorded";
 }
 
 /// The kinds of leak `fail_on` can name, in the order it writes them.
@@ -776,6 +780,7 @@ mod tests {
             ("fail_on", "exit, growth, test separated by commas, or none"),
             ("growth_phases", "a number of phases, 3..1000"),
             ("torch_history", "a number of events, 0..10000000"),
+            ("jax_history_ms", "a number of milliseconds, 0..60000"),
         ];
         let keys: Vec<&str> = OPTION_HELP.iter().map(|(k, _, _)| *k).filter(|k| *k != "run_id").collect();
         assert_eq!(expected.map(|(k, _)| k), keys[..], "every option but run_id, which takes any text");
@@ -802,6 +807,7 @@ mod tests {
             ("exitcode", 0, 255),
             ("growth_phases", 3, 1000),
             ("torch_history", 0, 10_000_000),
+            ("jax_history_ms", 0, 60_000),
         ] {
             for (n, ok) in
                 [(lo, true), (hi, true), (hi + 1, false)].into_iter().chain((lo > 0).then_some((lo - 1, false)))
@@ -846,14 +852,16 @@ mod tests {
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
-            torch_history in 0u64..=10_000_000,
+            histories in (0u64..=10_000_000, 0u64..=60_000),
         ) {
+            let (torch_history, jax_history_ms) = histories;
             let (exitcode, max_leak_bytes, kinds, growth_phases) = check;
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
                 log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, direct_min, magazines, nvtx,
                 stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
+                jax_history_ms,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

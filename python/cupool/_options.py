@@ -11,6 +11,7 @@ DEFAULTS = {
     "log_dir": ".",
     "python_depth": "16",
     "run_id": "",
+    "jax_history_ms": "100",
     "torch_history": "200000",
     "verbosity": "1",
 }

@@ -209,23 +209,23 @@ def reduce(snapshot, depth, entries):
     return {"schema": SCHEMA, "version": VERSION, "stacks": stacks, "devices": devices, "segments": segments}
 
 
-def write(log_dir, pid, doc):
-    """Writes ``doc`` as ``<log_dir>/cupool-torch.<pid>.json`` (``.<n>.json``
-    when that name is taken): to a temporary file first, then linked into
-    place, so a reader never sees half a file. Returns the path."""
+def write(log_dir, pid, doc, stem="cupool-torch"):
+    """Writes ``doc`` as ``<log_dir>/<stem>.<pid>.json`` (``.<n>.json`` when
+    that name is taken): to a temporary file first, then linked into place,
+    so a reader never sees half a file. Returns the path."""
     import json
 
     doc = dict(doc)
     doc["complete"] = True
     text = json.dumps(doc, separators=(",", ":"))
     os.makedirs(log_dir, exist_ok=True)
-    tmp = os.path.join(log_dir, ".cupool-torch.%d.json.tmp" % pid)
+    tmp = os.path.join(log_dir, ".%s.%d.json.tmp" % (stem, pid))
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.write("\n")
     try:
         for n in range(1000):
-            name = "cupool-torch.%d.json" % pid if n == 0 else "cupool-torch.%d.%d.json" % (pid, n)
+            name = "%s.%d.json" % (stem, pid) if n == 0 else "%s.%d.%d.json" % (stem, pid, n)
             path = os.path.join(log_dir, name)
             try:
                 os.link(tmp, path)
@@ -238,7 +238,7 @@ def write(log_dir, pid, doc):
                     continue
                 os.replace(tmp, path)
                 return path
-        raise OSError("no free name for cupool-torch.%d.json in %s" % (pid, log_dir))
+        raise OSError("no free name for %s.%d.json in %s" % (stem, pid, log_dir))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -175,6 +175,38 @@ pub fn target_dir() -> PathBuf {
     profile_dir().parent().expect("target/<profile> has a parent").to_path_buf()
 }
 
+/// A Python with `requirements` installed: `CUPOOL_TEST_PYTHON` when set
+/// (an interpreter that has them), else a virtualenv this function makes
+/// in `target/<dir>/` (`python3 -m venv`, then `pip install` from PyPI
+/// once; kept for later runs), never the system's packages. Without either
+/// the test fails with the reason.
+pub fn python_with(dir: &str, requirements: &[&str]) -> PathBuf {
+    if let Some(p) = std::env::var_os("CUPOOL_TEST_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let dir = target_dir().join(dir);
+    let python = dir.join("bin").join("python");
+    let ready = dir.join(".installed");
+    let want = requirements.join("\n");
+    if python.exists() && fs::read_to_string(&ready).is_ok_and(|have| have == want) {
+        return python;
+    }
+    let _ = fs::remove_dir_all(&dir);
+    let system = std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
+    run_ok(
+        Command::new(system).args(["-m", "venv"]).arg(&dir),
+        "python3 -m venv (on Debian: apt-get install python3-venv)",
+    );
+    run_ok(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(requirements),
+        &format!("pip install {} (needs PyPI once; or set CUPOOL_TEST_PYTHON)", requirements.join(" ")),
+    );
+    fs::write(&ready, want).unwrap();
+    python
+}
+
 /// A fresh, empty directory under `target/fake-cuda/scratch/` for one test.
 pub fn scratch_dir(name: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);

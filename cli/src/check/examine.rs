@@ -5,12 +5,13 @@
 
 use super::finding::{Finding, Findings, Growth, Held, Holding, LeakKind, ProcessRef, SuppressionUse, Totals, Verdict};
 use super::growth::{self, Grown, SiteKey};
+use super::history::{self, History};
 use super::site::{frame_texts, Namer, Site};
 use super::suppress::Suppressions;
-use super::torch::{self, History};
+use crate::units::human_bytes;
 use cupool_core::model::{Allocation, Process};
 use cupool_core::options::Options;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Everything `processes` (with the PyTorch `histories` of their
 /// processes, and the per-test findings `tests`, whose holdings index the
@@ -40,8 +41,8 @@ pub fn examine(
         }
         out.notes.extend(p.problems.iter().map(|n| format!("{who}: {n}")));
         exit_leaks(p, index, &process, &mut namer, &mut groups);
-        let history = torch::of(histories, log);
-        growth_leaks(p, index, history, opts, &process, &mut namer, &mut groups, &mut out.notes);
+        let mine: Vec<(usize, &History)> = history::of(histories, log).map(|h| (position(histories, h), h)).collect();
+        growth_leaks(p, index, &mine, opts, &process, &mut namer, &mut groups, &mut out.notes);
         // A module file is the same for every process that loaded it: one line each.
         for problem in namer.problems() {
             if !out.notes.contains(&problem) {
@@ -70,16 +71,24 @@ impl Findings {
     }
 }
 
-/// Sites whose live bytes keep growing. With PyTorch's allocation history
-/// of the process, growth inside PyTorch's cache is judged from the
-/// tensors (their sites: the Python stacks PyTorch recorded), and the
-/// cache's segments (at the addresses the history names, or allocated from
-/// `libc10_cuda`) are left out of the judgment of the rest of the log.
+/// Where `h` is in `all`.
+fn position(all: &[History], h: &History) -> usize {
+    all.iter().position(|x| std::ptr::eq(x, h)).unwrap_or(usize::MAX)
+}
+
+/// Sites whose live allocations keep growing. With a framework's record of
+/// its own objects (PyTorch's tensors, JAX's arrays), growth inside its
+/// cache or arena is judged from the objects (their sites: the Python
+/// stacks the framework recorded), and the arena's own allocations (at the
+/// addresses the history names, or made from the arena's module) are left
+/// out of the judgment of the rest of the log. Without one, a site inside a
+/// known arena with no frame of the user's is growth that warm-up gives as
+/// well as a leak: a note, never a finding.
 #[allow(clippy::too_many_arguments)]
 fn growth_leaks(
     p: &Process,
     index: usize,
-    history: Option<&History>,
+    histories: &[(usize, &History)],
     opts: &Options,
     process: &ProcessRef,
     namer: &mut Namer,
@@ -89,41 +98,44 @@ fn growth_leaks(
     let who = format!("pid {}", process.pid);
     let min = opts.growth_phases as usize;
     let skip = &super::per_test::is_plugin_phase;
-    let mut cache = None;
-    if let Some(h) = history {
-        let tensors = h.process(p);
-        let judged = if tensors.allocations.is_empty() {
-            Err("it recorded no tensor allocation".to_string())
+    let mut addresses: HashSet<u64> = HashSet::new();
+    let mut arena_stacks: HashSet<u32> = HashSet::new();
+    for &(at, h) in histories {
+        let (api, kind) = (h.framework.api(), h.framework.kind());
+        let objects = h.process(p);
+        let judged = if objects.allocations.is_empty() {
+            Err(format!("it recorded no {kind}"))
         } else {
-            growth::analyse_process(&tensors, min, skip, &|_| false)
+            growth::analyse_process(&objects, min, skip, &|_| false)
         };
         match judged {
             Ok(grown) => {
                 for g in grown {
-                    let site = tensor_site(h, &g);
-                    let held = |id| Held::Tensor { process: index, id };
-                    groups.add(LeakKind::Growth, &site, holdings(&tensors, &g, held), process, Some(g.growth));
+                    let site = object_site(h, &g);
+                    if g.replaced {
+                        notes.push(replaced_note(&who, &site, &g));
+                        continue;
+                    }
+                    let held = |id| Held::Object { process: index, history: at, id };
+                    groups.add(LeakKind::Growth, &site, holdings(&objects, &g, held), process, Some(g.growth));
                 }
                 if h.wrapped() {
                     notes.push(format!(
-                        "{who}: PyTorch's allocation history kept only its last {} events per device \
-                         (torch_history): growth inside its cache was judged over them",
+                        "{who}: {api}'s record kept only its last {} events per device (torch_history): growth \
+                         inside its cache was judged over them",
                         h.max_entries
                     ));
                 }
-                cache = Some((h.segment_addresses(), namer.stacks_in(&|m| m.starts_with("libc10_cuda"))));
+                addresses.extend(h.segment_addresses());
+                arena_stacks.extend(namer.stacks_in(&|m| h.framework.arena(m)));
             }
             Err(why) => notes.push(format!(
-                "{who}: PyTorch's allocation history ({}): {why}; growth inside its cache judged from its segments",
+                "{who}: {api}'s record of its {kind}s ({}): {why}; growth inside its arena judged from the arena",
                 h.path.display()
             )),
         }
     }
-    let left_out = |a: &Allocation| {
-        cache.as_ref().is_some_and(|(addresses, stacks)| {
-            addresses.contains(&a.addr) || a.stack.is_some_and(|s| stacks.contains(&s))
-        })
-    };
+    let left_out = |a: &Allocation| addresses.contains(&a.addr) || a.stack.is_some_and(|s| arena_stacks.contains(&s));
     match growth::analyse_leaving_out(p, min, skip, &left_out) {
         Ok(grown) => {
             for g in grown {
@@ -131,6 +143,21 @@ fn growth_leaks(
                     SiteKey::Stack(id) => namer.site(Some(*id), &g.api, &g.kind, g.bytes / g.count.max(1)),
                     SiteKey::Bare { size, .. } => namer.site(None, &g.api, &g.kind, *size),
                 };
+                if g.replaced {
+                    notes.push(replaced_note(&who, &site, &g));
+                    continue;
+                }
+                if let Some(arena) = arena_without_user_frame(&site) {
+                    notes.push(format!(
+                        "{who}: {arena} grew by {} per phase over {} phases ({}): growth of an arena alone, which a \
+                         warm-up gives as well as a leak; it is judged by the {}, which were not recorded here",
+                        human_bytes(g.growth.bytes_per_phase),
+                        g.growth.phases,
+                        site_text(&site),
+                        arena_objects(arena)
+                    ));
+                    continue;
+                }
                 let held = |id| Held::Allocation { process: index, id };
                 groups.add(LeakKind::Growth, &site, holdings(p, &g, held), process, Some(g.growth));
             }
@@ -139,16 +166,61 @@ fn growth_leaks(
     }
 }
 
+/// A site whose bytes grew while the number of its allocations did not.
+fn replaced_note(who: &str, site: &Site, g: &Grown) -> String {
+    format!(
+        "{who}: {} grew by {} per phase over {} phases, in the same {} allocation(s) each replaced by a larger one \
+         (a cache that grows, such as a generation's): not a leak, for it keeps no more allocations than it did",
+        site_text(site),
+        human_bytes(g.growth.bytes_per_phase),
+        g.growth.phases,
+        g.count
+    )
+}
+
+/// The innermost frame of a site, or what it allocated when it has none.
+fn site_text(site: &Site) -> String {
+    site.frames.first().map_or_else(|| site.what.clone(), |f| f.text(0).trim_start_matches("#0 ").to_string())
+}
+
+/// The known arenas: a framework's cache or pool, by the modules its own
+/// allocations are made from.
+const ARENAS: [(&str, &[&str]); 4] = [
+    ("PyTorch's caching allocator", &["libc10_cuda"]),
+    ("JAX's arena (XLA's BFC allocator)", &["xla_cuda", "jaxlib", "libxla", "xla_extension"]),
+    ("CuPy's memory pool", &["cupy_backends", "cupy/cuda/memory"]),
+    ("RMM's pool", &["librmm", "/rmm/"]),
+];
+
+/// The arena a site lies in, when no frame of it is the user's: then its
+/// growth cannot be told from the arena's warm-up.
+fn arena_without_user_frame(site: &Site) -> Option<&'static str> {
+    if site.frames.iter().any(|f| f.origin() == crate::sites::Origin::User) {
+        return None;
+    }
+    let texts = site.match_texts();
+    ARENAS.iter().find(|(_, marks)| texts.iter().any(|t| marks.iter().any(|m| t.contains(m)))).map(|(name, _)| *name)
+}
+
+/// What an arena's growth is judged by.
+fn arena_objects(arena: &str) -> &'static str {
+    match arena {
+        a if a.starts_with("PyTorch") => "tensors in PyTorch's allocation history (torch_history)",
+        a if a.starts_with("JAX") => "arrays JAX keeps, sampled (jax_history_ms)",
+        _ => "framework's own objects",
+    }
+}
+
 /// What a growing site holds at its last sample.
 fn holdings(p: &Process, g: &Grown, held: impl Fn(usize) -> Held) -> Vec<Holding> {
     g.held.iter().map(|&id| Holding { what: held(id), bytes: p.allocations[id].size, allocations: 1 }).collect()
 }
 
-/// The site of tensors that grew: the Python stack PyTorch recorded, or,
-/// for tensors allocated where no Python code ran (autograd's threads),
-/// their size.
-fn tensor_site(h: &History, g: &Grown) -> Site {
-    let what = format!("{} ({})", torch::API, torch::KIND);
+/// The site of a framework's objects that grew: the Python stack it
+/// recorded, or, for objects made where no Python code ran (autograd's
+/// threads), their size.
+fn object_site(h: &History, g: &Grown) -> Site {
+    let what = format!("{} ({})", h.framework.api(), h.framework.kind());
     match &g.key {
         SiteKey::Stack(id) => Site::new(h.frames(*id), what, Vec::new(), g.bytes / g.count.max(1)),
         SiteKey::Bare { size, .. } => Site::new(Vec::new(), what, Vec::new(), *size),

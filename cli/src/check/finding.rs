@@ -79,16 +79,30 @@ pub struct Growth {
 }
 
 /// What a finding holds, so that the verdict counts each thing once however
-/// many findings name it: an allocation of a process's log, a tensor of its
-/// PyTorch history, an exit leak the timeline does not have (a log written
+/// many findings name it: an allocation of a process's log, an object of a
+/// framework's history (PyTorch's tensors, JAX's arrays), an exit leak the timeline does not have (a log written
 /// with `trace=0`), or bytes a test measured with a framework's counters,
 /// which name no allocation. `process` indexes the processes checked.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Held {
-    Allocation { process: usize, id: AllocId },
-    Tensor { process: usize, id: AllocId },
-    ExitLeak { process: usize, index: usize },
-    Measured { process: usize, test: String },
+    Allocation {
+        process: usize,
+        id: AllocId,
+    },
+    /// An object (a tensor, an array) of the framework history `history` of the process.
+    Object {
+        process: usize,
+        history: usize,
+        id: AllocId,
+    },
+    ExitLeak {
+        process: usize,
+        index: usize,
+    },
+    Measured {
+        process: usize,
+        test: String,
+    },
 }
 
 /// One thing a finding holds, with its bytes and how many allocations it is.

@@ -50,6 +50,10 @@ pub struct Grown {
     pub bytes: u64,
     pub count: u64,
     pub held: Vec<AllocId>,
+    /// Its bytes grew but not the number of its allocations: the same few
+    /// buffers, each replaced by a larger one (a generation's cache grown by
+    /// a token a step), not a leak of one more allocation a phase.
+    pub replaced: bool,
 }
 
 /// Samples kept per series: a longer run is sampled every n-th phase.
@@ -172,7 +176,7 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
         phase: from.phase.clone(),
         sites,
     };
-    let grown = |k: usize, fit: &Fit, sites: &[usize]| {
+    let grown = |k: usize, fit: &Fit, sites: &[usize], counts: &[u64]| {
         let held: Vec<AllocId> = sites.iter().flat_map(|k| s.last_held.get(k).into_iter().flatten().copied()).collect();
         Grown {
             key: replay.keys[k].clone(),
@@ -182,6 +186,7 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
             bytes: held.iter().map(|&id| replay.p.allocations[id].size).sum(),
             count: held.len() as u64,
             held,
+            replaced: grows(counts).is_none(),
         }
     };
     let mut out = Vec::new();
@@ -190,7 +195,7 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
     for (&k, series) in &s.by_site {
         if let Some(fit) = grows(series) {
             explained += fit.gain;
-            out.push(grown(k, &fit, &[k]));
+            out.push(grown(k, &fit, &[k], &s.counts_by_site[&k]));
         }
         let warm = warm_up(series.len());
         if let Some(gain) = series.last().zip(series.get(warm)).and_then(|(l, f)| l.checked_sub(*f)).filter(|g| *g > 0)
@@ -204,7 +209,7 @@ fn evaluate(replay: &Replay, s: &Series, from: &Source) -> Vec<Grown> {
             if let Some(&(_, top)) = gains.first() {
                 let sites: Vec<usize> = gains.iter().map(|&(_, k)| k).collect();
                 out.retain(|g| g.key != replay.keys[top]);
-                let mut g = grown(top, &fit, &sites);
+                let mut g = grown(top, &fit, &sites, &s.total_counts);
                 g.growth.sites = sites.len() as u64;
                 out.push(g);
             }
@@ -339,34 +344,55 @@ struct Replay<'a> {
     ends: Vec<(usize, AllocId)>,
 }
 
-/// Per-site samples of one pass.
+/// Per-site samples of one pass: the least bytes, and the least number of
+/// allocations, each site held in each period.
 #[derive(Default)]
 struct Series {
     by_site: HashMap<usize, Vec<u64>>,
+    counts_by_site: HashMap<usize, Vec<u64>>,
     total: Vec<u64>,
+    total_counts: Vec<u64>,
     /// The allocations live per site at the last sample.
     last_held: HashMap<usize, Vec<AllocId>>,
 }
 
 impl Series {
-    fn push(&mut self, site: usize, sample: usize, bytes: u64) {
-        let s = self.by_site.entry(site).or_default();
-        s.resize(sample, 0);
-        s.push(bytes);
+    fn push(&mut self, site: usize, sample: usize, bytes: u64, count: u64) {
+        for (series, value) in [(&mut self.by_site, bytes), (&mut self.counts_by_site, count)] {
+            let s = series.entry(site).or_default();
+            s.resize(sample, 0);
+            s.push(value);
+        }
     }
 
     fn finish(&mut self) {
         let n = self.total.len();
-        for s in self.by_site.values_mut() {
+        for s in self.by_site.values_mut().chain(self.counts_by_site.values_mut()) {
             s.resize(n, 0);
         }
     }
 }
 
-/// What is live: per site, and in all.
+/// What is live: per site (bytes and allocations), and in all.
 struct Ledger {
     bytes: Vec<u64>,
+    counts: Vec<u64>,
     total: u64,
+    total_count: u64,
+}
+
+/// The least a site (or all sites) held during a period: bytes, allocations.
+#[derive(Clone, Copy)]
+struct Floor {
+    bytes: u64,
+    count: u64,
+}
+
+impl Floor {
+    fn lower(&mut self, bytes: u64, count: u64) {
+        self.bytes = self.bytes.min(bytes);
+        self.count = self.count.min(count);
+    }
 }
 
 impl<'a> Replay<'a> {
@@ -416,11 +442,12 @@ impl<'a> Replay<'a> {
     /// The least each site held during each period `[boundaries[p], boundaries[p + 1])`
     /// (changes of the timeline; its length ends the last period at its end).
     fn floors(&self, boundaries: &[usize]) -> Series {
-        let mut ledger = Ledger { bytes: vec![0; self.keys.len()], total: 0 };
-        let mut live: Vec<Vec<AllocId>> = vec![Vec::new(); self.keys.len()];
+        let sites = self.keys.len();
+        let mut ledger = Ledger { bytes: vec![0; sites], counts: vec![0; sites], total: 0, total_count: 0 };
+        let mut live: Vec<Vec<AllocId>> = vec![Vec::new(); sites];
         let mut s = Series::default();
-        let mut floor: HashMap<usize, u64> = HashMap::new();
-        let mut total_floor = 0u64;
+        let mut floor: HashMap<usize, Floor> = HashMap::new();
+        let mut total_floor = Floor { bytes: 0, count: 0 };
         let mut b = 0;
         let mut next_end = 0;
         let changes = self.p.changes.len();
@@ -432,7 +459,7 @@ impl<'a> Replay<'a> {
                     self.sample(&ledger, &live, &mut s, &floor, total_floor, last);
                 }
                 floor.clear();
-                total_floor = ledger.total;
+                total_floor = Floor { bytes: ledger.total, count: ledger.total_count };
                 b += 1;
                 if b == boundaries.len() {
                     break; // what follows the last period's start is no whole period
@@ -456,23 +483,26 @@ impl<'a> Replay<'a> {
                 }
             }
             for (site, id, made) in deltas {
-                let before = ledger.bytes[site];
+                let before = Floor { bytes: ledger.bytes[site], count: ledger.counts[site] };
                 let size = self.p.allocations[id].size;
                 if made {
                     ledger.bytes[site] += size;
+                    ledger.counts[site] += 1;
                     ledger.total += size;
+                    ledger.total_count += 1;
                     live[site].push(id);
                 } else {
                     ledger.bytes[site] = ledger.bytes[site].saturating_sub(size);
+                    ledger.counts[site] = ledger.counts[site].saturating_sub(1);
                     ledger.total = ledger.total.saturating_sub(size);
+                    ledger.total_count = ledger.total_count.saturating_sub(1);
                     if let Some(at) = live[site].iter().rposition(|&x| x == id) {
                         live[site].swap_remove(at);
                     }
                 }
                 if b > 0 {
-                    let f = floor.entry(site).or_insert(before);
-                    *f = (*f).min(ledger.bytes[site]);
-                    total_floor = total_floor.min(ledger.total);
+                    floor.entry(site).or_insert(before).lower(ledger.bytes[site], ledger.counts[site]);
+                    total_floor.lower(ledger.total, ledger.total_count);
                 }
             }
         }
@@ -486,15 +516,18 @@ impl<'a> Replay<'a> {
         ledger: &Ledger,
         live: &[Vec<AllocId>],
         s: &mut Series,
-        floors: &HashMap<usize, u64>,
-        total_floor: u64,
+        floors: &HashMap<usize, Floor>,
+        total_floor: Floor,
         last: bool,
     ) {
         let n = s.total.len();
-        for (site, (&now, held)) in ledger.bytes.iter().zip(live).enumerate() {
-            let value = floors.get(&site).map_or(now, |m| (*m).min(now));
-            if value > 0 || s.by_site.contains_key(&site) {
-                s.push(site, n, value);
+        for (site, held) in live.iter().enumerate() {
+            let (bytes, count) = (ledger.bytes[site], ledger.counts[site]);
+            let f = floors
+                .get(&site)
+                .map_or(Floor { bytes, count }, |f| Floor { bytes: f.bytes.min(bytes), count: f.count.min(count) });
+            if f.bytes > 0 || s.by_site.contains_key(&site) {
+                s.push(site, n, f.bytes, f.count);
             }
             if last && !held.is_empty() {
                 let mut held = held.clone();
@@ -502,7 +535,8 @@ impl<'a> Replay<'a> {
                 s.last_held.insert(site, held);
             }
         }
-        s.total.push(total_floor);
+        s.total.push(total_floor.bytes);
+        s.total_counts.push(total_floor.count);
     }
 }
 

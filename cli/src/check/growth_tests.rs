@@ -319,3 +319,80 @@ fn growth_phases_sets_how_many_phases_are_needed() {
     assert_eq!(analyse(&log, 4, &|_| false).unwrap().len(), 1);
     assert_eq!(analyse(&log, 6, &|_| false).unwrap(), vec![], "5 phases ended, fewer than 6");
 }
+
+/// A generation's cache: the same few buffers, each replaced by a larger one
+/// every step (a token more), freed when generation ends. Bytes grow and the
+/// number of allocations does not: replaced, not kept.
+fn generation(steps: u64, marks: bool) -> Log {
+    let mut b = LogBuilder::new(12, "python generate.py");
+    let weights = b.alloc(MIB, Some(1));
+    let mut cache: Vec<u64> = (0..4).map(|_| b.alloc(4 * KIB, Some(2))).collect();
+    for step in 1..=steps {
+        if marks {
+            b.mark(&format!("token {step}"));
+        }
+        let logits = b.alloc(8 * KIB, Some(3));
+        for slot in cache.iter_mut() {
+            let larger = b.alloc(4 * KIB * (step + 1), Some(2));
+            b.free(*slot);
+            *slot = larger;
+        }
+        b.free(logits);
+    }
+    for slot in cache {
+        b.free(slot);
+    }
+    b.free(weights);
+    b.exit(0)
+}
+
+#[test]
+fn buffers_replaced_by_larger_ones_grow_but_are_not_kept() {
+    for marks in [true, false] {
+        let found = check(&generation(30, marks));
+        assert_eq!(found.len(), 1, "marks {marks}: {found:#?}");
+        let g = &found[0];
+        assert_eq!(g.key, SiteKey::Stack(2));
+        assert!(g.replaced, "the same 4 allocations, larger each step: {g:#?}");
+        assert_eq!(g.count, 4);
+    }
+}
+
+/// A loop inside a function that keeps one more buffer every step (a
+/// history of losses) and drops them all when it returns: the
+/// accumulation is the leak, whether or not it is freed at the end.
+#[test]
+fn buffers_kept_step_after_step_are_a_leak_even_when_freed_at_the_end() {
+    let mut b = LogBuilder::new(13, "python train.py");
+    let mut history = Vec::new();
+    for step in 0..25 {
+        b.mark(&format!("step {step}"));
+        let act = b.alloc(64 * KIB, Some(1));
+        history.push(b.alloc(512, Some(7)));
+        b.free(act);
+    }
+    b.mark("done");
+    for h in history {
+        b.free(h);
+    }
+    let found = check(&b.exit(0));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!((found[0].key.clone(), found[0].replaced), (SiteKey::Stack(7), false));
+    assert_eq!(found[0].growth.bytes_per_phase, 512);
+}
+
+#[test]
+fn the_check_notes_replaced_buffers_and_fails_on_kept_ones() {
+    use crate::check::suppress::Suppressions;
+    use cupool_core::model::Process;
+    use cupool_core::options::Options;
+    let judge = |log: Log| {
+        let supp = Suppressions::load(&[]).unwrap();
+        crate::check::examine::examine(&[Process::new(log)], &[], vec![], &supp, &Options::default(), vec![])
+    };
+    let f = judge(generation(30, true));
+    assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
+    assert!(f.notes.iter().any(|n| n.contains("each replaced by a larger one")), "{:?}", f.notes);
+    let f = judge(training(20, true, true));
+    assert_eq!(f.failing().filter(|x| x.kind == crate::check::finding::LeakKind::Growth).count(), 1);
+}

@@ -3,7 +3,7 @@
 //! beside them (`torch`). A file that cannot be read is a note naming it
 //! and why, not the end of the check.
 
-use super::torch::{self, History};
+use super::history::{self, History};
 use crate::summary::{files_in, is_log_name, logs_named_by};
 use cupool_core::log::{read_log, Log};
 use cupool_core::model::{self, Process};
@@ -38,8 +38,8 @@ impl Read {
 
     /// The histories in `dir` whose files `wanted` names and that `keep` accepts.
     fn take_histories(&mut self, dir: &Path, wanted: impl Fn(&Path) -> bool, keep: impl Fn(&History) -> bool) {
-        for path in torch::files(dir).into_iter().filter(|p| wanted(p)) {
-            match torch::read(&path) {
+        for path in history::files(dir).into_iter().filter(|p| wanted(p)) {
+            match history::read(&path) {
                 Ok(h) if keep(&h) => self.histories.push(h),
                 Ok(_) => {}
                 Err(e) => self.notes.push(format!("{e}; growth inside PyTorch's cache judged from its segments")),

@@ -11,12 +11,12 @@
 mod examine;
 pub mod finding;
 mod growth;
+mod history;
 mod inputs;
 mod python;
 mod site;
 mod suppress;
 mod text;
-mod torch;
 
 pub mod github;
 pub mod json;
@@ -88,7 +88,7 @@ pub struct MergeArgs {
 /// The options that are the check's, not the shim's.
 const CHECK_OPTIONS: [&str; 4] = ["exitcode", "max_leak_bytes", "fail_on", "growth_phases"];
 /// The options of `cupool check` that concern how the program is run (not `merge`'s).
-const RUN_CHECK_OPTIONS: [&str; 1] = ["torch_history"];
+const RUN_CHECK_OPTIONS: [&str; 2] = ["torch_history", "jax_history_ms"];
 
 /// The end of `check --help` (`merge --help` when not `run`).
 pub fn help(run: bool) -> String {
@@ -219,7 +219,7 @@ pub fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(exit::COULD_NOT_CHECK);
         }
     };
-    let env = python::environment(opts.torch_history > 0).unwrap_or_else(|e| {
+    let env = python::environment(opts.torch_history > 0 || opts.jax_history_ms > 0).unwrap_or_else(|e| {
         eprintln!(
             "{CHECK}: note: the Python package cannot be set up ({e}); test leaks are not checked, nor growth \
              inside PyTorch's cache by tensor"
@@ -282,8 +282,8 @@ pub fn findings_of(processes: &[Process]) -> Findings {
             Ok(found) => tests.extend(found),
             Err(e) => notes.push(e),
         }
-        for file in torch::files(dir) {
-            match torch::read(&file) {
+        for file in history::files(dir) {
+            match history::read(&file) {
                 Ok(h) => histories.push(h),
                 Err(e) => notes.push(e),
             }

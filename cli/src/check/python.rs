@@ -2,7 +2,8 @@
 //! binary, so that every pytest run under `cupool check` loads the plugin
 //! even where the package is not installed, and loads the copy that
 //! matches this cupool; and the `sitecustomize.py` that has every Python
-//! process of the run record PyTorch's allocation history (`torch_history`).
+//! process of the run record PyTorch's allocation history (`torch_history`)
+//! and JAX's live arrays (`jax_history_ms`).
 
 /// `(path inside the carried directory, text)`: the package under `pkg/`.
 const PACKAGE: &[(&str, &str)] = &[
@@ -11,6 +12,7 @@ const PACKAGE: &[(&str, &str)] = &[
     ("pkg/cupool/_options.py", include_str!("../../../python/cupool/_options.py")),
     ("pkg/cupool/pytest_plugin.py", include_str!("../../../python/cupool/pytest_plugin.py")),
     ("pkg/cupool/torch_history.py", include_str!("../../../python/cupool/torch_history.py")),
+    ("pkg/cupool/jax_history.py", include_str!("../../../python/cupool/jax_history.py")),
     ("site/sitecustomize.py", include_str!("sitecustomize.py")),
 ];
 
@@ -19,10 +21,10 @@ pub const PLUGIN: &str = "cupool.pytest_plugin";
 
 /// The variables that make Python processes load the plugin: `PYTHONPATH`
 /// with the cached package first (what was there stays, after it), and
-/// `PYTEST_PLUGINS` with the plugin added; with `torch_history`, the
-/// directory of the carried `sitecustomize.py` before the package. Or why
-/// the files could not be written.
-pub fn environment(torch_history: bool) -> Result<Vec<(String, String)>, String> {
+/// `PYTEST_PLUGINS` with the plugin added; with `histories` (of PyTorch or
+/// JAX), the directory of the carried `sitecustomize.py` before the
+/// package. Or why the files could not be written.
+pub fn environment(histories: bool) -> Result<Vec<(String, String)>, String> {
     let bytes: Vec<&[u8]> = PACKAGE.iter().flat_map(|(p, t)| [p.as_bytes(), t.as_bytes()]).collect();
     let name = format!("{}-python-{}", env!("CARGO_PKG_VERSION"), crate::cache::hash(&bytes));
     let files: Vec<crate::cache::Carried> = PACKAGE
@@ -32,7 +34,7 @@ pub fn environment(torch_history: bool) -> Result<Vec<(String, String)>, String>
     let dir = crate::cache::install(&name, &files)?;
     let dir = dir.to_str().ok_or_else(|| format!("{}: not a UTF-8 path", dir.display()))?.to_string();
     let mut first = format!("{dir}/pkg");
-    if torch_history {
+    if histories {
         first = format!("{dir}/site:{first}");
     }
     Ok(vec![

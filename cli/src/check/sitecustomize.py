@@ -4,9 +4,11 @@ so that every Python process of the run loads it at startup.
 
 It does two things, and nothing else:
 
-1. When the program imports ``torch``, it hands the module to
-   ``cupool.torch_history`` right after ``torch/__init__`` has run, which
-   has PyTorch record its tensor allocations once CUDA starts (README,
+1. When the program imports ``torch`` (or ``jax``), it hands the module to
+   ``cupool.torch_history`` (``cupool.jax_history``) right after its
+   ``__init__`` has run, which has PyTorch record its tensor allocations
+   once CUDA starts (JAX's live arrays sampled once it has a backend), so
+   that growth inside their caches is judged by tensor or array (README,
    "Leak checking"). Until then it costs one finder on ``sys.meta_path``
    that answers no other import.
 2. It runs the ``sitecustomize`` it shadows, if there is one further along
@@ -20,16 +22,23 @@ the program imports, computes or returns.
 import sys
 
 
-def _cupool_hook_torch():
-    class CupoolTorchHook(object):
-        """Finds nothing itself. On the import of ``torch`` it asks the
-        finders after it, and makes the loader they give call cupool once
-        ``torch/__init__`` has run."""
+# The modules watched, and the recorder each is handed to once imported.
+_CUPOOL_WATCHED = {"torch": ("torch_history", "torch_imported"), "jax": ("jax_history", "jax_imported")}
+
+
+def _cupool_hook(watched):
+    if not watched:
+        return
+
+    class CupoolImportHook(object):
+        """Finds nothing itself. On the import of a watched module it asks
+        the finders after it, and makes the loader they give call cupool
+        once the module's ``__init__`` has run."""
 
         busy = False
 
         def find_spec(self, name, path=None, target=None):
-            if name != "torch" or self.busy:
+            if name not in watched or self.busy:
                 return None
             self.busy = True
             try:
@@ -45,8 +54,10 @@ def _cupool_hook_torch():
                         break
                 if spec is None:
                     return None  # not importable (now): stay, in case sys.path changes
-                _unhook(self)
-                _wrap(spec)
+                del watched[name]
+                if not watched:
+                    _unhook(self)
+                _wrap(spec, name)
                 return spec
             except Exception:
                 return None  # the import goes on as if this finder were not there
@@ -59,7 +70,7 @@ def _cupool_hook_torch():
         except ValueError:
             pass
 
-    def _wrap(spec):
+    def _wrap(spec, watched_name):
         loader = spec.loader
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
@@ -74,11 +85,12 @@ def _cupool_hook_torch():
                     del loader.exec_module
                 except Exception:
                     pass
-            if getattr(module, "__name__", None) == "torch":
+            if getattr(module, "__name__", None) == watched_name:
                 try:
-                    from cupool import torch_history
+                    import importlib
 
-                    torch_history.torch_imported(module)
+                    recorder, call = _CUPOOL_WATCHED[watched_name]
+                    getattr(importlib.import_module("cupool." + recorder), call)(module)
                 except Exception:
                     pass
 
@@ -87,7 +99,7 @@ def _cupool_hook_torch():
         except Exception:
             pass
 
-    sys.meta_path.insert(0, CupoolTorchHook())
+    sys.meta_path.insert(0, CupoolImportHook())
 
 
 def _cupool_shadowed():
@@ -109,11 +121,10 @@ def _cupool_shadowed():
     return None
 
 
-if "torch" not in sys.modules:
-    try:
-        _cupool_hook_torch()
-    except Exception:
-        pass
+try:
+    _cupool_hook({m: r for m, r in _CUPOOL_WATCHED.items() if m not in sys.modules})
+except Exception:
+    pass
 
 try:
     _cupool_spec = _cupool_shadowed()

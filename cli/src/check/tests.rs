@@ -14,7 +14,7 @@ const TORCH: &str = "/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so
 /// The check of `logs`, each read into its process.
 fn examine(
     logs: &[Log],
-    histories: &[super::torch::History],
+    histories: &[super::history::History],
     tests: Vec<Finding>,
     supp: &Suppressions,
     opts: &Options,

@@ -1,15 +1,17 @@
-//! PyTorch's own allocation history: `cupool-torch.<pid>.json` beside the
-//! logs (docs/log-schema.md), written at exit by the Python processes of a
-//! `cupool check` run that used PyTorch's caching allocator
-//! (`python/cupool/torch_history.py`).
+//! A framework's own record of its objects beside the logs
+//! (docs/log-schema.md), written at exit by the Python processes of a
+//! `cupool check` run: PyTorch's allocation history of its tensors
+//! (`cupool-torch.<pid>.json`, `python/cupool/torch_history.py`), and JAX's
+//! live arrays, sampled (`cupool-jax.<pid>.json`, `python/cupool/jax_history.py`).
 //!
-//! Inside that cache cupool sees segments, not tensors: a growth leak found
-//! there names the line where the cache had to grow. The history records
-//! every tensor PyTorch handed out and took back, with its Python stack.
-//! Made into a timeline of the same shape as a log's (allocations, frees,
-//! and the log's phase edges placed by time) and read into the same model,
-//! it goes through the same growth rule, and its findings name the line
-//! that allocated the tensors kept.
+//! Inside a framework's cache or arena cupool sees the arena, not the
+//! objects: the arena grows while the program warms up, and it grows the
+//! same whether the program keeps objects or not. The history records the
+//! objects handed out and taken back, each with its Python stack. Made into
+//! a timeline of the same shape as a log's (allocations, frees, and the
+//! log's phase edges placed by time) and read into the same model, it goes
+//! through the same growth rule, and its findings name the line that made
+//! the objects kept.
 
 use crate::sites::ShownFrame;
 use cupool_core::log::{EventKind, EventRecord, Log, Named};
@@ -19,20 +21,67 @@ use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-/// The `schema` of a history file.
-pub const SCHEMA: &str = "cupool-torch";
-/// The version this build reads.
+/// The version of either schema this build reads.
 pub const VERSION: u32 = 1;
-/// API and kind of a tensor in the timeline made from a history: what a
-/// finding shows as `PyTorch (tensor)`.
-pub const API: &str = "PyTorch";
-pub const KIND: &str = "tensor";
+
+/// The framework a history is of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Framework {
+    #[default]
+    Torch,
+    Jax,
+}
+
+impl Framework {
+    const ALL: [Framework; 2] = [Framework::Torch, Framework::Jax];
+
+    /// The `schema` of its files, and their names' stem.
+    pub fn schema(self) -> &'static str {
+        match self {
+            Framework::Torch => "cupool-torch",
+            Framework::Jax => "cupool-jax",
+        }
+    }
+
+    /// API and kind of an object in the timeline made from a history: what
+    /// a finding shows as `PyTorch (tensor)` or `JAX (array)`.
+    pub fn api(self) -> &'static str {
+        match self {
+            Framework::Torch => "PyTorch",
+            Framework::Jax => "JAX",
+        }
+    }
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            Framework::Torch => "tensor",
+            Framework::Jax => "array",
+        }
+    }
+
+    /// Whether a module (a file name) is the framework's cache or arena,
+    /// whose growth its objects explain.
+    pub fn arena(self, module: &str) -> bool {
+        match self {
+            Framework::Torch => module.starts_with("libc10_cuda"),
+            Framework::Jax => {
+                ["xla_cuda", "jaxlib", "libxla", "xla_extension", "_jax."].iter().any(|m| module.contains(m))
+            }
+        }
+    }
+
+    fn of_schema(schema: &str) -> Option<Framework> {
+        Framework::ALL.into_iter().find(|f| f.schema() == schema)
+    }
+}
 
 /// One history file, as read.
 #[derive(Clone, Debug, Deserialize)]
 pub struct History {
     pub schema: String,
     pub version: u32,
+    #[serde(skip)]
+    pub framework: Framework,
     pub pid: u32,
     /// The `run_id` option the process ran with.
     #[serde(default)]
@@ -70,34 +119,42 @@ pub struct DeviceTrace {
 #[derive(Clone, Debug, Deserialize)]
 pub struct TraceEvent(pub String, pub u64, pub u64, pub i64, pub Option<u32>);
 
-/// `cupool-torch.<pid>.json` and `cupool-torch.<pid>.<n>.json` in `dir`, sorted.
+/// `cupool-torch.<pid>.json` and `cupool-jax.<pid>.json` (and `.<pid>.<n>.json`) in `dir`, sorted.
 pub fn files(dir: &Path) -> Vec<PathBuf> {
-    crate::summary::sidecar_files(dir, "cupool-torch")
+    let mut files: Vec<PathBuf> =
+        Framework::ALL.iter().flat_map(|f| crate::summary::sidecar_files(dir, f.schema())).collect();
+    files.sort();
+    files
 }
 
 /// Reads one history file (written whole, then renamed into place).
 pub fn read(path: &Path) -> Result<History, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut h: History = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    if h.schema != SCHEMA {
+    let Some(framework) = Framework::of_schema(&h.schema) else {
         return Err(format!(
-            "{}: not a cupool PyTorch history (schema {:?}, expected {SCHEMA:?})",
+            "{}: not a cupool framework history (schema {:?}, expected \"cupool-torch\" or \"cupool-jax\")",
             path.display(),
             h.schema
         ));
-    }
+    };
     if h.version != VERSION {
-        return Err(format!("{}: {SCHEMA} version {}; this cupool reads version {VERSION}", path.display(), h.version));
+        return Err(format!(
+            "{}: {} version {}; this cupool reads version {VERSION}",
+            path.display(),
+            h.schema,
+            h.version
+        ));
     }
+    h.framework = framework;
     h.path = path.to_path_buf();
     Ok(h)
 }
 
-/// The history of the process that wrote `log`, if there is one.
-pub fn of<'a>(histories: &'a [History], log: &Log) -> Option<&'a History> {
-    histories
-        .iter()
-        .find(|h| h.pid == log.header.process.pid && (h.run_id.is_empty() || h.run_id == log.header.options.run_id))
+/// The histories of the process that wrote `log` (one per framework it used).
+pub fn of<'a>(histories: &'a [History], log: &Log) -> impl Iterator<Item = &'a History> {
+    let (pid, run_id) = (log.header.process.pid, log.header.options.run_id.clone());
+    histories.iter().filter(move |h| h.pid == pid && (h.run_id.is_empty() || h.run_id == run_id))
 }
 
 impl History {
@@ -168,8 +225,8 @@ impl History {
                     _ => continue,
                 };
                 let mut r = EventRecord::new(0, at(e.3), ev);
-                r.api = Some(Named::Unknown(API.into()));
-                r.kind = Some(Named::Unknown(KIND.into()));
+                r.api = Some(Named::Unknown(self.framework.api().into()));
+                r.kind = Some(Named::Unknown(self.framework.kind().into()));
                 r.ptr = Some(e.1);
                 r.size = Some(e.2);
                 r.device = Some(d.device);
@@ -247,5 +304,5 @@ fn merge_by_time(lists: Vec<Vec<EventRecord>>) -> Vec<EventRecord> {
 }
 
 #[cfg(test)]
-#[path = "torch_tests.rs"]
+#[path = "history_tests.rs"]
 mod tests;

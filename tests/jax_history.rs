@@ -1,0 +1,88 @@
+//! JAX's live arrays under `cupool check` on the CPU: a real JAX (its CPU
+//! backend; on a GPU the arrays are the same objects) in a program that
+//! also allocates through the fake CUDA runtime, so that its process has a
+//! cupool log. The carried `sitecustomize` hands `jax` to
+//! `cupool.jax_history`, which samples the live arrays and writes
+//! `cupool-jax.<pid>.json`; the check judges growth from the arrays and
+//! names the line that made the ones kept. JAX comes from a virtualenv
+//! this test makes in `target/jax-tools/` (pip, from PyPI, once), or
+//! `CUPOOL_TEST_PYTHON`.
+//! `cargo test --release --test jax_history`
+mod support;
+
+use serde_json::Value;
+use std::fs;
+use support::*;
+
+const REQUIREMENTS: &[&str] = &["jax>=0.4,<1"];
+
+/// A training-like loop of JAX arrays, one step a phase, that allocates
+/// its staging buffer through CUDA (the fake runtime) once; with `LEAK`,
+/// it keeps each step's output in a list.
+const PROGRAM: &str = r#"
+import ctypes, os, time
+import jax, jax.numpy as jnp
+
+ctypes.CDLL(os.environ["FAKE_CUDART"], mode=os.RTLD_GLOBAL)
+_process = ctypes.CDLL(None)
+_process.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+staging = ctypes.c_void_p()
+assert _process.cudaMalloc(ctypes.byref(staging), 1 << 20) == 0
+_process.cudaFree.argtypes = [ctypes.c_void_p]
+mark = _process.cupool_mark
+mark.argtypes = [ctypes.c_char_p]
+
+kept = []
+x = jnp.ones((128, 128))
+for step in range(40):
+    mark(b"step %d" % step)
+    y = (x * step).sum()
+    if os.environ.get("LEAK"):
+        kept.append(x * step)  # KEPT
+    time.sleep(0.02)
+mark(b"done")
+_process.cudaFree(staging)
+"#;
+
+#[test]
+fn arrays_kept_step_after_step_are_found_at_their_line_and_a_clean_loop_passes() {
+    let python = python_with("jax-tools", REQUIREMENTS);
+    let dir = scratch_dir("jax-history");
+    fs::write(dir.join("prog.py"), PROGRAM).unwrap();
+    let line = PROGRAM.lines().position(|l| l.contains("# KEPT")).unwrap() + 1;
+    for leak in [true, false] {
+        let logs = dir.join(if leak { "leak" } else { "clean" });
+        let json = dir.join(if leak { "leak.json" } else { "clean.json" });
+        let mut cmd = cupool_command(
+            &["check", "--log-dir", path_str(&logs), "--json", path_str(&json), "-o", "jax_history_ms=5", "--"],
+            &dir,
+        );
+        cmd.arg(&python).arg("prog.py").current_dir(&dir).env("FAKE_CUDART", fakes().libcudart());
+        if leak {
+            cmd.env("LEAK", "1");
+        }
+        let out = cmd.output().expect("run cupool check");
+        let err = stderr_of(&out);
+        let histories: Vec<String> = fs::read_dir(&logs)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        assert!(histories.iter().any(|n| n.starts_with("cupool-jax.")), "leak {leak}: {histories:?}\n{err}");
+        let doc: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+        let growth: Vec<&Value> =
+            doc["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "growth").collect();
+        if leak {
+            assert_eq!(out.status.code(), Some(23), "{err}");
+            assert_eq!(growth.len(), 1, "{err}");
+            assert_eq!(growth[0]["what"], "JAX (array)", "{err}");
+            let at = &growth[0]["frames"][growth[0]["user_frame"].as_u64().unwrap() as usize];
+            assert_eq!(
+                (at["file"].as_str().unwrap().ends_with("prog.py"), at["line"].as_u64()),
+                (true, Some(line as u64)),
+                "{err}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{err}");
+            assert!(growth.is_empty(), "{err}");
+        }
+    }
+}
