@@ -56,6 +56,39 @@ pub struct Grown {
     pub replaced: bool,
 }
 
+/// Why growth could not be judged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotChecked {
+    /// Logged with `trace=0`: no allocation and free in the timeline.
+    TraceOff,
+    /// The log lost this many events: missing frees would look like growth.
+    LostEvents(u64),
+    /// A busy process with neither repeated phases nor a repeating allocation.
+    NoRepetition,
+    /// A framework's record with no object in it.
+    NoObjects(&'static str),
+}
+
+impl std::fmt::Display for NotChecked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotChecked::TraceOff => {
+                f.write_str("logged with trace=0, so growth was not checked (it needs every allocation and free)")
+            }
+            NotChecked::LostEvents(n) => write!(
+                f,
+                "the log lost {n} event(s) (the writer fell behind), so growth was not checked: missing frees would \
+                 look like growth"
+            ),
+            NotChecked::NoRepetition => f.write_str(
+                "no repeated phases and no allocation repeating regularly through the run: growth was not checked \
+                 (name the loop's iterations with cupool_mark or NVTX ranges)",
+            ),
+            NotChecked::NoObjects(kind) => write!(f, "it recorded no {kind}"),
+        }
+    }
+}
+
 /// Samples kept per series: a longer run is sampled every n-th phase.
 const MAX_SAMPLES: usize = 256;
 
@@ -67,7 +100,7 @@ pub fn analyse(
     log: &cupool_core::log::Log,
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
-) -> Result<Vec<Grown>, String> {
+) -> Result<Vec<Grown>, NotChecked> {
     analyse_leaving_out(&Process::new(log.clone()), min_phases, skip_phase, &|_| false)
 }
 
@@ -79,14 +112,12 @@ pub fn analyse_leaving_out(
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
     left_out: &dyn Fn(&Allocation) -> bool,
-) -> Result<Vec<Grown>, String> {
+) -> Result<Vec<Grown>, NotChecked> {
     if !p.log.header.options.trace {
-        return Err("logged with trace=0, so growth was not checked (it needs every allocation and free)".into());
+        return Err(NotChecked::TraceOff);
     }
     if let Some(n) = p.log.end.as_ref().map(|e| e.dropped_events).filter(|&n| n > 0) {
-        return Err(format!(
-            "the log lost {n} event(s) (the writer fell behind), so growth was not checked: missing frees would look like growth"
-        ));
+        return Err(NotChecked::LostEvents(n));
     }
     analyse_process(p, min_phases, skip_phase, left_out)
 }
@@ -99,7 +130,7 @@ pub fn analyse_process(
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
     left_out: &dyn Fn(&Allocation) -> bool,
-) -> Result<Vec<Grown>, String> {
+) -> Result<Vec<Grown>, NotChecked> {
     let replay = Replay::new(p, left_out);
     let mut found: Vec<Grown> = Vec::new();
     let (groups, skipped) = repeated(&p.spans, min_phases, skip_phase);
@@ -112,11 +143,7 @@ pub fn analyse_process(
         let min_count = (min_phases + 1).max(8);
         let Some(clock) = clock(&replay, min_count) else {
             if replay.allocs.len() >= 4 * min_phases {
-                return Err(
-                    "no repeated phases and no allocation repeating regularly through the run: growth was not checked \
-                     (name the loop's iterations with cupool_mark or NVTX ranges)"
-                        .into(),
-                );
+                return Err(NotChecked::NoRepetition);
             }
             return Ok(found);
         };

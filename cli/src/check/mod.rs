@@ -231,7 +231,7 @@ pub fn check(args: CheckArgs) -> ExitCode {
         Err(code) => return code,
     };
     let mut read = inputs::run_logs(&launched.log_dir, &launched.opts.run_id, launched.started);
-    let tests = per_test::findings(&read.processes, &launched.log_dir).unwrap_or_else(|e| {
+    let tests = per_test::findings(&read.processes, &read.histories, &launched.log_dir).unwrap_or_else(|e| {
         read.notes.push(e);
         Vec::new()
     });
@@ -276,17 +276,19 @@ pub fn findings_of(processes: &[Process]) -> Findings {
     let mut dirs: Vec<&Path> = processes.iter().filter_map(|p| p.log.path.parent()).collect();
     dirs.sort();
     dirs.dedup();
-    for dir in dirs {
-        // The per-test files and PyTorch histories of a directory name the pids of the logs beside them.
-        match per_test::findings(processes, dir) {
-            Ok(found) => tests.extend(found),
-            Err(e) => notes.push(e),
-        }
+    // The per-test files and framework histories of a directory name the pids of the logs beside them.
+    for dir in &dirs {
         for file in history::files(dir) {
             match history::read(&file) {
                 Ok(h) => histories.push(h),
                 Err(e) => notes.push(e),
             }
+        }
+    }
+    for dir in dirs {
+        match per_test::findings(processes, &histories, dir) {
+            Ok(found) => tests.extend(found),
+            Err(e) => notes.push(e),
         }
     }
     let supp = Suppressions::load(&[]).unwrap_or_default();
@@ -367,7 +369,7 @@ pub fn merge(args: MergeArgs) -> ExitCode {
     let mut tests = Vec::new();
     // Per-test files are matched to the logs beside them.
     for path in args.paths.iter().filter(|p| p.is_dir()) {
-        match per_test::findings(&read.processes, path) {
+        match per_test::findings(&read.processes, &read.histories, path) {
             Ok(found) => tests.extend(found),
             Err(e) => read.notes.push(e),
         }

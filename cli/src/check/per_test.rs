@@ -4,6 +4,7 @@
 //! same process.
 
 use super::finding::{Finding, Held, Holding, LeakKind, ProcessRef};
+use super::history::{self, History};
 use crate::sites::Resolver;
 use cupool_core::model::{AllocId, Family, Process, SpanId};
 use serde::Deserialize;
@@ -79,10 +80,12 @@ const MEASURED_BY_CUPOOL: &str = "cupool";
 /// several processes from the same site (a rerun, two xdist workers) is one
 /// finding. Measured with cupool's own counters, a test's leak holds the
 /// allocations of the log it made and left live; measured with a
-/// framework's counters, the bytes it measured.
+/// framework's counters, the bytes it measured, at the site of the largest
+/// object the framework's history (`histories`) shows the test made and
+/// left live, where one was recorded.
 ///
 /// Err: one line per file that cannot be read, each naming the file.
-pub fn findings(processes: &[Process], log_dir: &Path) -> Result<Vec<Finding>, String> {
+pub fn findings(processes: &[Process], histories: &[History], log_dir: &Path) -> Result<Vec<Finding>, String> {
     let mut problems = Vec::new();
     let mut out: Vec<Finding> = Vec::new();
     for path in results_files(log_dir) {
@@ -110,17 +113,31 @@ pub fn findings(processes: &[Process], log_dir: &Path) -> Result<Vec<Finding>, S
         // several (cupool.<pid>.<n>.json after an exec).
         let mut left: Vec<(usize, LeftByTest)> = mine.iter().map(|&i| (i, live_at_end(&processes[i]))).collect();
         let mut resolvers: HashMap<usize, Resolver> = HashMap::new();
+        // The objects each framework history of these processes shows left live by each test.
+        let mut objects: Vec<(&History, Process, LeftByTest)> = Vec::new();
+        for &i in &mine {
+            for h in history::of(histories, &processes[i].log) {
+                let o = h.process(&processes[i]);
+                let by_test = live_at_end(&o);
+                objects.push((h, o, by_test));
+            }
+        }
         for t in leaking {
             let phase = format!("{TEST_PHASE}{}", t.nodeid);
             let found =
                 left.iter_mut().find_map(|(i, s)| s.get_mut(&phase).and_then(VecDeque::pop_front).map(|l| (*i, l)));
             let (process, held) = found.unwrap_or((first, Vec::new()));
             let p = &processes[process];
-            // The largest; among equals the first made, so the choice does not depend on hashing.
-            let largest = held.iter().copied().max_by_key(|&id| (p.allocations[id].size, std::cmp::Reverse(id)));
-            let stack = match largest.and_then(|id| p.allocations[id].stack) {
+            let stack = match largest(p, &held).and_then(|id| p.allocations[id].stack) {
                 Some(stack) => resolvers.entry(process).or_insert_with(|| Resolver::new(&p.log)).frames(stack),
-                None => Vec::new(),
+                // Nothing of the log's: the framework's objects say where, when it recorded them.
+                None => objects
+                    .iter_mut()
+                    .find_map(|(h, o, by_test)| {
+                        let made = by_test.get_mut(&phase).and_then(VecDeque::pop_front)?;
+                        Some(h.frames(o.allocations[largest(o, &made)?].stack?))
+                    })
+                    .unwrap_or_default(),
             };
             let (frames, hidden_frames) = crate::sites::collapse(stack);
             let mut f = Finding {
@@ -150,6 +167,11 @@ pub fn findings(processes: &[Process], log_dir: &Path) -> Result<Vec<Finding>, S
     }
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.test.cmp(&b.test)));
     Ok(out)
+}
+
+/// The largest of `ids`; among equals the first made, so the choice does not depend on hashing.
+fn largest(p: &Process, ids: &[AllocId]) -> Option<AllocId> {
+    ids.iter().copied().max_by_key(|&id| (p.allocations[id].size, std::cmp::Reverse(id)))
 }
 
 /// Merges `f` into the finding of the same test and site, if there is one.
@@ -443,7 +465,7 @@ mod tests {
         std::fs::write(dir.join("cupool-tests.45.json"), results(45, "r1", &[&a], true)).unwrap();
         std::fs::write(dir.join("cupool.42.json"), "not read here").unwrap();
 
-        let f = findings(&logs, &dir).unwrap();
+        let f = findings(&logs, &[], &dir).unwrap();
         assert_eq!(f.len(), 2, "{f:#?}");
         assert_eq!(f[0].kind, LeakKind::Test);
         assert_eq!((f[0].test.as_deref(), f[0].bytes, f[0].count), (Some("t.py::test_leak"), 3 * MIB, 1));
@@ -461,7 +483,7 @@ mod tests {
         let a = test_line("t.py::test_leak", 10, Some(1));
         std::fs::write(dir.join("cupool-tests.7.json"), results(7, "", &[&a], true)).unwrap();
         std::fs::write(dir.join("cupool-tests.8.json"), results(8, "", &[&a], true)).unwrap();
-        let f = findings(&logs, &dir).unwrap();
+        let f = findings(&logs, &[], &dir).unwrap();
         assert_eq!(f.len(), 1, "{f:#?}");
         assert_eq!((f[0].bytes, f[0].count, f[0].processes.len()), (20, 2, 2));
         std::fs::remove_dir_all(&dir).unwrap();
@@ -480,7 +502,7 @@ mod tests {
             results(3, "", &[], true).replace("\"version\":1", "\"version\":9"),
         )
         .unwrap();
-        let e = findings(&logs, &dir).unwrap_err();
+        let e = findings(&logs, &[], &dir).unwrap_err();
         let lines: Vec<&str> = e.lines().collect();
         assert_eq!(lines.len(), 3, "{e}");
         assert!(
@@ -527,7 +549,7 @@ mod tests {
             results(9, "", &[&test_line("tests/test_x.py::test_leak", 4096, None)], true),
         )
         .unwrap();
-        let f = findings(&logs, &dir).unwrap();
+        let f = findings(&logs, &[], &dir).unwrap();
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].count, 1, "from the log when the plugin had no count");
         let frame = ShownFrame {
