@@ -521,3 +521,79 @@ fn a_test_leak_live_at_exit_is_counted_once() {
         assert_eq!(doc["summary"]["fails"], status != 0);
     }
 }
+
+/// Memory budgets: a test's own `cupool_limit_memory`, the job's
+/// `max_peak_bytes`, and a previous run's peaks (`--baseline`), each
+/// judged from the log and each failing the job only when passed.
+#[test]
+fn memory_budgets_fail_the_job_exactly_where_they_are_passed() {
+    let dir = scratch_dir("pytest-plugin-budgets");
+    fs::write(dir.join("conftest.py"), CONFTEST).unwrap();
+    let suite = |big: u64| {
+        format!(
+            "import os, pytest\nfrom conftest import Buf, MIB\n\n\n@pytest.mark.cupool_limit_memory(\"8 MiB\")\n\
+             def test_small():\n    a = Buf(4 * MIB)\n    b = Buf(2 * MIB)\n\n\n\
+             @pytest.mark.cupool_limit_memory(\"16m\")\ndef test_big():\n    a = Buf({big} * MIB)\n"
+        )
+    };
+    let python = python();
+    let run = |name: &str, extra: &[&str]| {
+        let json = dir.join(format!("{name}.json"));
+        let logs = dir.join(format!("logs-{name}"));
+        let mut args = vec!["check", "--log-dir", path_str(&logs), "--json", path_str(&json)];
+        args.extend_from_slice(extra);
+        args.push("--");
+        let out = cupool_command(&args, &dir.join("stats"))
+            .args([python.to_str().unwrap(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", "."])
+            .current_dir(&dir)
+            .env("FAKE_CUDART", fakes().libcudart())
+            .env_remove("PYTEST_ADDOPTS")
+            .env_remove("PYTEST_PLUGINS")
+            .output()
+            .expect("run cupool check");
+        let doc: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+        (out.status.code(), stderr_of(&out), doc, json)
+    };
+    // Under every limit: it passes, and the peaks are recorded.
+    fs::write(dir.join("test_budget.py"), suite(10)).unwrap();
+    let (code, err, doc, baseline) = run("first", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let peak = |doc: &Value, test: &str| {
+        doc["peaks"]["tests"].as_array().unwrap().iter().find(|t| t["test"].as_str().unwrap().ends_with(test)).unwrap()
+            ["bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(peak(&doc, "::test_small"), 6 * MIB, "{}", doc["peaks"]);
+    assert_eq!(peak(&doc, "::test_big"), 10 * MIB);
+    // A test past its own limit fails the job, named.
+    fs::write(dir.join("test_budget.py"), suite(20)).unwrap();
+    let (code, err, doc, _) = run("over-limit", &[]);
+    assert_eq!(code, Some(23), "{err}");
+    assert!(
+        err.contains(
+            "cupool: over budget: test test_budget.py::test_big peaked at 20.0 MiB, over its limit of 16.0 MiB"
+        ),
+        "{err}"
+    );
+    assert_eq!(doc["summary"]["over_budget"], 1);
+    // ... and, against the first run's peaks, the baseline names its growth (test_small did not grow).
+    let (code, err, doc, _) = run("baseline", &["--baseline", path_str(&baseline), "-o", "baseline_growth=50"]);
+    assert_eq!(code, Some(23), "{err}");
+    let budgets: Vec<&str> = doc["budgets"].as_array().unwrap().iter().map(|b| b["budget"].as_str().unwrap()).collect();
+    assert_eq!(budgets.iter().filter(|b| **b == "baseline").count(), 2, "the test and its process: {}", doc["budgets"]);
+    assert!(!err.contains("test_small peaked"), "{err}");
+    // The job's own peak budget.
+    fs::write(dir.join("test_budget.py"), suite(10)).unwrap();
+    let (code, err, _, _) = run("max-peak", &["-o", "max_peak_bytes=8m"]);
+    assert_eq!(code, Some(23), "{err}");
+    assert!(err.contains("over max_peak_bytes=8388608"), "{err}");
+    // A baseline that is not one is refused before anything runs.
+    let bad = dir.join("not-a-baseline.json");
+    fs::write(&bad, "{\"schema\":\"other\"}").unwrap();
+    let out =
+        cupool_command(&["check", "--baseline", path_str(&bad), "--", "true"], &dir.join("stats")).output().unwrap();
+    let (code, err) = (out.status.code(), stderr_of(&out));
+    assert_eq!(code, Some(66), "{err}");
+    assert!(err.contains("not a cupool check --json document"), "{err}");
+}

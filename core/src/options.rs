@@ -353,6 +353,18 @@ options! {
     fail_on: String = "exit,growth,test", Rule::LeakKinds("exit, growth, test separated by commas, or none"),
         "cupool check/merge: the kinds of leak that fail the job, comma-separated, or none";
     #[serde(skip)]
+    max_peak_bytes: u64 = "0", Rule::Bytes("bytes such as 0, 512m or 16g"),
+        "cupool check/merge: the most device memory any process may peak at (the framework's objects where it \
+         recorded them: PyTorch's tensors, JAX's arrays), e.g. 16g; 0 = no such budget";
+    #[serde(skip)]
+    baseline_growth: u32 = "10", Rule::Range(0, 1000, "a percentage, 0..1000"),
+        "cupool check/merge with --baseline: how many percent above the baseline's a test's or process's peak may \
+         be (0..1000)";
+    #[serde(skip)]
+    baseline_slack: u64 = "2m", Rule::ShortBytes("bytes such as 2m or 0"),
+        "cupool check/merge with --baseline: bytes above the baseline's a peak may always be, however small it \
+         was, e.g. 2m";
+    #[serde(skip)]
     growth_phases: u32 = "4", Rule::Range(3, 1000, "a number of phases, 3..1000"),
         "cupool check/merge: fewest repeated phases a growth leak needs (3..1000)";
     #[serde(skip)]
@@ -778,6 +790,9 @@ mod tests {
             ("exitcode", "an exit status, 0..255"),
             ("max_leak_bytes", "bytes such as 0, 4096 or 1m"),
             ("fail_on", "exit, growth, test separated by commas, or none"),
+            ("max_peak_bytes", "bytes such as 0, 512m or 16g"),
+            ("baseline_growth", "a percentage, 0..1000"),
+            ("baseline_slack", "bytes such as 2m or 0"),
             ("growth_phases", "a number of phases, 3..1000"),
             ("torch_history", "a number of events, 0..10000000"),
             ("jax_history_ms", "a number of milliseconds, 0..60000"),
@@ -806,6 +821,7 @@ mod tests {
             ("python_depth", 0, 64),
             ("exitcode", 0, 255),
             ("growth_phases", 3, 1000),
+            ("baseline_growth", 0, 1000),
             ("torch_history", 0, 10_000_000),
             ("jax_history_ms", 0, 60_000),
         ] {
@@ -852,16 +868,18 @@ mod tests {
             stack_depth in 0u32..=128,
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
+            budgets in (any::<u64>(), 0u32..=1000, any::<u64>()),
             histories in (0u64..=10_000_000, 0u64..=60_000),
         ) {
             let (torch_history, jax_history_ms) = histories;
             let (exitcode, max_leak_bytes, kinds, growth_phases) = check;
+            let (max_peak_bytes, baseline_growth, baseline_slack) = budgets;
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
             let o = Options {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
                 log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, direct_min, magazines, nvtx,
-                stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, growth_phases, torch_history,
-                jax_history_ms,
+                stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, max_peak_bytes, baseline_growth,
+                baseline_slack, growth_phases, torch_history, jax_history_ms,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

@@ -53,6 +53,7 @@ from cupool._options import flag as _flag
 from cupool._options import option, parse_options
 
 MARKER = "cupool_no_leak_check"
+LIMIT_MARKER = "cupool_limit_memory"
 _PLUGIN_NAME = "cupool-leak-check"
 SCHEMA = "cupool-tests"
 VERSION = 1
@@ -66,6 +67,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         MARKER + ": cupool does not check this test for device memory it leaves allocated",
+    )
+    config.addinivalue_line(
+        "markers",
+        LIMIT_MARKER + "(limit): cupool check fails the job when this test's peak of device memory (the most it "
+        "allocated above what was live when it began; caches not counted) passes limit, such as '512 MiB'",
     )
     # Reached once per way the plugin was named (-p cupool, -p cupool.pytest_plugin,
     # PYTEST_PLUGINS, the entry point): the checker must exist once.
@@ -398,6 +404,8 @@ class LeakCheck:
             self._phase_end()
 
     def _record(self, item, before):
+        marker = item.get_closest_marker(LIMIT_MARKER)
+        limit = str(marker.args[0]) if marker is not None and marker.args else None
         after = _snapshot()
         measured_by, total, count, leaked = _leaks(before, after, self.excluded)
         if total > 0:
@@ -415,6 +423,9 @@ class LeakCheck:
                     str(d): {"leaked_bytes": b, "leaked_count": None if c is None else max(c, 0)}
                     for d, (b, c) in sorted(leaked.items())
                 },
+                # Judged by cupool check, from the log: the plugin cannot see a peak without resetting the
+                # program's own peak counters, which would change what the program reads.
+                "limit": limit,
             }
         )
 

@@ -67,6 +67,7 @@ impl Findings {
     pub fn judged(mut self, opts: &Options) -> Findings {
         self.suppressed = Totals::of(self.findings.iter().filter(|f| f.suppressed_by.is_some()));
         self.verdict = verdict(&self.findings, opts);
+        self.verdict.fails |= !self.budgets.is_empty();
         self
     }
 }

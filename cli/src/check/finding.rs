@@ -257,6 +257,10 @@ pub struct Findings {
     pub processes: Vec<ProcessRef>,
     /// Lines about what could not be checked (a log cut short, a Python version without frames, ...).
     pub notes: Vec<String>,
+    /// Each test's and process's peak of device memory.
+    pub peaks: super::budget::Peaks,
+    /// The peaks over their budgets: each fails the job.
+    pub budgets: Vec<super::budget::Over>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -280,7 +284,7 @@ pub struct Verdict {
     /// (a growing site also leaked at exit, a test's leak also live at exit).
     pub leaked_bytes: u64,
     pub leaked_allocations: u64,
-    /// `leaked_bytes > max_leak_bytes`.
+    /// `leaked_bytes > max_leak_bytes`, or a peak over its budget.
     pub fails: bool,
 }
 

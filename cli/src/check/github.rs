@@ -148,10 +148,35 @@ pub fn summary_markdown(findings: &Findings, root: &Path) -> String {
         }
         s.push_str(".\n\n");
     }
+    s.push_str(&budgets_markdown(findings));
     for n in &findings.notes {
         s.push_str(&format!("> cupool: {}\n", cell(n)));
     }
     if !findings.notes.is_empty() {
+        s.push('\n');
+    }
+    s
+}
+
+/// The peaks over their budgets, and with a baseline the peaks beside it.
+fn budgets_markdown(findings: &Findings) -> String {
+    let mut s = String::new();
+    if !findings.budgets.is_empty() {
+        s.push_str(&format!("### cupool check: {} memory budget(s) exceeded\n\n", findings.budgets.len()));
+        s.push_str("| what | peak | allowed | budget |\n|---|---:|---:|---|\n");
+        for o in findings.budgets.iter().take(MAX_ROWS) {
+            let budget = match o.budget {
+                super::budget::Budget::TestLimit => "cupool_limit_memory".to_string(),
+                super::budget::Budget::MaxPeakBytes => "max_peak_bytes".to_string(),
+                super::budget::Budget::Baseline => format!("baseline ({})", human_bytes(o.baseline.unwrap_or(0))),
+            };
+            s.push_str(&format!(
+                "| {} | {} | {} | {budget} |\n",
+                cell(&o.what),
+                human_bytes(o.bytes),
+                human_bytes(o.allowed)
+            ));
+        }
         s.push('\n');
     }
     s

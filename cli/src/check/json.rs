@@ -2,6 +2,7 @@
 //! `cupool-check` (docs/check-findings.schema.json, described in
 //! docs/check-findings.md).
 
+use super::budget::{Over, Peaks};
 use super::finding::{Finding, Findings, ProcessRef, SuppressionUse};
 use serde::Serialize;
 use std::path::Path;
@@ -21,6 +22,9 @@ struct Document<'a> {
     suppressions_used: &'a [SuppressionUse],
     processes: &'a [ProcessRef],
     notes: &'a [String],
+    /// Each test's and process's peak: what `--baseline` reads back.
+    peaks: &'a Peaks,
+    budgets: &'a [Over],
 }
 
 /// What a CI script checks first, without walking the findings.
@@ -32,6 +36,8 @@ struct Summary {
     failing_allocations: u64,
     fails: bool,
     suppressed: u64,
+    /// Peaks over their budgets.
+    over_budget: u64,
 }
 
 #[derive(Serialize)]
@@ -58,6 +64,7 @@ pub fn to_value(findings: &Findings) -> serde_json::Value {
             failing_allocations: findings.verdict.leaked_allocations,
             fails: findings.verdict.fails,
             suppressed: (findings.findings.len() - failing.len()) as u64,
+            over_budget: findings.budgets.len() as u64,
         },
         findings: findings
             .findings
@@ -72,6 +79,8 @@ pub fn to_value(findings: &Findings) -> serde_json::Value {
         suppressions_used: &findings.suppressions_used,
         processes: &findings.processes,
         notes: &findings.notes,
+        peaks: &findings.peaks,
+        budgets: &findings.budgets,
     };
     serde_json::to_value(doc).expect("findings serialize")
 }
@@ -86,6 +95,7 @@ pub fn write(findings: &Findings, path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::check::budget::{Budget, ProcessPeak, TestPeak};
     use crate::check::finding::{Growth, LeakKind};
     use crate::sites::ShownFrame;
 
@@ -210,8 +220,30 @@ pub(crate) mod tests {
             }],
             verdict: Default::default(),
             suppressed: Default::default(),
-            processes: vec![train, worker],
+            processes: vec![train.clone(), worker.clone()],
             notes: vec!["pid 4243: python 3.14 frames cannot be read".into()],
+            peaks: Peaks {
+                tests: vec![TestPeak {
+                    test: "tests/test_models.py::test_big_batch".into(),
+                    bytes: 700 << 20,
+                    limit: Some("512 MiB".into()),
+                    process: worker.clone(),
+                }],
+                processes: vec![ProcessPeak {
+                    process: train.clone(),
+                    cmdline: train.cmdline.clone(),
+                    rank: train.rank,
+                    device: 0,
+                    bytes: 6 << 30,
+                }],
+            },
+            budgets: vec![Over {
+                budget: Budget::TestLimit,
+                what: "test tests/test_models.py::test_big_batch".into(),
+                bytes: 700 << 20,
+                allowed: 512 << 20,
+                baseline: None,
+            }],
         }
         .judged(&cupool_core::options::Options::default())
     }

@@ -8,6 +8,7 @@
 //! live by one test, from the pytest plugin, see `per_test`). Everything is
 //! judged in `examine` into one `Findings`, which every output is written from.
 
+pub mod budget;
 mod examine;
 pub mod finding;
 mod growth;
@@ -61,6 +62,11 @@ pub struct ReportArgs {
     /// Also write the findings as SARIF 2.1.0 (for code scanning) into FILE.
     #[arg(long, value_name = "FILE")]
     sarif: Option<PathBuf>,
+    /// A previous run's --json FILE: each test's and process's peak of device memory is compared with
+    /// its own there, and a peak more than baseline_growth percent (and baseline_slack bytes) above it
+    /// fails the job.
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -86,7 +92,8 @@ pub struct MergeArgs {
 }
 
 /// The options that are the check's, not the shim's.
-const CHECK_OPTIONS: [&str; 4] = ["exitcode", "max_leak_bytes", "fail_on", "growth_phases"];
+const CHECK_OPTIONS: [&str; 7] =
+    ["exitcode", "max_leak_bytes", "fail_on", "growth_phases", "max_peak_bytes", "baseline_growth", "baseline_slack"];
 /// The options of `cupool check` that concern how the program is run (not `merge`'s).
 const RUN_CHECK_OPTIONS: [&str; 2] = ["torch_history", "jax_history_ms"];
 
@@ -126,9 +133,10 @@ pub fn help(run: bool) -> String {
     s
 }
 
-/// The suppressions and report paths, checked before anything runs.
+/// The suppressions, the baseline and the report paths, checked before anything runs.
 struct Reporting {
     suppressions: Suppressions,
+    baseline: Option<budget::Baseline>,
     json: Option<PathBuf>,
     sarif: Option<PathBuf>,
 }
@@ -136,6 +144,7 @@ struct Reporting {
 impl Reporting {
     fn new(args: &ReportArgs) -> Result<Reporting, String> {
         let suppressions = Suppressions::load(&args.suppressions)?;
+        let baseline = args.baseline.as_deref().map(budget::read_baseline).transpose()?;
         if let (Some(a), Some(b)) = (&args.json, &args.sarif) {
             if a == b {
                 return Err(format!("{}: --json and --sarif name the same file", a.display()));
@@ -144,7 +153,28 @@ impl Reporting {
         for path in args.json.iter().chain(&args.sarif) {
             writable(path)?;
         }
-        Ok(Reporting { suppressions, json: args.json.clone(), sarif: args.sarif.clone() })
+        Ok(Reporting { suppressions, baseline, json: args.json.clone(), sarif: args.sarif.clone() })
+    }
+
+    /// `f` with the peaks of `processes` (and of the tests in `dirs`) judged
+    /// against their budgets; a line of `f.notes` for what cannot be read.
+    fn budgets(
+        &self,
+        mut f: Findings,
+        processes: &[Process],
+        histories: &[history::History],
+        dirs: &[&Path],
+        opts: &Options,
+    ) -> Findings {
+        f.peaks.processes = budget::process_peaks(processes, histories);
+        for dir in dirs {
+            match budget::test_peaks(processes, histories, dir) {
+                Ok(tests) => f.peaks.tests.extend(tests),
+                Err(e) => f.notes.push(e),
+            }
+        }
+        f.budgets = budget::judge(&f.peaks, opts, self.baseline.as_ref());
+        f.judged(opts)
     }
 
     /// The text report on stderr, then the files and GitHub's annotations;
@@ -239,6 +269,7 @@ pub fn check(args: CheckArgs) -> ExitCode {
     let checked = loaded && read.unreadable == 0;
     let findings =
         examine::examine(&read.processes, &read.histories, tests, &reporting.suppressions, &launched.opts, read.notes);
+    let findings = reporting.budgets(findings, &read.processes, &read.histories, &[&launched.log_dir], &launched.opts);
     let written = reporting.write(CHECK, &findings);
     if !read.processes.is_empty() {
         eprintln!("{CHECK}: logs in {}", launched.log_dir.display());
@@ -377,6 +408,8 @@ pub fn merge(args: MergeArgs) -> ExitCode {
     let checked = !read.processes.is_empty() && !bad_path && read.unreadable == 0;
     let findings =
         examine::examine(&read.processes, &read.histories, tests, &reporting.suppressions, &opts, read.notes);
+    let dirs: Vec<&Path> = args.paths.iter().filter(|p| p.is_dir()).map(PathBuf::as_path).collect();
+    let findings = reporting.budgets(findings, &read.processes, &read.histories, &dirs, &opts);
     let written = reporting.write(MERGE, &findings);
     if read.unreadable > 0 {
         eprintln!(

@@ -60,6 +60,9 @@ pub struct TestRecord {
     pub measured_by: String,
     #[serde(default)]
     pub devices: BTreeMap<String, DeviceLeak>,
+    /// The test's `cupool_limit_memory` marker's argument, as written.
+    #[serde(default)]
+    pub limit: Option<String>,
 }
 
 #[allow(dead_code)]
@@ -96,14 +99,7 @@ pub fn findings(processes: &[Process], histories: &[History], log_dir: &Path) ->
                 continue;
             }
         };
-        let mine: Vec<usize> = (0..processes.len())
-            .filter(|&i| {
-                let log = &processes[i].log;
-                log.path.parent() == Some(log_dir)
-                    && log.header.process.pid == file.pid
-                    && (file.run_id.is_empty() || log.header.options.run_id == file.run_id)
-            })
-            .collect();
+        let mine = processes_of(processes, log_dir, &file);
         let Some(&first) = mine.first() else { continue };
         let leaking: Vec<&TestRecord> = file.tests.iter().filter(|t| t.leaked_bytes > 0).collect();
         if leaking.is_empty() {
@@ -123,7 +119,7 @@ pub fn findings(processes: &[Process], histories: &[History], log_dir: &Path) ->
             }
         }
         for t in leaking {
-            let phase = format!("{TEST_PHASE}{}", t.nodeid);
+            let phase = test_phase(&t.nodeid);
             let found =
                 left.iter_mut().find_map(|(i, s)| s.get_mut(&phase).and_then(VecDeque::pop_front).map(|l| (*i, l)));
             let (process, held) = found.unwrap_or((first, Vec::new()));
@@ -167,6 +163,36 @@ pub fn findings(processes: &[Process], histories: &[History], log_dir: &Path) ->
     }
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.test.cmp(&b.test)));
     Ok(out)
+}
+
+/// The processes (indices in `processes`) a results file in `log_dir` is of:
+/// its pid and `run_id`, their logs beside it (one process may have written
+/// several logs: `cupool.<pid>.<n>.json` after an exec).
+pub fn processes_of(processes: &[Process], log_dir: &Path, file: &TestsFile) -> Vec<usize> {
+    (0..processes.len())
+        .filter(|&i| {
+            let log = &processes[i].log;
+            log.path.parent() == Some(log_dir)
+                && log.header.process.pid == file.pid
+                && (file.run_id.is_empty() || log.header.options.run_id == file.run_id)
+        })
+        .collect()
+}
+
+/// The span of each `test:<nodeid>` phase of `p` that ended, by name, in order.
+pub fn test_spans(p: &Process) -> HashMap<String, VecDeque<SpanId>> {
+    let mut tests: Vec<SpanId> = (0..p.spans.len()).filter(|&s| is_test(p, s) && p.spans[s].end.is_some()).collect();
+    tests.sort_by_key(|&s| p.spans[s].end);
+    let mut out: HashMap<String, VecDeque<SpanId>> = HashMap::new();
+    for s in tests {
+        out.entry(p.spans[s].name.clone()).or_default().push_back(s);
+    }
+    out
+}
+
+/// The name of a test's phase in the log.
+pub fn test_phase(nodeid: &str) -> String {
+    format!("{TEST_PHASE}{nodeid}")
 }
 
 /// The largest of `ids`; among equals the first made, so the choice does not depend on hashing.
@@ -256,13 +282,10 @@ fn live_at_end(p: &Process) -> LeftByTest {
             held.entry(test).or_default().push(id);
         }
     }
-    let mut tests: Vec<SpanId> = (0..p.spans.len()).filter(|&s| is_test(p, s) && p.spans[s].end.is_some()).collect();
-    tests.sort_by_key(|&s| p.spans[s].end);
-    let mut out = LeftByTest::new();
-    for s in tests {
-        out.entry(p.spans[s].name.clone()).or_default().push_back(held.remove(&s).unwrap_or_default());
-    }
-    out
+    test_spans(p)
+        .into_iter()
+        .map(|(name, spans)| (name, spans.into_iter().map(|s| held.remove(&s).unwrap_or_default()).collect()))
+        .collect()
 }
 
 fn is_test(p: &Process, s: SpanId) -> bool {

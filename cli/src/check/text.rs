@@ -39,6 +39,9 @@ pub fn write(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
     for note in &f.notes {
         writeln!(out, "cupool: note: {note}")?;
     }
+    for over in &f.budgets {
+        writeln!(out, "cupool: over budget: {}", over.text())?;
+    }
     let v = &f.verdict;
     if f.failing().next().is_none() {
         writeln!(out, "cupool: no leaks")?;
@@ -51,6 +54,9 @@ pub fn write(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
             )?;
         }
         writeln!(out, "SUMMARY: cupool: {} byte(s) leaked in {} allocation(s).", v.leaked_bytes, v.leaked_allocations)?;
+    }
+    if !f.budgets.is_empty() {
+        writeln!(out, "SUMMARY: cupool: {} memory budget(s) exceeded.", f.budgets.len())?;
     }
     Ok(())
 }

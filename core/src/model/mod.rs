@@ -458,6 +458,21 @@ impl Process {
         (self.leaks.iter().map(|l| l.leak.size).sum(), self.leaks.len() as u64)
     }
 
+    /// Per device, the most bytes allocated between `begin_ns` and `end_ns`
+    /// above what was allocated at `begin_ns`: what a stretch of the run (a
+    /// test, a phase) added at its peak.
+    pub fn peak_within(&self, begin_ns: u64, end_ns: u64) -> Vec<(i32, u64)> {
+        self.devices
+            .iter()
+            .map(|d| {
+                let from = d.samples.partition_point(|s| s.t_ns <= begin_ns);
+                let base = from.checked_sub(1).map_or(0, |i| d.samples[i].allocated);
+                let most = d.samples[from..].iter().take_while(|s| s.t_ns <= end_ns).map(|s| s.allocated).max();
+                (d.device, most.unwrap_or(base).saturating_sub(base))
+            })
+            .collect()
+    }
+
     /// One process at a glance (the summaries of `cupool run` and `report`).
     pub fn summary(&self) -> Summary {
         let process = &self.log.header.process;
