@@ -450,9 +450,21 @@ fn python_processes_load_the_pytest_plugin() {
     assert!(Path::new(site).join("sitecustomize.py").is_file(), "{site}: PyTorch's history (torch_history)");
     assert!(Path::new(first).join("cupool/pytest_plugin.py").is_file(), "{first}");
     assert!(Path::new(first).join("cupool/__init__.py").is_file(), "{first}");
-    // Without the history, no sitecustomize: the package alone goes first.
+    // Without either framework's history, no sitecustomize: the package alone goes first.
     let mut cmd = cupool_command(
-        &["check", "--log-dir", path_str(&dir), "-o", "torch_history=0", "--", "sh", "-c", "echo \"path=$PYTHONPATH\""],
+        &[
+            "check",
+            "--log-dir",
+            path_str(&dir),
+            "-o",
+            "torch_history=0",
+            "-o",
+            "jax_history_ms=0",
+            "--",
+            "sh",
+            "-c",
+            "echo \"path=$PYTHONPATH\"",
+        ],
         &dir,
     );
     let out = cmd.env("PYTHONPATH", "/keep/me").output().unwrap();

@@ -1,7 +1,7 @@
 """One row of scripts/gpu-leakcheck.sh from `cupool check --json` output.
 
 usage: check_verdict.py NAME RC FINDINGS.json EXPECT
-EXPECT: clean | growth:FILE:LINE[:ranks] | test:NAME | sanitizer:OUTPUT
+EXPECT: clean | growth:FILE:LINE[:ranks] | test:NAME[:FILE:LINE] | sanitizer:OUTPUT | budget:WHAT | status:N
 """
 import json
 import re
@@ -40,10 +40,22 @@ elif expect.startswith("growth:"):
     ranked = not ranks or all(set(map(str, (p.get("rank") for p in f["processes"]))) == set(ranks[0].split(",")) for f in hits)
     row(rc == 23 and bool(hits) and ranked, f"growth at {file}:{line}: {len(hits)} finding(s); all: {desc}")
 elif expect.startswith("test:"):
-    want = expect[5:]
+    want, *at = expect[5:].split(":")
     tests = [f for f in failing if f["kind"] == "test"]
     ok = rc == 23 and len(tests) == 1 and want in tests[0]["test"]
+    if ok and at:
+        # The line named: the test's own frame, where the finding points.
+        f = tests[0]
+        u = f["frames"][f["user_frame"]] if "user_frame" in f else {}
+        ok = (u.get("file") or "").endswith(at[0]) and u.get("line") == int(at[1])
     row(ok, f"test findings: {[f['test'] for f in tests]}; all: {desc}")
+elif expect.startswith("budget:"):
+    want = expect[7:]
+    over = doc.get("budgets", [])
+    ok = rc == 23 and not failing and len(over) == 1 and want in over[0]["what"]
+    row(ok, f"budgets: {[(o['budget'], o['what'], o['bytes']) for o in over]}; leaks: {desc}")
+elif expect.startswith("status:"):
+    row(rc == int(expect[7:]), f"failing={len(failing)} {desc}")
 elif expect.startswith("sanitizer:"):
     text = open(expect[10:]).read()
     sanitizer = sorted(int(n.replace(",", "")) for n in re.findall(r"Leaked ([\d,]+) bytes", text))
