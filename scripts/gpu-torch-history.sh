@@ -20,8 +20,8 @@ check() {
   timeout ${LIMIT:-100} $bin/cupool check --log-dir $work/$name --json $work/$name.json -- "$@" > $work/$name.out 2> $work/$name.err
   local rc=$?
   local n size
-  n=$(ls $work/$name/cupool-torch.*.json 2>/dev/null | wc -l)
-  size=$(cat $work/$name/cupool-torch.*.json 2>/dev/null | wc -c)
+  n=$(ls $work/$name/latest/cupool-torch.*.json 2>/dev/null | wc -l)
+  size=$(cat $work/$name/latest/cupool-torch.*.json 2>/dev/null | wc -c)
   rows+=("$(python3 $src/check_verdict.py $name $rc $work/$name.json $expect) | $((SECONDS - s)) s; $n history file(s), $size bytes")
 }
 LEAK=1 check torch-leak-cache growth:train_loop.py:$(allocated $src/train_loop.py) -- python3 $src/train_loop.py
