@@ -38,7 +38,7 @@ T=$work/t.py; sed 's/N = 60/N = 30/' $src/torch_transformer.py > $T
 for round in 1 2; do
   MODE=plain python3 $T
   MODE=check $bin/cupool check --log-dir $work/over-$round -- python3 $T 2> $work/over-$round.err
-  echo "  (cupool check: exit $?, $(ls $work/over-$round/cupool-torch.*.json 2>/dev/null | wc -l) history file(s))"
+  echo "  (cupool check: exit $?, $(ls $work/over-$round/latest/cupool-torch.*.json 2>/dev/null | wc -l) history file(s))"
   MODE=check-no-history $bin/cupool check -o torch_history=0 --log-dir $work/overn-$round -- python3 $T 2> $work/overn-$round.err
   echo "  (cupool check -o torch_history=0: exit $?)"
 done
