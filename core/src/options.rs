@@ -197,7 +197,7 @@ impl Default for Options {
     }
 }
 
-/// One line per option, as shown by `cupool run --help` and the README.
+/// One line per option, as shown by `cupool run --help` and docs/options.md.
 pub const OPTION_HELP: &[(&str, &str, &str)] = &[
     ("mode", "pool", "pool | passthrough: serve device allocations from cupool's pool, or only observe"),
     ("log_dir", ".", "directory for cupool.<pid>.json (created if missing)"),

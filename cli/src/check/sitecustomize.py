@@ -6,8 +6,8 @@ It does two things, and nothing else:
 
 1. When the program imports ``torch``, it hands the module to
    ``cupool.torch_history`` right after ``torch/__init__`` has run, which
-   has PyTorch record its tensor allocations once CUDA starts (README,
-   "Leak checking"). Until then it costs one finder on ``sys.meta_path``
+   has PyTorch record its tensor allocations once CUDA starts (docs/check.md,
+   "Growth inside PyTorch's cache"). Until then it costs one finder on ``sys.meta_path``
    that answers no other import.
 2. It runs the ``sitecustomize`` it shadows, if there is one further along
    ``sys.path`` (a distribution's, a virtualenv's, the user's), exactly as
