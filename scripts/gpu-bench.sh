@@ -49,10 +49,10 @@ MODE=caching python3 $T
 MODE=expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $T
 MODE=nocache-raw PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 $T
 MODE=nocache-cupool-pool PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool --no-trace -- python3 $T
-python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); print('pool stats:', json.dumps(l['end']['pools']))" 
+python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$work/logs/run-*/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); print('pool stats:', json.dumps(l['end']['pools']))" 
 MODE=nocache-cupool-pool-traced PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool -- python3 $T
 MODE=caching-cupool-pool $pool --no-trace -- python3 $T
-python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); print('pool stats:', json.dumps(l['end']['pools']))" 
+python3 -c "import json,glob,os; l=max((json.load(open(p)) for p in glob.glob('$work/logs/run-*/cupool.*.json')), key=lambda l: l['process']['start_unix_ms']); print('pool stats:', json.dumps(l['end']['pools']))" 
 fi
 
 if want safety; then
@@ -85,11 +85,11 @@ fi
 if want traces; then
 echo "== traces"
 mkdir -p $work/traces
-rec() { local name=$1; shift; rm -rf $work/t; PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/t -- "$@" >/dev/null && gzip -9 -c $work/t/cupool.*.json > $out/$name.json.gz; ls -la $out/$name.json.gz; }
+rec() { local name=$1; shift; rm -rf $work/t; PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/t -- "$@" >/dev/null && gzip -9 -c $work/t/latest/cupool.*.json > $out/$name.json.gz; ls -la $out/$name.json.gz; }
 rec torch-transformer python3 -c "import runpy,sys; sys.argv=['x']; exec(open('$T').read().replace('N = 60','N = 10'))"
 rec resnet18 python3 $src/trace_cnn.py
 rec gpt2 python3 $src/trace_gpt2.py
-rm -rf $work/t; cp $src/cupy_count.py $work/; $bin/cupool run -q --log-dir $work/t -- python3 $work/cupy_count.py >/dev/null && gzip -9 -c $work/t/cupool.*.json > $out/cupy.json.gz
+rm -rf $work/t; cp $src/cupy_count.py $work/; $bin/cupool run -q --log-dir $work/t -- python3 $work/cupy_count.py >/dev/null && gzip -9 -c $work/t/latest/cupool.*.json > $out/cupy.json.gz
 $bin/cupool replay $out/*.json.gz
 fi
 
@@ -101,7 +101,7 @@ for round in 1 2 3; do
   MODE=nocache-pool-stacks PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool -- python3 $T
   MODE=nocache-pool-stacks-notrace PYTORCH_NO_CUDA_MEMORY_CACHING=1 $pool --no-trace -- python3 $T
 done
-python3 -c "import json,glob; l=max((l for l in (json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')) if any('def' in e for e in l['events'])), key=lambda l: l['process']['start_unix_ms']); d=[e for e in l['events'] if 'def' in e]; print('definitions in the last traced log:', {k: sum(1 for e in d if e['def']==k) for k in ('module','string','stack')}, 'allocs:', sum(1 for e in l['events'] if e.get('ev')=='alloc'))"
+python3 -c "import json,glob; l=max((l for l in (json.load(open(p)) for p in glob.glob('$work/logs/run-*/cupool.*.json')) if any('def' in e for e in l['events'])), key=lambda l: l['process']['start_unix_ms']); d=[e for e in l['events'] if 'def' in e]; print('definitions in the last traced log:', {k: sum(1 for e in d if e['def']==k) for k in ('module','string','stack')}, 'allocs:', sum(1 for e in l['events'] if e.get('ev')=='alloc'))"
 fi
 
 if want vmm; then

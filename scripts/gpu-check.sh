@@ -95,7 +95,7 @@ rows+=("ptr-query-pool         | $([ -n "$plain" ] && [ "$plain" = "$pooled" ] &
 # CUDA's own pool then gets half the device, and the pool's reserved peak stays small.
 plain=$($work/oom_other | grep '^result:')
 pooled=$($bin/cupool run -q --log-dir $work/oom-other -- $work/oom_other | grep -E '^(result|times):' | tr '\n' ' ')
-peak=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/oom-other/cupool.*.json')[0])); print(max(p['reserved_bytes']['peak'] for p in l['end']['pools']) >> 20)" 2>/dev/null)
+peak=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/oom-other/latest/cupool.*.json')[0])); print(max(p['reserved_bytes']['peak'] for p in l['end']['pools']) >> 20)" 2>/dev/null)
 rows+=("oom-then-other         | $([ -n "$plain" ] && [ "${pooled%% times:*}" = "$plain" ] && [ -n "$peak" ] && [ "$peak" -lt 1024 ] && echo PASS || echo FAIL)                                     | pool: $pooled reserved peak ${peak}MiB (plain: ${plain#result: })")
 
 # An error the pool answers itself (a double free, a full device, a free a
@@ -139,7 +139,7 @@ done
 
 # PyTorch's NVTX ranges become phases (cupool run makes the shim the NVTX tool).
 got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/nvtx --mode pool -- python3 $src/torch_nvtx.py 2>&1 | grep '^result:')
-phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/nvtx/cupool.*.json')[0])); print([(e['ev'][6:], e['name'], e['live'] >> 20) for e in l['events'] if e.get('ev', '').startswith('phase_')])" 2>&1)
+phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/nvtx/latest/cupool.*.json')[0])); print([(e['ev'][6:], e['name'], e['live'] >> 20) for e in l['events'] if e.get('ev', '').startswith('phase_')])" 2>&1)
 want="[('begin', 'epoch 0', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 0', 16), ('begin', 'epoch 1', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 1', 16)]"
 rows+=("torch-nvtx             | $([ "$phases" = "$want" ] && echo PASS || echo FAIL)                                     | phases (edge, name, MiB live)=$phases")
 
@@ -151,7 +151,7 @@ if ls $bin/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target $work/wheel $bin/*.whl 2>/dev/null
   for mode in passthrough pool; do
     got=$(PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$work/wheel $work/wheel/bin/cupool run -q --log-dir $work/module-$mode --mode $mode -- python3 $src/torch_module.py 2>&1 | grep '^result:')
-    phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/module-$mode/cupool.*.json')[0])); print(sorted({(e['ev'], e['name']) for e in l['events'] if e.get('ev', '').startswith('phase_')}))" 2>&1)
+    phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/module-$mode/latest/cupool.*.json')[0])); print(sorted({(e['ev'], e['name']) for e in l['events'] if e.get('ev', '').startswith('phase_')}))" 2>&1)
     want="[('phase_begin', 'epoch 0'), ('phase_begin', 'epoch 1'), ('phase_begin', 'warm-up'), ('phase_end', 'epoch 0'), ('phase_end', 'warm-up')]"
     verdict=$([ "$phases" = "$want" ] && echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)
     rows+=("$(printf '%-22s' "wheel-module-$mode") | $verdict                                     | $got phases=$phases")
@@ -165,7 +165,7 @@ $bin/cupool run -q --log-dir $work/status -- python3 -c "import torch; torch.zer
 rows+=("exit-status            | $([ $? = 7 ] && echo PASS || echo FAIL)                                     | cupool run returned the program's 7")
 $bin/cupool run -q --log-dir $work/term -- python3 -c "import torch,os,signal; torch.zeros(1, device='cuda'); os.kill(os.getpid(), signal.SIGTERM)"
 rc=$?
-rows+=("sigterm                | $([ $rc = 143 ] && python3 -c "import json,glob,sys; l=json.load(open(glob.glob('$work/term/cupool.*.json')[0])); sys.exit(0 if l['end']['exit']['name']=='SIGTERM' else 1)" && echo PASS || echo FAIL)                                     | rc=$rc, log ends with exit.signal SIGTERM")
+rows+=("sigterm                | $([ $rc = 143 ] && python3 -c "import json,glob,sys; l=json.load(open(glob.glob('$work/term/latest/cupool.*.json')[0])); sys.exit(0 if l['end']['exit']['name']=='SIGTERM' else 1)" && echo PASS || echo FAIL)                                     | rc=$rc, log ends with exit.signal SIGTERM")
 
 # Two GPUs: peer access, NCCL, torchrun with NCCL and one verdict per job
 # (scripts/gpu-multi.sh prints a line and nothing else with fewer than two

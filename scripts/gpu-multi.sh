@@ -119,7 +119,7 @@ if want check; then
   check check-ddp-nccl-nocache-clean clean -- STEPS=60 PYTORCH_NO_CUDA_MEMORY_CACHING=1
   sed -n 1,30p $work/check-ddp-nccl-leak-rank1.err
   # The per-rank logs copied into one directory give the same verdict.
-  mkdir -p $work/merged && cp $work/check-ddp-nccl-leak-rank1/* $work/merged/
+  mkdir -p $work/merged && cp $work/check-ddp-nccl-leak-rank1/latest/* $work/merged/
   $bin/cupool merge --json $work/merged.json $work/merged > $work/merged.out 2>&1
   rc=$?
   same=$(python3 - $work/check-ddp-nccl-leak-rank1.json $work/merged.json <<'EOF'

@@ -40,7 +40,7 @@ same() {
   local verdict=FAIL
   if cmp -s $d/plain.out $d/shim.out && [ $rc_plain = $rc_shim ] && [ -s $d/plain.out ]; then verdict=PASS; fi
   local notes
-  notes=$(python3 -c "import json,glob; [print('; '.join(json.load(open(f))['end'].get('notes', []))) for f in glob.glob('$d/logs/cupool.*.json')]" 2>/dev/null | grep -v '^$' | head -2 | tr '\n' ' ')
+  notes=$(python3 -c "import json,glob; [print('; '.join(json.load(open(f))['end'].get('notes', []))) for f in glob.glob('$d/logs/latest/cupool.*.json')]" 2>/dev/null | grep -v '^$' | head -2 | tr '\n' ' ')
   rows+=("$(printf '%-22s' $name) | $verdict | rc=$rc_plain/$rc_shim $(tail -n 1 $d/shim.out | cut -c1-110) ${notes:+notes: ${notes:0:160}}")
   if [ $verdict = FAIL ]; then diff $d/plain.out $d/shim.out | head -20 | sed "s/^/[$name] /" >&2; tail -5 $d/shim.err | sed "s/^/[$name] /" >&2; fi
 }

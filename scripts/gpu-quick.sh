@@ -32,7 +32,7 @@ done
 got=$(timeout 120 $bin/cupool run -q --log-dir $work/tipc --mode pool -- python3 $src/torch_ipc.py 2>&1 | grep '^result:')
 row torch-ipc-pool "$(echo "$got" | grep -q 'ok=1' && echo PASS || echo FAIL)" "$got"
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool run -q --log-dir $work/nvtx --mode pool -- python3 $src/torch_nvtx.py >/dev/null 2>&1
-phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/nvtx/cupool.*.json')[0])); print([(e['ev'][6:], e['name'], e['live'] >> 20) for e in l['events'] if e.get('ev', '').startswith('phase_')])" 2>&1)
+phases=$(python3 -c "import json,glob; l=json.load(open(glob.glob('$work/nvtx/latest/cupool.*.json')[0])); print([(e['ev'][6:], e['name'], e['live'] >> 20) for e in l['events'] if e.get('ev', '').startswith('phase_')])" 2>&1)
 want="[('begin', 'epoch 0', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 0', 16), ('begin', 'epoch 1', 0), ('begin', 'inner', 16), ('end', 'inner', 24), ('end', 'epoch 1', 16)]"
 row torch-nvtx "$([ "$phases" = "$want" ] && echo PASS || echo FAIL)" "$phases"
 python3 -m pip install -q --no-index --no-deps --target $work/wheel $bin/*.whl 2>/dev/null

@@ -127,7 +127,7 @@ suite() {
     # What the pool saw of them: its allocations, frees and CUDA's refusals, in order.
     python3 - $work/$name.again.pool.logs <<'EOF' | head -n 40 | sed "s/^/[$name again pool log] /"
 import glob, json, sys
-for path in sorted(glob.glob(sys.argv[1] + "/cupool.*.json")):
+for path in sorted(glob.glob(sys.argv[1] + "/run-*/cupool.*.json")):
     log = json.load(open(path))
     for e in log["events"]:
         if e.get("ev") in ("alloc", "free", "alloc_failed", "oom") and e.get("size", 0) >= 1 << 30:

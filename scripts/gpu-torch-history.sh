@@ -20,8 +20,8 @@ check() {
   timeout ${LIMIT:-100} $bin/cupool check --log-dir $work/$name --json $work/$name.json -- "$@" > $work/$name.out 2> $work/$name.err
   local rc=$?
   local n size
-  n=$(ls $work/$name/cupool-torch.*.json 2>/dev/null | wc -l)
-  size=$(cat $work/$name/cupool-torch.*.json 2>/dev/null | wc -c)
+  n=$(ls $work/$name/latest/cupool-torch.*.json 2>/dev/null | wc -l)
+  size=$(cat $work/$name/latest/cupool-torch.*.json 2>/dev/null | wc -c)
   rows+=("$(python3 $src/check_verdict.py $name $rc $work/$name.json $expect) | $((SECONDS - s)) s; $n history file(s), $size bytes")
 }
 LEAK=1 check torch-leak-cache growth:train_loop.py:$(allocated $src/train_loop.py) -- python3 $src/train_loop.py
@@ -38,7 +38,7 @@ T=$work/t.py; sed 's/N = 60/N = 30/' $src/torch_transformer.py > $T
 for round in 1 2; do
   MODE=plain python3 $T
   MODE=check $bin/cupool check --log-dir $work/over-$round -- python3 $T 2> $work/over-$round.err
-  echo "  (cupool check: exit $?, $(ls $work/over-$round/cupool-torch.*.json 2>/dev/null | wc -l) history file(s))"
+  echo "  (cupool check: exit $?, $(ls $work/over-$round/latest/cupool-torch.*.json 2>/dev/null | wc -l) history file(s))"
   MODE=check-no-history $bin/cupool check -o torch_history=0 --log-dir $work/overn-$round -- python3 $T 2> $work/overn-$round.err
   echo "  (cupool check -o torch_history=0: exit $?)"
 done

@@ -25,7 +25,7 @@ for b in chromium chromium-browser google-chrome google-chrome-stable headless_s
 done
 python3 -c "import playwright; print('playwright', playwright.__version__)" 2>&1 | tail -1
 ls ~/.cache/ms-playwright 2>/dev/null
-log=$(ls $work/pool/logs/cupool.*.json* | head -1)
+log=$(ls $work/pool/logs/latest/cupool.*.json* | head -1)
 bash $root/scripts/html-check.sh $work/pool/report.html "$log"
 rc=$?
 rows+=("html-check | exit $rc (0 pass, 1 fail, 77 no Chromium here)")

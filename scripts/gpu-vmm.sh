@@ -39,7 +39,7 @@ vmm="$bin/cupool run -q --log-dir $work/logs -o backing=vmm"
 sections=" ${SECTIONS:-pair torch frag safety ipc} "
 want() { [[ $sections == *" $1 "* ]]; }
 last_pools() {
-  python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/cupool.*.json')), key=lambda l: l['process']['start_unix_ms'], default=None); print('    (no log in $work/logs)') if l is None else [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; multi_stream', p.get('multi_stream'), 'fences', p.get('fences'), 'pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
+  python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/run-*/cupool.*.json')), key=lambda l: l['process']['start_unix_ms'], default=None); print('    (no log in $work/logs)') if l is None else [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; multi_stream', p.get('multi_stream'), 'fences', p.get('fences'), 'pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
 }
 # peak_used CMD...: runs CMD, prints its output, then the peak of nvidia-smi's memory.used less the reading before.
 peak_used() {
@@ -127,7 +127,7 @@ fi
 if want traces; then
   echo "== new traces"
   out=${OUT:-$work}
-  rec() { local name=$1; shift; rm -rf $work/t; $bin/cupool run -q --mode passthrough --log-dir $work/t -- "$@" | tail -1 && gzip -9 -c $work/t/cupool.*.json > $out/$name.json.gz; ls -la $out/$name.json.gz; }
+  rec() { local name=$1; shift; rm -rf $work/t; $bin/cupool run -q --mode passthrough --log-dir $work/t -- "$@" | tail -1 && gzip -9 -c $work/t/latest/cupool.*.json > $out/$name.json.gz; ls -la $out/$name.json.gz; }
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec hf-finetune python3 $src/trace_hf_finetune.py
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec serving python3 $src/trace_serving.py
   XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false rec jax-platform python3 $src/trace_jax.py

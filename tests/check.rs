@@ -66,7 +66,7 @@ fn a_clean_loop_passes_and_a_leaky_one_fails_with_and_without_marks() {
         let growth = format!("Growing leak of 4096 byte(s) per phase over {phases} phases (site now holds");
         assert!(err.contains(&growth) && err.contains(from), "{err}");
         assert!(err.contains("SUMMARY: cupool: 163840 byte(s) leaked in 40 allocation(s).\n"), "{err}");
-        assert!(err.contains(&format!("cupool check: logs in {}\n", dir.display())), "{err}");
+        assert!(err.contains(&format!("cupool check: logs in {}/run-", dir.display())), "{err}");
     }
 }
 
@@ -335,24 +335,26 @@ fn bad_input_is_refused_before_the_program_runs() {
 fn a_log_that_cannot_be_read_fails_the_check() {
     let fork = path_str(&fakes().prog("prog_fork")).to_string();
     let dir = scratch_dir("check-unreadable");
-    let junk = dir.join("cupool.1.json");
-    let script = format!("echo garbage > {} && {fork}", junk.display());
+    // Into the run's own directory, which the program finds in its CUPOOL_OPTIONS.
+    let run_dir_of_program = r#"$(echo "$CUPOOL_OPTIONS" | tr : '\n' | sed -n 's/^log_dir=//p')"#;
+    let script = format!("echo garbage > {run_dir_of_program}/cupool.1.json && {fork}");
     let out = check(&dir, &[], &["sh", "-c", &script]);
     assert_eq!(code(&out), COULD_NOT_CHECK, "the logs read are judged, but the check is incomplete: {}", show(&out));
+    let junk = run_dir(&dir).canonicalize().unwrap().join("cupool.1.json");
     let err = stderr_of(&out);
     assert!(err.contains(&format!("cupool: note: {}: not a cupool log", junk.display())), "{err}");
     assert!(err.contains("cupool: 2 process(es) checked"), "{err}");
     assert!(err.contains("1 log(s) of this run could not be read (named above)"), "{err}");
 
     let dir = scratch_dir("check-unreadable-only");
-    let junk = dir.join("cupool.1.json");
-    let out = check(&dir, &[], &["sh", "-c", &format!("echo garbage > {}", junk.display())]);
+    let out = check(&dir, &[], &["sh", "-c", &format!("echo garbage > {run_dir_of_program}/cupool.1.json")]);
     assert_eq!(code(&out), COULD_NOT_CHECK, "{}", show(&out));
     let err = stderr_of(&out);
     assert!(err.contains("1 log(s) of this run could not be read"), "{}", show(&out));
     assert!(!err.contains("no leaks"), "nothing was read, so nothing passes: {err}");
 
-    // Files older than the run are not this run's.
+    // Files older than the run are not this run's (and another run's directory is not read at all).
+    let junk = run_dir(&dir).join("cupool.1.json");
     let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     std::fs::File::options().write(true).open(&junk).unwrap().set_modified(an_hour_ago).unwrap();
     let out = check(&dir, &[], &[path_str(check_loop()), "10", "clean"]);

@@ -266,7 +266,11 @@ fn run_help_lists_every_option() {
     assert_eq!(listed.iter().map(|(k, _)| *k).collect::<Vec<_>>(), known, "{help}");
     let defaults = cupool_core::options::Options::default();
     for (key, line) in listed {
-        let default = cupool_core::options::value_of(&defaults, key).unwrap();
+        // cupool run's own log directory, not the bare shim's `.`.
+        let default = match key {
+            "log_dir" => "./cupool-logs".to_string(),
+            _ => cupool_core::options::value_of(&defaults, key).unwrap(),
+        };
         assert!(line.contains(&format!("default {default} ")), "{key}: the parser's default is {default:?}: {line}");
     }
 }
@@ -301,7 +305,7 @@ fn run_flags_and_environment_reach_the_shim() {
     assert_eq!(opts["verbosity"], 0, "CUPOOL_OPTIONS is kept: {opts}");
     assert_eq!(opts["flush_ms"], 20, "{opts}");
     assert_eq!(opts["limit"].as_u64(), Some(16 << 30), "{opts}");
-    assert_eq!(opts["log_dir"], path_str(&dir), "{opts}");
+    assert_eq!(opts["log_dir"], path_str(&run_dir(&dir).canonicalize().unwrap()), "the run's own directory: {opts}");
     assert!(events(&logs[0], "alloc").is_empty());
     assert_eq!(logs[0]["end"]["leak_summary"]["bytes"], 10007);
 }
@@ -321,7 +325,7 @@ fn run_keeps_an_inherited_log_dir() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     let logs = read_logs(&logs_there);
     assert_eq!(logs.len(), 1, "{:?}", log_files(&logs_there));
-    assert_eq!(logs[0]["options"]["log_dir"], path_str(&logs_there));
+    assert_eq!(Path::new(logs[0]["options"]["log_dir"].as_str().unwrap()).parent(), Some(logs_there.as_path()));
     assert!(!dir.join("cupool-logs").exists(), "the default directory was made all the same");
 }
 
@@ -333,9 +337,17 @@ fn run_tags_and_summarises_every_process_of_one_run() {
     assert!(first.status.success(), "{}", stderr_of(&first));
     let second = cupool_run(&dir, &[], &prog, &[]);
     assert!(second.status.success(), "{}", stderr_of(&second));
-    let logs = read_logs(&dir);
-    assert_eq!(logs.len(), 4, "{:?}", log_files(&dir));
-    let run_ids: BTreeSet<&str> = logs.iter().map(|l| l["options"]["run_id"].as_str().unwrap()).collect();
+    // A directory per run, each with its two processes under one run_id.
+    let runs = run_dirs(&dir);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let mut run_ids = BTreeSet::new();
+    for run in &runs {
+        let logs = read_logs(run);
+        assert_eq!(logs.len(), 2, "{:?}", log_files(run));
+        let ids: BTreeSet<&str> = logs.iter().map(|l| l["options"]["run_id"].as_str().unwrap()).collect();
+        assert_eq!(ids.len(), 1, "{ids:?}");
+        run_ids.extend(ids.into_iter().map(String::from));
+    }
     assert_eq!(run_ids.len(), 2, "one run_id per run: {run_ids:?}");
     assert!(!run_ids.contains(""));
     for out in [&first, &second] {
@@ -348,6 +360,89 @@ fn run_tags_and_summarises_every_process_of_one_run() {
         let child = stdout_value(&stdout_of(out), "child_pid").unwrap();
         assert!(stderr.contains(&format!("pid {child}")), "{stderr}");
     }
+}
+
+/// The `run-*` directories in `dir`, oldest first.
+fn run_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut runs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-") && p.is_dir())
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// The pids `cupool report --json` read, sorted.
+fn reported_pids(out: &Output) -> Vec<u64> {
+    let rep: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr_of(out)));
+    let mut pids: Vec<u64> = rep.as_array().unwrap().iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Runs do not mix: each writes into a directory of its own under the log
+/// directory, `latest` names the newest, and the readers read the newest run
+/// unless told several.
+#[test]
+fn each_run_has_a_directory_and_readers_take_the_newest() {
+    let cwd = scratch_dir("cli-runs");
+    let prog = fakes().prog("prog_fork");
+    let run = || {
+        let out = cupool_command(&["run", "--", path_str(&prog)], &cwd).current_dir(&cwd).output().unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        out
+    };
+    let (first, second) = (run(), run());
+    let root = cwd.join("cupool-logs");
+    let runs = run_dirs(&root);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let latest = std::fs::read_link(root.join("latest")).unwrap();
+    assert_eq!(root.join(latest), runs[1], "latest names the newest run");
+    for (out, dir) in [(&first, &runs[0]), (&second, &runs[1])] {
+        let said = format!("logs in {}", dir.display());
+        assert!(stderr_of(out).contains(&said), "the summary names the run's directory ({said}):\n{}", stderr_of(out));
+    }
+    let pids = |dir: &Path| -> Vec<u64> {
+        let mut p: Vec<u64> = read_logs(dir).iter().map(|l| l["process"]["pid"].as_u64().unwrap()).collect();
+        p.sort_unstable();
+        p
+    };
+    let (older, newer) = (pids(&runs[0]), pids(&runs[1]));
+    assert_eq!((older.len(), newer.len()), (2, 2));
+
+    // No path: the newest run of ./cupool-logs.
+    let out = cupool_command(&["report", "--json"], &cwd).current_dir(&cwd).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert_eq!(reported_pids(&out), newer);
+    assert!(stderr_of(&out).contains("reading the newest run, cupool-logs/run-"), "{}", stderr_of(&out));
+    // The log directory named: its newest run, saying what it left out.
+    let out = run_cupool(&["report", "--json", path_str(&root)], &cwd);
+    assert_eq!(reported_pids(&out), newer);
+    assert!(stderr_of(&out).contains("reading its newest run"), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("left out: 1 older run(s)"), "{}", stderr_of(&out));
+    // Several runs together: named.
+    let out = run_cupool(&["report", "--json", path_str(&runs[0]), path_str(&runs[1])], &cwd);
+    let mut both = [older.clone(), newer.clone()].concat();
+    both.sort_unstable();
+    assert_eq!(reported_pids(&out), both);
+    // export and merge read the newest run too.
+    let trace = cwd.join("trace.json");
+    let out = cupool_command(&["export", "--perfetto", path_str(&trace)], &cwd).current_dir(&cwd).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("2 process(es)"), "{}", stderr_of(&out));
+    let out = cupool_command(&["merge"], &cwd).current_dir(&cwd).output().unwrap();
+    assert!(stderr_of(&out).contains("reading the newest run"), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("2 process(es) checked"), "{}", stderr_of(&out));
+
+    // A run that logs nothing leaves no directory, and latest still names the newest run.
+    let out = cupool_command(&["run", "-q", "--", path_str(&fakes().prog("prog_nocuda"))], &cwd)
+        .current_dir(&cwd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(run_dirs(&root), runs);
+    assert_eq!(root.join(std::fs::read_link(root.join("latest")).unwrap()), runs[1]);
 }
 
 // ---------------------------------------------------------------------------
@@ -510,7 +605,11 @@ fn bad_input_is_refused_with_one_line_and_a_documented_status() {
         bad(&["report", &p("empty.json")], 2, &format!("{}: not a cupool log (the file is empty)", p("empty.json"))),
         bad(&["report", &p("hello.json")], 2, &format!("{}: not a cupool log (no \"schema\"", p("hello.json"))),
         bad(&["report", &p("rmm.csv")], 2, "(it is an RMM logging CSV: cupool replay reads those)"),
-        bad(&["report"], 2, "required"),
+        // No path: the newest run of ./cupool-logs, which is not there (the cases run in `base`).
+        bad(&["report"], 2, "cupool report: no path given, and cupool-logs holds no run to read"),
+        bad(&["export", "--perfetto", &p("t.json")], 2, "cupool export: no path given, and cupool-logs holds no run"),
+        bad(&["export", "--perfetto", &p("t.json"), "--max-points", "0", &p("empty")], 2, "at least 1000"),
+        bad(&["run", "./prog"], 2, "tip: the program and its arguments go after --: 'cupool run [OPTIONS] -- ./prog"),
         // cupool replay (status 2).
         bad(&["replay", "/nonexistent/t.csv"], 2, "cupool replay: /nonexistent/t.csv: No such file or directory"),
         bad(&["replay", &p("empty")], 2, &format!("{}: no traces in this directory", p("empty"))),
@@ -528,6 +627,7 @@ fn bad_input_is_refused_with_one_line_and_a_documented_status() {
         bad(&["replay", &p("size.csv")], 2, &format!("{}:2: bad size 'lots'", p("size.csv"))),
         bad(&["replay", &p("nohdr.csv")], 2, &format!("{}:1: the header has no Action column", p("nohdr.csv"))),
         bad(&["replay", &p("bad.csv.gz")], 2, &format!("{}:4: 1 column(s)", p("bad.csv.gz"))),
+        bad(&["replay", "--policy", "nope"], 2, "no policy \"nope\"; the policies are cupool-segments, cupool-vmm,"),
     ];
     // SAFETY: `geteuid` takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -551,6 +651,7 @@ fn bad_input_is_refused_with_one_line_and_a_documented_status() {
         }
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut cmd = cupool_command(&argv, &base);
+        cmd.current_dir(&base);
         if let Some(env) = case.env {
             cmd.env("CUPOOL_OPTIONS", env);
         }
@@ -580,7 +681,7 @@ fn log_dirs_with_colons_and_equals_reach_the_shim() {
         assert!(out.status.success(), "{how}: {}", stderr_of(&out));
         let logs = read_logs(&dir);
         assert_eq!(logs.len(), 1, "{how}: {:?}", log_files(&dir));
-        assert_eq!(logs[0]["options"]["log_dir"], path_str(&dir));
+        assert_eq!(Path::new(logs[0]["options"]["log_dir"].as_str().unwrap()).parent(), Some(dir.as_path()));
     }
     // A quoted value in CUPOOL_OPTIONS, as cupool run writes it, read by the bare shim.
     let dir = base.join("x:y='z'");

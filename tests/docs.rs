@@ -1,8 +1,9 @@
 //! Documentation that cannot drift: the lists of options kept outside
-//! `core/src/options.rs` (README's table, the log schema's, the Python
-//! package's defaults) against the declaration there, and the files
-//! BENCHMARKS.md cites against the repository.
-//! `cargo test --test docs`
+//! `core/src/options.rs` (docs/options.md's table, the log schema's, the
+//! Python package's defaults) against the declaration there, the exit
+//! statuses (docs/usage.md) against the CLI's constants, README's install
+//! commands, every link between the pages, the files BENCHMARKS.md cites,
+//! and the length of README.md and BENCHMARKS.md. `cargo test --test docs`
 
 use cupool_core::options::OPTION_HELP;
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,11 +31,11 @@ fn table_rows(markdown: &str, section: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// README's table of options has one row per declared option, with its default.
+/// docs/options.md's table has one row per declared option, with its default.
 #[test]
-fn readme_option_table_matches_the_declaration() {
-    let readme = repo_file("README.md");
-    let table: BTreeMap<String, String> = table_rows(&readme, "Options")
+fn option_table_matches_the_declaration() {
+    let doc = repo_file("docs/options.md");
+    let table: BTreeMap<String, String> = table_rows(&doc, "The options")
         .into_iter()
         .map(|(k, d)| (k, if d == "empty" { String::new() } else { d }))
         .collect();
@@ -44,11 +45,11 @@ fn readme_option_table_matches_the_declaration() {
     let unknown: Vec<&String> = table.keys().filter(|k| !declared.contains_key(*k)).collect();
     let other_default: Vec<String> = declared
         .iter()
-        .filter_map(|(k, d)| table.get(k).filter(|t| *t != d).map(|t| format!("{k}: README {t:?}, declared {d:?}")))
+        .filter_map(|(k, d)| table.get(k).filter(|t| *t != d).map(|t| format!("{k}: docs {t:?}, declared {d:?}")))
         .collect();
     assert!(
         missing.is_empty() && unknown.is_empty() && other_default.is_empty(),
-        "README.md's option table against core/src/options.rs: no row for {missing:?}; rows of no option \
+        "docs/options.md's option table against core/src/options.rs: no row for {missing:?}; rows of no option \
          {unknown:?}; other defaults {other_default:?}"
     );
     // The declared default is what the parser reads and writes back.
@@ -86,6 +87,147 @@ fn benchmarks_cite_only_files_that_exist() {
     assert!(cited.iter().any(|c| c == "scripts/gpu-bench.sh"), "the scan finds the cited scripts: {cited:?}");
     let missing: Vec<&String> = cited.iter().filter(|c| !root.join(c.as_str()).exists()).collect();
     assert!(missing.is_empty(), "BENCHMARKS.md cites files that are not in the repository: {missing:?}");
+}
+
+/// `const NAME: u8 = N;` in `file` (a path under cli/src/).
+fn constant(file: &str, name: &str) -> Option<u8> {
+    let text = repo_file(&format!("cli/src/{file}"));
+    let at = text.find(&format!("const {name}: u8 = "))?;
+    let rest = &text[at..];
+    let value = rest.split_once('=')?.1.split_once(';')?.0.trim();
+    value.parse().ok()
+}
+
+/// Each row of docs/usage.md's exit statuses that names a constant of the
+/// CLI gives its value, and every constant of the CLI's exit statuses has a
+/// row: a status moved in the code fails here until the page says so.
+#[test]
+fn exit_status_table_matches_the_code() {
+    let doc = repo_file("docs/usage.md");
+    let rows = table_rows(&doc, "Exit statuses");
+    assert!(rows.len() >= 10, "{rows:?}");
+    let files = [
+        ("run::exit::", "run.rs"),
+        ("check::exit::", "check/mod.rs"),
+        ("summary::", "summary.rs"),
+        ("views::export::", "views/export.rs"),
+    ];
+    let mut named = Vec::new();
+    for (status, name) in &rows {
+        let Some((prefix, file)) = files.iter().find(|(p, _)| name.starts_with(p)) else {
+            if name.contains("exitcode") {
+                let default = cupool_core::options::Options::default().exitcode;
+                assert_eq!(status, &default.to_string(), "the exitcode option's default");
+            }
+            continue;
+        };
+        let constant_name = &name[prefix.len()..];
+        let value =
+            constant(file, constant_name).unwrap_or_else(|| panic!("no const {constant_name} in cli/src/{file}"));
+        assert_eq!(status, &value.to_string(), "docs/usage.md says {status} for {name}, the code {value}");
+        named.push(name.clone());
+    }
+    for (module, file) in [("run::exit::", "run.rs"), ("check::exit::", "check/mod.rs")] {
+        let text = repo_file(&format!("cli/src/{file}"));
+        let body = text.split("pub mod exit {").nth(1).unwrap_or_else(|| panic!("cli/src/{file} has pub mod exit"));
+        let body = body.split("\n}").next().unwrap();
+        for line in body.lines() {
+            if let Some(rest) = line.trim().strip_prefix("pub const ") {
+                let name = format!("{module}{}", rest.split(':').next().unwrap());
+                assert!(named.contains(&name), "docs/usage.md's exit statuses lack {name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn readme_is_short_and_benchmarks_a_summary() {
+    let readme = repo_file("README.md").lines().count();
+    assert!(readme <= 250, "README.md has {readme} lines; a newcomer's page is 250 at most");
+    let benchmarks = repo_file("BENCHMARKS.md").lines().count();
+    assert!(benchmarks <= 300, "BENCHMARKS.md has {benchmarks} lines; where things stand is 300 at most");
+}
+
+/// The install commands README.md gives are the ones that work: the lock
+/// file honoured, the wheel built where `pip install` looks, and no
+/// `pip install cupool` before a release is published.
+#[test]
+fn readme_install_commands_work_as_written() {
+    let readme = repo_file("README.md");
+    for command in [
+        "cargo install --locked --path cli",
+        "maturin build --release --locked --out dist",
+        "pip install dist/cupool-*.whl",
+    ] {
+        assert!(readme.contains(command), "README.md lacks {command:?}");
+    }
+    for page in ["README.md", "docs/install.md", "docs/check.md"] {
+        let text = repo_file(page);
+        let mut in_code = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                in_code = !in_code;
+            } else if in_code {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let bad = words.windows(3).any(|w| w[0] == "pip" && w[1] == "install" && w[2] == "cupool");
+                assert!(!bad, "{page}: {line:?} installs cupool from PyPI, where it is not published");
+            }
+        }
+    }
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, blanks as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every relative link of README.md and docs/*.md names a file that exists,
+/// and an anchor that its page has.
+#[test]
+fn links_between_the_pages_resolve() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![root.join("README.md"), root.join("BENCHMARKS.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for (_, rest) in text.match_indices("](").map(|(i, _)| ((), &text[i + 2..])) {
+            let Some(target) = rest.split(')').next() else { continue };
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            let (file, frag) = target.split_once('#').unwrap_or((target, ""));
+            let dest = if file.is_empty() { page.clone() } else { page.parent().unwrap().join(file) };
+            if !dest.exists() {
+                broken.push(format!("{}: {target}: no such file", page.display()));
+                continue;
+            }
+            if !frag.is_empty() && dest.extension().is_some_and(|x| x == "md") {
+                let target_text = std::fs::read_to_string(&dest).unwrap();
+                let has = target_text.lines().any(|l| l.starts_with('#') && anchor(l.trim_start_matches('#')) == frag)
+                    || target_text.contains(&format!("<a id=\"{frag}\">"));
+                if !has {
+                    broken.push(format!("{}: {target}: no such heading", page.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n  {}", broken.join("\n  "));
 }
 
 /// The defaults `python/cupool/_options.py` keeps (`DEFAULTS`, for the

@@ -71,8 +71,11 @@ fn json_has_one_object_per_trace_and_policy() {
         let obj = r.as_object().unwrap();
         let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["peak_live", "peak_reserved", "policy", "ratio", "trace"]);
+        assert_eq!(keys, ["ns_per_op", "ops", "peak_live", "peak_reserved", "policy", "ratio", "trace"]);
         assert_eq!(r["policy"], POLICIES[i % POLICIES.len()]);
+        let ops = if r["trace"] == "rmm.csv" { 6 } else { 1 };
+        assert_eq!(r["ops"], ops, "the same columns as the table: {r}");
+        assert!(r["ns_per_op"].as_f64().unwrap() > 0.0, "{r}");
         let (live, reserved) = (r["peak_live"].as_u64().unwrap(), r["peak_reserved"].as_u64().unwrap());
         assert!((r["ratio"].as_f64().unwrap() - reserved as f64 / live as f64).abs() < 1e-9, "{r}");
         let want = match (r["trace"].as_str().unwrap(), r["policy"].as_str().unwrap()) {
@@ -83,6 +86,29 @@ fn json_has_one_object_per_trace_and_policy() {
         };
         assert_eq!((live, reserved), want, "{r}");
     }
+}
+
+/// `--policy` picks the policies, in the order given.
+#[test]
+fn policies_can_be_chosen() {
+    let dir = scratch("policy");
+    let path = dir.join("rmm.csv");
+    std::fs::write(&path, CSV).unwrap();
+    let out = Command::new(cli())
+        .args(["replay", "--json", "--policy", "pytorch-expandable", "--policy", "cupool-vmm"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let policies: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["policy"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(policies, ["pytorch-expandable", "cupool-vmm"]);
+    let out = Command::new(cli()).args(["replay", "--policy", "cupool-segments"]).arg(&path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "a header and one row:\n{stdout}");
+    assert_eq!(row(&stdout, "rmm.csv", "cupool-segments").0, 6);
 }
 
 const TRACES: [&str; 7] = [

@@ -228,10 +228,10 @@ fn show(out: &Output) -> String {
     format!("status {:?}\n{}{}", out.status.code(), stdout_of(out), stderr_of(out))
 }
 
-/// The `cupool-torch.*.json` files in the run's log directory.
+/// The `cupool-torch.*.json` files in the run's own directory.
 fn histories(dir: &Path) -> Vec<Value> {
     let mut names: Vec<PathBuf> =
-        fs::read_dir(dir.join("logs")).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+        fs::read_dir(run_dir(&dir.join("logs"))).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
     names.retain(|p| p.file_name().unwrap().to_string_lossy().starts_with("cupool-torch."));
     names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
 }

@@ -1,4 +1,4 @@
-//! `pip install cupool`: builds the wheel with maturin (`pyproject.toml`),
+//! The wheel: builds it with maturin (`pyproject.toml`, as README.md does),
 //! installs it into a fresh virtualenv, and runs what it installed: the
 //! `cupool` command (which carries the shim and the traces) and the Python
 //! module `cupool` inside a program run under it.
@@ -246,4 +246,51 @@ fn the_wheel_installs_a_working_cupool_and_python_module() {
     let v = |k: &str| stdout_value(&stdout, k).unwrap_or_else(|| panic!("no {k}= in:\n{stdout}"));
     assert_eq!((v("available"), v("f"), v("total"), v("stats_keys")), (0, 7, 0, 9), "{stdout}");
     assert_eq!((v("warnings"), v("names_cupool_run")), (1, 1), "{stdout}");
+}
+
+/// Each of the module's entry points, outside cupool: the one warning points
+/// at the program's line that called it, not at cupool's own file (nor at
+/// contextlib's, for `with cupool.phase(...)`).
+const WARNING_SITES: &str = r#"
+import sys, warnings
+import cupool
+def with_phase():
+    with cupool.phase("p"):  # line 4
+        pass
+@cupool.track_peak
+def tracked():
+    return 1
+calls = [
+    ("memory_stats", lambda: cupool.memory_stats(), 10),
+    ("memory_allocated", lambda: cupool.memory_allocated(), 11),
+    ("reset_peak_memory_stats", lambda: cupool.reset_peak_memory_stats(), 12),
+    ("api_version", lambda: cupool.api_version(), 13),
+    ("mark", lambda: cupool.mark("m"), 14),
+    ("phase_begin", lambda: cupool.phase_begin("p"), 15),
+    ("phase", with_phase, 4),
+    ("track_peak", tracked, 23),
+]
+for name, call, line in calls:
+    cupool._warned = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()  # line 23
+    where = [(w.filename == __file__, w.lineno) for w in caught]
+    print("%s %s" % (name, "ok" if where == [(True, line)] else "points at %r" % [(w.filename, w.lineno) for w in caught]))
+"#;
+
+#[test]
+fn module_warnings_point_at_the_callers_line() {
+    let dir = scratch_dir("wheel-warnings");
+    let script = dir.join("sites.py");
+    fs::write(&script, WARNING_SITES.trim_start_matches('\n')).unwrap();
+    let out = run_ok(
+        Command::new(python3()).arg(&script).env("PYTHONPATH", root().join("python")).env_remove("LD_PRELOAD"),
+        "python3 sites.py",
+    );
+    let stdout = stdout_of(&out);
+    assert_eq!(stdout.lines().count(), 8, "{stdout}{}", stderr_of(&out));
+    for line in stdout.lines() {
+        assert!(line.ends_with(" ok"), "{line}\n{stdout}");
+    }
 }

@@ -4,6 +4,7 @@ mod cache;
 mod check;
 mod replay;
 mod run;
+mod runs;
 mod shim;
 mod sites;
 mod summary;
@@ -25,7 +26,7 @@ use std::process::ExitCode;
         pool (--mode pool), and writes one JSON log per process (cupool.<pid>.json) with a \
         timeline and a leak report at exit. No change to the program is needed.",
     after_help = "Start with:  cupool run -- python train.py\n\
-        Then:        cupool report cupool-logs\n\
+        Then:        cupool report          (the newest run in ./cupool-logs)\n\
         Each command has its own --help."
 )]
 struct Cli {
@@ -97,8 +98,9 @@ enum Command {
         sites: usize,
         /// Log files (cupool.<pid>.json, also gzipped as .json.gz) or directories; a directory
         /// stands for every cupool.*.json and cupool.*.json.gz in it and in its subdirectories
-        /// (one per rank or machine).
-        #[arg(required = true, value_name = "PATHS")]
+        /// (one per rank or machine), and a log directory of runs for its newest run. None: the
+        /// newest run in ./cupool-logs.
+        #[arg(value_name = "PATHS")]
         paths: Vec<PathBuf>,
     },
     /// Export logs for other viewers: Perfetto (Chrome trace JSON), PyTorch's memory_viz (pickle)
@@ -128,10 +130,14 @@ enum Command {
         ratio (the allocator's overhead) and the time per operation. Only device memory the pool \
         would serve (kind device and pitched) is replayed. No GPU is needed.")]
     Replay {
-        /// One JSON object per line, per trace and policy: {"trace", "policy", "peak_live",
-        /// "peak_reserved", "ratio"}
+        /// One JSON object per line, per trace and policy: {"trace", "policy", "ops", "peak_live",
+        /// "peak_reserved", "ratio", "ns_per_op"}
         #[arg(long)]
         json: bool,
+        /// Replay through this policy only: cupool-segments, cupool-vmm, pytorch-caching or
+        /// pytorch-expandable; may be repeated (the order given is the order shown). Default: all four.
+        #[arg(long = "policy", value_name = "POLICY", value_parser = replay::parse_policy)]
+        policies: Vec<replay::Policy>,
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
         /// plain or gzipped, or directories of them (*.json, *.csv, also .gz). None: the traces
         /// bundled in this binary (recorded from the repository's traces/), or every file in the
@@ -153,16 +159,48 @@ fn version() -> &'static str {
     Box::leak(text.into_boxed_str()) // once per process
 }
 
+/// The hint for `cupool run ./prog` (or `check`): the program goes after `--`.
+fn program_after_dashes(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let sub = std::env::args().nth(1).filter(|s| s == "run" || s == "check")?;
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else { return None };
+    if e.kind() != ErrorKind::UnknownArgument || arg.starts_with('-') {
+        return None;
+    }
+    Some(format!("the program and its arguments go after --: 'cupool {sub} [OPTIONS] -- {arg} ...'"))
+}
+
 fn main() -> ExitCode {
+    use clap::error::{ContextKind, ContextValue};
     use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().version(version()).get_matches();
+    let matches = Cli::command().version(version()).try_get_matches().unwrap_or_else(|mut e| {
+        if let Some(tip) = program_after_dashes(&e) {
+            e.insert(ContextKind::Suggested, ContextValue::StyledStrs(vec![tip.into()]));
+        }
+        e.exit()
+    });
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Run(args) => run::run(args, check::known_caches_line),
         Command::Check(args) => check::check(args),
-        Command::Merge(args) => check::merge(args),
-        Command::Replay { json, traces } => replay::run(traces, json),
-        Command::Export(args) => views::export::run(args),
-        Command::Report { json, html, sites, paths } => views::report::run(&paths, json, html.as_deref(), sites),
+        Command::Merge(mut args) => match runs::resolve(std::mem::take(&mut args.paths), "cupool merge") {
+            Ok(paths) => {
+                args.paths = paths;
+                check::merge(args)
+            }
+            Err(()) => ExitCode::from(check::exit::COULD_NOT_CHECK),
+        },
+        Command::Replay { json, policies, traces } => replay::run(traces, json, &policies),
+        Command::Export(mut args) => match runs::resolve(std::mem::take(&mut args.paths), "cupool export") {
+            Ok(paths) => {
+                args.paths = paths;
+                views::export::run(args)
+            }
+            Err(()) => ExitCode::from(summary::EXIT_BAD_INPUT),
+        },
+        Command::Report { json, html, sites, paths } => match runs::resolve(paths, "cupool report") {
+            Ok(paths) => views::report::run(&paths, json, html.as_deref(), sites),
+            Err(()) => ExitCode::from(summary::EXIT_BAD_INPUT),
+        },
     }
 }

@@ -169,6 +169,14 @@ impl Policy {
     }
 }
 
+/// `--policy NAME`: one of [`Policy::ALL`] by name.
+pub fn parse_policy(name: &str) -> Result<Policy, String> {
+    Policy::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+        format!("no policy {name:?}; the policies are {}", names.join(", "))
+    })
+}
+
 /// What replay needs of an allocator.
 trait Replayable {
     /// The trace's clock reads `t_ns` now.
@@ -318,9 +326,11 @@ fn traces_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-/// Replays every trace through every [`Policy`]: a table, or with `json`
-/// one JSON object per line and per trace and policy.
-pub fn run(paths: Vec<PathBuf>, json: bool) -> ExitCode {
+/// Replays every trace through each of `policies` (all of them when none are
+/// named), in their order: a table, or with `json` one JSON object per line
+/// and per trace and policy.
+pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy]) -> ExitCode {
+    let policies = if policies.is_empty() { &Policy::ALL[..] } else { policies };
     let bad_input = ExitCode::from(crate::summary::EXIT_BAD_INPUT);
     let mut failed = false;
     let paths = if paths.is_empty() {
@@ -376,15 +386,17 @@ pub fn run(paths: Vec<PathBuf>, json: bool) -> ExitCode {
                 "ns/op"
             );
         }
-        for policy in Policy::ALL {
+        for &policy in policies {
             let o = replay(&ops, policy);
             if json {
                 let row = serde_json::json!({
                     "trace": name,
                     "policy": policy.name(),
+                    "ops": ops.len(),
                     "peak_live": o.peak_live,
                     "peak_reserved": o.peak_reserved,
                     "ratio": o.ratio(),
+                    "ns_per_op": o.ns_per_op,
                 });
                 line!("{row}");
             } else {

@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 /// How a program is launched: what `cupool run` and `cupool check` share.
 #[derive(Args)]
 pub struct LaunchArgs {
-    /// Directory for the logs (one cupool.<pid>.json per process); created if missing, and it
-    /// must be writable. Default: ./cupool-logs.
+    /// The log directory; created if missing, and it must be writable. Each run writes its logs
+    /// (one cupool.<pid>.json per process) into a directory of its own in it, run-<UTC time>-<pid>,
+    /// and the link DIR/latest names the newest. Default: ./cupool-logs.
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
     /// pool | passthrough.
@@ -64,15 +65,51 @@ pub fn options_help() -> String {
          as in log_dir='/tmp/a:b'. cupool run starts from the CUPOOL_OPTIONS it inherits, then applies \
          -o, then the flags:\n",
     );
-    for (key, default, what) in cupool_core::options::OPTION_HELP {
-        s.push_str(&format!("  {key:<10} default {default:<12} {what}\n"));
-    }
+    let rows = cupool_core::options::OPTION_HELP.iter().map(|&(key, default, what)| match key {
+        // What cupool run does with it, not the shim's own default.
+        "log_dir" => (key, "./cupool-logs", LOG_DIR_HELP),
+        _ => (key, default, what),
+    });
+    s.push_str(&option_table(rows));
     s.push_str(
         "\nEvery option is checked before the program starts. Exit status: the program's own \
          (128 + N when signal N killed it); 2 for a bad flag or option, 123 when the log directory \
          cannot be created or written, 125 when cupool itself fails, 126 when the program cannot be \
          run, 127 when it is not found.\n",
     );
+    s
+}
+
+/// `log_dir` as `cupool run` uses it.
+const LOG_DIR_HELP: &str = "the log directory: each run writes its logs into a directory of its own in it, \
+    run-<UTC time>-<pid>, and DIR/latest names the newest (the shim run without the CLI writes into log_dir \
+    itself, default .)";
+
+/// The widest a help line gets before its text wraps.
+const HELP_WIDTH: usize = 100;
+
+/// `key  default D  what` rows with their columns aligned to the longest key
+/// and default, the text wrapped under itself.
+pub fn option_table<'a>(rows: impl Iterator<Item = (&'a str, &'a str, &'a str)>) -> String {
+    let rows: Vec<_> = rows.collect();
+    let key_w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let default_w = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    let indent = 2 + key_w + 1 + "default ".len() + default_w + 1;
+    let mut s = String::new();
+    for (key, default, what) in rows {
+        let mut line = format!("  {key:<key_w$} default {default:<default_w$} ");
+        for word in what.split_whitespace() {
+            if line.len() > indent && line.len() + word.len() > HELP_WIDTH {
+                s.push_str(line.trim_end());
+                s.push('\n');
+                line = " ".repeat(indent);
+            }
+            line.push_str(word);
+            line.push(' ');
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
     s
 }
 
@@ -178,6 +215,7 @@ fn prepare_log_dir(dir: &Path) -> Result<bool, String> {
 pub struct Launched {
     /// Its exit status, 128 + N when signal N killed it.
     pub code: i32,
+    /// The run's own directory (`opts.log_dir`), under the log directory.
     pub log_dir: PathBuf,
     /// What the program got; `opts.run_id` tags every log of this run.
     pub opts: Options,
@@ -226,7 +264,7 @@ pub fn options(args: &LaunchArgs, who: &str) -> Result<Options, ExitCode> {
 /// Runs the program with the shim preloaded, `opts` in `CUPOOL_OPTIONS` and
 /// `env` added to its environment, and waits for it. Nothing is started when
 /// the shim or the log directory is missing; the error is the exit status to return.
-pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, String)]) -> Result<Launched, ExitCode> {
+pub fn launch(args: &LaunchArgs, mut opts: Options, who: &str, env: &[(String, String)]) -> Result<Launched, ExitCode> {
     let shim = match crate::shim::locate() {
         Ok(s) => {
             if args.verbose {
@@ -239,10 +277,23 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
             return Err(ExitCode::from(exit::CUPOOL));
         }
     };
-    let log_dir = PathBuf::from(&opts.log_dir);
+    let root = PathBuf::from(&opts.log_dir);
+    let mut log_dir = root.clone();
     let created = if opts.log {
-        match prepare_log_dir(&log_dir) {
-            Ok(created) => created,
+        let run = prepare_log_dir(&root).and_then(|created| match crate::runs::create(&root) {
+            Ok(dir) => Ok((created, dir)),
+            Err(e) => {
+                if created {
+                    let _ = std::fs::remove_dir(&root);
+                }
+                Err(format!("cannot create a run directory in log directory {}: {e}", root.display()))
+            }
+        });
+        match run {
+            Ok((created, dir)) => {
+                log_dir = dir;
+                created
+            }
             Err(e) => {
                 eprintln!("{who}: {e}; nothing was run");
                 return Err(ExitCode::from(exit::LOG_DIR));
@@ -250,6 +301,17 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
         }
     } else {
         false
+    };
+    // Checked UTF-8 with the log directory: the run's name is ASCII.
+    opts.log_dir = log_dir.to_string_lossy().into_owned();
+    // Leaves no empty directory behind: not the run's when nothing was logged, nor the log directory made for it.
+    let tidy = || {
+        if opts.log {
+            crate::runs::finish(&root, &log_dir);
+        }
+        if created {
+            let _ = std::fs::remove_dir(&root);
+        }
     };
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(existing) if !existing.trim().is_empty() => {
@@ -309,9 +371,7 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
         Ok(c) => c,
         Err(e) => {
             eprintln!("cupool: cannot run {}: {e}", args.command[0]);
-            if created {
-                let _ = std::fs::remove_dir(&log_dir);
-            }
+            tidy();
             return Err(ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
@@ -330,10 +390,9 @@ pub fn launch(args: &LaunchArgs, opts: Options, who: &str, env: &[(String, Strin
         }
     };
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    // Read before the run's directory is tidied: the file may be all it holds.
     let ran_without_cuda = ran_without_cuda(&log_dir, &opts.run_id);
-    if created {
-        let _ = std::fs::remove_dir(&log_dir); // only if nothing was logged: leave no empty directory
-    }
+    tidy();
     Ok(Launched { code, log_dir, opts, started, ran_without_cuda })
 }
 

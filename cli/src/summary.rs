@@ -273,7 +273,7 @@ fn because_text(b: MultiStreamBecause) -> &'static str {
 
 /// What threads' magazines did; said only where some served blocks. Frees
 /// that overflowed are named: many of them mean fences complete too late
-/// for the threads' pace (README, option `magazines`).
+/// for the threads' pace (docs/options.md, option `magazines`).
 fn magazine_line(m: &MagazineRecord) -> Option<String> {
     let served = m.own_frees_reused + m.stock_handed_out;
     if served == 0 {

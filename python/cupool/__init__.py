@@ -20,6 +20,7 @@ empty dict) and warns once.
 import contextlib
 import ctypes
 import functools
+import sys
 import threading
 import warnings
 
@@ -136,8 +137,22 @@ def _get():
         return api
     if not _warned:
         _warned = True
-        warnings.warn(_NOT_UNDER_CUPOOL, RuntimeWarning, stacklevel=3)
+        warnings.warn(_NOT_UNDER_CUPOOL, RuntimeWarning, stacklevel=_callers_level())
     return None
+
+
+# Frames that are cupool's own, or the machinery of ``with cupool.phase(...)``
+# and ``@cupool.track_peak``, which a warning should point past.
+_OWN_FILES = frozenset({__file__, contextlib.__file__})
+
+
+def _callers_level():
+    """The ``stacklevel`` that makes a warning raised in :func:`_get` point at
+    the first frame outside cupool: the program's line that called it."""
+    level, frame = 1, sys._getframe(1)  # the frame of _get
+    while frame is not None and frame.f_code.co_filename in _OWN_FILES:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def available():

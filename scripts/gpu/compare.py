@@ -1,7 +1,7 @@
 """Checks one gpu-check.sh case: cupool's logs against the program's own
 ground truth (and compute-sanitizer's leak report where given). Prints one
 table row: case | verdict | figures."""
-import glob, json, re, sys
+import glob, json, os, re, sys
 
 case, logdir, plain_out, shim_out = sys.argv[1:5]
 sanitizer = sys.argv[5] if len(sys.argv) > 5 else None
@@ -16,6 +16,9 @@ def stable(path):
     # Lines that must not change under the shim (timings excluded).
     return [l for l in open(path, errors="replace") if not re.search(r"ms|time|sec", l)]
 
+# `cupool run` writes each run into a directory of its own; `latest` names it.
+if os.path.isdir(f"{logdir}/latest"):
+    logdir = f"{logdir}/latest"
 logs = [json.load(open(p)) for p in sorted(glob.glob(f"{logdir}/cupool.*.json"))]
 allocs, by_api, frees, leaks, complete = 0, {}, 0, [], all("end" in l for l in logs)
 for log in logs:

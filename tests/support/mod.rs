@@ -353,7 +353,7 @@ pub fn fake_stats_for(dir: &Path, pid: u64) -> Option<HashMap<String, u64>> {
     fake_stats(dir).into_iter().find(|s| s.get("pid") == Some(&pid))
 }
 
-/// Reads every `cupool.<pid>.json` in `dir`, sorted by pid.
+/// Reads every `cupool.<pid>.json` of the newest run in `dir` (see [`run_dir`]), sorted by pid.
 ///
 /// Each log is read by `cupool_core::log::read_log`, the reader the CLI
 /// uses (complete or cut short; a line it cannot read before the last one
@@ -361,6 +361,7 @@ pub fn fake_stats_for(dir: &Path, pid: u64) -> Option<HashMap<String, u64>> {
 /// into JSON with `serde_json::to_value`. Each returned object gets test-side
 /// annotations: `"_file"` (file name) and `"_partial"` (no end record).
 pub fn read_logs(dir: &Path) -> Vec<Value> {
+    let dir = &run_dir(dir);
     let mut files: Vec<(u64, PathBuf)> = match fs::read_dir(dir) {
         Ok(rd) => rd
             .filter_map(|e| e.ok())
@@ -889,9 +890,22 @@ pub fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Names of the `cupool.*.json` files in `dir` (empty when `dir` is missing).
+/// Where the logs of the newest run in `dir` are: `dir/latest` when `cupool
+/// run` or `cupool check` wrote into `dir` (a directory per run), else `dir`
+/// itself (the shim run without the CLI writes into its `log_dir`).
+pub fn run_dir(dir: &Path) -> PathBuf {
+    let latest = dir.join("latest");
+    if latest.is_dir() {
+        latest
+    } else {
+        dir.to_owned()
+    }
+}
+
+/// Names of the `cupool.*.json` files of the newest run in `dir` (see
+/// [`run_dir`]; empty when `dir` is missing).
 pub fn log_files(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
+    let mut v: Vec<String> = fs::read_dir(run_dir(dir))
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())

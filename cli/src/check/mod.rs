@@ -86,9 +86,10 @@ pub struct MergeArgs {
     #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
     /// Directories of logs (every cupool.*.json and .json.gz in them, with the per-test files
-    /// beside them) or log files.
-    #[arg(required = true, value_name = "PATHS")]
-    paths: Vec<PathBuf>,
+    /// beside them) or log files; a log directory of runs stands for its newest run. None: the
+    /// newest run in ./cupool-logs.
+    #[arg(value_name = "PATHS")]
+    pub paths: Vec<PathBuf>,
 }
 
 /// The options that are the check's, not the shim's.
@@ -101,10 +102,10 @@ const RUN_CHECK_OPTIONS: [&str; 2] = ["torch_history", "jax_history_ms"];
 pub fn help(run: bool) -> String {
     let mut s = String::from("Options of the check (-o key=value, or in CUPOOL_OPTIONS):\n");
     let shown = |key: &str| CHECK_OPTIONS.contains(&key) || (run && RUN_CHECK_OPTIONS.contains(&key));
-    for (key, default, what) in options::OPTION_HELP.iter().filter(|o| shown(o.0)) {
-        let what = what.trim_start_matches("cupool check/merge: ").trim_start_matches("cupool check: ");
-        s.push_str(&format!("  {key:<15} default {default:<17} {what}\n"));
-    }
+    let rows = options::OPTION_HELP.iter().filter(|o| shown(o.0)).map(|&(key, default, what)| {
+        (key, default, what.trim_start_matches("cupool check/merge: ").trim_start_matches("cupool check: "))
+    });
+    s.push_str(&run::option_table(rows));
     if run {
         s.push_str("The shim's own options (-o mode=pool, ...) are those of cupool run --help.\n");
         s.push_str("\nExit status: the program's own when it failed (128 + N when signal N killed it); else ");

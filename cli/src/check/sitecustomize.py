@@ -8,8 +8,7 @@ It does two things, and nothing else:
    ``cupool.torch_history`` (``cupool.jax_history``) right after its
    ``__init__`` has run, which has PyTorch record its tensor allocations
    once CUDA starts (JAX's live arrays sampled once it has a backend), so
-   that growth inside their caches is judged by tensor or array (README,
-   "Leak checking"). Until then it costs one finder on ``sys.meta_path``
+   that growth inside their caches is judged by tensor or array (docs/check.md). Until then it costs one finder on ``sys.meta_path``
    that answers no other import.
 2. It runs the ``sitecustomize`` it shadows, if there is one further along
    ``sys.path`` (a distribution's, a virtualenv's, the user's), exactly as

@@ -32,14 +32,26 @@ pub struct ExportArgs {
     /// file per process: FILE's name with .<pid> before its extension.
     #[arg(long = "memory-viz", value_name = "FILE")]
     memory_viz: Option<PathBuf>,
-    /// Counter points kept in the Perfetto trace, all tracks together (about); a track with
-    /// more is downsampled, keeping the highest and lowest point of each stretch.
-    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    /// Counter points kept in the Perfetto trace, all tracks together (about; at least 1000, and
+    /// each track keeps 1000 or more); a track with more is downsampled, keeping the highest and
+    /// lowest point of each stretch.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = max_points)]
     max_points: usize,
     /// Log files (cupool.<pid>.json, also .json.gz) or directories; a directory stands for every
-    /// cupool log in it and in its subdirectories (one per rank or machine).
-    #[arg(required = true, value_name = "PATHS")]
-    paths: Vec<PathBuf>,
+    /// cupool log in it and in its subdirectories (one per rank or machine), and a log directory
+    /// of runs for its newest run. None: the newest run in ./cupool-logs.
+    #[arg(value_name = "PATHS")]
+    pub paths: Vec<PathBuf>,
+}
+
+/// `--max-points`: no fewer than a track keeps anyway.
+fn max_points(s: &str) -> Result<usize, String> {
+    let least = super::perfetto::MIN_POINTS;
+    match s.parse::<usize>() {
+        Ok(n) if n < least => Err(format!("at least {least}: each counter track keeps {least} points or more")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// A file being written: a temporary beside `path`, renamed into place by `commit`.

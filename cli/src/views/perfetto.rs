@@ -28,7 +28,7 @@ const PHASE_TID: u64 = 0xffff_ff01;
 /// (logs of several machines), staying within 32 bits.
 const PID_STEP: u64 = 1 << 24;
 /// The least points a counter track keeps, whatever the budget.
-const MIN_POINTS: usize = 1000;
+pub(super) const MIN_POINTS: usize = 1000;
 
 #[derive(Serialize)]
 struct Event<'a> {
