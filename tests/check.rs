@@ -408,7 +408,8 @@ fn merge_names_a_truncated_gzipped_log_and_fails() {
     let dir = scratch_dir("merge-truncated");
     let out = check(&dir, &[], &[path_str(check_loop()), "10", "clean"]);
     assert_eq!(code(&out), 0, "{}", show(&out));
-    let log = std::fs::read_dir(&dir)
+    let run = run_dir(&dir);
+    let log = std::fs::read_dir(&run)
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.extension().is_some_and(|e| e == "json"))
@@ -417,6 +418,7 @@ fn merge_names_a_truncated_gzipped_log_and_fails() {
     gz.write_all(&std::fs::read(&log).unwrap()).unwrap();
     let bytes = gz.finish().unwrap();
     std::fs::remove_file(&log).unwrap();
+    let dir = run;
     let cut = dir.join("cupool.77.json.gz");
     std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
     let out = run_cupool(&["merge", path_str(&dir)], &dir);

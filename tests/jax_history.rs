@@ -63,7 +63,7 @@ fn arrays_kept_step_after_step_are_found_at_their_line_and_a_clean_loop_passes()
         }
         let out = cmd.output().expect("run cupool check");
         let err = stderr_of(&out);
-        let histories: Vec<String> = fs::read_dir(&logs)
+        let histories: Vec<String> = fs::read_dir(run_dir(&logs))
             .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         assert!(histories.iter().any(|n| n.starts_with("cupool-jax.")), "leak {leak}: {histories:?}\n{err}");
