@@ -20,11 +20,13 @@
 //! order of events or grouping of phases.
 
 mod build;
+mod follow;
 mod phases;
 pub mod rebuild;
 #[cfg(test)]
 mod tests;
 
+pub use follow::Following;
 pub use phases::{
     group_name, groups as phase_groups, repeated, Family, PhaseDevice, PhaseGroup, PhaseSpan, Repeated, SpanId,
 };
