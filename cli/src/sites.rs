@@ -2,7 +2,7 @@
 //! the frames of a site, symbolised from the module files on disk.
 
 use crate::symbolize::{self, Module, Symbolizer};
-use cupool_core::log::{Log, Sites};
+use cupool_core::log::{Definition, Log, ModuleRecord, Sites};
 use cupool_core::model::{Moment, Process, What};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -90,27 +90,56 @@ impl ShownFrame {
     }
 }
 
+/// Whether a frame is in code the user did not write: the Python standard
+/// library and installed packages, the interpreter, shared libraries
+/// installed on the system or by a package manager. Views fold such frames
+/// (the flame graph) or look past them (`cupool top`'s one-line sites).
+pub fn is_library(f: &ShownFrame) -> bool {
+    let installed = |path: &str| {
+        path.contains("-packages/")
+            || path.contains("/lib/python")
+            || path.starts_with("/usr/")
+            || path.starts_with("/opt/")
+            || path.starts_with("/lib")
+            || path.contains("/conda/")
+            || path.starts_with('<')
+    };
+    if f.lang == "python" {
+        return f.file.as_deref().is_none_or(installed);
+    }
+    let module = f.module.as_deref().unwrap_or("?");
+    let shared = module.contains(".so") || module == "?";
+    let interpreter = module.starts_with("python") || module.starts_with("libpython");
+    match f.file.as_deref() {
+        // A source file says where the code came from.
+        Some(file) if !interpreter => installed(file),
+        _ => shared || interpreter,
+    }
+}
+
 /// Resolves the stacks of one log into frames.
 pub struct Resolver {
     sites: Sites,
     symbolizer: Symbolizer,
 }
 
+fn module_of(m: &ModuleRecord) -> Module {
+    Module { path: m.path.clone(), base: m.base, start: m.start, end: m.end, build_id: hex(&m.build_id) }
+}
+
 impl Resolver {
     pub fn new(log: &Log) -> Resolver {
         let sites = Sites::of(log);
-        let modules = sites
-            .modules
-            .iter()
-            .map(|m| Module {
-                path: m.path.clone(),
-                base: m.base,
-                start: m.start,
-                end: m.end,
-                build_id: hex(&m.build_id),
-            })
-            .collect();
+        let modules = sites.modules.iter().map(module_of).collect();
         Resolver { sites, symbolizer: Symbolizer::new(modules) }
+    }
+
+    /// One more definition (of a log still being written).
+    pub fn add(&mut self, d: &Definition) {
+        self.sites.add(d);
+        if let Definition::Module(m) = d {
+            self.symbolizer.add(module_of(m));
+        }
     }
 
     /// The frames of stack `id`, innermost first: the Python frames (what the

@@ -11,6 +11,7 @@ pub mod perfetto;
 pub mod pickle;
 pub mod progress;
 pub mod report;
+pub mod top;
 
 /// What an export says when it kept fewer points than it saw: `kept` of `seen`.
 pub fn downsampled_note(kept: usize, seen: usize) -> String {
