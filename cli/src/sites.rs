@@ -110,10 +110,16 @@ pub fn is_library(f: &ShownFrame) -> bool {
     let module = f.module.as_deref().unwrap_or("?");
     let shared = module.contains(".so") || module == "?";
     let interpreter = module.starts_with("python") || module.starts_with("libpython");
+    // The C runtime's own entry points live in the program too.
+    let runtime = f.function.as_deref().is_some_and(|n| n.starts_with("_start") || n.starts_with("__libc_"));
+    if interpreter || runtime {
+        return true;
+    }
     match f.file.as_deref() {
-        // A source file says where the code came from.
-        Some(file) if !interpreter => installed(file),
-        _ => shared || interpreter,
+        // An absolute source path outside installed trees: the user's own
+        // code, also in a shared library they built.
+        Some(file) if file.starts_with('/') => installed(file),
+        _ => shared,
     }
 }
 

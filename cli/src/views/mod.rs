@@ -5,6 +5,7 @@
 
 pub mod export;
 pub mod html;
+pub mod live;
 pub mod load;
 pub mod memviz;
 pub mod perfetto;

@@ -177,6 +177,9 @@ pub trait PoolWatch {
     fn allocated(&mut self, _id: AllocId, _step: Option<&rebuild::Step>) {}
     fn ended(&mut self, _id: AllocId, _step: Option<&rebuild::Step>) {}
     fn out_of_memory(&mut self, _change: usize, _step: &rebuild::Step) {}
+    /// After each moment, with the replayed pool as it stands then (`None`:
+    /// no segment pool ran): for a view of the pool at one instant.
+    fn after(&mut self, _moment: Moment, _replay: Option<&rebuild::PoolReplay>) {}
 }
 
 impl PoolWatch for () {}
@@ -451,6 +454,7 @@ impl Process {
                     _ => {}
                 },
             }
+            watch.after(m, replay.as_ref());
         }
         replay
     }
