@@ -12,6 +12,8 @@
 //! with no other package. Without Chromium the test is skipped with a line
 //! saying so, unless `CUPOOL_REQUIRE_BROWSER_AND_TERMINAL=1` (what `.ci/run`
 //! sets, having installed it from Debian's packages) makes that a failure.
+//! `CUPOOL_HTML_LOGS=DIR:DIR...` checks the pages of more logs the same way
+//! (real GPU logs from `scripts/gpu-views.sh`).
 //! `cargo test --release --test html_browser`
 mod support;
 
@@ -403,6 +405,17 @@ fn pages_open_in_chromium_with_the_models_figures_and_a_million_events_load_in_3
     eprintln!("a page of a million events: loaded and drawn in {loads:?} (its script: {script_ms} ms)");
     assert!(best <= LOAD_LIMIT, "a million events took {best:?} to load and draw");
     check_page(&mut b, &big_page, "million-events", &shots);
+    // Logs gathered elsewhere (a GPU's: scripts/gpu-views.sh), directories separated by `:`.
+    for (i, logs) in
+        std::env::var("CUPOOL_HTML_LOGS").unwrap_or_default().split(':').filter(|s| !s.is_empty()).enumerate()
+    {
+        let page = dir.join(format!("extra-{i}.html"));
+        report_html(Path::new(logs), &page, &dir);
+        let name =
+            format!("extra-{}", Path::new(logs).file_name().map_or(i.to_string(), |n| n.to_string_lossy().into()));
+        let took = check_page(&mut b, &page, &name, &shots);
+        eprintln!("{logs}: checked in Chromium, loaded in {took:?}");
+    }
     // Screenshots of one view alone, as the README shows them.
     for view in ["timeline", "flame", "pool"] {
         b.open(&pages[0].1, &format!("#p=0&d=0&only={view}"), 1000, 520);

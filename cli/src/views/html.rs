@@ -156,7 +156,7 @@ fn pool(p: &PoolAt) -> Value {
         "laid_out": p.laid_out,
         "pooled_not_laid_out": p.pooled_not_laid_out,
         "segments": segments,
-        "left_out": [p.left_out.0, p.left_out.1],
+        "left_out": [p.left_out.0, p.left_out.1, p.left_out.2],
     })
 }
 

@@ -76,8 +76,9 @@ pub struct PoolAt {
     /// Bytes the pool served that are not laid out.
     pub pooled_not_laid_out: u64,
     pub segments: Vec<Segment>,
-    /// Segments left out past the most a page shows: how many, how many bytes.
-    pub left_out: (u64, u64),
+    /// Segments left out past the most a page shows: how many, their bytes,
+    /// and how many of those were allocated.
+    pub left_out: (u64, u64, u64),
 }
 
 /// Everything drawn for one device.
@@ -200,7 +201,12 @@ impl Walk<'_> {
             let mut order: Vec<usize> = (0..segments.len()).collect();
             order.sort_by_key(|&i| std::cmp::Reverse(segments[i].size));
             let dropped: Vec<usize> = order[self.max_segments..].to_vec();
-            out.left_out = (dropped.len() as u64, dropped.iter().map(|&i| segments[i].size).sum());
+            let used = |s: &Segment| s.runs.iter().filter(|r| r.1 == Use::Allocated).map(|r| r.0).sum::<u64>();
+            out.left_out = (
+                dropped.len() as u64,
+                dropped.iter().map(|&i| segments[i].size).sum(),
+                dropped.iter().map(|&i| used(&segments[i])).sum(),
+            );
             let mut keep = vec![true; segments.len()];
             for i in dropped {
                 keep[i] = false;
