@@ -170,6 +170,19 @@ fn the_views_agree_with_each_other_and_with_the_end_records() {
         for (d, m) in p["devices"].as_array().unwrap().iter().zip(r["memory"]["devices"].as_array().unwrap()) {
             assert_eq!(d["peak_reserved"], m["peak_reserved"]);
             assert_eq!(d["peak_allocated"], m["peak_allocated"]);
+            // The pictures: the flame graph at the peak holds the peak's bytes, site by site,
+            // the bands reach it, and the one at the end holds what the end leaves live.
+            let sum = |v: &Value| -> u64 { v.as_array().unwrap().chunks(3).map(|c| c[1].as_u64().unwrap()).sum() };
+            assert_eq!(sum(&d["flame"]["peak"]["sites"]), m["peak_allocated"]["bytes"].as_u64().unwrap(), "{d}");
+            assert_eq!(d["flame"]["peak"]["t_ns"], m["peak_allocated"]["t_ns"], "{d}");
+            assert_eq!(sum(&d["flame"]["end"]["sites"]), d["flame"]["end"]["bytes"].as_u64().unwrap());
+            let b = &d["bands"];
+            let column = |k: usize| -> u64 {
+                b["values"].as_array().unwrap().iter().map(|v| v[k].as_u64().unwrap()).sum::<u64>()
+                    + b["other"][k].as_u64().unwrap()
+            };
+            let top = (0..b["other"].as_array().unwrap().len()).map(column).max().unwrap();
+            assert_eq!(top, m["peak_allocated"]["bytes"].as_u64().unwrap(), "{b}");
         }
     }
     // The verdict: the killed loop's 12 kept buffers are a growth leak and an

@@ -117,6 +117,14 @@ enum Command {
         complete new one). Each problem gets one line naming the file."
     )]
     Export(views::export::ExportArgs),
+    /// Watch the device memory of programs running under cupool, live in the terminal
+    #[command(long_about = "Watch the device memory of programs running under cupool, live in the terminal.\n\n\
+        Follows the logs the programs write while they run (every cupool log in the directories given, \
+        including those that appear later) and shows, refreshed every --delay seconds, per process and \
+        device: the bytes live and reserved, how fast each changes, their peaks, and the allocation sites \
+        holding the most live bytes. Only new lines of each log are read; nothing is sent to the programs. \
+        q or Ctrl-C quits. Without a terminal (a pipe), each refresh is printed as plain text.")]
+    Top(views::top::TopArgs),
     /// Replay recorded allocation traces through cupool's pools and models of PyTorch's on the CPU
     #[command(long_about = "Replay recorded allocation traces through cupool's pools and models of \
         PyTorch's allocator on the CPU.\n\n\
@@ -198,6 +206,7 @@ fn main() -> ExitCode {
             }
             Err(()) => ExitCode::from(summary::EXIT_BAD_INPUT),
         },
+        Command::Top(args) => views::top::run(args),
         Command::Report { json, html, sites, paths } => match runs::resolve(paths, "cupool report") {
             Ok(paths) => views::report::run(&paths, json, html.as_deref(), sites),
             Err(()) => ExitCode::from(summary::EXIT_BAD_INPUT),

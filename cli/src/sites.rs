@@ -2,7 +2,7 @@
 //! the frames of a site, symbolised from the module files on disk.
 
 use crate::symbolize::{self, Module, Symbolizer};
-use cupool_core::log::{Log, Sites};
+use cupool_core::log::{Definition, Log, ModuleRecord, Sites};
 use cupool_core::model::{Moment, Process, What};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -193,27 +193,36 @@ pub fn user_frame<'a>(frames: &'a [ShownFrame], file: Option<&str>) -> Option<&'
         .or_else(|| frames.iter().find(user))
 }
 
+/// Whether a frame is in code the user did not write (every [`Origin`] but
+/// the user's): views fold such frames (the flame graph) or look past them
+/// (`cupool top`'s one-line sites).
+pub fn is_library(f: &ShownFrame) -> bool {
+    f.origin() != Origin::User
+}
+
 /// Resolves the stacks of one log into frames.
 pub struct Resolver {
     sites: Sites,
     symbolizer: Symbolizer,
 }
 
+fn module_of(m: &ModuleRecord) -> Module {
+    Module { path: m.path.clone(), base: m.base, start: m.start, end: m.end, build_id: hex(&m.build_id) }
+}
+
 impl Resolver {
     pub fn new(log: &Log) -> Resolver {
         let sites = Sites::of(log);
-        let modules = sites
-            .modules
-            .iter()
-            .map(|m| Module {
-                path: m.path.clone(),
-                base: m.base,
-                start: m.start,
-                end: m.end,
-                build_id: hex(&m.build_id),
-            })
-            .collect();
+        let modules = sites.modules.iter().map(module_of).collect();
         Resolver { sites, symbolizer: Symbolizer::new(modules) }
+    }
+
+    /// One more definition (of a log still being written).
+    pub fn add(&mut self, d: &Definition) {
+        self.sites.add(d);
+        if let Definition::Module(m) = d {
+            self.symbolizer.add(module_of(m));
+        }
     }
 
     /// The frames of stack `id`, innermost first: the Python frames (what the

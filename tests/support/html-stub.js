@@ -20,14 +20,19 @@ if (scripts.length !== 1) { throw new Error(`expected one inline script, found $
 let calls = 0;
 const canvases = [];
 function context() {
-  const ctx = { font: "", fillStyle: "", strokeStyle: "", lineWidth: 1 };
-  for (const f of ["setTransform", "clearRect", "fillRect", "fillText", "beginPath", "moveTo", "lineTo", "stroke"]) {
-    ctx[f] = (...args) => {
-      calls++;
-      for (const a of args) { if (typeof a === "number" && !Number.isFinite(a)) { throw new Error(`${f}: ${args}`); } }
-    };
-  }
-  return ctx;
+  // Any drawing call is counted, and none may get a number that is not finite.
+  const state = { font: "", fillStyle: "", strokeStyle: "", lineWidth: 1 };
+  return new Proxy(state, {
+    get(target, key) {
+      if (key in target) { return target[key]; }
+      if (key === "measureText") { return (t) => ({ width: String(t).length * 6 }); }
+      return (...args) => {
+        calls++;
+        for (const a of args) { if (typeof a === "number" && !Number.isFinite(a)) { throw new Error(`${String(key)}: ${args}`); } }
+      };
+    },
+    set(target, key, v) { target[key] = v; return true; },
+  });
 }
 function element(tag) {
   const e = {
@@ -74,7 +79,7 @@ if (canvases.length) {
   c.fire("wheel", { clientX: 400, deltaY: -1 });
   c.fire("wheel", { clientX: 400, deltaY: 1 });
   c.fire("dblclick", {});
-  c.fire("mousemove", { clientX: 700, clientY: 100 });
+  c.fire("mousemove", { clientX: 700, clientY: 12 });
   // The tooltip is the element after the canvas in its box.
   const find = (e) => {
     if (e.className === "tip") { return e; }

@@ -145,8 +145,19 @@ impl Image {
         // Code the DWARF covers without naming its function (assembly,
         // functions from objects built without -g) still has a symbol.
         if frames.last().is_none_or(|f| f.function.is_none()) {
-            if let Some(name) = self.symbols.name_at(svma) {
-                let name = addr2line::demangle_auto(name, None).into_owned();
+            // A stripped library keeps only its exported functions: code
+            // between them (its own hidden functions) is named after the
+            // nearest exported one before it, `name+0xoffset`, as perf and
+            // heaptrack name it.
+            let name = match self.symbols.name_at(svma) {
+                Some(name) => Some(addr2line::demangle_auto(name, None).into_owned()),
+                None if self.symbols.dynamic => self
+                    .symbols
+                    .nearest_before(svma)
+                    .map(|(name, start)| format!("{}+{:#x}", addr2line::demangle_auto(name, None), svma - start)),
+                None => None,
+            };
+            if let Some(name) = name {
                 match frames.last_mut() {
                     Some(outer) => outer.function = Some(name),
                     None => frames.push(RawFrame { function: Some(name), file: None, line: None }),
@@ -310,6 +321,8 @@ fn show(bytes: &[u8]) -> String {
 struct Symbols {
     map: Arc<Mmap>,
     entries: Vec<Symbol>,
+    /// Read from `.dynsym`: the exported functions only.
+    dynamic: bool,
 }
 
 struct Symbol {
@@ -349,11 +362,18 @@ impl Symbols {
         }
         entries.sort_by_key(|(s, rank)| (s.start, *rank, s.name));
         entries.dedup_by_key(|(s, _)| s.start);
-        Symbols { map: map.clone(), entries: entries.into_iter().map(|(s, _)| s).collect() }
+        Symbols { map: map.clone(), entries: entries.into_iter().map(|(s, _)| s).collect(), dynamic }
     }
 
     fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// The nearest function symbol that starts at or before `svma`, and where it starts.
+    fn nearest_before(&self, svma: u64) -> Option<(Cow<'_, str>, u64)> {
+        let after = self.entries.partition_point(|s| s.start <= svma);
+        let sym = self.entries[..after].last()?;
+        Some((String::from_utf8_lossy(&self.map[sym.name.0..sym.name.0 + sym.name.1]), sym.start))
     }
 
     /// The name of the sized function symbol covering `svma`.

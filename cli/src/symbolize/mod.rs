@@ -80,6 +80,16 @@ impl Symbolizer {
         }
     }
 
+    /// One more module (of a log still being written).
+    pub fn add(&mut self, module: Module) {
+        let at = self.modules.partition_point(|m| (m.start, m.end) <= (module.start, module.end));
+        self.modules.insert(at, module);
+        self.slots.insert(at, Slot::NotOpened);
+        self.problems.insert(at, None);
+        // An address that fell in no module may fall in this one.
+        self.cache.clear();
+    }
+
     /// The frames of one captured return address (a runtime address).
     /// Never empty: at worst one frame with no function.
     pub fn frames(&mut self, return_addr: u64) -> Vec<Frame> {

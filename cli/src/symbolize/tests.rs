@@ -281,6 +281,7 @@ fn symbolize_stripped_gives_module_and_offset() {
 }
 
 const LIBRARY: &str = r#"volatile int sink;
+__attribute__((noinline)) int exported_first(int x) { return x + sink; }
 __attribute__((noinline)) static int hidden_step(int x) { return x * sink; }
 __attribute__((noinline)) int exported_alloc(int n) { sink = n; return hidden_step(n) + 1; }
 "#;
@@ -290,16 +291,22 @@ __attribute__((noinline)) int exported_alloc(int n) { sink = n; return hidden_st
 #[test]
 fn symbolize_stripped_library_names_exported_functions_from_dynsym() {
     let dir = Scratch::new("dynsym");
-    let lib = compile(&dir, "foo.c", LIBRARY, "libfoo.so", &["-O1", "-fPIC", "-shared"]);
+    let flags = ["-O1", "-fPIC", "-shared", "-fno-toplevel-reorder"];
+    let lib = compile(&dir, "foo.c", LIBRARY, "libfoo.so", &flags);
     let (exported, exported_size) = symbol(&lib, "exported_alloc");
+    let (first, _) = symbol(&lib, "exported_first");
     let (hidden, _) = symbol(&lib, "hidden_step");
+    assert!(first < hidden && hidden < exported, "laid out as written");
     run("strip", &[lib.to_str().unwrap()]);
     let base = 0x7f12_3400_0000;
     let mut s = Symbolizer::new(vec![module_at(&lib, base)]);
     let frames = s.frames(ret(base, exported + exported_size / 2));
     assert_eq!(function(&frames[0]), "exported_alloc");
     assert_eq!(frames[0].module, "libfoo.so");
-    assert_eq!(s.frames(ret(base, hidden + 1))[0].function, None);
+    // A hidden function: the nearest exported one before it, and how far past its start.
+    let hidden_frame = &s.frames(ret(base, hidden + 1))[0];
+    assert_eq!(function(hidden_frame), format!("exported_first+{:#x}", hidden_frame.offset - first));
+    assert!(hidden_frame.offset > first);
 }
 
 const WIDGET: &str = r#"namespace ns {

@@ -1,23 +1,30 @@
 //! `cupool report --html`: one self-contained page (no network, opens from
-//! file://) with the memory of every process: per device, a plot of the bytes
-//! allocated and reserved over time (zoom by drag or wheel; hovering shows the
-//! time, the bytes and the allocation nearest in time with its site), the
-//! phases as bands, then the phase groups, the top sites, out-of-memory
-//! refusals and the leaks as `cupool check` judges them.
+//! file://) with the memory of every process and device, one at a time (a
+//! selector picks them): the timeline of allocated and reserved bytes with
+//! the phases shaded and named and the largest sites as stacked bands
+//! (zoom by drag or wheel; hovering names a band's site, or the allocation
+//! nearest in time); a flame graph (icicle) of the bytes live by site at
+//! the peak and at the end, Python and native frames as the text report
+//! shows them, library frames folded, click to zoom; the pool at its peak
+//! of reserved bytes, segment by segment, allocated against unused; the
+//! leaks as `cupool check` judges them; then the phase groups, top sites,
+//! out-of-memory refusals and notes.
 //!
 //! The page is `html.template.html` with its data as one inline JSON blob,
-//! drawn from the same model as the other views. The series are downsampled as
-//! the Perfetto export's counters are ([`super::downsample`]): each run
-//! keeps its lowest and highest point, so the plot's maximum is the peak.
+//! drawn from the same model as the other views (`super::live` aggregates
+//! the pictures). The series are downsampled as the Perfetto export's
+//! counters are ([`super::downsample`]): each run keeps its lowest and
+//! highest point, so the plot's maximum is the peak.
 
 use super::downsample;
+use super::live::{self, Held, PoolAt, Use};
 use crate::check::finding::{Finding, Findings};
-use crate::sites::{Resolver, SitesReport};
+use crate::sites::{self, Resolver, SitesReport};
 use crate::summary::short_cmdline;
 use cupool_core::model::{phase_groups, PhaseSpan, Process, Sample};
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
 /// Points of the allocated and reserved series, all devices and processes together (about).
@@ -26,8 +33,18 @@ pub const SERIES_POINTS: usize = 400_000;
 pub const ALLOC_POINTS: usize = 100_000;
 /// Phases drawn as bands per process; more are thinned evenly (the groups table has them all).
 pub const PHASES: usize = 5_000;
-/// Frames kept per site.
+/// Frames kept per site in the tables.
 const FRAMES: usize = 8;
+/// Frames kept per stack for the flame graph and hovering.
+const STACK_FRAMES: usize = 64;
+/// Sites as bands in the timeline, per device.
+pub const BANDS: usize = 8;
+/// Instants the bands keep over the run (each the highest of its stretch).
+pub const BUCKETS: u64 = 2000;
+/// Sites in a flame graph, per device and instant (the rest is one box).
+const FLAME_SITES: usize = 20_000;
+/// Segments in the pool's picture, per device.
+const SEGMENTS: usize = 3000;
 /// The least points one series keeps, whatever the budget.
 const MIN_POINTS: usize = 1000;
 
@@ -72,6 +89,77 @@ fn frame_texts(frames: &[crate::sites::ShownFrame]) -> Vec<String> {
     frames.iter().take(FRAMES).enumerate().map(|(i, f)| f.text(i)).collect()
 }
 
+/// The frames of a process's sites, each text once: `texts` and whether
+/// each is a library's (`lib`), and each stack as indices into them.
+#[derive(Default)]
+struct FrameTable {
+    texts: Vec<String>,
+    lib: Vec<u8>,
+    index: HashMap<String, usize>,
+    stacks: BTreeMap<u32, Vec<usize>>,
+}
+
+impl FrameTable {
+    fn add(&mut self, id: u32, resolver: &mut Option<Resolver>, log: &cupool_core::log::Log) {
+        if self.stacks.contains_key(&id) {
+            return;
+        }
+        let r = resolver.get_or_insert_with(|| Resolver::new(log));
+        let frames = r.frames(id);
+        let mut ids = Vec::with_capacity(frames.len().min(STACK_FRAMES));
+        for f in frames.iter().take(STACK_FRAMES) {
+            // `#0 ` off: the same frame is the same text at any depth.
+            let text = f.text(0).split_once(' ').map_or(String::new(), |(_, t)| t.to_string());
+            let next = self.texts.len();
+            let i = *self.index.entry(text.clone()).or_insert(next);
+            if i == next {
+                self.texts.push(text);
+                self.lib.push(u8::from(sites::is_library(f)));
+            }
+            ids.push(i);
+        }
+        self.stacks.insert(id, ids);
+    }
+}
+
+/// `[site, bytes, allocations, ...]` of one instant, `null` for no site.
+fn held(h: &Held, table: &mut FrameTable, resolver: &mut Option<Resolver>, log: &cupool_core::log::Log) -> Value {
+    let mut flat = Vec::with_capacity(3 * h.sites.len().min(FLAME_SITES));
+    for &(stack, bytes, count) in h.sites.iter().take(FLAME_SITES) {
+        if let Some(id) = stack {
+            table.add(id, resolver, log);
+        }
+        flat.extend([json!(stack), json!(bytes), json!(count)]);
+    }
+    let shown: u64 = h.sites.iter().take(FLAME_SITES).map(|s| s.1).sum();
+    json!({ "t_ns": h.t_ns, "bytes": h.bytes, "sites": flat, "sites_total": h.sites.len(), "rest_bytes": h.bytes - shown })
+}
+
+fn pool(p: &PoolAt) -> Value {
+    let code = |u: Use| match u {
+        Use::Free => 0,
+        Use::Allocated => 1,
+        Use::Pending => 2,
+    };
+    let segments: Vec<Value> = p
+        .segments
+        .iter()
+        .map(|s| {
+            let runs: Vec<u64> = s.runs.iter().flat_map(|&(size, u)| [size, code(u)]).collect();
+            json!([s.size, u8::from(s.pooled), u8::from(s.small), runs])
+        })
+        .collect();
+    json!({
+        "t_ns": p.t_ns,
+        "allocated": p.allocated,
+        "reserved": p.reserved,
+        "laid_out": p.laid_out,
+        "pooled_not_laid_out": p.pooled_not_laid_out,
+        "segments": segments,
+        "left_out": [p.left_out.0, p.left_out.1, p.left_out.2],
+    })
+}
+
 /// The data of one process.
 fn process(p: &Process, sites: &SitesReport, per_series: usize, per_allocs: usize, w: &mut Written) -> Value {
     let log = &p.log;
@@ -81,9 +169,11 @@ fn process(p: &Process, sites: &SitesReport, per_series: usize, per_allocs: usiz
         allocs.entry(a.device).or_default().push((a.t_ns, a.size, a.stack));
     }
     let mut resolver = None;
-    let mut stacks: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut table = FrameTable::default();
+    let pictures = live::pictures(p, BANDS, BUCKETS, SEGMENTS);
     let mut devices = Vec::new();
-    for d in &p.devices {
+    for (d, pic) in p.devices.iter().zip(&pictures) {
+        debug_assert_eq!(d.device, pic.device);
         let mut one = |value: fn(&Sample) -> u64| {
             let pts: Vec<(u64, u64)> = d.samples.iter().map(|s| (s.t_ns, value(s))).collect();
             let kept = downsample(&pts, per_series, |p| p.1);
@@ -103,12 +193,14 @@ fn process(p: &Process, sites: &SitesReport, per_series: usize, per_allocs: usiz
             at.push(json!(stack));
             last = t;
             if let Some(id) = stack {
-                if let std::collections::btree_map::Entry::Vacant(slot) = stacks.entry(id) {
-                    let r = resolver.get_or_insert_with(|| Resolver::new(log));
-                    slot.insert(frame_texts(&r.frames(id)));
-                }
+                table.add(id, &mut resolver, log);
             }
         }
+        for &id in &pic.bands.sites {
+            table.add(id, &mut resolver, log);
+        }
+        let bands_t: Vec<(u64, u64)> = pic.bands.t.iter().map(|&t| (t, 0)).collect();
+        let bands_t: Vec<u64> = series(&bands_t).chunks(2).map(|c| c[0]).collect();
         devices.push(json!({
             "device": d.device,
             "allocs": d.allocs,
@@ -121,6 +213,17 @@ fn process(p: &Process, sites: &SitesReport, per_series: usize, per_allocs: usiz
             "reserved": reserved,
             "alloc_events": at,
             "alloc_events_seen": mine.len(),
+            "flame": {
+                "peak": held(&pic.at_peak, &mut table, &mut resolver, log),
+                "end": held(&pic.at_end, &mut table, &mut resolver, log),
+            },
+            "bands": {
+                "sites": pic.bands.sites,
+                "t": bands_t,
+                "values": pic.bands.values,
+                "other": pic.bands.other,
+            },
+            "pool": pic.pool.as_ref().map(pool),
         }));
     }
     let shown = |s: &crate::sites::ShownSite| {
@@ -153,7 +256,9 @@ fn process(p: &Process, sites: &SitesReport, per_series: usize, per_allocs: usiz
             "by_count": sites.by_count.iter().map(shown).collect::<Vec<_>>(),
             "by_live": sites.by_live.iter().map(shown).collect::<Vec<_>>(),
         },
-        "stacks": stacks,
+        "frames": table.texts,
+        "frame_lib": table.lib,
+        "stacks": table.stacks,
         "ooms": p.ooms,
         "checkpoints": p.checkpoints,
         "notes": notes,

@@ -5,12 +5,14 @@
 
 pub mod export;
 pub mod html;
+pub mod live;
 pub mod load;
 pub mod memviz;
 pub mod perfetto;
 pub mod pickle;
 pub mod progress;
 pub mod report;
+pub mod top;
 
 /// What an export says when it kept fewer points than it saw: `kept` of `seen`.
 pub fn downsampled_note(kept: usize, seen: usize) -> String {

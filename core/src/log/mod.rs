@@ -22,7 +22,10 @@ mod tests;
 mod write;
 
 pub use names::{Api, EventKind, MemKind, Named, NamedEnum};
-pub use read::{maybe_gunzip, read_log, read_log_from, read_log_with_progress, Log, ReadError, ReadErrorKind};
+pub use read::{
+    header_line, line_of, maybe_gunzip, read_log, read_log_from, read_log_with_progress, Log, LogLine, ReadError,
+    ReadErrorKind,
+};
 pub use schema::{
     parse_hex, Definition, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary,
     MagazineRecord, ModuleRecord, MultiStreamBecause, OomRecord, PageCosts, PagesAtPeak, PagesRecord, PoolRecord,

@@ -195,10 +195,7 @@ fn parse_lines(text: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Log, Pa
     let total = text.len() as u64;
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim())).filter(|(_, l)| !l.is_empty()).peekable();
     let (_, first) = lines.next().unwrap_or((1, ""));
-    let header: Value = serde_json::from_str(&format!("{first}]}}"))
-        .map_err(|e| (Some(1), ReadErrorKind::NotALog(format!("unreadable header line: {e}"))))?;
-    check_header(&header, Some(1))?;
-    let header = header_from(header, Some(1))?;
+    let header = header_line(first).map_err(|kind| (Some(1), kind))?;
     // One event a line: the vector is allocated once, not doubled and copied 20 times.
     let mut events = Vec::with_capacity(text.bytes().filter(|&b| b == b'\n').count());
     let mut definitions = Vec::new();
@@ -208,40 +205,58 @@ fn parse_lines(text: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Log, Pa
             progress(line.as_ptr() as u64 - text.as_ptr() as u64, total);
         }
         let is_last = lines.peek().is_none();
-        // A line that is not (yet) whole JSON is where a killed process stopped writing.
-        let cut = |e: &serde_json::Error| is_last && matches!(e.classify(), serde_json::error::Category::Eof);
-        if line.starts_with(']') {
-            // `],"end":{...}}`, or `]}` from a writer that had no end record.
-            let tail: Value = match serde_json::from_str(&format!("{{\"_\":[{line}")) {
-                Ok(v) => v,
-                Err(e) if cut(&e) => break,
-                Err(e) => return Err(invalid(Some(n), format!("unreadable trailer: {e}"))),
-            };
-            if let Some(v) = tail.get("end").filter(|v| !v.is_null()) {
-                end = Some(
-                    serde_json::from_value::<End>(v.clone())
-                        .map_err(|e| invalid(Some(n), format!("end record: {e}")))?,
-                );
+        match line_of(line) {
+            Ok(LogLine::Event(e)) => events.push(e),
+            Ok(LogLine::Definition(d)) => definitions.push(d),
+            Ok(LogLine::End(e)) => {
+                end = e;
+                break;
             }
-            break;
-        }
-        let body = line.strip_prefix(',').unwrap_or(line);
-        if body.starts_with("{\"def\"") {
-            match serde_json::from_str::<Definition>(body) {
-                Ok(d) => definitions.push(d),
-                Err(e) if cut(&e) => break,
-                Err(e) => return Err(invalid(Some(n), format!("definition: {e}"))),
-            }
-            continue;
-        }
-        match serde_json::from_str::<EventRecord>(body) {
-            Ok(e) => events.push(e),
-            Err(e) if cut(&e) => break,
-            Err(e) => return Err(invalid(Some(n), format!("event: {e}"))),
+            // A line that is not (yet) whole JSON is where a killed process stopped writing.
+            Err((_, e)) if is_last && matches!(e.classify(), serde_json::error::Category::Eof) => break,
+            Err((what, e)) => return Err(invalid(Some(n), format!("{what}: {e}"))),
         }
     }
     progress(total, total);
     Ok(Log { path: PathBuf::new(), header, events, definitions, end })
+}
+
+/// One line of a log as the shim writes it, after the header line.
+#[derive(Debug)]
+pub enum LogLine {
+    Event(EventRecord),
+    Definition(Definition),
+    /// The last line: the end record, `None` from a writer that had none.
+    End(Option<End>),
+}
+
+/// The header line (line 1) of a log as the shim writes it, up to `"events":[`.
+pub fn header_line(line: &str) -> Result<Header, ReadErrorKind> {
+    let header: Value = serde_json::from_str(&format!("{}]}}", line.trim()))
+        .map_err(|e| ReadErrorKind::NotALog(format!("unreadable header line: {e}")))?;
+    check_header(&header, Some(1)).map_err(|(_, kind)| kind)?;
+    header_from(header, Some(1)).map_err(|(_, kind)| kind)
+}
+
+/// One whole line after the header; the error names what the line was
+/// taken for. A line cut short fails with a JSON error of category `Eof`.
+pub fn line_of(line: &str) -> Result<LogLine, (&'static str, serde_json::Error)> {
+    let line = line.trim();
+    if line.starts_with(']') {
+        // `],"end":{...}}`, or `]}` from a writer that had no end record.
+        let tail: Value = serde_json::from_str(&format!("{{\"_\":[{line}")).map_err(|e| ("unreadable trailer", e))?;
+        return match tail.get("end").filter(|v| !v.is_null()) {
+            Some(v) => {
+                serde_json::from_value::<End>(v.clone()).map(|e| LogLine::End(Some(e))).map_err(|e| ("end record", e))
+            }
+            None => Ok(LogLine::End(None)),
+        };
+    }
+    let body = line.strip_prefix(',').unwrap_or(line);
+    if body.starts_with("{\"def\"") {
+        return serde_json::from_str::<Definition>(body).map(LogLine::Definition).map_err(|e| ("definition", e));
+    }
+    serde_json::from_str::<EventRecord>(body).map(LogLine::Event).map_err(|e| ("event", e))
 }
 
 /// Lines between two calls of a reader's progress function.

@@ -17,18 +17,25 @@ impl Sites {
     pub fn of(log: &Log) -> Sites {
         let mut sites = Sites::default();
         for d in &log.definitions {
-            match d {
-                Definition::Module(m) => sites.modules.push(m.clone()),
-                Definition::String(s) => {
-                    sites.strings.insert(s.id, s.text.clone());
-                }
-                Definition::Stack(s) => {
-                    sites.stacks.insert(s.id, s.clone());
-                }
+            sites.add(d);
+        }
+        sites
+    }
+
+    /// One more definition (of a log still being written).
+    pub fn add(&mut self, d: &Definition) {
+        match d {
+            Definition::Module(m) => {
+                let at = self.modules.partition_point(|x| x.start <= m.start);
+                self.modules.insert(at, m.clone());
+            }
+            Definition::String(s) => {
+                self.strings.insert(s.id, s.text.clone());
+            }
+            Definition::Stack(s) => {
+                self.stacks.insert(s.id, s.clone());
             }
         }
-        sites.modules.sort_by_key(|m| m.start);
-        sites
     }
 
     pub fn stack(&self, id: u32) -> Option<&StackRecord> {

@@ -6,7 +6,7 @@ use super::{
     Allocation, Change, CheckpointView, DeviceSeries, Ended, EndedBy, ExitLeak, OomView, Peak, Process, Rebuilt,
     ReservedFrom, Sample, SizeBucket, Space, What,
 };
-use crate::log::{Api, EventKind, EventRecord, Leak, Log, MemKind, Named};
+use crate::log::{Api, End, EventKind, EventRecord, Header, Leak, Log, MemKind, Named};
 use crate::options::{Backing, Mode};
 use std::collections::{BTreeMap, HashMap};
 
@@ -21,7 +21,7 @@ pub(super) fn build(log: Log) -> Process {
     if !log.events.is_sorted_by_key(|e| e.seq) {
         order.sort_by_key(|&i| log.events[i].seq);
     }
-    let mut b = Builder::new(&log);
+    let mut b = Builder::new(&log.header, log.end.as_ref(), log.events.len(), true);
     for i in order {
         b.event(i, &log.events[i]);
     }
@@ -48,7 +48,7 @@ struct Edge {
     devices: Vec<i32>,
 }
 
-struct Builder {
+pub(super) struct Builder {
     changes: Vec<super::Change>,
     allocations: Vec<Allocation>,
     spans: Vec<PhaseSpan>,
@@ -70,6 +70,15 @@ struct Builder {
     /// What could not be used: a line -> (records, first seq).
     problems: BTreeMap<String, (u64, u64)>,
     last_t: u64,
+    /// Every change is kept (`changes`, every sample, every allocation and
+    /// phase). Without: only what is live and open now, the last sample of
+    /// each device and the peaks, so a model that follows a running
+    /// program stays as small as what the program holds.
+    history: bool,
+    /// Changes so far (the length of `changes` when it is kept).
+    n_changes: usize,
+    /// Without history: allocations that ended, whose places can be taken.
+    free_ids: Vec<usize>,
 }
 
 fn space_of(kind: &Named<MemKind>) -> Space {
@@ -89,9 +98,9 @@ fn leak_key(l: &Leak) -> Option<(Space, u64)> {
 }
 
 impl Builder {
-    fn new(log: &Log) -> Builder {
-        let opts = &log.header.options;
-        let reserved_from = match (opts.mode, log.header.version >= POOL_RECORDS_SINCE, opts.backing) {
+    pub(super) fn new(header: &Header, end: Option<&End>, events: usize, history: bool) -> Builder {
+        let opts = &header.options;
+        let reserved_from = match (opts.mode, header.version >= POOL_RECORDS_SINCE, opts.backing) {
             (Mode::Passthrough, _, _) => ReservedFrom::Allocations,
             (Mode::Pool, true, _) => ReservedFrom::PoolRecords,
             (Mode::Pool, false, Backing::Segments) => ReservedFrom::RebuiltSegments,
@@ -99,7 +108,7 @@ impl Builder {
         };
         let replay = (reserved_from == ReservedFrom::RebuiltSegments).then(|| PoolReplay::new(opts)).flatten();
         let mut dying = HashMap::new();
-        for l in log.end.iter().flat_map(|e| &e.leaks) {
+        for l in end.iter().flat_map(|e| &e.leaks) {
             if l.at != "exit" {
                 if let Some((space, addr)) = leak_key(l) {
                     *dying.entry((l.at.clone(), space, addr)).or_insert(0) += 1;
@@ -107,7 +116,7 @@ impl Builder {
             }
         }
         Builder {
-            changes: Vec::with_capacity(log.events.len()),
+            changes: Vec::with_capacity(if history { events } else { 0 }),
             allocations: Vec::new(),
             spans: Vec::new(),
             live: HashMap::new(),
@@ -124,6 +133,9 @@ impl Builder {
             dying,
             problems: BTreeMap::new(),
             last_t: 0,
+            history,
+            n_changes: 0,
+            free_ids: Vec::new(),
         }
     }
 
@@ -133,11 +145,14 @@ impl Builder {
     }
 
     fn push(&mut self, i: usize, e: &EventRecord, what: What) -> usize {
-        self.changes.push(Change { event: i, seq: e.seq, t_ns: e.t_ns, tid: e.tid.unwrap_or(0), what });
-        self.changes.len() - 1
+        if self.history {
+            self.changes.push(Change { event: i, seq: e.seq, t_ns: e.t_ns, tid: e.tid.unwrap_or(0), what });
+        }
+        self.n_changes += 1;
+        self.n_changes - 1
     }
 
-    fn event(&mut self, i: usize, e: &EventRecord) {
+    pub(super) fn event(&mut self, i: usize, e: &EventRecord) {
         self.last_t = self.last_t.max(e.t_ns);
         let Some(kind) = e.ev.known() else {
             self.problem(e, format!("events of a kind this cupool does not know (\"{}\")", e.ev.as_str()));
@@ -227,8 +242,7 @@ impl Builder {
             ReservedFrom::RebuiltSegments | ReservedFrom::NotRecorded => rebuild::pooled(e),
             ReservedFrom::Allocations => false,
         };
-        let id = self.allocations.len();
-        let at = self.changes.len();
+        let at = self.n_changes;
         let a = Allocation {
             event: i,
             at,
@@ -244,11 +258,20 @@ impl Builder {
             stream: e.stream,
             stack: e.stack,
             pooled,
-            phase: self.open.last().copied(),
+            phase: if self.history { self.open.last().copied() } else { None },
             end: None,
         };
         let (key, size, device, host, direct) = ((a.space, addr), a.size, a.device, a.is_host(), a.direct_bytes());
-        self.allocations.push(a);
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.allocations[id] = a;
+                id
+            }
+            None => {
+                self.allocations.push(a);
+                self.allocations.len() - 1
+            }
+        };
         self.push(i, e, What::Alloc(id));
         if let Some(old) = self.live.insert(key, id) {
             self.end(old, at, e.t_ns, EndedBy::AddressReused);
@@ -262,7 +285,7 @@ impl Builder {
             st.now.t_ns = e.t_ns;
             let now = st.now;
             st.series.peak_allocated.offer(now.allocated, now.t_ns, || None);
-            st.series.samples.push(now);
+            record(&mut st.series.samples, now, self.history);
             return;
         }
         if let (Some(r), true) = (&mut self.replay, pooled) {
@@ -313,6 +336,9 @@ impl Builder {
 
     /// Allocation `id` ended at change `at`: off the books.
     fn end(&mut self, id: usize, at: usize, t_ns: u64, by: EndedBy) {
+        if !self.history && self.replay.is_none() {
+            self.free_ids.push(id);
+        }
         let a = &mut self.allocations[id];
         a.end = Some(Ended { at, t_ns, by });
         let (size, device, direct, pooled) = (a.size, a.device, a.direct_bytes(), a.pooled);
@@ -321,7 +347,7 @@ impl Builder {
             st.now.allocated = st.now.allocated.saturating_sub(size);
             st.series.live_count = st.series.live_count.saturating_sub(1);
             st.now.t_ns = t_ns;
-            st.series.samples.push(st.now);
+            record(&mut st.series.samples, st.now, self.history);
             return;
         }
         if let (Some(r), true) = (&mut self.replay, pooled) {
@@ -385,7 +411,7 @@ impl Builder {
         let now = st.now;
         let samples = &mut st.series.samples;
         match samples.last_mut() {
-            Some(last) if last.t_ns == now.t_ns => *last = now,
+            Some(last) if last.t_ns == now.t_ns || !self.history => *last = now,
             Some(last) if (last.allocated, last.reserved, last.mapped) == (now.allocated, now.reserved, now.mapped) => {
             }
             _ => samples.push(now),
@@ -440,7 +466,10 @@ impl Builder {
     /// began before the log did, when none is open).
     fn new_edge(&mut self, i: usize, e: &EventRecord, begin: bool, family: Family, name: &str) -> SpanId {
         let tid = e.tid.unwrap_or(0);
-        let change = self.changes.len();
+        let change = self.n_changes;
+        if !self.history && self.spans.len() >= FORGET_SPANS {
+            self.forget_spans();
+        }
         if begin {
             let id = self.spans.len();
             let mut span = PhaseSpan {
@@ -599,6 +628,71 @@ impl Builder {
                 ExitLeak { leak, alloc: Some(id) }
             })
             .collect()
+    }
+}
+
+/// What a model without history shows of the program now.
+impl Builder {
+    /// Each device's series: the figures now (the last sample), the counts and the peaks.
+    pub(super) fn device_series(&self) -> impl Iterator<Item = &DeviceSeries> {
+        self.devices.values().map(|d| &d.series)
+    }
+
+    pub(super) fn host_series(&self) -> &DeviceSeries {
+        &self.host.series
+    }
+
+    /// The allocations live now.
+    pub(super) fn live(&self) -> impl Iterator<Item = &Allocation> {
+        self.live.values().map(|&id| &self.allocations[id])
+    }
+
+    /// The innermost phase open now.
+    pub(super) fn phase_name(&self) -> Option<&str> {
+        self.open.last().map(|&s| self.spans[s].name.as_str())
+    }
+
+    /// The latest time an event had.
+    pub(super) fn last_t(&self) -> u64 {
+        self.last_t
+    }
+
+    /// Allocations the model holds (live ones, and ended ones whose places are not yet taken).
+    pub(super) fn held(&self) -> (usize, usize) {
+        (self.allocations.len(), self.spans.len())
+    }
+}
+
+/// Without history, closed phases are forgotten once this many are kept.
+const FORGET_SPANS: usize = 4096;
+
+impl Builder {
+    /// Drops the phases that are closed and no thread is writing an edge
+    /// of (without history nothing else names a phase).
+    fn forget_spans(&mut self) {
+        let mut keep: Vec<SpanId> = self.open.iter().chain(self.edges.values().map(|e| &e.span)).copied().collect();
+        keep.sort_unstable();
+        keep.dedup();
+        let new_id = |old: SpanId| keep.binary_search(&old).ok();
+        self.spans = keep.iter().map(|&s| self.spans[s].clone()).collect();
+        for s in &mut self.spans {
+            s.parent = s.parent.and_then(new_id);
+        }
+        for s in &mut self.open {
+            *s = new_id(*s).expect("kept");
+        }
+        for e in self.edges.values_mut() {
+            e.span = new_id(e.span).expect("kept");
+        }
+    }
+}
+
+/// Records `now` after the samples so far: every change with history,
+/// else only the last.
+fn record(samples: &mut Vec<Sample>, now: Sample, history: bool) {
+    match samples.last_mut() {
+        Some(last) if !history => *last = now,
+        _ => samples.push(now),
     }
 }
 

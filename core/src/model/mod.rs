@@ -20,11 +20,13 @@
 //! order of events or grouping of phases.
 
 mod build;
+mod follow;
 mod phases;
 pub mod rebuild;
 #[cfg(test)]
 mod tests;
 
+pub use follow::Following;
 pub use phases::{
     group_name, groups as phase_groups, repeated, Family, PhaseDevice, PhaseGroup, PhaseSpan, Repeated, SpanId,
 };
@@ -175,6 +177,9 @@ pub trait PoolWatch {
     fn allocated(&mut self, _id: AllocId, _step: Option<&rebuild::Step>) {}
     fn ended(&mut self, _id: AllocId, _step: Option<&rebuild::Step>) {}
     fn out_of_memory(&mut self, _change: usize, _step: &rebuild::Step) {}
+    /// After each moment, with the replayed pool as it stands then (`None`:
+    /// no segment pool ran): for a view of the pool at one instant.
+    fn after(&mut self, _moment: Moment, _replay: Option<&rebuild::PoolReplay>) {}
 }
 
 impl PoolWatch for () {}
@@ -449,6 +454,7 @@ impl Process {
                     _ => {}
                 },
             }
+            watch.after(m, replay.as_ref());
         }
         replay
     }

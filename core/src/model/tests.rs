@@ -265,3 +265,51 @@ fn a_summary_comes_from_the_end_record_or_else_the_timeline() {
     assert!(whole.complete);
     assert_eq!(whole.leak_bytes, 50);
 }
+
+/// A log followed line by line as it is written gives the figures of the
+/// whole log read at once, and holds no more than what is live and open.
+#[test]
+fn a_followed_log_shows_what_the_whole_log_shows_and_stays_small() {
+    let mut l = Lines::new("\"mode\":\"pool\"");
+    l.pool("reserve", 4 * MIB, 0);
+    for step in 0..10_000u64 {
+        if step > 0 {
+            l.edge("phase_end", "cupool_mark", &format!("step {}", step - 1), 1, &[0, 1]);
+        }
+        l.edge("phase_begin", "cupool_mark", &format!("step {step}"), 1, &[0, 1]);
+        l.pooled(0x1000 + step * 0x1000, 4096, 0);
+        l.alloc("device", 0x9000_0000, 100 + step % 7, 1);
+        if step % 3 != 0 {
+            l.free("device", 0x1000 + step * 0x1000, 4096, 0);
+        }
+    }
+    let whole = l.model();
+    let text = l.text();
+    let mut lines = text.lines();
+    let mut f = Following::new(crate::log::header_line(lines.next().unwrap()).unwrap());
+    for line in lines {
+        match crate::log::line_of(line).unwrap() {
+            crate::log::LogLine::Event(e) => f.event(&e),
+            other => panic!("{other:?}"),
+        }
+    }
+    let followed: Vec<&DeviceSeries> = f.devices().collect();
+    assert_eq!(followed.len(), whole.devices.len());
+    for (a, b) in followed.iter().zip(&whole.devices) {
+        assert_eq!(a.now(), b.now());
+        assert_eq!((&a.peak_allocated, &a.peak_reserved), (&b.peak_allocated, &b.peak_reserved));
+        assert_eq!((a.allocs, a.frees, a.live_count), (b.allocs, b.frees, b.live_count));
+        assert_eq!(a.samples.len(), 1, "the figures now, no history");
+    }
+    let mut live: Vec<(u64, u64)> = f.live().map(|a| (a.addr, a.size)).collect();
+    let mut want: Vec<(u64, u64)> =
+        whole.allocations.iter().filter(|a| a.end.is_none()).map(|a| (a.addr, a.size)).collect();
+    live.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(live, want);
+    assert_eq!(f.phase(), Some("step 9999"));
+    let (slots, spans) = f.held();
+    assert!(slots <= live.len() + 2, "{slots} allocation slots for {} live", live.len());
+    assert!(spans <= 4097, "{spans} phases held");
+    assert_eq!(f.events(), whole.log.events.len());
+}
