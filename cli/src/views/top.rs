@@ -217,6 +217,7 @@ fn pid_of(path: &Path) -> Option<u32> {
 
 fn alive(pid: u32) -> bool {
     // Signal 0 checks that the process exists; EPERM says it does, someone else's.
+    // SAFETY: kill with signal 0 sends nothing; it only reads the process table.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
@@ -468,12 +469,15 @@ impl Screen {
     fn enter() -> Screen {
         let mut saved = None;
         if std::io::stdin().is_terminal() {
+            // SAFETY: termios is plain integers and arrays, for which all zeros is a valid value.
             let mut t: libc::termios = unsafe { std::mem::zeroed() };
+            // SAFETY: `t` is a valid, writable termios for the call to fill.
             if unsafe { libc::tcgetattr(0, &mut t) } == 0 {
                 saved = Some(t);
                 t.c_lflag &= !(libc::ICANON | libc::ECHO);
                 t.c_cc[libc::VMIN] = 0;
                 t.c_cc[libc::VTIME] = 0;
+                // SAFETY: `t` is the settings tcgetattr filled, changed in plain fields.
                 unsafe { libc::tcsetattr(0, libc::TCSANOW, &t) };
             }
         }
@@ -488,13 +492,16 @@ impl Drop for Screen {
         print!("\x1b[?25h\x1b[?1049l");
         let _ = std::io::stdout().flush();
         if let Some(t) = &self.saved {
+            // SAFETY: `t` is the terminal's settings as tcgetattr gave them.
             unsafe { libc::tcsetattr(0, libc::TCSANOW, t) };
         }
     }
 }
 
 fn terminal_size() -> (usize, usize) {
+    // SAFETY: winsize is four integers, for which all zeros is a valid value.
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into the valid `ws` and nothing else.
     if unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 && ws.ws_row > 0 {
         (ws.ws_col as usize, ws.ws_row as usize)
     } else {
@@ -512,8 +519,10 @@ fn wait_for_key(delay: Duration) -> bool {
         }
         let mut pfd = libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 };
         let ms = left.as_millis().min(200) as i32;
+        // SAFETY: one valid pollfd, its count given as 1.
         if unsafe { libc::poll(&mut pfd, 1, ms) } > 0 && pfd.revents & libc::POLLIN != 0 {
             let mut b = [0u8; 16];
+            // SAFETY: `b` is writable for the `b.len()` bytes read may write.
             let n = unsafe { libc::read(0, b.as_mut_ptr().cast(), b.len()) };
             if n <= 0 {
                 // End of input (not a terminal): only the delay paces us now.
@@ -544,7 +553,9 @@ pub fn run(args: TopArgs) -> ExitCode {
         return ExitCode::from(crate::summary::EXIT_BAD_INPUT);
     }
     // Reading logs must not take CPU time from the programs that write them.
+    // SAFETY: nice changes this process's priority only.
     unsafe { libc::nice(10) };
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
