@@ -23,17 +23,20 @@ check() {
   timeout 300 $bin/cupool check --log-dir $work/$name --json $work/$name.json -- "$@" > $work/$name.out 2> $work/$name.err
   local rc=$?
   rows+=("$(python3 $src/check_verdict.py $name $rc $work/$name.json $expect)")
+  echo "${rows[-1]}"  # as it comes: a run cut short keeps what it checked
 }
 check torch-clean-cache clean -- python3 $src/train_loop.py
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-clean-nocache clean -- python3 $src/train_loop.py
 check cupy-clean clean -- python3 $src/cupy_clean.py
 check jax-clean clean -- python3 $src/jax_step.py
 check cublas-clean clean -- $work/cublas_clean
-line() { grep -n "# ALLOCATED" $src/$1 | cut -d: -f1; }
+line() { grep -n "# ALLOCATED$" $src/$1 | cut -d: -f1; }
 # Programs the rules were not built around: arenas that grow while they warm
 # up, a generation's cache replaced by larger tensors every token, short loops.
 XLA_PYTHON_CLIENT_PREALLOCATE=false check jax-loop-clean clean -- python3 $src/jax_loop.py
-XLA_PYTHON_CLIENT_PREALLOCATE=false LEAK=1 check jax-loop-leak growth:jax_loop.py:$(line jax_loop.py) -- python3 $src/jax_loop.py
+XLA_PYTHON_CLIENT_PREALLOCATE=false LEAK=1 MARK=1 check jax-loop-leak growth:jax_loop.py:$(line jax_loop.py) -- python3 $src/jax_loop.py
+LEAK=1 MARK=1 check jax-prealloc-leak growth:jax_loop.py:$(line jax_loop.py) -- python3 $src/jax_loop.py
+XLA_PYTHON_CLIENT_PREALLOCATE=false LEAK=1 check jax-fast-unmarked "note:in one sample" -- python3 $src/jax_loop.py
 check hf-generate-clean clean -- python3 $src/hf_generate.py
 check hf-finetune-clean clean -- python3 $src/hf_finetune.py
 LEAK=1 check hf-finetune-leak growth:hf_finetune.py:$(line hf_finetune.py) -- python3 $src/hf_finetune.py

@@ -1,7 +1,7 @@
 """One row of scripts/gpu-leakcheck.sh from `cupool check --json` output.
 
 usage: check_verdict.py NAME RC FINDINGS.json EXPECT
-EXPECT: clean | growth:FILE:LINE[:ranks] | test:NAME[:FILE:LINE] | sanitizer:OUTPUT | budget:WHAT | status:N
+EXPECT: clean | note:TEXT (clean, with a note holding TEXT) | growth:FILE:LINE[:ranks] | test:NAME[:FILE:LINE] | sanitizer:OUTPUT | budget:WHAT | status:N
 """
 import json
 import re
@@ -31,6 +31,9 @@ desc = "; ".join(
 )
 if expect == "clean":
     row(rc == 0 and not failing, f"failing={len(failing)} suppressed_bytes={held} {desc}")
+elif expect.startswith("note:"):
+    notes = [n for n in doc.get("notes", []) if expect[5:] in n]
+    row(rc == 0 and not failing and bool(notes), f"failing={len(failing)} note: {notes[0][:90] if notes else None} {desc}")
 elif expect.startswith("growth:"):
     _, file, line, *ranks = expect.split(":")
     hits = [

@@ -2,7 +2,12 @@
 # pass; LEAK=1 keeps each step's device array (the line marked ALLOCATED).
 import os
 import numpy as np
-from numba import cuda
+
+if not hasattr(np, "row_stack"):
+    # numba-cuda's compiler still calls np.row_stack, which NumPy 2.5
+    # removed; its replacement is the same function.
+    np.row_stack = np.vstack
+from numba import cuda  # noqa: E402
 
 leak = os.environ.get("LEAK") == "1"
 
