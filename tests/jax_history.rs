@@ -86,3 +86,64 @@ fn arrays_kept_step_after_step_are_found_at_their_line_and_a_clean_loop_passes()
         }
     }
 }
+
+/// A loop far faster than the sampling (default period) that keeps an
+/// array a step. Marked with `cupool.mark()`, the recorder samples at each
+/// mark and the leak is found at its line; unmarked, the arrays are first
+/// seen together, which set-up (a model's parameters) gives as well: the
+/// check passes and says why it could not judge them.
+const FAST: &str = r#"
+import ctypes, os
+import jax, jax.numpy as jnp
+import cupool
+
+ctypes.CDLL(os.environ["FAKE_CUDART"], mode=os.RTLD_GLOBAL)
+_process = ctypes.CDLL(None)
+_process.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+staging = ctypes.c_void_p()
+assert _process.cudaMalloc(ctypes.byref(staging), 1 << 20) == 0
+_process.cudaFree.argtypes = [ctypes.c_void_p]
+
+params = [jnp.full((64, 64), float(i)) for i in range(30)]  # PARAMS
+kept = []
+x = jnp.ones((64, 64))
+for step in range(30):
+    if os.environ.get("MARK"):
+        cupool.mark("step %d" % step)
+    x = x * 0.5 + params[step]
+    kept.append(x + 1.0)  # KEPT
+x.block_until_ready()
+_process.cudaFree(staging)
+"#;
+
+#[test]
+fn a_loop_faster_than_the_sampling_is_judged_at_its_marks_and_never_guessed() {
+    let python = python_with("jax-tools", REQUIREMENTS);
+    let dir = scratch_dir("jax-fast");
+    fs::write(dir.join("fast.py"), FAST).unwrap();
+    let line = FAST.lines().position(|l| l.contains("# KEPT")).unwrap() + 1;
+    for marked in [true, false] {
+        let name = if marked { "marked" } else { "unmarked" };
+        let (logs, json) = (dir.join(name), dir.join(format!("{name}.json")));
+        let mut cmd = cupool_command(&["check", "--log-dir", path_str(&logs), "--json", path_str(&json), "--"], &dir);
+        cmd.arg(&python).arg("fast.py").current_dir(&dir).env("FAKE_CUDART", fakes().libcudart());
+        if marked {
+            cmd.env("MARK", "1");
+        }
+        let out = cmd.output().expect("run cupool check");
+        let err = stderr_of(&out);
+        let doc: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+        let growth: Vec<&Value> =
+            doc["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "growth").collect();
+        if marked {
+            assert_eq!(out.status.code(), Some(23), "{err}");
+            assert_eq!(growth.len(), 1, "{err}");
+            let at = &growth[0]["frames"][growth[0]["user_frame"].as_u64().unwrap() as usize];
+            assert_eq!(at["line"].as_u64(), Some(line as u64), "{err}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{err}");
+            assert!(growth.is_empty(), "{err}");
+            assert!(err.contains("in one sample") && err.contains("cupool.mark()"), "{err}");
+        }
+    }
+}

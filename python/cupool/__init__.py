@@ -220,6 +220,20 @@ def _encode(name):
     return name.encode("utf-8", "replace") if isinstance(name, str) else bytes(name)
 
 
+# Called as hook(edge, name) just before a phase edge ("begin", "end" or
+# "mark") reaches the log: a recorder that samples the program's objects
+# (cupool.jax_history) looks at them at the loop's edges as well.
+_edge_hooks = []
+
+
+def _edge(edge, name):
+    for hook in _edge_hooks:
+        try:
+            hook(edge, name if isinstance(name, str) else bytes(name).decode("utf-8", "replace"))
+        except Exception:
+            pass
+
+
 def phase_begin(name):
     """Begins a phase named ``name`` in the log (``cupool_phase_begin``); phases nest.
 
@@ -228,6 +242,7 @@ def phase_begin(name):
     """
     api = _get()
     if api is not None and api.phase_begin is not None:
+        _edge("begin", name)
         api.phase_begin(_encode(name))
 
 
@@ -235,6 +250,7 @@ def phase_end():
     """Ends the innermost phase begun by :func:`phase_begin` (``cupool_phase_end``)."""
     api = _get()
     if api is not None and api.phase_end is not None:
+        _edge("end", "")
         api.phase_end()
 
 
@@ -249,11 +265,13 @@ def phase(name):
     begin = api.phase_begin if api is not None else None
     end = api.phase_end if api is not None else None
     if begin is not None:
+        _edge("begin", name)
         begin(_encode(name))
     try:
         yield
     finally:
         if begin is not None and end is not None:
+            _edge("end", name)
             end()
 
 
@@ -261,6 +279,7 @@ def mark(name):
     """Puts a named instant in the log (``cupool_mark``), when the shim has it."""
     api = _get()
     if api is not None and api.mark is not None:
+        _edge("mark", name)
         api.mark(_encode(name))
 
 

@@ -15,17 +15,24 @@ the shape of ``cupool-torch``: docs/log-schema.md). ``cupool check`` then
 judges growth from the arrays, by the rule it applies to PyTorch's tensors,
 and names the line that made the arrays kept.
 
-An array that lives less than a sampling period may be missed: what
-leaks lives on, so a leak is never missed, and a clean loop's temporaries
-do not matter to the rule. Sampling never starts a backend: until JAX has
-one, a sample does nothing. Nothing here raises into the program or
-prints, except notes on stderr with ``verbosity=2``.
+An array is placed in time at the sample that first saw it: one that lives
+less than a period may be missed (what leaks lives on, and a clean loop's
+temporaries do not matter to the rule), and the arrays of a loop whose
+steps are shorter than the period are seen a batch at a time. Arrays first
+seen together were, for all the record tells, made at once, which is not
+growth step by step; so the recorder also samples at every phase edge made
+with cupool's API (``cupool.mark``, ``cupool.phase``) and keeps those edges
+in its record, which places each array in its step however fast the loop.
+Sampling never starts a backend: until JAX has one, a sample does nothing.
+Nothing here raises into the program or prints, except notes on stderr
+with ``verbosity=2``.
 """
 
 import os
 import sys
 import threading
 import time
+import weakref
 
 from cupool._options import DEFAULTS, flag, option, parse_options
 
@@ -84,13 +91,15 @@ def _prepare(jax):
         depth=depth,
         log_dir=os.path.abspath(option(opts, "log_dir")),
         run_id=option(opts, "run_id"),
-        live={},  # id(array) -> (key, nbytes, device, stack)
+        live={},  # id(array) -> (key, nbytes, device, stack, weak reference)
         next_key=1,
         stacks=[],
         by_frames={},
         events={},  # device -> [[action, key, size, time_us, stack], ...]
+        edges=[],  # [[edge, name, time_us], ...]: phases made with cupool's API
         samples=0,
     )
+    cupool._edge_hooks.append(_at_edge)
     import atexit
 
     atexit.register(_at_exit)
@@ -160,10 +169,13 @@ def _sample():
                 oid = id(a)
                 nbytes = int(a.nbytes)
                 old = live.get(oid)
-                if old is not None and old[1] == nbytes:
+                # An id outlives its array: a new array often gets the id of
+                # one that died since the last sample, so the array itself
+                # is compared (by a weak reference: the record keeps nothing alive).
+                if old is not None and old[1] == nbytes and _same(old[4], a):
                     seen[oid] = old
                     continue
-                entry = (_state["next_key"], nbytes, _device_of(a), _stack_of(a))
+                entry = (_state["next_key"], nbytes, _device_of(a), _stack_of(a), _ref(a))
                 _state["next_key"] += 1
                 seen[oid] = entry
                 _event("alloc", entry, now_us)
@@ -177,8 +189,30 @@ def _sample():
         _state["samples"] += 1
 
 
+def _at_edge(edge, name):
+    """A phase edge made with cupool's API: a sample now, and the edge in
+    the record, in the samples' clock, so that arrays made in a step are
+    placed in it however fast the loop runs."""
+    if _state.get("pid") != os.getpid() or _state.get("done"):
+        return
+    _sample()
+    with _lock:
+        _state["edges"].append([edge, name, time.time_ns() // 1000])
+
+
+def _ref(array):
+    try:
+        return weakref.ref(array)
+    except TypeError:
+        return None
+
+
+def _same(ref, array):
+    return ref is not None and ref() is array
+
+
 def _event(action, entry, now_us):
-    key, nbytes, device, stack = entry
+    key, nbytes, device, stack, _ = entry
     _state["events"].setdefault(device, []).append(
         [action, key, nbytes, now_us, stack if action == "alloc" else None]
     )
@@ -207,6 +241,7 @@ def _at_exit():
                 {"device": d, "events": e, "full": False} for d, e in sorted(_state["events"].items())
             ],
             "segments": [],
+            "phases": _state["edges"],
         }
         path = write(_state["log_dir"], os.getpid(), doc, stem="cupool-jax")
         _note("wrote %s" % path)

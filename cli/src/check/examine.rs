@@ -110,9 +110,13 @@ fn growth_leaks(
         } else {
             growth::analyse_process(&objects, min, skip, &|_| false)
         };
+        let mut grown_stacks: HashSet<u32> = HashSet::new();
         match judged {
             Ok(grown) => {
                 for g in grown {
+                    if let SiteKey::Stack(id) = g.key {
+                        grown_stacks.insert(id);
+                    }
                     let site = object_site(h, &g);
                     if g.replaced {
                         notes.push(replaced_note(&who, &site, &g));
@@ -132,10 +136,22 @@ fn growth_leaks(
                 arena_stacks.extend(namer.stacks_in(&|m| h.framework.arena(m)));
                 objects_judged = true;
             }
-            Err(why) => notes.push(format!(
-                "{who}: {api}'s record of its {kind}s ({}): {why}; growth inside its arena judged from the arena",
-                h.path.display()
-            )),
+            Err(why) => {
+                let batches =
+                    batches_note(&who, h, &grown_stacks, (min + 1).max(8), p.log.header.options.jax_history_ms);
+                match batches.filter(|_| h.framework.sampled() && why == growth::NotChecked::NoRepetition) {
+                    // What it saw, and why it is not judged, rather than the general advice.
+                    Some(note) => notes.push(note),
+                    None => notes.push(format!(
+                        "{who}: {api}'s record of its {kind}s ({}): {why}; growth inside its arena judged from the arena",
+                        h.path.display()
+                    )),
+                }
+                continue;
+            }
+        }
+        if h.framework.sampled() && h.phases.is_empty() {
+            notes.extend(batches_note(&who, h, &grown_stacks, (min + 1).max(8), p.log.header.options.jax_history_ms));
         }
     }
     let left_out = |a: &Allocation| addresses.contains(&a.addr) || a.stack.is_some_and(|s| arena_stacks.contains(&s));
@@ -169,6 +185,29 @@ fn growth_leaks(
         Err(growth::NotChecked::NoRepetition) if objects_judged => {}
         Err(why) => notes.push(format!("{who}: {why}")),
     }
+}
+
+/// The batches of a sampled record that it could not judge: objects first
+/// seen together at one site and kept, other than at a site found growing.
+fn batches_note(who: &str, h: &History, grown: &HashSet<u32>, min_count: usize, period_ms: u64) -> Option<String> {
+    let batches: Vec<(u32, usize)> =
+        h.batches_kept(min_count).into_iter().filter(|(s, _)| !grown.contains(s)).collect();
+    let &(stack, count) = batches.first()?;
+    let frames = h.frames(stack);
+    let at = crate::sites::user_frame(&frames, None)
+        .or(frames.first())
+        .map_or_else(|| "one site".to_string(), |f| f.text(0).trim_start_matches("#0 ").to_string());
+    let more = match batches.len() - 1 {
+        0 => String::new(),
+        n => format!(" (and batches at {n} other site(s))"),
+    };
+    let (api, kind) = (h.framework.api(), h.framework.kind());
+    Some(format!(
+        "{who}: {api}'s record first saw {count} {kind}s made at {at} in one sample{more}, kept to the end: made at \
+         once, or by a loop whose steps are shorter than the sampling period ({period_ms} ms, jax_history_ms), which \
+         the record cannot tell apart; not judged as growth. Mark the loop's steps with cupool.mark() for the \
+         record to sample at each"
+    ))
 }
 
 /// A site whose bytes grew while the number of its allocations did not.

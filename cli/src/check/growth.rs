@@ -295,6 +295,15 @@ pub fn grows(series: &[u64]) -> Option<Fit> {
     Some(Fit { gain, per_sample: gain / last as u64 })
 }
 
+/// Whether `rest` after a repetition that lasted `span` may be a short run's
+/// exit work (an interpreter tearing down, a busy machine), which can take
+/// up to a second whatever the loop before it did: not when the
+/// repetition was over in a hundredth of that time, as a burst of set-up is.
+fn short_run_exit(span: u64, rest: u64) -> bool {
+    const EXIT_WORK_NS: u64 = 1_000_000_000;
+    rest < EXIT_WORK_NS && span.saturating_mul(100) >= rest
+}
+
 /// Every `stride`-th item, the last one always kept, with `stride` chosen
 /// so that at most `max` remain.
 struct Thinned {
@@ -317,26 +326,28 @@ fn every_nth(items: &[usize], max: usize) -> Thinned {
 /// candidates is the number of iterations (a site inside an inner loop
 /// allocates a multiple of it); of the sites with that count, the first to
 /// allocate is the clock. A candidate's allocations must also span at least
-/// half of the time from its first one to the timeline's last event (when
-/// more than a second follows them):
+/// half of the time from its first one to the timeline's last event, and
+/// of the time over which other sites go on allocating after it:
 /// allocations that repeat in a burst and then stop (a library setting up a
 /// buffer per channel, a model's weights layer by layer) are set-up, not the
 /// loop the program spends its time in (what they keep is an exit leak if it
-/// is never freed, judged there).
+/// is never freed, judged there). Allocations at one instant (those a
+/// sampled record first saw together) are one occurrence: things made at
+/// once are not made one per step.
 fn clock(replay: &Replay, min_count: usize) -> Option<usize> {
-    const SET_UP_AFTER_NS: u64 = 1_000_000_000;
-    let mut positions: Vec<Vec<usize>> = vec![Vec::new(); replay.keys.len()];
-    for (ordinal, &(_, k)) in replay.allocs.iter().enumerate() {
-        positions[k].push(ordinal);
-    }
+    let positions = replay.occurrences();
     let end = replay.p.changes.last().map_or(0, |c| c.t_ns);
     let time_of = |ordinal: usize| replay.p.changes[replay.allocs[ordinal].0].t_ns;
+    let last_alloc_by_other =
+        |k: usize| replay.allocs.iter().rev().find(|a| a.1 != k).map_or(0, |a| replay.p.changes[a.0].t_ns);
     let lasts = |k: usize| {
         let (from, to) = (time_of(positions[k][0]), time_of(*positions[k].last().unwrap_or(&positions[k][0])));
+        let span = to.saturating_sub(from);
+        if last_alloc_by_other(k).saturating_sub(to) > span {
+            return false; // the program went on allocating for longer elsewhere
+        }
         let rest = end.saturating_sub(to);
-        // Less than a second after it proves nothing: a short run's exit work
-        // (an interpreter tearing down, a busy machine) can take that long.
-        rest <= to.saturating_sub(from) || rest < SET_UP_AFTER_NS
+        rest <= span || short_run_exit(span, rest)
     };
     let regular: Vec<usize> = (0..positions.len())
         .filter(|&k| positions[k].len() >= min_count)
@@ -454,8 +465,24 @@ impl<'a> Replay<'a> {
     }
 
     /// The changes of the allocations of `site`.
+    /// The changes at which `site` allocates, one per instant.
     fn starts_of(&self, site: usize) -> Vec<usize> {
-        self.allocs.iter().filter(|a| a.1 == site).map(|a| a.0).collect()
+        self.occurrences()[site].iter().map(|&ordinal| self.allocs[ordinal].0).collect()
+    }
+
+    /// Each site's allocations (ordinals in `allocs`), those at the instant
+    /// of the site's previous one left out.
+    fn occurrences(&self) -> Vec<Vec<usize>> {
+        let mut positions: Vec<Vec<usize>> = vec![Vec::new(); self.keys.len()];
+        let mut last_t: Vec<Option<u64>> = vec![None; self.keys.len()];
+        for (ordinal, &(change, k)) in self.allocs.iter().enumerate() {
+            let t = self.p.changes[change].t_ns;
+            if last_t[k] != Some(t) {
+                positions[k].push(ordinal);
+                last_t[k] = Some(t);
+            }
+        }
+        positions
     }
 
     fn what(&self, site: usize) -> String {

@@ -396,3 +396,53 @@ fn the_check_notes_replaced_buffers_and_fails_on_kept_ones() {
     let f = judge(training(20, true, true));
     assert_eq!(f.failing().filter(|x| x.kind == crate::check::finding::LeakKind::Growth).count(), 1);
 }
+
+/// A short program (well under a second, where exit work may take as long
+/// as the loop) that sets up a model layer by layer, a weight and a bias
+/// each, then runs a clean loop of fewer steps than it has layers.
+#[test]
+fn a_short_run_that_builds_a_model_then_loops_cleanly_does_not_grow() {
+    let mut b = LogBuilder::new(19, "python tiny.py");
+    for _ in 0..40 {
+        b.alloc(256 * KIB, Some(7));
+        b.alloc(KIB, Some(8));
+        b.idle(100_000);
+    }
+    for _ in 0..10 {
+        let act = b.alloc(64 * KIB, Some(2));
+        let grad = b.alloc(64 * KIB, Some(3));
+        b.idle(10_000_000);
+        b.free(act);
+        b.free(grad);
+    }
+    b.idle(100_000_000);
+    let found = analyse(&b.exit(0), 4, &|_| false);
+    assert!(found.as_ref().is_ok_and(Vec::is_empty) || found == Err(NotChecked::NoRepetition), "{found:#?}");
+}
+
+/// A short C program that allocates its buffers back to back, works for
+/// half a second without allocating, and frees them.
+#[test]
+fn a_short_run_whose_buffers_are_set_up_at_once_does_not_grow() {
+    let mut b = LogBuilder::new(20, "./solver");
+    let buffers: Vec<u64> = (0..16).map(|_| b.alloc(4 * MIB, Some(7))).collect();
+    b.idle(500_000_000);
+    for p in buffers {
+        b.free(p);
+    }
+    let found = analyse(&b.exit(0), 4, &|_| false);
+    assert!(found.as_ref().is_ok_and(Vec::is_empty) || found == Err(NotChecked::NoRepetition), "{found:#?}");
+}
+
+/// The same short program, but each buffer is kept by a step of a loop
+/// that works between them: a leak, short run or not.
+#[test]
+fn a_short_loop_that_keeps_a_buffer_per_step_grows() {
+    let mut b = LogBuilder::new(21, "./solver");
+    for _ in 0..16 {
+        b.alloc(4 * MIB, Some(7));
+        b.idle(5_000_000);
+    }
+    b.idle(300_000_000); // exit work as long as the loop
+    assert_eq!(check(&b.exit(0)).len(), 1);
+}

@@ -70,6 +70,13 @@ impl Framework {
         }
     }
 
+    /// Whether the record is sampled: its times are those of the samples,
+    /// not of the allocations, so phase edges cannot be placed among its
+    /// events and its growth is judged by its own repetition alone.
+    pub fn sampled(self) -> bool {
+        self == Framework::Jax
+    }
+
     fn of_schema(schema: &str) -> Option<Framework> {
         Framework::ALL.into_iter().find(|f| f.schema() == schema)
     }
@@ -101,6 +108,11 @@ pub struct History {
     /// The cache's segments at exit: `(device, address, size)`.
     #[serde(default)]
     pub segments: Vec<(i32, u64, u64)>,
+    /// A sampled record's own phase edges, made with cupool's Python API and
+    /// stamped in the samples' clock: `(edge, name, time_us)`, `edge` being
+    /// `begin`, `end` or `mark`.
+    #[serde(default)]
+    pub phases: Vec<(String, String, i64)>,
     #[serde(skip)]
     pub path: PathBuf,
 }
@@ -235,13 +247,79 @@ impl History {
             }
             lists.push(list);
         }
-        let phases = p.changes.iter().filter(|c| matches!(c.what, What::PhaseBegin(_) | What::PhaseEnd(_)));
-        lists.push(phases.map(|c| p.log.events[c.event].clone()).collect());
+        if self.framework.sampled() {
+            lists.push(self.own_edges(at));
+        } else {
+            let phases = p.changes.iter().filter(|c| matches!(c.what, What::PhaseBegin(_) | What::PhaseEnd(_)));
+            lists.push(phases.map(|c| p.log.events[c.event].clone()).collect());
+        }
         let mut merged = merge_by_time(lists);
         for (i, e) in merged.iter_mut().enumerate() {
             e.seq = i as u64;
         }
         merged
+    }
+
+    /// A sampled record's phase edges as a log's, at `at(time_us)`: the
+    /// recorder sampled at each, so its arrays lie on the right side of them.
+    fn own_edges(&self, at: impl Fn(i64) -> u64) -> Vec<EventRecord> {
+        let edge = |ev: EventKind, api: &str, name: &str, t_us: i64| {
+            let mut r = EventRecord::new(0, at(t_us), ev);
+            r.api = Some(Named::from_name(api));
+            r.name = Some(name.to_string());
+            r.device = Some(0);
+            r.tid = Some(0);
+            r
+        };
+        let (mut out, mut open, mut mark) = (Vec::new(), Vec::<String>::new(), None::<String>);
+        for (kind, name, t_us) in &self.phases {
+            match kind.as_str() {
+                "mark" => {
+                    if let Some(prev) = mark.replace(name.clone()) {
+                        out.push(edge(EventKind::PhaseEnd, "cupool_mark", &prev, *t_us));
+                    }
+                    out.push(edge(EventKind::PhaseBegin, "cupool_mark", name, *t_us));
+                }
+                "begin" => {
+                    out.push(edge(EventKind::PhaseBegin, "cupool_phase_begin", name, *t_us));
+                    open.push(name.clone());
+                }
+                "end" => {
+                    if let Some(name) = open.pop() {
+                        out.push(edge(EventKind::PhaseEnd, "cupool_phase_end", &name, *t_us));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Batches of a sampled record: at least `min_count` objects made at one
+    /// site, first seen in one sample and never freed, as `(stack, count)`.
+    /// The record cannot tell a batch made at once (a model's parameters)
+    /// from a loop faster than its sampling that kept one a step.
+    pub fn batches_kept(&self, min_count: usize) -> Vec<(u32, usize)> {
+        let mut freed: HashSet<u64> = HashSet::new();
+        let mut batches: HashMap<(u32, i64), usize> = HashMap::new();
+        for d in &self.devices {
+            freed.extend(d.events.iter().filter(|e| e.0 != "alloc").map(|e| e.1));
+        }
+        for d in &self.devices {
+            for e in d.events.iter().filter(|e| e.0 == "alloc" && !freed.contains(&e.1)) {
+                if let Some(stack) = e.4 {
+                    *batches.entry((stack, e.3)).or_default() += 1;
+                }
+            }
+        }
+        let mut by_stack: HashMap<u32, usize> = HashMap::new();
+        for ((stack, _), n) in batches.into_iter().filter(|&(_, n)| n >= min_count) {
+            let most = by_stack.entry(stack).or_default();
+            *most = (*most).max(n);
+        }
+        let mut out: Vec<(u32, usize)> = by_stack.into_iter().collect();
+        out.sort_unstable_by_key(|&(stack, n)| (std::cmp::Reverse(n), stack));
+        out
     }
 
     /// What to add to PyTorch's time stamps (µs) times 1000 to get the

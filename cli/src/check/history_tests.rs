@@ -88,6 +88,7 @@ fn pytorch_loop(steps: usize, leak: bool, marks: bool, segments_from: &str) -> (
         devices: vec![DeviceTrace { device: 0, events, full: false }],
         segments: vec![],
         path: PathBuf::from("cupool-torch.42.json"),
+        phases: vec![],
     };
     (log, history)
 }
@@ -278,6 +279,7 @@ fn jax_loop(steps: usize, leak: bool) -> (Log, History) {
         devices: vec![DeviceTrace { device: 0, events, full: false }],
         segments: vec![],
         path: PathBuf::from("cupool-jax.43.json"),
+        phases: vec![],
     };
     (log, history)
 }
@@ -303,4 +305,144 @@ fn jax_arena_growth_alone_is_a_note_and_kept_arrays_are_found_at_their_line() {
     let (log, h) = jax_loop(20, false);
     let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
     assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
+}
+
+/// JAX emits NVTX ranges of its own while it compiles (`XlaPass:…`, many of
+/// one name), and a program makes its parameters between compiles: the
+/// arrays grow from range to range during setup, which is no leak. The
+/// recorder's times are its samples', not the arrays', so ranges are not
+/// placed among them: its growth is judged by its own repetition.
+#[test]
+fn arrays_made_between_jax_compile_ranges_are_not_growth() {
+    let pid = 44;
+    let mut b = LogBuilder::new(pid, "python jax_setup.py").module_site(1, XLA);
+    let mut events: Vec<TraceEvent> = Vec::new();
+    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
+    let mut key = 0u64;
+    for _ in 0..8 {
+        b.nvtx("XlaPass:#name=cublas-gemm-rewriter,module=fused_multiply", |b| b.idle(1000));
+        key += 1; // a parameter, kept for the whole run
+        let t = now_us(&mut b);
+        events.push(TraceEvent("alloc".into(), key, 512 * KIB, t, Some(0)));
+    }
+    for _ in 0..30 {
+        key += 1; // a step's temporary
+        let t = now_us(&mut b);
+        events.push(TraceEvent("alloc".into(), key, 64 * KIB, t, Some(1)));
+        b.idle(1000);
+        let t = now_us(&mut b);
+        events.push(TraceEvent("free_requested".into(), key, 64 * KIB, t, None));
+    }
+    let log = b.exit(0);
+    let h = History {
+        schema: Framework::Jax.schema().into(),
+        version: VERSION,
+        framework: Framework::Jax,
+        pid,
+        run_id: String::new(),
+        torch: String::new(),
+        max_entries: 0,
+        stacks: vec![
+            vec![("<module>".into(), "/src/jax_setup.py".into(), 12)],
+            vec![("<module>".into(), "/src/jax_setup.py".into(), 20)],
+        ],
+        devices: vec![DeviceTrace { device: 0, events, full: false }],
+        segments: vec![],
+        path: PathBuf::from("cupool-jax.44.json"),
+        phases: vec![],
+    };
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
+}
+
+/// A JAX program that makes its parameters in one go (a list of arrays,
+/// all new in one sample of the recorder) and then runs a clean loop:
+/// arrays seen together were made at once, not one per step.
+#[test]
+fn arrays_first_seen_in_one_sample_are_not_a_loop() {
+    let pid = 45;
+    let mut b = LogBuilder::new(pid, "python jax_params.py").module_site(1, XLA);
+    let mut events: Vec<TraceEvent> = Vec::new();
+    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
+    b.idle(100_000_000);
+    let sample = now_us(&mut b);
+    for key in 1..=40 {
+        events.push(TraceEvent("alloc".into(), key, 256 * KIB, sample, Some(0)));
+    }
+    for key in 41..45 {
+        b.idle(100_000_000);
+        let t = now_us(&mut b);
+        events.push(TraceEvent("alloc".into(), key, 256 * KIB, t, Some(1)));
+        if key > 41 {
+            events.push(TraceEvent("free_requested".into(), key - 1, 256 * KIB, t, None));
+        }
+    }
+    let log = b.exit(0);
+    let h = History {
+        schema: Framework::Jax.schema().into(),
+        version: VERSION,
+        framework: Framework::Jax,
+        pid,
+        run_id: String::new(),
+        torch: String::new(),
+        max_entries: 0,
+        stacks: vec![
+            vec![("<module>".into(), "/src/jax_params.py".into(), 9)],
+            vec![("<module>".into(), "/src/jax_params.py".into(), 14)],
+        ],
+        devices: vec![DeviceTrace { device: 0, events, full: false }],
+        segments: vec![],
+        path: PathBuf::from("cupool-jax.45.json"),
+        phases: vec![],
+    };
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
+    let note = f.notes.iter().find(|n| n.contains("first saw 40 arrays made at <module> /src/jax_params.py:9"));
+    assert!(note.is_some_and(|n| n.contains("cupool.mark()")), "{:?}", f.notes);
+    assert!(!f.notes.iter().any(|n| n.contains("growth was not checked")), "the batches say why: {:?}", f.notes);
+}
+
+/// A loop faster than the sampling that keeps an array a step, marked
+/// with cupool.mark(): the recorder sampled at each mark and kept the
+/// marks in its record, so each array lies in its own step.
+#[test]
+fn marks_in_a_sampled_record_place_a_fast_loops_arrays_in_their_steps() {
+    let pid = 46;
+    let mut b = LogBuilder::new(pid, "python jax_fast.py").module_site(1, XLA);
+    let (mut events, mut phases) = (Vec::new(), Vec::new());
+    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
+    for step in 0..20u64 {
+        let t = now_us(&mut b);
+        if step > 0 {
+            events.push(TraceEvent("alloc".into(), step, 64 * KIB, t, Some(0)));
+        }
+        phases.push(("mark".to_string(), format!("step {step}"), t + 1));
+        b.idle(2_000);
+    }
+    let log = b.exit(0);
+    let mut h = History {
+        schema: Framework::Jax.schema().into(),
+        version: VERSION,
+        framework: Framework::Jax,
+        pid,
+        run_id: String::new(),
+        torch: String::new(),
+        max_entries: 0,
+        stacks: vec![vec![("<module>".into(), "/src/jax_fast.py".into(), 7)]],
+        devices: vec![DeviceTrace { device: 0, events, full: false }],
+        segments: vec![],
+        path: PathBuf::from("cupool-jax.46.json"),
+        phases,
+    };
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    let failing: Vec<_> = f.failing().collect();
+    assert_eq!(failing.len(), 1, "{:#?}", f.findings);
+    assert_eq!(failing[0].frames[0].text(0), "#0 <module> /src/jax_fast.py:7 [python]");
+    // The same arrays, all first seen by one sample without marks: a note, not a finding.
+    let t = h.devices[0].events[0].3;
+    h.devices[0].events.iter_mut().for_each(|e| e.3 = t);
+    h.phases.clear();
+    let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
+    assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
+    assert!(f.notes.iter().any(|n| n.contains("first saw 19 arrays")), "{:?}", f.notes);
 }
