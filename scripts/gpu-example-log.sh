@@ -9,7 +9,7 @@
 # (cupool.<pid>.json.gz), PyTorch's history beside them as written
 # (cupool-torch.<pid>.json: the check reads it plain), the check's JSON and
 # its report. Copy that directory's files into examples/torch-leak/log/ in
-# place of the stand-in there, then run
+# place of those there, then run
 # `cargo test --release --test example` and update README.md's output if it
 # says so.
 set -u

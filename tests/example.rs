@@ -5,9 +5,8 @@
 //! ALLOCATED in the program that the log recorded; and the lines README.md
 //! quotes from the verdict are the ones `cupool merge` prints for it.
 //!
-//! Until a log recorded on a GPU (`scripts/gpu-example-log.sh`, PyTorch)
-//! replaces it, the log there is a stand-in made with the fake CUDA
-//! (`scripts/example-stand-in.sh`); this test takes whichever is there.
+//! The log was recorded on a GPU by `scripts/gpu-example-log.sh`
+//! (PyTorch); rerecorded, its files replace those there.
 //! `cargo test --release --test example`
 mod support;
 

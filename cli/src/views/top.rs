@@ -234,6 +234,10 @@ fn logs_of(path: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     entries.sort();
     for p in entries {
+        // A link to a run directory (`latest`) names a run already listed.
+        if p.is_symlink() && p.is_dir() {
+            continue;
+        }
         if p.is_dir() {
             if depth < MAX_DEPTH {
                 logs_of(&p, depth + 1, out);
@@ -598,4 +602,26 @@ pub fn run(args: TopArgs) -> ExitCode {
     }
     drop(screen);
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_watched_once_though_latest_names_it_too() {
+        let root = std::env::temp_dir().join(format!("cupool-top-logs-{}", std::process::id()));
+        let run = root.join("run-20261206T083044Z-2820");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join("cupool.2822.json"), "").unwrap();
+        let _ = std::fs::remove_file(root.join("latest"));
+        std::os::unix::fs::symlink("run-20261206T083044Z-2820", root.join("latest")).unwrap();
+        let mut found = Vec::new();
+        logs_of(&root, 0, &mut found);
+        assert_eq!(found, [run.join("cupool.2822.json")]);
+        let mut through_link = Vec::new();
+        logs_of(&root.join("latest"), 0, &mut through_link);
+        assert_eq!(through_link.len(), 1, "the link itself, named, is read");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
