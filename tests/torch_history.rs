@@ -42,6 +42,15 @@ class Tensor(object):
 def empty(nbytes):
     cuda._lazy_init()
     return cuda._alloc(nbytes, sys._getframe(1))
+
+
+def __getattr__(name):
+    # PyTorch's lazy submodules: `torch._inductor` is imported on first use.
+    if name == "_inductor":
+        import importlib
+
+        return importlib.import_module("._inductor", __name__)
+    raise AttributeError(name)
 "#;
 
 /// `torch/cuda/__init__.py`: lazy initialisation with queued calls, as
@@ -158,6 +167,9 @@ def _record(action, addr, size, frames):
 
 
 def _snapshot(device=None, augment_with_fx_traces=False):
+    # As PyTorch names frames: it asks whether inductor compiled any of them.
+    with open(os.path.join(os.environ["STUB_OUT"], "snapshot-saw-inductor.%d" % os.getpid()), "w") as f:
+        f.write(repr(hasattr(sys.modules["torch"], "_inductor")))
     cuda = sys.modules["torch.cuda"]
     segments = [{"device": 0, "address": a, "total_size": cuda.SEGMENT, "blocks": []} for a in cuda._segments]
     return {"segments": segments, "device_traces": [list(_traces)], "allocator_settings": {}}
@@ -195,6 +207,8 @@ fn project(name: &str) -> PathBuf {
     fs::write(dir.join("stub/torch/__init__.py"), TORCH_INIT).unwrap();
     fs::write(dir.join("stub/torch/cuda/__init__.py"), TORCH_CUDA).unwrap();
     fs::write(dir.join("stub/torch/cuda/memory.py"), TORCH_MEMORY).unwrap();
+    fs::create_dir_all(dir.join("stub/torch/_inductor")).unwrap();
+    fs::write(dir.join("stub/torch/_inductor/__init__.py"), "").unwrap();
     fs::write(dir.join("train.py"), TRAIN).unwrap();
     fs::create_dir_all(dir.join("out")).unwrap();
     dir
@@ -328,6 +342,43 @@ fn without_the_history_the_finding_is_where_the_cache_grew() {
     let dir = project("torch-async");
     let (out, _) = check(&dir, "train.py", &[], &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")]);
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=False\n", "{}", show(&out));
+}
+
+/// What the snapshot at exit saw of `torch._inductor`, per process.
+fn snapshots_saw_inductor(dir: &Path) -> Vec<String> {
+    let mut saw: Vec<String> = fs::read_dir(dir.join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("snapshot-saw-inductor."))
+        .map(|p| fs::read_to_string(p).unwrap())
+        .collect();
+    saw.sort();
+    saw
+}
+
+#[test]
+fn the_history_at_exit_imports_nothing_the_program_did_not() {
+    let dir = project("torch-inductor");
+    // The handler is registered before CUDA starts, so it runs after the history is written.
+    let script = "import atexit, sys\nimport torch\n\
+        atexit.register(lambda: print('at exit:', hasattr(torch, '_inductor'), 'torch._inductor' in sys.modules))\n\
+        if len(sys.argv) > 1:\n    torch._inductor\n\
+        kept = [torch.empty(4096) for _ in range(3)]\n\
+        print('before exit:', 'torch._inductor' in sys.modules)\n";
+    fs::write(dir.join("lazy.py"), script).unwrap();
+    let (out, _) = check(&dir, "lazy.py", &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(stdout_of(&out), "before exit: False\nat exit: True True\n", "{}", show(&out));
+    assert_eq!(histories(&dir).len(), 1, "{}", show(&out));
+    assert_eq!(snapshots_saw_inductor(&dir), ["False"], "the snapshot did not import torch._inductor");
+
+    // A program that uses inductor has its compiled frames named, as PyTorch does.
+    fs::remove_dir_all(dir.join("out")).unwrap();
+    fs::create_dir_all(dir.join("out")).unwrap();
+    fs::write(dir.join("eager.py"), script.replace("sys.argv) > 1", "sys.argv) > 0")).unwrap();
+    let (out, _) = check(&dir, "eager.py", &[], &[]);
+    assert_eq!(stdout_of(&out), "before exit: True\nat exit: True True\n", "{}", show(&out));
+    assert_eq!(snapshots_saw_inductor(&dir), ["True"]);
 }
 
 #[test]

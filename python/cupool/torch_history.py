@@ -25,6 +25,7 @@ on stderr with ``verbosity=2``.
 
 import os
 import sys
+import threading
 
 from cupool._options import DEFAULTS, flag, option, parse_options
 
@@ -155,7 +156,7 @@ def _at_exit():
         return
     try:
         torch = sys.modules.get("torch")
-        snapshot = torch.cuda.memory._snapshot()
+        snapshot = _snapshot_without_inductor(torch)
         doc = reduce(snapshot, _state["depth"], _state["entries"])
         doc.update(
             pid=os.getpid(),
@@ -167,6 +168,34 @@ def _at_exit():
         _note("wrote %s" % path)
     except Exception as e:
         _note("not written: %r" % (e,))
+
+
+def _snapshot_without_inductor(torch):
+    """``torch.cuda.memory._snapshot()``, without the import of
+    ``torch._inductor`` it would otherwise set off. To name the frames of
+    code that inductor compiled, PyTorch asks ``hasattr(torch,
+    "_inductor")``, and torch's lazy module ``__getattr__`` answers by
+    importing it: sympy, dynamo and a thousand modules, seconds of a short
+    job, where the program never compiled anything. While the snapshot is
+    taken, and for this thread only, that one lazy name is missing; every
+    other thread, and everything after, sees torch unchanged. A program
+    that imported inductor keeps its frames named as before."""
+    lazy = torch.__dict__.get("__getattr__")
+    if "torch._inductor" in sys.modules or lazy is None:
+        return torch.cuda.memory._snapshot()
+    this_thread = threading.get_ident()
+
+    def without_inductor(name):
+        if name == "_inductor" and threading.get_ident() == this_thread:
+            raise AttributeError(name)
+        return lazy(name)
+
+    torch.__getattr__ = without_inductor
+    try:
+        return torch.cuda.memory._snapshot()
+    finally:
+        if torch.__dict__.get("__getattr__") is without_inductor:
+            torch.__getattr__ = lazy
 
 
 def reduce(snapshot, depth, entries):
