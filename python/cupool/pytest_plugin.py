@@ -24,10 +24,12 @@ How it is measured
   grew that is the answer (cheap: no collection). When something grew,
   the plugin drops the interpreter's reference to a failed test's
   traceback (``sys.last_traceback``, which pytest sets and which keeps the
-  test's locals alive), runs ``gc.collect()``, releases PyTorch's cuBLAS
-  workspaces (kept per handle and stream after a first matmul; PyTorch's
-  own leak check releases them too), waits for the devices it knows to be
-  in use, and reads the counters once more.
+  test's locals alive), releases PyTorch's cuBLAS workspaces (kept per
+  handle and stream after a first matmul; PyTorch's own leak check
+  releases them too), waits for the devices it knows to be in use, and
+  reads the counters again. Only when something still grew does it run
+  ``gc.collect()`` (tenths of a second with a framework loaded, so not
+  for every test that ran a matmul), wait again and read them once more.
 
   The counters: PyTorch's ``memory_stats()`` per device (bytes in live
   tensors, not in its cache) when torch is imported and has initialised
@@ -167,15 +169,16 @@ def _snapshot():
     return snap
 
 
-def _settle(snap):
-    """Lets go of what only garbage and finished work still hold."""
+def _settle(snap, collect):
+    """Lets go of what finished work and, with ``collect``, garbage still hold."""
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             try:
                 delattr(sys, name)
             except AttributeError:
                 pass
-    gc.collect()
+    if collect:
+        gc.collect()
     torch = _torch_in_use()
     if torch is not None:
         try:
@@ -408,8 +411,10 @@ class LeakCheck:
         limit = str(marker.args[0]) if marker is not None and marker.args else None
         after = _snapshot()
         measured_by, total, count, leaked = _leaks(before, after, self.excluded)
-        if total > 0:
-            _settle(after)
+        for collect in (False, True):
+            if total <= 0:
+                break
+            _settle(after, collect)
             after = _snapshot()
             measured_by, total, count, leaked = _leaks(before, after, self.excluded)
         self.results.add(
