@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Shows cupool's interception on a real GPU: every case runs the same program
 # plainly and under the shim, and compare.py checks cupool's log against the
-# program's own counts and compute-sanitizer's leak report. Run through the
-# device tool from the repository root, with the built shim and CLI in .gpu/:
+# program's own counts and compute-sanitizer's leak report. Run on a machine with a GPU,
+# from the repository root, with the built shim and CLI in .gpu/:
 #   cargo build --release && mkdir -p .gpu && cp target/release/{libcupool.so,cupool} .gpu/
 #   (and the wheel: maturin build --release && cp target/wheels/cupool-*.whl .gpu/)
 #   bash scripts/gpu-check.sh            (prints a table last; ends with scripts/gpu-multi.sh,
