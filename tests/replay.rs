@@ -17,14 +17,20 @@ const POLICIES: [&str; 4] = ["cupool-segments", "cupool-vmm", "pytorch-caching",
 
 /// The row printed for `file` and `policy`: (ops, ratio).
 fn row(stdout: &str, file: &str, policy: &str) -> (u64, f64) {
+    let (ops, ratio, _) = row_with_bound(stdout, file, policy);
+    (ops, ratio)
+}
+
+/// The row printed for `file` and `policy`: (ops, ratio, page bound).
+fn row_with_bound(stdout: &str, file: &str, policy: &str) -> (u64, f64, f64) {
     let line = stdout
         .lines()
         .find(|l| l.split_whitespace().take(2).eq([file, policy]))
         .unwrap_or_else(|| panic!("no row for {file} {policy}:\n{stdout}"));
     let f: Vec<&str> = line.split_whitespace().collect();
-    // name, policy, ops, live (2 words), reserved (2 words), ratio, ns/op
-    assert_eq!(f.len(), 9, "{line}");
-    (f[2].parse().unwrap(), f[7].parse().unwrap())
+    // name, policy, ops, live (2 words), reserved (2 words), ratio, page bound, ns/op
+    assert_eq!(f.len(), 10, "{line}");
+    (f[2].parse().unwrap(), f[7].parse().unwrap(), f[8].parse().unwrap())
 }
 
 /// Two 1 MiB blocks live at once, then a 512 B one after both are freed:
@@ -71,7 +77,7 @@ fn json_has_one_object_per_trace_and_policy() {
         let obj = r.as_object().unwrap();
         let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["ns_per_op", "ops", "peak_live", "peak_reserved", "policy", "ratio", "trace"]);
+        assert_eq!(keys, ["ns_per_op", "ops", "page_bound", "peak_live", "peak_reserved", "policy", "ratio", "trace"]);
         assert_eq!(r["policy"], POLICIES[i % POLICIES.len()]);
         let ops = if r["trace"] == "rmm.csv" { 6 } else { 1 };
         assert_eq!(r["ops"], ops, "the same columns as the table: {r}");
@@ -85,6 +91,9 @@ fn json_has_one_object_per_trace_and_policy() {
             other => panic!("unexpected row {other:?}"),
         };
         assert_eq!((live, reserved), want, "{r}");
+        // Whole 2 MiB pages: 2 MiB live needs one, 3 MiB two.
+        let bound = if r["trace"] == "rmm.csv" { 1.0 } else { 4.0 / 3.0 };
+        assert!((r["page_bound"].as_f64().unwrap() - bound).abs() < 1e-9, "{r}");
     }
 }
 
@@ -145,9 +154,11 @@ fn bundled_traces_replay_with_sane_figures() {
         let ratios: Vec<f64> = POLICIES
             .iter()
             .map(|policy| {
-                let (ops, ratio) = row(&stdout, trace, policy);
+                let (ops, ratio, bound) = row_with_bound(&stdout, trace, policy);
                 assert!(ops > 100, "{trace}: {ops} ops");
                 assert!((1.0..3.0).contains(&ratio), "{trace} {policy}: reserved/live {ratio}");
+                // Printed to three places: no allocator of whole pages does better.
+                assert!(ratio >= bound - 0.0005, "{trace} {policy}: {ratio} under the page bound {bound}");
                 ratio
             })
             .collect();

@@ -232,11 +232,26 @@ struct Outcome {
 impl Outcome {
     /// Peak reserved / peak live; 1 when nothing was live.
     fn ratio(&self) -> f64 {
-        if self.peak_live == 0 {
-            1.0
-        } else {
-            self.peak_reserved as f64 / self.peak_live as f64
-        }
+        over_live(self.peak_reserved, self.peak_live)
+    }
+
+    /// The least peak reserved / peak live that any allocator taking device
+    /// memory in whole pages (the VMM pool's smallest, CUDA's usual 2 MiB
+    /// granularity) could reach on this trace: the peak live bytes need that
+    /// many pages at one instant, however they are packed. How far a policy
+    /// is from it is what placement can still win.
+    fn page_bound(&self) -> f64 {
+        let config = VmmConfig::shim_default();
+        let page = config.small_page.min(config.large_page);
+        over_live(self.peak_live.next_multiple_of(page), self.peak_live)
+    }
+}
+
+fn over_live(bytes: u64, live: u64) -> f64 {
+    if live == 0 {
+        1.0
+    } else {
+        bytes as f64 / live as f64
     }
 }
 
@@ -376,13 +391,14 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy]) -> ExitCode {
         };
         if !json && !std::mem::replace(&mut header, true) {
             line!(
-                "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7} {:>7}",
+                "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7} {:>10} {:>7}",
                 "trace",
                 "policy",
                 "ops",
                 "peak live",
                 "peak reserved",
                 "ratio",
+                "page bound",
                 "ns/op"
             );
         }
@@ -396,18 +412,20 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy]) -> ExitCode {
                     "peak_live": o.peak_live,
                     "peak_reserved": o.peak_reserved,
                     "ratio": o.ratio(),
+                    "page_bound": o.page_bound(),
                     "ns_per_op": o.ns_per_op,
                 });
                 line!("{row}");
             } else {
                 line!(
-                    "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7.3} {:>7.1}",
+                    "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7.3} {:>10.3} {:>7.1}",
                     name,
                     policy.name(),
                     ops.len(),
                     crate::units::human_bytes(o.peak_live),
                     crate::units::human_bytes(o.peak_reserved),
                     o.ratio(),
+                    o.page_bound(),
                     o.ns_per_op
                 );
             }
