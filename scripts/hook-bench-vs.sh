@@ -18,13 +18,14 @@ this=$PWD/target/release/libcupool.so
 logs=target/hook-bench-logs
 nostacks=stack_depth=0:python_depth=0
 printf '%-50s %10s %10s %7s\n' "options" "this" "other" "ratio"
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 for o in mode=passthrough:trace=0:$nostacks mode=pool:trace=0:$nostacks mode=pool:trace=0 mode=pool:trace=1; do
   a=(); b=()
   for r in $(seq $rounds); do
     rm -rf $logs; a+=("$(CUPOOL_OPTIONS=$o:log_dir=$logs LD_PRELOAD=$this target/hook_pair $n | sed 's/.*=//')")
     rm -rf $logs; b+=("$(CUPOOL_OPTIONS=$o:log_dir=$logs LD_PRELOAD=$other target/hook_pair $n | sed 's/.*=//')")
   done
-  best_a=$(printf '%s\n' "${a[@]}" | sort -g | head -1); best_b=$(printf '%s\n' "${b[@]}" | sort -g | head -1)
-  printf '%-50s %10s %10s %7.3f\n' "$o" "$best_a" "$best_b" "$(awk -v a=$best_a -v b=$best_b 'BEGIN { print a / b }')"
+  ratios=$(for i in "${!a[@]}"; do awk -v x=${a[$i]} -v y=${b[$i]} 'BEGIN { print x / y }'; done | median)
+  printf '%-50s %10s %10s %7.3f\n' "$o" "$(printf '%s\n' "${a[@]}" | median)" "$(printf '%s\n' "${b[@]}" | median)" "$ratios"
 done
 rm -rf $logs
