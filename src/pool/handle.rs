@@ -1,8 +1,27 @@
-//! The handle by which allocations, magazines and IPC exports keep a pool:
-//! the address of its `ContextPool`, turned back into the pool here alone.
+//! A context's pool (`ContextPool`, made and found by `registry`) and the
+//! handle by which allocations, magazines and IPC exports keep it: the
+//! pool's address, turned back into the pool here alone.
 
-use super::registry::ContextPool;
+use super::engine::Engine;
+use super::fence::Progress;
+use crate::runtime::bias::BiasedMutex;
 use std::num::NonZeroUsize;
+
+/// One context's pool.
+pub struct ContextPool {
+    pub ctx: u64,
+    /// The context's unique id (`cuCtxGetId`): the handle outlives a reset.
+    pub id: u64,
+    pub device: i32,
+    /// Biased: a program that allocates from one thread takes it with no
+    /// atomic operation (`runtime::bias`).
+    pub pool: BiasedMutex<Engine>,
+    /// Requests of at least this many bytes go to CUDA as they are
+    /// (`direct_min`; pages only: a segment pool takes them in one call).
+    pub direct_min: u64,
+    /// Its fences' progress, read without the lock by threads' magazines.
+    pub(super) progress: std::sync::Arc<Progress>,
+}
 
 /// One context's pool, kept by address: `Copy` and `Send` (it travels in
 /// the live table, in threads' magazines and to the IPC broker's thread),

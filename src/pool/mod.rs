@@ -6,7 +6,7 @@ mod engine;
 pub use engine::Carved;
 mod fence;
 mod handle;
-pub use handle::PoolHandle;
+pub use handle::{ContextPool, PoolHandle};
 pub mod ipc;
 mod magazine;
 pub use magazine::on_start as on_magazine_start;
@@ -19,7 +19,7 @@ pub mod tools;
 pub use registry::{
     allocate, drop_context, exported, find, free, give_back_all_free, give_back_free_segments, in_context_of,
     lock_for_fork, owns, pool_of, publish_pages, release_idle_for_tools, reserved_on, reset_peaks, settle,
-    stream_created, stream_destroyed, unlock_after_fork, ContextPool, Found, PooledBlock,
+    stream_created, stream_destroyed, unlock_after_fork, Found, PooledBlock,
 };
 pub use streams::{
     any_capture, capture_begun, capture_ended, context_bound, driver_allocation, is_capturing, launch_seen, note_work,

@@ -1,7 +1,8 @@
 //! What the pools report: statistics for the end record, and the picture of
 //! device memory when a request could not be served.
 
-use super::registry::{self, ContextPool};
+use super::handle::ContextPool;
+use super::registry;
 use super::streams::MULTI_STREAM;
 use cupool_core::log::PoolRecord;
 use cupool_core::pool::Fragmentation;

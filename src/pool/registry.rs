@@ -2,8 +2,8 @@
 //! hot path (a per-thread cache invalidated by a generation counter).
 
 use super::engine::{Carved, Engine};
-use super::fence::{self, Progress};
-use super::handle::PoolHandle;
+use super::fence;
+use super::handle::{ContextPool, PoolHandle};
 use super::magazine::{self, Returns};
 use super::streams;
 use crate::runtime::bias::{BiasedGuard, BiasedMutex};
@@ -12,22 +12,6 @@ use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-/// One context's pool.
-pub struct ContextPool {
-    pub ctx: u64,
-    /// The context's unique id (`cuCtxGetId`): the handle outlives a reset.
-    pub id: u64,
-    pub device: i32,
-    /// Biased: a program that allocates from one thread takes it with no
-    /// atomic operation (`runtime::bias`).
-    pub pool: BiasedMutex<Engine>,
-    /// Requests of at least this many bytes go to CUDA as they are
-    /// (`direct_min`; pages only: a segment pool takes them in one call).
-    pub direct_min: u64,
-    /// Its fences' progress, read without the lock by threads' magazines.
-    progress: std::sync::Arc<Progress>,
-}
 
 /// Pools are leaked on purpose: a thread may still hold a reference while a
 /// context dies, and there are few contexts in a process.

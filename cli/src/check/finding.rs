@@ -2,8 +2,9 @@
 //! `--json`, `--sarif`, GitHub annotations) is written from.
 
 use crate::sites::ShownFrame;
+use crate::units::human_bytes;
 use cupool_core::model::AllocId;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The three kinds of leak, each with its own rule.
@@ -258,9 +259,9 @@ pub struct Findings {
     /// Lines about what could not be checked (a log cut short, a Python version without frames, ...).
     pub notes: Vec<String>,
     /// Each test's and process's peak of device memory.
-    pub peaks: super::budget::Peaks,
+    pub peaks: Peaks,
     /// The peaks over their budgets: each fails the job.
-    pub budgets: Vec<super::budget::Over>,
+    pub budgets: Vec<Over>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -292,5 +293,81 @@ impl Findings {
     /// The findings that count against the job: not suppressed, and of a kind `fail_on` names.
     pub fn failing(&self) -> impl Iterator<Item = &Finding> {
         self.findings.iter().filter(|f| f.suppressed_by.is_none() && self.verdict.fail_on.contains(&f.kind))
+    }
+}
+
+// Peaks and budgets: computed in `budget`, held by `Findings`.
+
+/// One test's peak.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestPeak {
+    pub test: String,
+    /// Bytes above what was allocated when the test began, on the device it used most.
+    pub bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
+    #[serde(skip_deserializing)]
+    pub process: ProcessRef,
+}
+
+/// One process's peak on one device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessPeak {
+    #[serde(skip_deserializing)]
+    pub process: ProcessRef,
+    /// The process's command line and rank: what names it across runs.
+    pub cmdline: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    pub device: i32,
+    pub bytes: u64,
+}
+
+/// Every peak of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peaks {
+    pub tests: Vec<TestPeak>,
+    pub processes: Vec<ProcessPeak>,
+}
+
+/// Which budget a peak passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Budget {
+    /// A test's own `cupool_limit_memory`.
+    TestLimit,
+    /// The job's `max_peak_bytes`.
+    MaxPeakBytes,
+    /// The baseline's peak, by more than `baseline_growth` percent and `baseline_slack` bytes.
+    Baseline,
+}
+
+/// A peak over its budget.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Over {
+    pub budget: Budget,
+    /// What peaked: a test's node id, or a process (`pid P (rank R): CMD, device D`).
+    pub what: String,
+    pub bytes: u64,
+    /// The most allowed.
+    pub allowed: u64,
+    /// The baseline's peak, for `baseline`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<u64>,
+}
+
+impl Over {
+    /// One sentence.
+    pub fn text(&self) -> String {
+        let by = match self.budget {
+            Budget::TestLimit => format!("over its limit of {}", human_bytes(self.allowed)),
+            Budget::MaxPeakBytes => format!("over max_peak_bytes={}", self.allowed),
+            Budget::Baseline => format!(
+                "{} in the baseline, more than the {} allowed",
+                human_bytes(self.baseline.unwrap_or(0)),
+                human_bytes(self.allowed)
+            ),
+        };
+        format!("{} peaked at {}, {by}", self.what, human_bytes(self.bytes))
     }
 }

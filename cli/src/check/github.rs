@@ -166,9 +166,9 @@ fn budgets_markdown(findings: &Findings) -> String {
         s.push_str("| what | peak | allowed | budget |\n|---|---:|---:|---|\n");
         for o in findings.budgets.iter().take(MAX_ROWS) {
             let budget = match o.budget {
-                super::budget::Budget::TestLimit => "cupool_limit_memory".to_string(),
-                super::budget::Budget::MaxPeakBytes => "max_peak_bytes".to_string(),
-                super::budget::Budget::Baseline => format!("baseline ({})", human_bytes(o.baseline.unwrap_or(0))),
+                super::finding::Budget::TestLimit => "cupool_limit_memory".to_string(),
+                super::finding::Budget::MaxPeakBytes => "max_peak_bytes".to_string(),
+                super::finding::Budget::Baseline => format!("baseline ({})", human_bytes(o.baseline.unwrap_or(0))),
             };
             s.push_str(&format!(
                 "| {} | {} | {} | {budget} |\n",

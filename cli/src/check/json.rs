@@ -2,8 +2,8 @@
 //! `cupool-check` (docs/check-findings.schema.json, described in
 //! docs/check-findings.md).
 
-use super::budget::{Over, Peaks};
 use super::finding::{Finding, Findings, ProcessRef, SuppressionUse};
+use super::finding::{Over, Peaks};
 use serde::Serialize;
 use std::path::Path;
 
@@ -95,7 +95,7 @@ pub fn write(findings: &Findings, path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::check::budget::{Budget, ProcessPeak, TestPeak};
+    use crate::check::finding::{Budget, ProcessPeak, TestPeak};
     use crate::check::finding::{Growth, LeakKind};
     use crate::sites::ShownFrame;
 
