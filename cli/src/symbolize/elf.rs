@@ -19,6 +19,8 @@ const DEBUG_ROOT: &str = "/usr/lib/debug";
 const NESTED_SYMBOLS: usize = 8;
 
 pub(super) enum OpenError {
+    /// No file at the path.
+    Missing,
     /// The file is not the one that ran.
     BuildIdDiffers {
         on_disk: Vec<u8>,
@@ -94,7 +96,10 @@ impl Image {
     /// Reads the file at `path`, unless its build id is not `expected` (when
     /// both are known).
     pub fn open(path: &Path, expected: &[u8]) -> Result<Image, OpenError> {
-        let map = map(path).map_err(OpenError::Other)?;
+        let map = map(path).map_err(|e| match e {
+            MapError::Missing => OpenError::Missing,
+            MapError::Other(why) => OpenError::Other(why),
+        })?;
         let file =
             object::File::parse(&**map).map_err(|e| OpenError::Other(format!("not a readable ELF file ({e})")))?;
         // A corrupt note reads as no build id: the file is then trusted as the
@@ -170,15 +175,20 @@ impl Image {
 
 /// Maps the file rather than reading it: CUDA libraries run to hundreds of
 /// megabytes, of which a lookup touches the symbol table and a few DWARF units.
-fn map(path: &Path) -> Result<Arc<Mmap>, String> {
+enum MapError {
+    Missing,
+    Other(String),
+}
+
+fn map(path: &Path) -> Result<Arc<Mmap>, MapError> {
     let file = File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => "file not found".to_string(),
-        _ => format!("cannot open ({e})"),
+        std::io::ErrorKind::NotFound => MapError::Missing,
+        _ => MapError::Other(format!("cannot open ({e})")),
     })?;
     // SAFETY: the mapping is private and read-only. A file truncated while
     // mapped would fault on access; reports read installed binaries and
     // libraries after the run, as debuggers and profilers do, and accept that.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map ({e})"))?;
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| MapError::Other(format!("cannot map ({e})")))?;
     Ok(Arc::new(map))
 }
 

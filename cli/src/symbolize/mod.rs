@@ -55,6 +55,16 @@ enum Slot {
     Unusable,
 }
 
+/// Why a module's frames show as module+offset only.
+#[derive(Clone)]
+enum Problem {
+    /// Its file is not on this machine: a log read where it was not recorded.
+    Missing,
+    /// The file on disk is another build than the one that ran (the text says which).
+    Changed(String),
+    Other(String),
+}
+
 /// Maps return addresses of one process to frames. Each module's file is
 /// opened on the first address that falls in it, once; each address is
 /// resolved once.
@@ -62,9 +72,9 @@ pub struct Symbolizer {
     /// Sorted by `start`, so that an address finds its module by binary search.
     modules: Vec<Module>,
     slots: Vec<Slot>,
-    /// One line per module, by module index, so `problems` lists them in a
-    /// stable order whatever order addresses came in.
-    problems: Vec<Option<String>>,
+    /// By module index, so `problems` lists them in a stable order whatever
+    /// order addresses came in.
+    problems: Vec<Option<Problem>>,
     cache: HashMap<u64, Vec<Frame>>,
 }
 
@@ -101,12 +111,56 @@ impl Symbolizer {
         frames
     }
 
-    /// One line per module that could not be used as the log says (missing
-    /// file, different build id, unreadable file or debug info), for the
-    /// report to print once. Only modules that some address has fallen in so
-    /// far are looked at, so call it after symbolising.
+    /// The modules that could not be used as the log says, for the report to
+    /// print once: one line for all whose files are missing (a log read on
+    /// another machine misses most of them), one for all whose files changed
+    /// since the run, and one per module whose file or debug info cannot be
+    /// read. Only modules that some address has fallen in so far are looked
+    /// at, so call it after symbolising.
     pub fn problems(&self) -> Vec<String> {
-        self.problems.iter().flatten().cloned().collect()
+        let with = |pick: fn(&Problem) -> bool| -> Vec<usize> {
+            (0..self.problems.len()).filter(|&i| self.problems[i].as_ref().is_some_and(pick)).collect()
+        };
+        let path = |i: usize| match self.modules[i].path.as_str() {
+            "" => "(module without a path)",
+            p => p,
+        };
+        let named = |modules: &[usize]| {
+            let names: Vec<String> = modules.iter().take(4).map(|&i| module_name(path(i))).collect();
+            match modules.len() - names.len() {
+                0 => names.join(", "),
+                more => format!("{} and {more} more", names.join(", ")),
+            }
+        };
+        let mut lines = Vec::new();
+        match &with(|p| matches!(p, Problem::Missing))[..] {
+            [] => {}
+            [one] => lines.push(format!("{}: file not found; {OFFSETS_ONLY}", path(*one))),
+            many => lines.push(format!(
+                "{} files of the run are not on this machine ({}): {OFFSETS_ONLY_PLURAL}",
+                many.len(),
+                named(many)
+            )),
+        }
+        match &with(|p| matches!(p, Problem::Changed(_)))[..] {
+            [] => {}
+            [one] => {
+                if let Some(Problem::Changed(why)) = &self.problems[*one] {
+                    lines.push(format!("{}: {why}: the file changed since the run; {OFFSETS_ONLY}", path(*one)));
+                }
+            }
+            many => lines.push(format!(
+                "{} files changed since the run, their build ids not the log's ({}): {OFFSETS_ONLY_PLURAL}",
+                many.len(),
+                named(many)
+            )),
+        }
+        for (i, problem) in self.problems.iter().enumerate() {
+            if let Some(Problem::Other(why)) = problem {
+                lines.push(format!("{}: {why}", path(i)));
+            }
+        }
+        lines
     }
 
     fn resolve(&mut self, return_addr: u64) -> Vec<Frame> {
@@ -124,7 +178,7 @@ impl Symbolizer {
         };
         let lookup = image.lookup(svma);
         if let Some(problem) = lookup.debug_problem {
-            self.note_problem(index, problem);
+            self.note_problem(index, Problem::Other(problem));
         }
         if lookup.frames.is_empty() {
             return vec![bare];
@@ -162,33 +216,32 @@ impl Symbolizer {
         }
     }
 
-    fn note_problem(&mut self, index: usize, why: String) {
+    fn note_problem(&mut self, index: usize, problem: Problem) {
         if self.problems[index].is_none() {
-            let path = &self.modules[index].path;
-            let path = if path.is_empty() { "(module without a path)" } else { path };
-            self.problems[index] = Some(format!("{path}: {why}"));
+            self.problems[index] = Some(problem);
         }
     }
 }
 
+const OFFSETS_ONLY: &str = "its frames show as module+offset only";
+const OFFSETS_ONLY_PLURAL: &str = "their frames show as module+offset only";
+
 /// Opens a module's file. `Ok(None)`: there is no file to read, and nothing
 /// is wrong with that (the vDSO lives only in memory).
-fn open(module: &Module) -> Result<Option<elf::Image>, String> {
+fn open(module: &Module) -> Result<Option<elf::Image>, Problem> {
     if is_vdso(&module.path) {
         return Ok(None);
     }
     if module.path.is_empty() {
-        return Err("the log gives no path; its frames show as module+offset only".into());
+        return Err(Problem::Other(format!("the log gives no path; {OFFSETS_ONLY}")));
     }
     match elf::Image::open(Path::new(&module.path), &module.build_id) {
         Ok(image) => Ok(Some(image)),
-        Err(elf::OpenError::BuildIdDiffers { on_disk }) => Err(format!(
-            "build id {} on disk, {} in the log: the file changed since the run; its frames show as \
-             module+offset only",
-            hex(&on_disk),
-            hex(&module.build_id)
-        )),
-        Err(elf::OpenError::Other(why)) => Err(format!("{why}; its frames show as module+offset only")),
+        Err(elf::OpenError::Missing) => Err(Problem::Missing),
+        Err(elf::OpenError::BuildIdDiffers { on_disk }) => {
+            Err(Problem::Changed(format!("build id {} on disk, {} in the log", hex(&on_disk), hex(&module.build_id))))
+        }
+        Err(elf::OpenError::Other(why)) => Err(Problem::Other(format!("{why}; {OFFSETS_ONLY}"))),
     }
 }
 

@@ -412,6 +412,28 @@ fn symbolize_missing_file_unreadable_file_and_no_module() {
     assert!(problems[1].starts_with(&format!("{}: not a readable ELF file", junk.display())), "{problems:?}");
 }
 
+/// A log read on another machine misses most of its files: one line says so
+/// for all of them, naming the first few, and only those an address fell in.
+#[test]
+fn missing_files_are_one_line() {
+    let gone = |i: u64| Module {
+        path: format!("/nonexistent/lib{i}.so"),
+        base: i << 28,
+        start: i << 28,
+        end: (i << 28) + 0x1000,
+        build_id: vec![1, 2],
+    };
+    let mut s = Symbolizer::new((1..=7).map(gone).collect());
+    for i in 1..=6u64 {
+        s.frames((i << 28) + 0x10);
+    }
+    assert_eq!(
+        s.problems(),
+        ["6 files of the run are not on this machine (lib1.so, lib2.so, lib3.so, lib4.so and 2 more): their \
+          frames show as module+offset only"]
+    );
+}
+
 /// A file cut short, or with its section headers garbled, must come out as
 /// frames and problems, never as a panic.
 #[test]
