@@ -17,10 +17,11 @@ nvcc -g -O2 -arch=native -cudart shared -o $work/leaks_shared $src/leaks.cu -lcu
 nvcc -g -O2 -arch=native -o $work/leaks_static $src/leaks.cu -lcuda
 nvcc -O2 -arch=native -cudart shared -o $work/cublas_clean $src/cublas_clean.cu -lcublas
 
-# check NAME EXPECT -- CMD...   (EXPECT as scripts/gpu/check_verdict.py takes it)
+# check NAME EXPECT -- CMD...   (EXPECT as scripts/gpu/check_verdict.py takes it;
+# CHECK_FLAGS: more options of cupool check, such as --baseline FILE)
 check() {
   local name=$1 expect=$2; shift 3
-  timeout 300 $bin/cupool check --log-dir $work/$name --json $work/$name.json -- "$@" > $work/$name.out 2> $work/$name.err
+  timeout 300 $bin/cupool check ${CHECK_FLAGS:-} --log-dir $work/$name --json $work/$name.json -- "$@" > $work/$name.out 2> $work/$name.err
   local rc=$?
   rows+=("$(python3 $src/check_verdict.py $name $rc $work/$name.json $expect)")
   echo "${rows[-1]}"  # as it comes: a run cut short keeps what it checked
@@ -46,6 +47,12 @@ check numba-clean clean -- python3 $src/numba_loop.py
 LEAK=1 check numba-leak growth:numba_loop.py:$(line numba_loop.py) -- python3 $src/numba_loop.py
 check torch-graphs-clean clean -- python3 $src/torch_graph.py
 check pytest-budget budget:test_past_its_limit -- python3 -m pytest -q -p no:cacheprovider $src/pytest_budget
+# The job's budget, and a run's --json as the next run's baseline: the same
+# peak passes it, four times that fails it.
+PEAK_MIB=64 check peak-baseline clean -- python3 $src/peak.py
+PEAK_MIB=64 CHECK_FLAGS="--baseline $work/peak-baseline.json" check peak-as-baseline clean -- python3 $src/peak.py
+PEAK_MIB=256 CHECK_FLAGS="--baseline $work/peak-baseline.json" check peak-past-baseline budget:peak.py -- python3 $src/peak.py
+PEAK_MIB=256 CHECK_FLAGS="-o max_peak_bytes=128m" check peak-past-job-budget budget:peak.py -- python3 $src/peak.py
 # A check where the shim never loaded is not a pass.
 check not-loaded status:66 -- env -u LD_PRELOAD python3 $src/cupy_clean.py
 check ddp-clean clean -- torchrun --standalone --nproc_per_node 2 $src/ddp_loop.py
