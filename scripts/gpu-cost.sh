@@ -11,6 +11,9 @@ set -u
 root=$(pwd); bin=$root/.gpu; src=$root/scripts/gpu; work=$(mktemp -d /tmp/cupool-cost.XXXX)
 ROUNDS=${ROUNDS:-3}
 WORKLOADS=${WORKLOADS:-pytest train jax transformer}
+for w in $WORKLOADS; do
+  case $w in pytest|train|jax|transformer) ;; *) echo "gpu-cost.sh: unknown workload $w (pytest, train, jax, transformer)" >&2; exit 2 ;; esac
+done
 python3 -m pytest --version >/dev/null 2>&1 || {
   python3 -m pip install -q --no-index --target $work/py $bin/pywheels/*.whl && export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
 }
@@ -29,7 +32,7 @@ on pytest && python3 -m pytest -q -p no:cacheprovider $src/pytest_cost > /dev/nu
 on train && python3 $src/train_loop.py > /dev/null 2>&1
 on jax && python3 $src/jax_loop.py > /dev/null 2>&1
 on transformer && MODE=plain python3 $T > /dev/null 2>&1
-touch $work/iters
+touch $work/iters $work/times
 for r in $(seq $ROUNDS); do
   if on pytest; then
     wall pytest-plain $r -- python3 -m pytest -q -p no:cacheprovider $src/pytest_cost

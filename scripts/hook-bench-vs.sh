@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Two builds of the shim side by side on the CPU: the same 4 KiB
 # cudaMalloc+cudaFree pairs through the fake CUDA runtime under each,
-# rounds alternating between them. Prints each build's best of ROUNDS, in
-# ns/pair, and their ratio (this build over the other) per option set.
+# rounds alternating between them. Prints each build's median of ROUNDS, in
+# ns/pair, and the median of the rounds' ratios (this build over the other,
+# each round's two runs back to back) per option set.
 #   bash scripts/hook-bench-vs.sh OTHER/libcupool.so [pairs]
 # Build the other one from a worktree: git worktree add ../base REV &&
 # (cd ../base && cargo build --release --lib).
 set -eu
 cd "$(dirname "$0")/.."
+[[ -f ${1:-} ]] || { echo "usage: $0 OTHER/libcupool.so [pairs]: no such file: ${1:-}" >&2; exit 2; }
 other=$(realpath "$1"); n=${2:-300000}; rounds=${ROUNDS:-5}
 cargo build --release -q
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime

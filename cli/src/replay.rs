@@ -235,11 +235,11 @@ impl Outcome {
         over_live(self.peak_reserved, self.peak_live)
     }
 
-    /// The least peak reserved / peak live that any allocator taking device
+    /// A floor on peak reserved / peak live for any allocator taking device
     /// memory in whole pages (the VMM pool's smallest, CUDA's usual 2 MiB
-    /// granularity) could reach on this trace: the peak live bytes need that
-    /// many pages at one instant, however they are packed. How far a policy
-    /// is from it is what placement can still win.
+    /// granularity): the peak live bytes need that many pages at one
+    /// instant, however they are packed. Often not reachable (blocks handed
+    /// out do not move), but a policy above it by little has little to win.
     fn page_bound(&self) -> f64 {
         let config = VmmConfig::shim_default();
         let page = config.small_page.min(config.large_page);

@@ -284,6 +284,11 @@ impl Resolver {
     pub fn problems(&self) -> Vec<String> {
         self.symbolizer.problems()
     }
+
+    /// The module files that could not be used as the log says, by path.
+    pub fn unusable(&self) -> Vec<(String, crate::symbolize::Problem)> {
+        self.symbolizer.unusable()
+    }
 }
 
 /// A function of the CUDA runtime or driver API, or of the runtime's

@@ -28,6 +28,7 @@ pub fn examine(
 ) -> Findings {
     let mut groups = Groups::default();
     let mut out = Findings { notes, ..Default::default() };
+    let mut unusable = Vec::new();
     for (index, p) in processes.iter().enumerate() {
         let log = &p.log;
         let process = ProcessRef::of(log);
@@ -43,17 +44,14 @@ pub fn examine(
         exit_leaks(p, index, &process, &mut namer, &mut groups);
         let mine: Vec<(usize, &History)> = history::of(histories, log).map(|h| (position(histories, h), h)).collect();
         growth_leaks(p, index, &mine, opts, &process, &mut namer, &mut groups, &mut out.notes);
-        // A module file is the same for every process that loaded it: one line each.
-        for problem in namer.problems() {
-            if !out.notes.contains(&problem) {
-                out.notes.push(problem);
-            }
-        }
+        // A module file is the same for every process that loaded it: told once, after every process.
+        unusable.extend(namer.unusable());
         if let Some(end) = &log.end {
             out.notes.extend(end.notes.iter().map(|n| format!("{who}: {n}")));
         }
         out.processes.push(process);
     }
+    out.notes.extend(crate::symbolize::describe(&unusable));
     for t in tests {
         groups.add_finding(t);
     }

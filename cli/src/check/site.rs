@@ -87,8 +87,8 @@ impl<'a> Namer<'a> {
         ids.into_iter().filter(|&id| resolver.module_paths(id).iter().any(|p| module(&file_name(p)))).collect()
     }
 
-    /// Module files that could not be used to name frames.
-    pub fn problems(&self) -> Vec<String> {
-        self.resolver.as_ref().map(Resolver::problems).unwrap_or_default()
+    /// Module files that could not be used to name frames, by path.
+    pub fn unusable(&self) -> Vec<(String, crate::symbolize::Problem)> {
+        self.resolver.as_ref().map(Resolver::unusable).unwrap_or_default()
     }
 }

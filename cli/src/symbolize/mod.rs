@@ -56,9 +56,10 @@ enum Slot {
 }
 
 /// Why a module's frames show as module+offset only.
-#[derive(Clone)]
-enum Problem {
-    /// Its file is not on this machine: a log read where it was not recorded.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Problem {
+    /// Its file is not where the run had it (a log read on another machine,
+    /// a file deleted since).
     Missing,
     /// The file on disk is another build than the one that ran (the text says which).
     Changed(String),
@@ -111,56 +112,20 @@ impl Symbolizer {
         frames
     }
 
-    /// The modules that could not be used as the log says, for the report to
-    /// print once: one line for all whose files are missing (a log read on
-    /// another machine misses most of them), one for all whose files changed
-    /// since the run, and one per module whose file or debug info cannot be
-    /// read. Only modules that some address has fallen in so far are looked
-    /// at, so call it after symbolising.
-    pub fn problems(&self) -> Vec<String> {
-        let with = |pick: fn(&Problem) -> bool| -> Vec<usize> {
-            (0..self.problems.len()).filter(|&i| self.problems[i].as_ref().is_some_and(pick)).collect()
-        };
+    /// The modules that could not be used as the log says, by path, in the
+    /// order of the modules. Only modules that some address has fallen in so
+    /// far are looked at, so call it after symbolising.
+    pub fn unusable(&self) -> Vec<(String, Problem)> {
         let path = |i: usize| match self.modules[i].path.as_str() {
-            "" => "(module without a path)",
-            p => p,
+            "" => "(module without a path)".to_string(),
+            p => p.to_string(),
         };
-        let named = |modules: &[usize]| {
-            let names: Vec<String> = modules.iter().take(4).map(|&i| module_name(path(i))).collect();
-            match modules.len() - names.len() {
-                0 => names.join(", "),
-                more => format!("{} and {more} more", names.join(", ")),
-            }
-        };
-        let mut lines = Vec::new();
-        match &with(|p| matches!(p, Problem::Missing))[..] {
-            [] => {}
-            [one] => lines.push(format!("{}: file not found; {OFFSETS_ONLY}", path(*one))),
-            many => lines.push(format!(
-                "{} files of the run are not on this machine ({}): {OFFSETS_ONLY_PLURAL}",
-                many.len(),
-                named(many)
-            )),
-        }
-        match &with(|p| matches!(p, Problem::Changed(_)))[..] {
-            [] => {}
-            [one] => {
-                if let Some(Problem::Changed(why)) = &self.problems[*one] {
-                    lines.push(format!("{}: {why}: the file changed since the run; {OFFSETS_ONLY}", path(*one)));
-                }
-            }
-            many => lines.push(format!(
-                "{} files changed since the run, their build ids not the log's ({}): {OFFSETS_ONLY_PLURAL}",
-                many.len(),
-                named(many)
-            )),
-        }
-        for (i, problem) in self.problems.iter().enumerate() {
-            if let Some(Problem::Other(why)) = problem {
-                lines.push(format!("{}: {why}", path(i)));
-            }
-        }
-        lines
+        (0..self.problems.len()).filter_map(|i| Some((path(i), self.problems[i].clone()?))).collect()
+    }
+
+    /// [`Symbolizer::unusable`] as lines for the report (see [`describe`]).
+    pub fn problems(&self) -> Vec<String> {
+        describe(&self.unusable())
     }
 
     fn resolve(&mut self, return_addr: u64) -> Vec<Frame> {
@@ -225,6 +190,52 @@ impl Symbolizer {
 
 const OFFSETS_ONLY: &str = "its frames show as module+offset only";
 const OFFSETS_ONLY_PLURAL: &str = "their frames show as module+offset only";
+
+/// Unusable modules (of one process or several, a path named once) as lines
+/// to print once: one for all whose files were not found (a log read on
+/// another machine misses most of them), one for all whose files changed
+/// since the run, and one per module whose file or debug info cannot be read.
+pub fn describe(unusable: &[(String, Problem)]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let unusable: Vec<&(String, Problem)> = unusable.iter().filter(|(path, _)| seen.insert(path)).collect();
+    let of = |pick: fn(&Problem) -> bool| -> Vec<&(String, Problem)> {
+        unusable.iter().copied().filter(|(_, p)| pick(p)).collect()
+    };
+    let named = |modules: &[&(String, Problem)]| {
+        let names: Vec<String> = modules.iter().take(4).map(|(path, _)| module_name(path)).collect();
+        match modules.len() - names.len() {
+            0 => names.join(", "),
+            more => format!("{} and {more} more", names.join(", ")),
+        }
+    };
+    let mut lines = Vec::new();
+    match &of(|p| matches!(p, Problem::Missing))[..] {
+        [] => {}
+        [(path, _)] => lines.push(format!("{path}: file not found; {OFFSETS_ONLY}")),
+        many => lines.push(format!(
+            "{} files of the run were not found where it had them ({}): {OFFSETS_ONLY_PLURAL}",
+            many.len(),
+            named(many)
+        )),
+    }
+    match &of(|p| matches!(p, Problem::Changed(_)))[..] {
+        [] => {}
+        [(path, Problem::Changed(why))] => {
+            lines.push(format!("{path}: {why}: the file changed since the run; {OFFSETS_ONLY}"))
+        }
+        many => lines.push(format!(
+            "{} files changed since the run, their build ids not the log's ({}): {OFFSETS_ONLY_PLURAL}",
+            many.len(),
+            named(many)
+        )),
+    }
+    for (path, problem) in unusable {
+        if let Problem::Other(why) = problem {
+            lines.push(format!("{path}: {why}"));
+        }
+    }
+    lines
+}
 
 /// Opens a module's file. `Ok(None)`: there is no file to read, and nothing
 /// is wrong with that (the vDSO lives only in memory).

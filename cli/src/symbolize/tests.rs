@@ -413,7 +413,8 @@ fn symbolize_missing_file_unreadable_file_and_no_module() {
 }
 
 /// A log read on another machine misses most of its files: one line says so
-/// for all of them, naming the first few, and only those an address fell in.
+/// for all of them, naming the first few, and only those an address fell in;
+/// across processes, a file is counted once.
 #[test]
 fn missing_files_are_one_line() {
     let gone = |i: u64| Module {
@@ -429,8 +430,18 @@ fn missing_files_are_one_line() {
     }
     assert_eq!(
         s.problems(),
-        ["6 files of the run are not on this machine (lib1.so, lib2.so, lib3.so, lib4.so and 2 more): their \
+        ["6 files of the run were not found where it had them (lib1.so, lib2.so, lib3.so, lib4.so and 2 more): their \
           frames show as module+offset only"]
+    );
+    let mut other = Symbolizer::new((5..=9).map(gone).collect());
+    for i in 5..=9u64 {
+        other.frames((i << 28) + 0x10);
+    }
+    let both: Vec<_> = s.unusable().into_iter().chain(other.unusable()).collect();
+    assert_eq!(
+        describe(&both),
+        ["9 files of the run were not found where it had them (lib1.so, lib2.so, lib3.so, lib4.so and 5 more): \
+          their frames show as module+offset only"]
     );
 }
 
