@@ -126,4 +126,7 @@ fn readme_quotes_the_examples_verdict() {
              from:\n{said}"
         );
     }
+    let status =
+        block.split("$ echo $?").nth(1).and_then(|rest| rest.lines().nth(1)).expect("README quotes the status");
+    assert_eq!(status.trim().parse::<i32>().ok(), out.status.code(), "the status README.md quotes");
 }

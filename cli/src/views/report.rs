@@ -274,7 +274,8 @@ fn print_sizes(p: &Process, out: &mut dyn Write) {
     if p.sizes.is_empty() {
         return;
     }
-    let _ = writeln!(out, "Allocation sizes (device memory){:<10} {:>9}  {:>11}", "", "count", "bytes");
+    let _ = writeln!(out, "Allocation sizes (device memory):");
+    let _ = writeln!(out, "  {:<22} {:>9}  {:>11}  {}", "size", "count", "bytes", "# by count");
     let most = p.sizes.iter().map(|b| b.count).max().unwrap_or(1).max(1);
     for b in &p.sizes {
         let range =
