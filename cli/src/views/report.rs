@@ -275,7 +275,7 @@ fn print_sizes(p: &Process, out: &mut dyn Write) {
         return;
     }
     let _ = writeln!(out, "Allocation sizes (device memory):");
-    let _ = writeln!(out, "  {:<22} {:>9}  {:>11}  {}", "size", "count", "bytes", "# by count");
+    let _ = writeln!(out, "  {:<22} {:>9}  {:>11}  # by count", "size", "count", "bytes");
     let most = p.sizes.iter().map(|b| b.count).max().unwrap_or(1).max(1);
     for b in &p.sizes {
         let range =
