@@ -1,6 +1,6 @@
 """``CUPOOL_OPTIONS``, read as the shim reads it (core/src/options.rs ``entries``).
 
-Shared by the pytest plugin and the PyTorch history recorder; imports
+Shared by the pytest plugin and the PyTorch and JAX history recorders; imports
 nothing, so that reading the options costs nothing where they are read.
 """
 
@@ -20,6 +20,14 @@ DEFAULTS = {
 def option(opts, key):
     """Option ``key`` from ``opts`` (what `parse_options` returned), else its default."""
     return opts.get(key, DEFAULTS[key])
+
+
+def integer(value, default):
+    """``value`` (an option's text) as an integer, or ``default`` when it is none."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
 
 
 def parse_options(spec):

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 
-from cupool._options import DEFAULTS, flag, option, parse_options
+from cupool._options import DEFAULTS, flag, integer, option, parse_options
 
 SCHEMA = "cupool-jax"
 VERSION = 1
@@ -52,13 +52,6 @@ def _note(text):
             pass
 
 
-def _int(value, default):
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
 def jax_imported(jax):
     """Called once ``jax/__init__`` has run. Never raises."""
     try:
@@ -71,9 +64,9 @@ def _prepare(jax):
     if _state["started"]:
         return
     opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
-    _state["verbose"] = _int(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
-    period_ms = _int(opts.get("jax_history_ms"), int(DEFAULTS["jax_history_ms"]))
-    depth = _int(opts.get("python_depth"), DEFAULT_DEPTH)
+    _state["verbose"] = integer(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
+    period_ms = integer(opts.get("jax_history_ms"), int(DEFAULTS["jax_history_ms"]))
+    depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
     if not option(opts, "run_id") or not flag(option(opts, "log"), True) or period_ms <= 0:
         return
     import cupool

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 
-from cupool._options import DEFAULTS, flag, option, parse_options
+from cupool._options import DEFAULTS, flag, integer, option, parse_options
 
 SCHEMA = "cupool-torch"
 VERSION = 1
@@ -60,13 +60,6 @@ def _note(text):
             pass
 
 
-def _int(value, default):
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
 def _truthy(value):
     return (value or "").strip().lower() in ("1", "true", "yes", "on", "y", "t")
 
@@ -96,9 +89,9 @@ def _prepare(torch):
     if _state["started"]:
         return
     opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
-    _state["verbose"] = _int(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
-    entries = _int(opts.get("torch_history"), DEFAULT_ENTRIES)
-    depth = _int(opts.get("python_depth"), DEFAULT_DEPTH)
+    _state["verbose"] = integer(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
+    entries = integer(opts.get("torch_history"), DEFAULT_ENTRIES)
+    depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
     if not option(opts, "run_id") or not flag(option(opts, "log"), True) or entries <= 0:
         return  # not started by cupool check (which tags its runs), or no log to sit beside
     import cupool
