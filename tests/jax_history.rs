@@ -12,6 +12,8 @@ mod support;
 
 use serde_json::Value;
 use std::fs;
+use std::path::Path;
+use std::process::Output;
 use support::*;
 
 const REQUIREMENTS: &[&str] = &["jax>=0.4,<1"];
@@ -44,6 +46,34 @@ mark(b"done")
 _process.cudaFree(staging)
 "#;
 
+/// `cupool check --json` of `python script` in `dir`, its logs in `dir/name`,
+/// with `flags` and `env`: the output, its stderr and the growth findings.
+fn check_jax(
+    python: &Path,
+    dir: &Path,
+    script: &str,
+    name: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, String, Vec<Value>) {
+    let (logs, json) = (dir.join(name), dir.join(format!("{name}.json")));
+    let mut args = vec!["check", "--log-dir", path_str(&logs), "--json", path_str(&json)];
+    args.extend_from_slice(flags);
+    args.push("--");
+    let mut cmd = cupool_command(&args, dir);
+    cmd.arg(python).arg(script).current_dir(dir).env("FAKE_CUDART", fakes().libcudart()).envs(env.iter().copied());
+    let out = cmd.output().expect("run cupool check");
+    let err = stderr_of(&out);
+    let doc: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+    let growth = doc["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "growth").cloned().collect();
+    (out, err, growth)
+}
+
+/// The frame a finding points the user at.
+fn user_frame(finding: &Value) -> &Value {
+    &finding["frames"][finding["user_frame"].as_u64().unwrap() as usize]
+}
+
 #[test]
 fn arrays_kept_step_after_step_are_found_at_their_line_and_a_clean_loop_passes() {
     let python = python_with("jax-tools", REQUIREMENTS);
@@ -51,30 +81,18 @@ fn arrays_kept_step_after_step_are_found_at_their_line_and_a_clean_loop_passes()
     fs::write(dir.join("prog.py"), PROGRAM).unwrap();
     let line = PROGRAM.lines().position(|l| l.contains("# KEPT")).unwrap() + 1;
     for leak in [true, false] {
-        let logs = dir.join(if leak { "leak" } else { "clean" });
-        let json = dir.join(if leak { "leak.json" } else { "clean.json" });
-        let mut cmd = cupool_command(
-            &["check", "--log-dir", path_str(&logs), "--json", path_str(&json), "-o", "jax_history_ms=5", "--"],
-            &dir,
-        );
-        cmd.arg(&python).arg("prog.py").current_dir(&dir).env("FAKE_CUDART", fakes().libcudart());
-        if leak {
-            cmd.env("LEAK", "1");
-        }
-        let out = cmd.output().expect("run cupool check");
-        let err = stderr_of(&out);
-        let histories: Vec<String> = fs::read_dir(run_dir(&logs))
+        let name = if leak { "leak" } else { "clean" };
+        let env: &[(&str, &str)] = if leak { &[("LEAK", "1")] } else { &[] };
+        let (out, err, growth) = check_jax(&python, &dir, "prog.py", name, &["-o", "jax_history_ms=5"], env);
+        let histories: Vec<String> = fs::read_dir(run_dir(&dir.join(name)))
             .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         assert!(histories.iter().any(|n| n.starts_with("cupool-jax.")), "leak {leak}: {histories:?}\n{err}");
-        let doc: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
-        let growth: Vec<&Value> =
-            doc["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "growth").collect();
         if leak {
             assert_eq!(out.status.code(), Some(23), "{err}");
             assert_eq!(growth.len(), 1, "{err}");
             assert_eq!(growth[0]["what"], "JAX (array)", "{err}");
-            let at = &growth[0]["frames"][growth[0]["user_frame"].as_u64().unwrap() as usize];
+            let at = user_frame(&growth[0]);
             assert_eq!(
                 (at["file"].as_str().unwrap().ends_with("prog.py"), at["line"].as_u64()),
                 (true, Some(line as u64)),
@@ -124,22 +142,12 @@ fn a_loop_faster_than_the_sampling_is_judged_at_its_marks_and_never_guessed() {
     let line = FAST.lines().position(|l| l.contains("# KEPT")).unwrap() + 1;
     for marked in [true, false] {
         let name = if marked { "marked" } else { "unmarked" };
-        let (logs, json) = (dir.join(name), dir.join(format!("{name}.json")));
-        let mut cmd = cupool_command(&["check", "--log-dir", path_str(&logs), "--json", path_str(&json), "--"], &dir);
-        cmd.arg(&python).arg("fast.py").current_dir(&dir).env("FAKE_CUDART", fakes().libcudart());
-        if marked {
-            cmd.env("MARK", "1");
-        }
-        let out = cmd.output().expect("run cupool check");
-        let err = stderr_of(&out);
-        let doc: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
-        let growth: Vec<&Value> =
-            doc["findings"].as_array().unwrap().iter().filter(|f| f["kind"] == "growth").collect();
+        let env: &[(&str, &str)] = if marked { &[("MARK", "1")] } else { &[] };
+        let (out, err, growth) = check_jax(&python, &dir, "fast.py", name, &[], env);
         if marked {
             assert_eq!(out.status.code(), Some(23), "{err}");
             assert_eq!(growth.len(), 1, "{err}");
-            let at = &growth[0]["frames"][growth[0]["user_frame"].as_u64().unwrap() as usize];
-            assert_eq!(at["line"].as_u64(), Some(line as u64), "{err}");
+            assert_eq!(user_frame(&growth[0])["line"].as_u64(), Some(line as u64), "{err}");
         } else {
             assert_eq!(out.status.code(), Some(0), "{err}");
             assert!(growth.is_empty(), "{err}");

@@ -37,14 +37,13 @@ fn pytorch_loop(steps: usize, leak: bool, marks: bool, segments_from: &str) -> (
     let mut b = LogBuilder::new(pid, "python train.py").module_site(1, segments_from);
     let mut events: Vec<TraceEvent> = Vec::new();
     let mut next = 0x9000_0000_0000u64;
-    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
     let mut tensor = |b: &mut LogBuilder, events: &mut Vec<TraceEvent>, stack: u32, size: u64| {
         next += size;
-        events.push(TraceEvent("alloc".into(), next, size, now_us(b), Some(stack)));
+        events.push(TraceEvent("alloc".into(), next, size, sample_us(pid, b), Some(stack)));
         (next, size)
     };
     let free = |b: &mut LogBuilder, events: &mut Vec<TraceEvent>, (addr, size): (u64, u64)| {
-        let t = now_us(b);
+        let t = sample_us(pid, b);
         events.push(TraceEvent("free_requested".into(), addr, size, t, None));
         events.push(TraceEvent("free_completed".into(), addr, size, t, None));
     };
@@ -54,7 +53,7 @@ fn pytorch_loop(steps: usize, leak: bool, marks: bool, segments_from: &str) -> (
             b.mark(&format!("step {step}"));
         }
         if step == 0 || leak {
-            let t = now_us(&mut b);
+            let t = sample_us(pid, &mut b);
             let seg = b.alloc(2 * MIB, Some(1));
             events.push(TraceEvent("segment_alloc".into(), seg, 2 * MIB, t, None));
         }
@@ -249,25 +248,16 @@ const XLA: &str = "/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so";
 /// grows by a large region every step (cupool's log sees only those, made
 /// on XLA's threads, no Python frame); the recorder samples the live
 /// arrays: an input each step, kept with `leak` (the arrays the arena grew for).
-fn jax_loop(steps: usize, leak: bool) -> (Log, History) {
-    let pid = 43;
-    let mut b = LogBuilder::new(pid, "python jax_train.py").module_site(1, XLA);
-    let mut events: Vec<TraceEvent> = Vec::new();
-    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
-    let mut key = 0u64;
-    for step in 0..steps {
-        b.mark(&format!("step {step}"));
-        b.alloc(8 * MIB, Some(1)); // the arena grows whether the program leaks or not
-        key += 1;
-        let t = now_us(&mut b);
-        events.push(TraceEvent("alloc".into(), key, 64 * KIB, t, Some(0)));
-        if !leak {
-            let t = now_us(&mut b);
-            events.push(TraceEvent("free_requested".into(), key, 64 * KIB, t, None));
-        }
-    }
-    let log = b.exit(0);
-    let history = History {
+/// JAX's sampled record of process `pid`: `events` on device 0, stack `i`
+/// being `<module>` at `file`:`lines[i]`, and the edges it sampled at.
+fn jax_record(
+    pid: u32,
+    file: &str,
+    lines: &[u32],
+    events: Vec<TraceEvent>,
+    phases: Vec<(String, String, i64)>,
+) -> History {
+    History {
         schema: Framework::Jax.schema().into(),
         version: VERSION,
         framework: Framework::Jax,
@@ -275,13 +265,38 @@ fn jax_loop(steps: usize, leak: bool) -> (Log, History) {
         run_id: String::new(),
         torch: String::new(),
         max_entries: 0,
-        stacks: vec![vec![("<module>".into(), "/src/jax_train.py".into(), 21)]],
+        stacks: lines.iter().map(|&l| vec![("<module>".into(), file.into(), l)]).collect(),
         devices: vec![DeviceTrace { device: 0, events, full: false }],
         segments: vec![],
-        path: PathBuf::from("cupool-jax.43.json"),
-        phases: vec![],
-    };
-    (log, history)
+        path: PathBuf::from(format!("cupool-jax.{pid}.json")),
+        phases,
+    }
+}
+
+/// The time of the builder's clock in the recorder's microseconds (the
+/// recorder's clock starts elsewhere: offset by the pid).
+fn sample_us(pid: u32, b: &mut LogBuilder) -> i64 {
+    i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64
+}
+
+fn jax_loop(steps: usize, leak: bool) -> (Log, History) {
+    let pid = 43;
+    let mut b = LogBuilder::new(pid, "python jax_train.py").module_site(1, XLA);
+    let mut events: Vec<TraceEvent> = Vec::new();
+    let mut key = 0u64;
+    for step in 0..steps {
+        b.mark(&format!("step {step}"));
+        b.alloc(8 * MIB, Some(1)); // the arena grows whether the program leaks or not
+        key += 1;
+        let t = sample_us(pid, &mut b);
+        events.push(TraceEvent("alloc".into(), key, 64 * KIB, t, Some(0)));
+        if !leak {
+            let t = sample_us(pid, &mut b);
+            events.push(TraceEvent("free_requested".into(), key, 64 * KIB, t, None));
+        }
+    }
+    let log = b.exit(0);
+    (log, jax_record(pid, "/src/jax_train.py", &[21], events, vec![]))
 }
 
 #[test]
@@ -317,40 +332,23 @@ fn arrays_made_between_jax_compile_ranges_are_not_growth() {
     let pid = 44;
     let mut b = LogBuilder::new(pid, "python jax_setup.py").module_site(1, XLA);
     let mut events: Vec<TraceEvent> = Vec::new();
-    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
     let mut key = 0u64;
     for _ in 0..8 {
         b.nvtx("XlaPass:#name=cublas-gemm-rewriter,module=fused_multiply", |b| b.idle(1000));
         key += 1; // a parameter, kept for the whole run
-        let t = now_us(&mut b);
+        let t = sample_us(pid, &mut b);
         events.push(TraceEvent("alloc".into(), key, 512 * KIB, t, Some(0)));
     }
     for _ in 0..30 {
         key += 1; // a step's temporary
-        let t = now_us(&mut b);
+        let t = sample_us(pid, &mut b);
         events.push(TraceEvent("alloc".into(), key, 64 * KIB, t, Some(1)));
         b.idle(1000);
-        let t = now_us(&mut b);
+        let t = sample_us(pid, &mut b);
         events.push(TraceEvent("free_requested".into(), key, 64 * KIB, t, None));
     }
     let log = b.exit(0);
-    let h = History {
-        schema: Framework::Jax.schema().into(),
-        version: VERSION,
-        framework: Framework::Jax,
-        pid,
-        run_id: String::new(),
-        torch: String::new(),
-        max_entries: 0,
-        stacks: vec![
-            vec![("<module>".into(), "/src/jax_setup.py".into(), 12)],
-            vec![("<module>".into(), "/src/jax_setup.py".into(), 20)],
-        ],
-        devices: vec![DeviceTrace { device: 0, events, full: false }],
-        segments: vec![],
-        path: PathBuf::from("cupool-jax.44.json"),
-        phases: vec![],
-    };
+    let h = jax_record(pid, "/src/jax_setup.py", &[12, 20], events, vec![]);
     let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
     assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
 }
@@ -363,38 +361,21 @@ fn arrays_first_seen_in_one_sample_are_not_a_loop() {
     let pid = 45;
     let mut b = LogBuilder::new(pid, "python jax_params.py").module_site(1, XLA);
     let mut events: Vec<TraceEvent> = Vec::new();
-    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
     b.idle(100_000_000);
-    let sample = now_us(&mut b);
+    let sample = sample_us(pid, &mut b);
     for key in 1..=40 {
         events.push(TraceEvent("alloc".into(), key, 256 * KIB, sample, Some(0)));
     }
     for key in 41..45 {
         b.idle(100_000_000);
-        let t = now_us(&mut b);
+        let t = sample_us(pid, &mut b);
         events.push(TraceEvent("alloc".into(), key, 256 * KIB, t, Some(1)));
         if key > 41 {
             events.push(TraceEvent("free_requested".into(), key - 1, 256 * KIB, t, None));
         }
     }
     let log = b.exit(0);
-    let h = History {
-        schema: Framework::Jax.schema().into(),
-        version: VERSION,
-        framework: Framework::Jax,
-        pid,
-        run_id: String::new(),
-        torch: String::new(),
-        max_entries: 0,
-        stacks: vec![
-            vec![("<module>".into(), "/src/jax_params.py".into(), 9)],
-            vec![("<module>".into(), "/src/jax_params.py".into(), 14)],
-        ],
-        devices: vec![DeviceTrace { device: 0, events, full: false }],
-        segments: vec![],
-        path: PathBuf::from("cupool-jax.45.json"),
-        phases: vec![],
-    };
+    let h = jax_record(pid, "/src/jax_params.py", &[9, 14], events, vec![]);
     let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
     assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
     let note = f.notes.iter().find(|n| n.contains("first saw 40 arrays made at <module> /src/jax_params.py:9"));
@@ -410,9 +391,8 @@ fn marks_in_a_sampled_record_place_a_fast_loops_arrays_in_their_steps() {
     let pid = 46;
     let mut b = LogBuilder::new(pid, "python jax_fast.py").module_site(1, XLA);
     let (mut events, mut phases) = (Vec::new(), Vec::new());
-    let now_us = |b: &mut LogBuilder| i64::from(pid) * 1000 + (b.now_ns() / 1000) as i64;
     for step in 0..20u64 {
-        let t = now_us(&mut b);
+        let t = sample_us(pid, &mut b);
         if step > 0 {
             events.push(TraceEvent("alloc".into(), step, 64 * KIB, t, Some(0)));
         }
@@ -420,20 +400,7 @@ fn marks_in_a_sampled_record_place_a_fast_loops_arrays_in_their_steps() {
         b.idle(2_000);
     }
     let log = b.exit(0);
-    let mut h = History {
-        schema: Framework::Jax.schema().into(),
-        version: VERSION,
-        framework: Framework::Jax,
-        pid,
-        run_id: String::new(),
-        torch: String::new(),
-        max_entries: 0,
-        stacks: vec![vec![("<module>".into(), "/src/jax_fast.py".into(), 7)]],
-        devices: vec![DeviceTrace { device: 0, events, full: false }],
-        segments: vec![],
-        path: PathBuf::from("cupool-jax.46.json"),
-        phases,
-    };
+    let mut h = jax_record(pid, "/src/jax_fast.py", &[7], events, phases);
     let f = check(std::slice::from_ref(&log), std::slice::from_ref(&h));
     let failing: Vec<_> = f.failing().collect();
     assert_eq!(failing.len(), 1, "{:#?}", f.findings);
