@@ -64,6 +64,18 @@ pub struct ShownFrame {
 }
 
 impl ShownFrame {
+    /// A Python frame: `function` at `file`:`line` (line 0: not known).
+    pub fn python(function: impl Into<String>, file: impl Into<String>, line: u32) -> ShownFrame {
+        ShownFrame {
+            lang: "python",
+            function: Some(function.into()),
+            file: Some(file.into()),
+            line: (line > 0).then_some(line),
+            module: None,
+            offset: None,
+        }
+    }
+
     /// A native frame as `symbolize::format_frame` writes it; a Python frame
     /// as `#i function file:line [python]`.
     pub fn text(&self, i: usize) -> String {
@@ -233,14 +245,7 @@ impl Resolver {
         let mut out: Vec<ShownFrame> = stack
             .python
             .iter()
-            .map(|p| ShownFrame {
-                lang: "python",
-                function: Some(self.sites.string(p.1).to_string()),
-                file: Some(self.sites.string(p.0).to_string()),
-                line: (p.2 > 0).then_some(p.2),
-                module: None,
-                offset: None,
-            })
+            .map(|p| ShownFrame::python(self.sites.string(p.1), self.sites.string(p.0), p.2))
             .collect();
         let mut native = Vec::new();
         for &addr in &stack.native {
@@ -339,14 +344,7 @@ mod tests {
     }
 
     fn py(function: &str, file: &str, line: u32) -> ShownFrame {
-        ShownFrame {
-            lang: "python",
-            function: Some(function.into()),
-            file: Some(file.into()),
-            line: Some(line),
-            module: None,
-            offset: None,
-        }
+        ShownFrame::python(function, file, line)
     }
 
     fn native(function: &str, module: &str) -> ShownFrame {

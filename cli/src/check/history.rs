@@ -192,14 +192,7 @@ impl History {
             .get(id as usize)
             .map(|s| {
                 s.iter()
-                    .map(|(function, file, line)| ShownFrame {
-                        lang: "python",
-                        function: Some(function.clone()),
-                        file: Some(file.clone()),
-                        line: (*line > 0).then_some(*line),
-                        module: None,
-                        offset: None,
-                    })
+                    .map(|(function, file, line)| ShownFrame::python(function.as_str(), file.as_str(), *line))
                     .collect()
             })
             .unwrap_or_default()

@@ -100,14 +100,7 @@ pub(crate) mod tests {
     use crate::sites::ShownFrame;
 
     fn py(function: &str, file: &str, line: u32) -> ShownFrame {
-        ShownFrame {
-            lang: "python",
-            function: Some(function.into()),
-            file: Some(file.into()),
-            line: Some(line),
-            module: None,
-            offset: None,
-        }
+        ShownFrame::python(function, file, line)
     }
 
     fn native(function: Option<&str>, file: Option<&str>, line: Option<u32>, module: &str, offset: u64) -> ShownFrame {

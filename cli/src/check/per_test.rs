@@ -575,14 +575,7 @@ mod tests {
         let f = findings(&logs, &[], &dir).unwrap();
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].count, 1, "from the log when the plugin had no count");
-        let frame = ShownFrame {
-            lang: "python",
-            function: Some("test_leak".into()),
-            file: Some("tests/test_x.py".into()),
-            line: Some(12),
-            module: None,
-            offset: None,
-        };
+        let frame = ShownFrame::python("test_leak", "tests/test_x.py", 12);
         assert_eq!(f[0].frames, vec![frame]);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -224,14 +224,7 @@ fn a_killed_process_is_checked_from_what_its_log_holds() {
 
 #[test]
 fn test_leaks_are_grouped_named_and_suppressed_by_their_frames() {
-    let frame = |file: &str, function: &str| ShownFrame {
-        lang: "python",
-        function: Some(function.into()),
-        file: Some(file.into()),
-        line: Some(5),
-        module: None,
-        offset: None,
-    };
+    let frame = |file: &str, function: &str| ShownFrame::python(function, file, 5);
     let process = ProcessRef { pid: 300, rank: None, cmdline: "python -m pytest".into() };
     let test = |name: &str, frames: Vec<ShownFrame>, bytes: u64| Finding {
         kind: LeakKind::Test,
