@@ -156,6 +156,26 @@ fn pytest(dir: &Path, log_options: Option<&str>, plugins_env: bool, args: &[&str
     cmd.output().expect("run pytest")
 }
 
+/// `cupool check --json` of pytest in `dir` (the check loads the plugin), with
+/// `extra` options, its logs in `dir/logs-<name>`: the output, the JSON
+/// document and its path, `dir/<name>.json`.
+fn check_pytest(dir: &Path, name: &str, extra: &[&str]) -> (Output, Value, PathBuf) {
+    let (json, logs) = (dir.join(format!("{name}.json")), dir.join(format!("logs-{name}")));
+    let mut args = vec!["check", "--log-dir", path_str(&logs), "--json", path_str(&json)];
+    args.extend_from_slice(extra);
+    args.push("--");
+    let out = cupool_command(&args, &dir.join("stats"))
+        .args([python().to_str().unwrap(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", "."])
+        .current_dir(dir)
+        .env("FAKE_CUDART", fakes().libcudart())
+        .env_remove("PYTEST_ADDOPTS")
+        .env_remove("PYTEST_PLUGINS")
+        .output()
+        .expect("run cupool check");
+    let doc = fs::read_to_string(&json).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null);
+    (out, doc, json)
+}
+
 /// The suite fails exactly one test, on purpose.
 fn assert_one_failure(out: &Output) {
     let text = stdout_of(out);
@@ -421,35 +441,8 @@ fn a_crash_keeps_the_tests_before_it() {
 #[test]
 fn cupool_check_names_each_leaking_test() {
     let dir = suite("pytest-plugin-check");
-    let findings = dir.join("findings.json");
-    let python = python();
-    let out = cupool_command(
-        &[
-            "check",
-            "--log-dir",
-            dir.join("logs").to_str().unwrap(),
-            "--json",
-            findings.to_str().unwrap(),
-            "--",
-            python.to_str().unwrap(),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            ".",
-        ],
-        &dir.join("stats"),
-    )
-    .current_dir(&dir)
-    .env("FAKE_CUDART", fakes().libcudart())
-    .env_remove("PYTEST_ADDOPTS")
-    .env_remove("PYTEST_PLUGINS")
-    .output()
-    .expect("run cupool check");
+    let (out, doc, _) = check_pytest(&dir, "findings", &[]);
     assert_eq!(out.status.code(), Some(1), "the suite's own failure wins:\n{}\n{}", stdout_of(&out), stderr_of(&out));
-    let doc: Value = serde_json::from_str(&fs::read_to_string(&findings).unwrap()).unwrap();
     let mut got: Vec<(String, u64)> = doc["findings"]
         .as_array()
         .unwrap()
@@ -476,37 +469,9 @@ fn a_test_leak_live_at_exit_is_counted_once() {
     let test = "import ctypes\nfrom conftest import _malloc, MIB\nKEPT = []\n\n\ndef test_keeps():\n    \
                 p = ctypes.c_void_p()\n    assert _malloc(ctypes.byref(p), 2 * MIB) == 0\n    KEPT.append(p)\n";
     fs::write(dir.join("test_keep.py"), test).unwrap();
-    let python = python();
     for (limit, status) in [("3m", 0), ("1m", 23)] {
-        let findings = dir.join(format!("findings-{limit}.json"));
         let max = format!("max_leak_bytes={limit}");
-        let out = cupool_command(
-            &[
-                "check",
-                "--log-dir",
-                dir.join(format!("logs-{limit}")).to_str().unwrap(),
-                "-o",
-                &max,
-                "--json",
-                findings.to_str().unwrap(),
-                "--",
-                python.to_str().unwrap(),
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "--rootdir",
-                ".",
-            ],
-            &dir.join("stats"),
-        )
-        .current_dir(&dir)
-        .env("FAKE_CUDART", fakes().libcudart())
-        .env_remove("PYTEST_ADDOPTS")
-        .env_remove("PYTEST_PLUGINS")
-        .output()
-        .expect("run cupool check");
+        let (out, doc, _) = check_pytest(&dir, &format!("findings-{limit}"), &["-o", &max]);
         let err = stderr_of(&out);
         assert_eq!(out.status.code(), Some(status), "{limit}:\n{}\n{err}", stdout_of(&out));
         assert!(
@@ -515,7 +480,6 @@ fn a_test_leak_live_at_exit_is_counted_once() {
         );
         assert!(err.contains("Direct leak of 2097152 byte(s) in 1 allocation(s)"), "still live at exit: {err}");
         assert!(err.contains("SUMMARY: cupool: 2097152 byte(s) leaked in 1 allocation(s).\n"), "{err}");
-        let doc: Value = serde_json::from_str(&fs::read_to_string(&findings).unwrap()).unwrap();
         assert_eq!(doc["summary"]["failing_bytes"], 2 * MIB, "{}", doc["summary"]);
         assert_eq!(doc["summary"]["failing_allocations"], 1);
         assert_eq!(doc["summary"]["fails"], status != 0);
@@ -536,22 +500,8 @@ fn memory_budgets_fail_the_job_exactly_where_they_are_passed() {
              @pytest.mark.cupool_limit_memory(\"16m\")\ndef test_big():\n    a = Buf({big} * MIB)\n"
         )
     };
-    let python = python();
     let run = |name: &str, extra: &[&str]| {
-        let json = dir.join(format!("{name}.json"));
-        let logs = dir.join(format!("logs-{name}"));
-        let mut args = vec!["check", "--log-dir", path_str(&logs), "--json", path_str(&json)];
-        args.extend_from_slice(extra);
-        args.push("--");
-        let out = cupool_command(&args, &dir.join("stats"))
-            .args([python.to_str().unwrap(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", "."])
-            .current_dir(&dir)
-            .env("FAKE_CUDART", fakes().libcudart())
-            .env_remove("PYTEST_ADDOPTS")
-            .env_remove("PYTEST_PLUGINS")
-            .output()
-            .expect("run cupool check");
-        let doc: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+        let (out, doc, json) = check_pytest(&dir, name, extra);
         (out.status.code(), stderr_of(&out), doc, json)
     };
     // Under every limit: it passes, and the peaks are recorded.
