@@ -57,7 +57,7 @@ pub fn find_as_the_program_sees_it(ptr: u64) -> (pool::Found, Option<Allocation>
     let ask = || {
         let found = pool::find(ptr);
         let live = match &found {
-            pool::Found::Block(b) => observe::live::get(Space::Pointer, b.addr),
+            pool::Found::Block(b) => observe::live_at(Space::Pointer, b.addr),
             _ => None,
         };
         (found, live)

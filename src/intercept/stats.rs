@@ -1,7 +1,7 @@
 //! Figures for cupool's own C API (`hooks::api`): one device's memory now
 //! and at peak, the way `torch.cuda.memory_stats` names them.
 
-use crate::observe::counters;
+use crate::observe::{self, counters};
 use crate::pool;
 use crate::runtime::diag;
 use cupool_core::log::MemKind;
@@ -30,7 +30,7 @@ pub fn memory(device: i32) -> Option<MemoryStats> {
     if !(0..counters::MAX_DEVICES as i32).contains(&device) {
         return None;
     }
-    counters::flush_all(); // threads' batches: see counters/batch.rs
+    observe::flush_batches();
     let c = counters::of(MemKind::Device, device);
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     Some(MemoryStats {
@@ -48,6 +48,7 @@ pub fn memory(device: i32) -> Option<MemoryStats> {
 
 pub fn reset_peaks(device: i32) {
     if (0..counters::MAX_DEVICES as i32).contains(&device) {
+        observe::flush_batches();
         counters::of(MemKind::Device, device).reset_peaks();
         diag::shielded(|| pool::reset_peaks(device));
     }

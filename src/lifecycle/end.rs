@@ -3,7 +3,7 @@
 //! sink. Built from bookkeeping alone: by the time it runs the CUDA driver
 //! may be shut down.
 
-use crate::observe::{counters, incidents, live, Allocation, Space};
+use crate::observe::{self, counters, incidents, Allocation, Space};
 use crate::runtime::clock;
 use crate::{pool, sink};
 use cupool_core::log::{self, DeviceCounters, End, ExitRecord, Leak, LeakSummary};
@@ -19,7 +19,8 @@ pub enum ExitInfo {
 /// Builds and writes the end record. Called once, by `lifecycle::finish`.
 pub fn write(how: ExitInfo) {
     let now_ns = clock::now_ns();
-    let (live, complete) = live::snapshot();
+    let (live, complete) = observe::live_snapshot();
+    observe::flush_batches();
     let (checkpoint_leaks, ooms) = incidents::take();
     if !sink::is_open() && live.is_empty() && checkpoint_leaks.is_empty() {
         return; // nothing was traced and nothing leaked: write nothing at all

@@ -51,7 +51,6 @@ fn start() -> bool {
             libc::atexit(at_exit);
             libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child));
         }
-        crate::pool::on_magazine_start(crate::observe::counters::batch_on_this_thread);
     });
     if opts.log {
         signals::install();

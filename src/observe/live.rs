@@ -1,11 +1,11 @@
-//! The live-allocation table: every allocation not yet freed, keyed by
+//! The shared live-allocation table: the allocations CUDA made itself (and
+//! pooled ones of a thread without a book of its own, `books`), keyed by
 //! pointer (or VMM handle).
 //!
 //! Sharded by pointer so that threads allocating at once rarely meet on a
 //! lock, and no lock is ever held across a CUDA call. Each shard has cache
-//! lines of its own: threads that reuse their own blocks (thread magazines)
-//! then touch only their own shards' lines, where 64 shards side by side
-//! would have two threads' calls take turns on the same lines.
+//! lines of its own, so that two threads' calls on shards side by side do
+//! not take turns on the same lines.
 
 use super::allocation::{Allocation, Space};
 use crate::runtime::bias::{self, Access};
@@ -28,7 +28,7 @@ impl Hasher for PtrHasher {
         self.0 = (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
-type Table = HashMap<u64, Allocation, BuildHasherDefault<PtrHasher>>;
+pub type Table = HashMap<u64, Allocation, BuildHasherDefault<PtrHasher>>;
 
 const SHARDS: usize = 1024;
 
@@ -96,13 +96,13 @@ pub fn remove_in(books: &Access, space: Space, key: u64) -> Option<Allocation> {
 
 /// The live allocation at `key`, if any.
 pub fn get(space: Space, key: u64) -> Option<Allocation> {
-    with_table(&bias::BOOKS.access(), space, key, |t| t.get(&key).copied()).flatten()
+    with_table(&bias::SHARED_BOOKS.access(), space, key, |t| t.get(&key).copied()).flatten()
 }
 
 /// Removes and returns every live allocation that `dies` selects (context destruction).
-pub fn take_where(mut dies: impl FnMut(&Allocation) -> bool) -> Vec<(u64, Allocation)> {
+pub fn take_where(dies: &mut impl FnMut(&Allocation) -> bool) -> Vec<(u64, Allocation)> {
     let mut out = Vec::new();
-    if !bias::BOOKS.share() {
+    if !bias::SHARED_BOOKS.share() {
         return out; // a signal handler on the owner, inside the tables: leave them be
     }
     for t in all_tables() {
@@ -126,7 +126,7 @@ const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_millis(
 /// lock cannot be had in time (a thread stopped by a signal may hold it).
 pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
     let mut out = Vec::new();
-    if !bias::BOOKS.share_within(SNAPSHOT_PATIENCE) {
+    if !bias::SHARED_BOOKS.share_within(SNAPSHOT_PATIENCE) {
         return (out, false);
     }
     let mut complete = true;
@@ -142,8 +142,8 @@ pub fn snapshot() -> (Vec<(u64, Allocation)>, bool) {
 pub fn lock_all() {
     // The owner forking needs only the locks: no other thread is inside a
     // section. Any other thread revokes first, so that the owner leaves.
-    if !bias::BOOKS.owned_here() {
-        bias::BOOKS.share();
+    if !bias::SHARED_BOOKS.owned_here() {
+        bias::SHARED_BOOKS.share();
     }
     for t in all_tables() {
         std::mem::forget(t.lock());
@@ -160,7 +160,7 @@ pub unsafe fn unlock_all() {
 
 /// A forked child owns none of its parent's allocations.
 pub fn clear() {
-    if !bias::BOOKS.share() {
+    if !bias::SHARED_BOOKS.share() {
         return;
     }
     for t in all_tables() {
@@ -195,7 +195,7 @@ mod tests {
     /// no entry and find none twice.
     #[test]
     fn threads_on_their_own_shards_and_on_a_common_one_keep_every_entry() {
-        assert!(bias::BOOKS.share());
+        assert!(bias::SHARED_BOOKS.share());
         let base = 0x5a00_0000_0000_u64; // this test's keys only
         let common = base + (0xff << 32);
         let threads: Vec<_> = (0..4u32)
@@ -206,15 +206,15 @@ mod tests {
                         // One granule for all: the same shard.
                         let shared = common + (u64::from(t) << 9) + ((round % 8) << 12);
                         for key in [own, shared] {
-                            let books = bias::BOOKS.access();
+                            let books = bias::SHARED_BOOKS.access();
                             assert!(insert_in(&books, Space::Pointer, key, allocation(t)).is_none(), "{key:x}");
                         }
                         for key in [own, shared] {
-                            let books = bias::BOOKS.access();
+                            let books = bias::SHARED_BOOKS.access();
                             assert_eq!(remove_in(&books, Space::Pointer, key).map(|a| a.tid), Some(t), "{key:x}");
                         }
                     }
-                    let books = bias::BOOKS.access();
+                    let books = bias::SHARED_BOOKS.access();
                     insert_in(&books, Space::Pointer, common + (u64::from(t) << 9), allocation(t));
                 })
             })

@@ -5,9 +5,10 @@
 //! order that keeps their books consistent with each other.
 
 mod allocation;
+mod books;
 pub mod counters;
 pub mod incidents;
-pub mod live;
+mod live;
 pub mod phases;
 pub mod sites;
 mod timeline;
@@ -20,12 +21,15 @@ use crate::sink::Stamp;
 use cupool_core::log::{Api, EventKind, MemKind};
 use cupool_core::pool::Fragmentation;
 
-/// The live table and the counters are kept in one access to the books:
-/// an access costs a thread-local lookup and two stores.
+/// A pooled allocation goes into the calling thread's own book (`books`);
+/// one that CUDA made, with its counts, into the shared table, in one access
+/// to the shared books (a thread-local lookup and two stores while one
+/// thread owns them).
 #[inline]
 pub fn allocated(space: Space, key: u64, a: Allocation) {
-    {
-        let books = bias::BOOKS.access();
+    if !(space == Space::Pointer && a.pooled.is_some() && books::insert(key, a)) {
+        books::flush_own(); // this thread's calls reach the counters in order
+        let books = bias::SHARED_BOOKS.access();
         if let Some(old) = live::insert_in(&books, space, key, a) {
             // CUDA handed out an address we still thought live: an allocation we
             // did not see the end of. Keep the books balanced.
@@ -38,6 +42,11 @@ pub fn allocated(space: Space, key: u64, a: Allocation) {
         c.reserve_in(&books, held_from_cuda(&a));
     }
     timeline::allocated(key, &a);
+}
+
+/// Adds every thread's batch of counts: readers of the counters first call this.
+pub fn flush_batches() {
+    books::flush_all();
 }
 
 /// Bytes an allocation holds from CUDA itself: all of it when CUDA made it,
@@ -69,14 +78,44 @@ pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i3
 
 /// Takes `key` off the books before the real free: another thread that is
 /// handed the same address right after cannot have its record removed by us.
+/// The calling thread's own book first, then the shared table, then the
+/// other threads' books.
 #[inline]
 pub fn releasing(space: Space, key: u64) -> Option<Allocation> {
-    let books = bias::BOOKS.access();
-    let a = live::remove_in(&books, space, key)?;
-    let c = counters::of(a.kind, a.device);
-    c.sub_in(&books, a.size);
-    c.reserve_in(&books, -held_from_cuda(&a));
-    Some(a)
+    if space == Space::Pointer {
+        if let Some(a) = books::remove_own(key) {
+            return Some(a);
+        }
+    }
+    let shared = {
+        books::flush_own();
+        let books = bias::SHARED_BOOKS.access();
+        live::remove_in(&books, space, key).inspect(|a| {
+            let c = counters::of(a.kind, a.device);
+            c.sub_in(&books, a.size);
+            c.reserve_in(&books, -held_from_cuda(a));
+        })
+    };
+    match shared {
+        None if space == Space::Pointer => books::remove_elsewhere(key),
+        shared => shared,
+    }
+}
+
+/// The live allocation at `key`, if any.
+pub fn live_at(space: Space, key: u64) -> Option<Allocation> {
+    match space {
+        Space::Pointer => books::get(key).or_else(|| live::get(space, key)),
+        Space::VmmHandle => live::get(space, key),
+    }
+}
+
+/// Every live allocation, for the report at exit; false where a table or a
+/// book could not be had in time.
+pub fn live_snapshot() -> (Vec<(u64, Allocation)>, bool) {
+    let (mut all, shared_complete) = live::snapshot();
+    let books_complete = books::snapshot(&mut all);
+    (all, shared_complete && books_complete)
 }
 
 #[inline]
@@ -86,10 +125,11 @@ pub fn freed(api: Api, key: u64, a: &Allocation, at: Option<Stamp>) {
 
 /// CUDA refused to free `a`: it is still live, and so it is again here.
 pub fn free_refused(space: Space, key: u64, a: Allocation) {
+    books::flush_all(); // the free may wait in a batch
     let c = counters::of(a.kind, a.device);
     c.unfree(a.size);
     c.reserve(held_from_cuda(&a));
-    live::insert_in(&bias::BOOKS.access(), space, key, a);
+    live::insert_in(&bias::SHARED_BOOKS.access(), space, key, a);
 }
 
 pub fn invalid_free(api: Api, ptr: u64, result: i32, at: Option<Stamp>) {
@@ -102,8 +142,10 @@ pub fn mapping(kind: EventKind, api: Api, ptr: u64, size: u64, handle: u64) {
 
 /// A context (or a device's primary context) died, with whatever it still
 /// held: those allocations leaked. `device` -1: take it from what died.
-pub fn context_died(at: Api, device: i32, dies: impl FnMut(&Allocation) -> bool) {
-    let died = live::take_where(dies);
+pub fn context_died(at: Api, device: i32, mut dies: impl FnMut(&Allocation) -> bool) {
+    books::flush_all(); // their allocations' counts, before the counts of their end
+    let mut died = live::take_where(&mut dies);
+    books::take_where(&mut dies, &mut died);
     for (_, a) in &died {
         let c = counters::of(a.kind, a.device);
         c.forget(a.size);
@@ -124,7 +166,6 @@ pub fn out_of_memory(api: Api, device: i32, bytes: u64, snapshot: impl FnOnce() 
 }
 
 pub fn lock_for_fork() {
-    counters::lock_for_fork();
     sites::lock_for_fork();
     live::lock_all();
     incidents::lock_for_fork();
@@ -138,12 +179,12 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
     incidents::unlock_after_fork(in_child);
     live::unlock_all();
     sites::unlock_after_fork(in_child);
-    counters::unlock_after_fork();
     if in_child {
         // A forked child owns none of its parent's allocations.
         live::clear();
+        books::forget_in_child();
         counters::clear();
         // One thread is left: it may own the books again.
-        crate::runtime::bias::BOOKS.reset_in_child();
+        crate::runtime::bias::SHARED_BOOKS.reset_in_child();
     }
 }

@@ -145,6 +145,7 @@ fn write(kind: EventKind, api: Api, id: u32) {
         return;
     }
     let mut any = false;
+    super::flush_batches();
     for (device, c) in counters::devices() {
         any = true;
         timeline::phase(kind, api, id, device, c);

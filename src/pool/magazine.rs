@@ -367,10 +367,10 @@ pub fn contended() {
 
 #[cold]
 fn start() {
-    let started = THREAD.try_with(|t| {
-        let Ok(mut slot) = t.magazine.try_borrow_mut() else { return false };
+    let _ = THREAD.try_with(|t| {
+        let Ok(mut slot) = t.magazine.try_borrow_mut() else { return };
         if slot.is_some() {
-            return false;
+            return;
         }
         let epoch = FORK_EPOCH.load(Ordering::Acquire);
         let counts = MagazineRecord { threads: 1, ..Default::default() };
@@ -379,24 +379,7 @@ fn start() {
         *slot = Some(m);
         ACTIVE.with(|a| a.set(true));
         ANY.store(true, Ordering::Relaxed);
-        true
     });
-    // Only for a magazine started now: not for a thread tearing down, whose
-    // magazine is gone (its counters would batch with nothing to flush them).
-    if started == Ok(true) {
-        if let Some(started) = ON_START.get() {
-            started();
-        }
-    }
-}
-
-/// Told on the thread that starts a magazine (`on_start`).
-static ON_START: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
-
-/// `started` runs on each thread that starts a magazine: its observers may
-/// change how they count it (the counters batch its calls).
-pub fn on_start(started: fn()) {
-    let _ = ON_START.set(started);
 }
 
 /// Has this thread a magazine? The hot path asks first. Until some thread

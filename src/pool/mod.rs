@@ -9,7 +9,6 @@ mod handle;
 pub use handle::{ContextPool, PoolHandle};
 pub mod ipc;
 mod magazine;
-pub use magazine::on_start as on_magazine_start;
 mod pages;
 pub mod records;
 mod registry;

@@ -1,6 +1,7 @@
 //! Biased ownership of shared state, for programs that allocate from one
-//! thread: the shim's books (the live table's shards and the counters,
-//! [`BOOKS`]), each pool's lock ([`BiasedMutex`]) and the log's sequence
+//! thread: the books every thread writes (the counters and the table of
+//! CUDA's own allocations, [`SHARED_BOOKS`]), each thread's own book of pooled
+//! allocations, each pool's lock ([`BiasedMutex`]) and the log's sequence
 //! number (`sink`).
 //!
 //! With locks and atomic counters alone, every pooled `cudaMalloc`+`cudaFree`
@@ -50,8 +51,9 @@ pub struct Bias {
     quiet: AtomicBool,
 }
 
-/// The live table and the counters (`observe`).
-pub static BOOKS: Bias = Bias::new();
+/// The counters and the table of the allocations CUDA made itself
+/// (`observe`); pooled allocations are kept in per-thread books.
+pub static SHARED_BOOKS: Bias = Bias::new();
 
 /// The process `membarrier` was registered for (0: none), and its guard.
 /// With several threads the kernel waits for an RCU grace period to
@@ -168,6 +170,17 @@ impl Bias {
         self.revoke(None)
     }
 
+    /// Its owner gives the domain up (its thread exits, outside any
+    /// section): the next thread to touch it may own it, with no revocation.
+    pub fn vacate(&self) {
+        let me = me();
+        if self.inside.load(Ordering::Relaxed) == 0 && self.owner.load(Ordering::Relaxed) == me {
+            // Before the owner goes: a later claimer's own `holder` is not overwritten.
+            self.holder.store(NONE, Ordering::Relaxed);
+            let _ = self.owner.compare_exchange(me, NONE, Ordering::SeqCst, Ordering::Relaxed);
+        }
+    }
+
     /// In a forked child, after its locks were released: one thread is
     /// left, and it may own the state again.
     pub fn reset_in_child(&self) {
@@ -229,6 +242,12 @@ impl Default for Bias {
     fn default() -> Self {
         Bias::new()
     }
+}
+
+/// Can state be biased here at all (`supported`)?
+#[cfg(test)]
+pub fn available() -> bool {
+    supported()
 }
 
 /// Whether this kernel has the `membarrier` commands the revocation needs
@@ -303,11 +322,30 @@ impl<T> BiasedMutex<T> {
     /// panics (the shim's calls fall back to CUDA on a panic).
     #[inline]
     pub fn lock(&self) -> BiasedGuard<'_, T> {
+        self.lock_unless_busy().expect("a biased mutex locked again by the thread that holds it")
+    }
+
+    /// Locks, waiting for another thread that holds it. None: this thread
+    /// owns the mutex and holds it already (a signal handler that
+    /// interrupted it).
+    #[inline]
+    pub fn lock_unless_busy(&self) -> Option<BiasedGuard<'_, T>> {
         match self.bias.access() {
-            Access::Owned(s) => BiasedGuard::Owned { _section: s, value: self.owned() },
-            Access::Shared => BiasedGuard::Locked(self.mutex.lock()),
-            Access::Busy => panic!("a biased mutex locked again by the thread that holds it"),
+            Access::Owned(s) => Some(BiasedGuard::Owned { _section: s, value: self.owned() }),
+            Access::Shared => Some(BiasedGuard::Locked(self.mutex.lock())),
+            Access::Busy => None,
         }
+    }
+
+    /// Has a second thread taken the bias away?
+    #[cfg(test)]
+    pub fn is_shared(&self) -> bool {
+        self.bias.owner.load(Ordering::Relaxed) == SHARED
+    }
+
+    /// Its owning thread exits: see [`Bias::vacate`].
+    pub fn vacate(&self) {
+        self.bias.vacate();
     }
 
     /// None: another thread holds it (or this one, interrupted inside it).

@@ -2,16 +2,16 @@
 //! and allocations now and at peak, and the bytes held from CUDA (reserved:
 //! the pools' segments plus allocations CUDA made directly). Lock-free.
 //!
-//! Threads that allocate small blocks at once from a magazine of their own
-//! (`pool::magazine`) would meet on these counters' cache lines at every
-//! call, which costs them more than the rest of the call: such a thread adds
-//! its small allocations and frees here in batches ([`batch_on_this_thread`],
-//! `batch.rs`).
+//! Pooled allocations and frees reach them in batches, from the book of the
+//! thread that made the call (`observe::books`, [`Batch`]): threads that
+//! allocate at once would otherwise meet on these cache lines at every call,
+//! which costs them more than the rest of the call. Readers add every
+//! book's batch first (`observe::flush_batches`).
 
 mod batch;
 
 use crate::runtime::bias::{self, Access};
-pub use batch::{batch_on_this_thread, flush_all, lock_for_fork, unlock_after_fork};
+pub use batch::Batch;
 use cupool_core::log::MemKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -34,9 +34,6 @@ impl Counters {
     /// (`runtime::bias`): one access serves the live table and the counters.
     #[inline]
     pub fn add_in(&'static self, books: &Access, bytes: u64) {
-        if batch::batched(self, bytes, true) {
-            return;
-        }
         if let Access::Owned(_) = books {
             bump(&self.allocs, 1);
             let now = bump(&self.current_bytes, bytes);
@@ -52,9 +49,6 @@ impl Counters {
     /// Counts a free of `bytes`, as [`Counters::add_in`] an allocation.
     #[inline]
     pub fn sub_in(&'static self, books: &Access, bytes: u64) {
-        if batch::batched(self, bytes, false) {
-            return;
-        }
         if let Access::Owned(_) = books {
             bump(&self.frees, 1);
             bump(&self.current_bytes, bytes.wrapping_neg());
@@ -67,16 +61,15 @@ impl Counters {
 
     /// Memory that is gone without the program freeing it (its context died).
     pub fn forget(&self, bytes: u64) {
-        let _section = bias::BOOKS.access();
+        let _section = bias::SHARED_BOOKS.access();
         self.let_go(bytes);
     }
 
-    /// Takes back a `sub` whose free CUDA refused: the allocation is still live.
-    /// The `sub` may wait in this thread's batch: it is added first, or the
-    /// bytes would count twice meanwhile (and a peak would keep them).
+    /// Takes back a `sub` whose free CUDA refused: the allocation is still
+    /// live. The caller adds the batches first: the `sub` may wait in one,
+    /// and the bytes would count twice meanwhile (and a peak would keep them).
     pub fn unfree(&self, bytes: u64) {
-        flush_all();
-        let _section = bias::BOOKS.access();
+        let _section = bias::SHARED_BOOKS.access();
         self.frees.fetch_sub(1, Ordering::Relaxed);
         self.hold(bytes);
     }
@@ -85,7 +78,7 @@ impl Counters {
     #[inline]
     pub fn reserve(&self, delta: i64) {
         if delta != 0 {
-            self.reserve_in(&bias::BOOKS.access(), delta);
+            self.reserve_in(&bias::SHARED_BOOKS.access(), delta);
         }
     }
 
@@ -100,17 +93,16 @@ impl Counters {
         }
     }
 
-    /// Peaks start again from what is held now.
+    /// Peaks start again from what is held now (the caller adds the batches first).
     pub fn reset_peaks(&self) {
-        flush_all();
-        let _section = bias::BOOKS.access();
+        let _section = bias::SHARED_BOOKS.access();
         self.peak_bytes.store(self.current_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_count.store(self.current_count.load(Ordering::Relaxed), Ordering::Relaxed);
         self.peak_reserved_bytes.store(self.reserved_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     pub fn failed(&self) {
-        let _section = bias::BOOKS.access();
+        let _section = bias::SHARED_BOOKS.access();
         self.failures.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -130,7 +122,7 @@ impl Counters {
     }
 
     fn clear(&self) {
-        let _section = bias::BOOKS.access();
+        let _section = bias::SHARED_BOOKS.access();
         for c in [
             &self.allocs,
             &self.frees,
@@ -193,15 +185,14 @@ pub fn reserved_bytes(device: i32) -> u64 {
     of(MemKind::Device, device).reserved_bytes.load(Ordering::Relaxed)
 }
 
+/// As [`devices`], the caller adds the batches first.
 pub fn host() -> &'static Counters {
-    flush_all();
     &HOST
 }
 
-/// (device ordinal or -1, counters) for every device that saw any activity,
-/// with every thread's batch added.
+/// (device ordinal or -1, counters) for every device that saw any activity:
+/// readers add every book's batch first (`observe::flush_batches`).
 pub fn devices() -> impl Iterator<Item = (i32, &'static Counters)> {
-    flush_all();
     DEVICES
         .iter()
         .enumerate()
@@ -211,7 +202,6 @@ pub fn devices() -> impl Iterator<Item = (i32, &'static Counters)> {
 
 /// A forked child starts from zero.
 pub fn clear() {
-    batch::forget_all();
     for c in DEVICES.iter().chain(std::iter::once(&*HOST)) {
         c.clear();
     }

@@ -1,0 +1,419 @@
+//! Per-thread books: the pooled allocations each thread made that are still
+//! live, and its batch of counter changes (`counters::Batch`).
+//!
+//! A thread that frees what it allocated touches only its own book, which it
+//! owns (`runtime::bias`): no lock, no atomic read-modify-write, no cache line
+//! that another thread writes. Every other use takes the book's lock, and
+//! with it the bias, from its thread for good (that thread locks its book
+//! from then on): a free of another thread's allocation takes the book that
+//! holds it, and readers (the end record, phases, `cupool_memory_stats`, a
+//! context's death) take every book in turn. A free looks in its own book
+//! first; another book is asked only where a filter of the keys it holds
+//! says it may hold this one, so a thread that frees what one other thread
+//! made shares that one book, and the other threads keep theirs.
+//!
+//! Books live as long as the process: a thread that exits adds its batch and
+//! leaves its book, with whatever it still holds, to the next thread that
+//! needs one. A forked child starts with no books.
+
+use super::allocation::Allocation;
+use super::counters::{self, Batch};
+use super::live::Table;
+use crate::runtime::bias::BiasedMutex;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Threads with a book at once, at most; later ones keep their pooled
+/// allocations in the shared table.
+const MAX_BOOKS: usize = 4096;
+/// Counters in a book's filter: 32 KiB a book, one false "may hold" in about
+/// 30 for a book holding a thousand allocations.
+const FILTER_SLOTS: usize = 1 << 15;
+
+struct Entries {
+    table: Table,
+    batch: Batch,
+}
+
+pub struct Book {
+    entries: BiasedMutex<Entries>,
+    /// How many keys of the book fall on each slot (sticky at 255): zero
+    /// means the book does not hold the key. Written with the book's
+    /// entries (by its owner, or under its lock); read by any thread.
+    filter: Box<[AtomicU8]>,
+    /// The batch holds calls not yet added: readers skip books without any.
+    pending: AtomicBool,
+    /// A thread uses the book.
+    occupied: AtomicBool,
+}
+
+static BOOKS: [AtomicPtr<Book>; MAX_BOOKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_BOOKS];
+/// Slots handed out (may pass `MAX_BOOKS`: those got no book).
+static SLOTS_TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+crate::runtime::tls::static_tls! {
+    /// This thread's book (null: none yet, or the thread is exiting).
+    MINE: Cell<*const Book>;
+}
+
+/// Hands the book on when its thread exits.
+struct Leaving;
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        let book = MINE.with(|m| m.replace(std::ptr::null()));
+        // SAFETY: a non-null `MINE` points at a leaked, never-freed book.
+        if let Some(book) = unsafe { book.as_ref() } {
+            if let Some(mut e) = book.entries.lock_unless_busy() {
+                e.batch.add_to_counters();
+                book.pending.store(false, Ordering::Relaxed);
+            }
+            book.entries.vacate();
+            book.occupied.store(false, Ordering::Release);
+        }
+    }
+}
+
+std::thread_local! {
+    static LEAVING: Leaving = const { Leaving };
+}
+
+impl Book {
+    fn new() -> Book {
+        Book {
+            entries: BiasedMutex::new(Entries { table: Table::default(), batch: Batch::default() }),
+            // Built on the heap: a signal handler's small stack may make the first book.
+            filter: (0..FILTER_SLOTS).map(|_| AtomicU8::new(0)).collect(),
+            pending: AtomicBool::new(false),
+            occupied: AtomicBool::new(true),
+        }
+    }
+
+    #[inline]
+    fn slot(&self, key: u64) -> &AtomicU8 {
+        let h = (key ^ (key >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.filter[(h >> (64 - FILTER_SLOTS.trailing_zeros())) as usize]
+    }
+
+    #[inline]
+    fn may_hold(&self, key: u64) -> bool {
+        self.slot(key).load(Ordering::Relaxed) != 0
+    }
+
+    /// Plain loads and stores: only with the book's entries held.
+    #[inline]
+    fn note(&self, key: u64) {
+        let s = self.slot(key);
+        let n = s.load(Ordering::Relaxed);
+        if n != u8::MAX {
+            s.store(n + 1, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    fn unnote(&self, key: u64) {
+        let s = self.slot(key);
+        let n = s.load(Ordering::Relaxed);
+        if n != u8::MAX {
+            s.store(n - 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one call in the batch.
+    #[inline]
+    fn count(&self, e: &mut Entries, a: &Allocation, alloc: bool) {
+        e.batch.count_one(counters::of(a.kind, a.device), a.size as i64, alloc);
+        if !self.pending.load(Ordering::Relaxed) {
+            self.pending.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Removes `key`, counting the free.
+    #[inline]
+    fn take(&self, e: &mut Entries, key: u64) -> Option<Allocation> {
+        let a = e.table.remove(&key)?;
+        self.unnote(key);
+        self.count(e, &a, false);
+        Some(a)
+    }
+
+    fn add_batch(&self, e: &mut Entries) {
+        e.batch.add_to_counters();
+        self.pending.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Every book made so far.
+fn all() -> impl Iterator<Item = &'static Book> {
+    let n = SLOTS_TAKEN.load(Ordering::Acquire).min(MAX_BOOKS);
+    // SAFETY: a non-null slot points at a leaked, never-freed book.
+    BOOKS[..n].iter().filter_map(|b| unsafe { b.load(Ordering::Acquire).as_ref() })
+}
+
+/// This thread's book, made (or taken over from an exited thread) at its
+/// first pooled call. None: the thread is exiting, or `MAX_BOOKS` threads
+/// hold one.
+#[inline]
+fn own() -> Option<&'static Book> {
+    let book = MINE.with(Cell::get);
+    // SAFETY: a non-null `MINE` points at a leaked, never-freed book.
+    match unsafe { book.as_ref() } {
+        Some(book) => Some(book),
+        None => take_a_book(),
+    }
+}
+
+#[cold]
+fn take_a_book() -> Option<&'static Book> {
+    // Registers the exit handler; fails once the thread's exit has begun.
+    LEAVING.try_with(|_| ()).ok()?;
+    let book =
+        match all().find(|b| b.occupied.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
+            Some(left) => left,
+            None => {
+                let slot = SLOTS_TAKEN.fetch_add(1, Ordering::AcqRel);
+                if slot >= MAX_BOOKS {
+                    return None;
+                }
+                let book: &'static Book = Box::leak(Box::new(Book::new()));
+                BOOKS[slot].store(std::ptr::from_ref(book).cast_mut(), Ordering::Release);
+                book
+            }
+        };
+    MINE.with(|m| m.set(book));
+    Some(book)
+}
+
+/// Keeps a pooled allocation in this thread's book and counts it. False: it
+/// has no book, or is inside it already (a signal handler that interrupted
+/// the thread there): the caller keeps it in the shared table.
+#[inline]
+pub fn insert(key: u64, a: Allocation) -> bool {
+    let Some(book) = own() else { return false };
+    let Some(mut e) = book.entries.lock_unless_busy() else { return false };
+    match e.table.insert(key, a) {
+        // An address the pool handed out twice would be a bug of the pool's;
+        // the books stay balanced all the same.
+        Some(old) => book.count(&mut e, &old, false),
+        None => book.note(key),
+    }
+    book.count(&mut e, &a, true);
+    true
+}
+
+/// Takes `key` out of this thread's book, counting the free.
+#[inline]
+pub fn remove_own(key: u64) -> Option<Allocation> {
+    let book = own()?;
+    if !book.may_hold(key) {
+        return None;
+    }
+    let mut e = book.entries.lock_unless_busy()?;
+    book.take(&mut e, key)
+}
+
+/// Takes `key` out of another thread's book (the first that holds it).
+pub fn remove_elsewhere(key: u64) -> Option<Allocation> {
+    let mine = MINE.with(Cell::get);
+    all().filter(|b| !std::ptr::eq(*b, mine) && b.may_hold(key)).find_map(|book| {
+        let mut e = book.entries.lock_unless_busy()?;
+        book.take(&mut e, key)
+    })
+}
+
+/// The allocation at `key` in any book.
+pub fn get(key: u64) -> Option<Allocation> {
+    all().filter(|b| b.may_hold(key)).find_map(|book| book.entries.lock_unless_busy()?.table.get(&key).copied())
+}
+
+/// Adds this thread's batch, so that a call it counts at once comes after
+/// its earlier ones.
+#[inline]
+pub fn flush_own() {
+    let book = MINE.with(Cell::get);
+    // SAFETY: a non-null `MINE` points at a leaked, never-freed book.
+    if let Some(book) = unsafe { book.as_ref() } {
+        if book.pending.load(Ordering::Relaxed) {
+            if let Some(mut e) = book.entries.lock_unless_busy() {
+                book.add_batch(&mut e);
+            }
+        }
+    }
+}
+
+/// How long a reader waits for a book: the end record may be written from a
+/// fatal signal's handler, on a thread that interrupted another one inside
+/// its book.
+const PATIENCE: Duration = Duration::from_millis(200);
+
+/// Adds every book's batch to the counters. A book that cannot be had in
+/// time (its thread was stopped inside it) is left out.
+pub fn flush_all() {
+    for book in all().filter(|b| b.pending.load(Ordering::Relaxed)) {
+        if let Some(mut e) = book.entries.try_lock_for(PATIENCE) {
+            book.add_batch(&mut e);
+        }
+    }
+}
+
+/// Appends every allocation in the books to `out`; false where a book could
+/// not be had in time.
+pub fn snapshot(out: &mut Vec<(u64, Allocation)>) -> bool {
+    let mut complete = true;
+    for book in all() {
+        match book.entries.try_lock_for(PATIENCE) {
+            Some(e) => out.extend(e.table.iter().map(|(&k, &a)| (k, a))),
+            None => complete = false,
+        }
+    }
+    complete
+}
+
+/// Removes every allocation that `dies` selects into `out` (a context's
+/// death: counted by the caller, as memory gone without a free).
+pub fn take_where(dies: &mut impl FnMut(&Allocation) -> bool, out: &mut Vec<(u64, Allocation)>) {
+    for book in all() {
+        let Some(mut e) = book.entries.lock_unless_busy() else { continue };
+        e.table.retain(|&k, a| {
+            if dies(a) {
+                out.push((k, *a));
+                book.unnote(k);
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+/// In a forked child: its parent's threads, books and allocations are not
+/// its own. The old books are left as they are (a parent's thread may have
+/// been inside one), and never freed.
+pub fn forget_in_child() {
+    for b in &BOOKS {
+        b.store(std::ptr::null_mut(), Ordering::Relaxed);
+    }
+    SLOTS_TAKEN.store(0, Ordering::Release);
+    MINE.with(|m| m.set(std::ptr::null()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cupool_core::log::{Api, MemKind};
+    use std::sync::atomic::AtomicU64;
+    use std::sync::mpsc;
+
+    /// Counters of a device no other test uses.
+    fn allocation(device: i32, size: u64) -> Allocation {
+        let (kind, api) = (MemKind::Device, Api::CudaMalloc);
+        Allocation { size, t_ns: 0, ctx: 1, device, kind, api, tid: 0, stream: 0, pooled: None, stack: 0 }
+    }
+
+    fn get(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    fn the_book_of_this_thread() -> &'static Book {
+        own().expect("a book")
+    }
+
+    /// Four threads free half of what they allocate themselves and hand the
+    /// other half to the next thread; each exits keeping two allocations,
+    /// which the main thread frees afterwards. Every call is counted once,
+    /// none is lost, and nothing is found twice.
+    #[test]
+    fn own_frees_cross_thread_frees_and_exited_threads_add_up_exactly() {
+        const DEVICE: i32 = 41;
+        let base = 0x6100_0000_0000_u64; // this test's keys only
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..4).map(|_| mpsc::channel::<u64>()).unzip();
+        let threads: Vec<_> = receivers
+            .into_iter()
+            .enumerate()
+            .map(|(t, rx)| {
+                let next = senders[(t + 1) % 4].clone();
+                std::thread::spawn(move || {
+                    let mut kept = Vec::new();
+                    for round in 0..2000u64 {
+                        let key = base + ((t as u64) << 32) + (round << 12);
+                        assert!(insert(key, allocation(DEVICE, 4096)));
+                        if round % 2 == 0 {
+                            assert_eq!(remove_own(key).map(|a| a.size), Some(4096));
+                        } else if round >= 1998 {
+                            kept.push(key);
+                        } else {
+                            next.send(key).unwrap();
+                        }
+                        // In another thread's book, or in this one's where this
+                        // thread took over the book of a thread that had exited.
+                        while let Ok(theirs) = rx.try_recv() {
+                            assert!(remove_own(theirs).or_else(|| remove_elsewhere(theirs)).is_some(), "{theirs:x}");
+                            assert!(remove_elsewhere(theirs).is_none(), "{theirs:x} found twice");
+                        }
+                    }
+                    (kept, rx)
+                })
+            })
+            .collect();
+        drop(senders);
+        let mut kept = Vec::new();
+        for t in threads {
+            let (k, rx) = t.join().unwrap();
+            kept.extend(k);
+            kept.extend(rx.try_iter()); // handed on after its receiver's last look
+        }
+        flush_all();
+        let c = counters::of(MemKind::Device, DEVICE);
+        assert_eq!(get(&c.allocs), 8000);
+        assert_eq!((get(&c.current_count), get(&c.current_bytes)), (kept.len() as u64, kept.len() as u64 * 4096));
+        let mut all = Vec::new();
+        assert!(snapshot(&mut all));
+        let mut left: Vec<u64> = all.iter().map(|&(k, _)| k).filter(|k| (base..base + (1 << 40)).contains(k)).collect();
+        left.sort_unstable();
+        kept.sort_unstable();
+        assert_eq!(left, kept);
+        for &key in &kept {
+            assert!(remove_own(key).or_else(|| remove_elsewhere(key)).is_some(), "{key:x}");
+            assert!(remove_elsewhere(key).is_none(), "{key:x} found twice");
+        }
+        flush_all();
+        assert_eq!((get(&c.frees), get(&c.current_count), get(&c.current_bytes)), (8000, 0, 0));
+    }
+
+    /// Starts a thread that keeps `key` in its book until told to free it;
+    /// returns its book and the word to go on.
+    fn holding(key: u64) -> (&'static Book, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (book_tx, book_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            assert!(insert(key, allocation(42, 512)));
+            book_tx.send(std::ptr::from_ref(the_book_of_this_thread()) as usize).unwrap();
+            go_rx.recv().unwrap();
+            remove_own(key);
+        });
+        // SAFETY: books are never freed.
+        (unsafe { &*(book_rx.recv().unwrap() as *const Book) }, go_tx, t)
+    }
+
+    /// A thread that frees an allocation of one other thread shares that
+    /// thread's book only: a third thread keeps its own.
+    #[test]
+    fn a_cross_thread_free_takes_the_bias_of_the_book_that_holds_it_only() {
+        let theirs = 0x6200_0000_0000_u64;
+        let slot = |key| std::ptr::from_ref(the_book_of_this_thread().slot(key)) as usize;
+        let bystanders = (0x6300_0000_0000_u64..).step_by(4096).find(|&k| slot(k) != slot(theirs)).unwrap();
+        let (their_book, their_go, their_thread) = holding(theirs);
+        let (bystanders_book, bystanders_go, bystanders_thread) = holding(bystanders);
+        assert_eq!(remove_elsewhere(theirs).map(|a| a.size), Some(512));
+        assert!(their_book.entries.is_shared(), "taken from the book that held it");
+        assert!(
+            !bystanders_book.entries.is_shared() || !crate::runtime::bias::available(),
+            "a book whose filter says it cannot hold the key keeps its bias"
+        );
+        for (go, t) in [(their_go, their_thread), (bystanders_go, bystanders_thread)] {
+            go.send(()).unwrap();
+            t.join().unwrap();
+        }
+    }
+}
