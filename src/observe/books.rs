@@ -32,8 +32,76 @@ const MAX_BOOKS: usize = 4096;
 const FILTER_SLOTS: usize = 1 << 15;
 
 struct Entries {
-    table: Table,
+    held: Held,
     batch: Batch,
+}
+
+/// Allocations kept in `recent` before they go to the table.
+const RECENT: usize = 4;
+
+/// A book's live allocations: the last few in a small array, where most
+/// frees find them without hashing (a loop tends to free what it allocated
+/// last), the others in a table.
+#[derive(Default)]
+struct Held {
+    recent: [Option<(u64, Allocation)>; RECENT],
+    /// The slot of `recent` to move to the table next when it is full.
+    next: usize,
+    table: Table,
+}
+
+/// What an insertion put out of the books.
+enum Displaced {
+    Nothing,
+    /// The allocation at the same key.
+    SameKey(Allocation),
+    /// An allocation the table still had at the key of the one moved there.
+    Stale(u64, Allocation),
+}
+
+impl Held {
+    fn insert(&mut self, key: u64, a: Allocation) -> Displaced {
+        if let Some(slot) = self.recent.iter_mut().find(|s| s.is_some_and(|(k, _)| k == key)) {
+            return slot.replace((key, a)).map_or(Displaced::Nothing, |(_, old)| Displaced::SameKey(old));
+        }
+        if let Some(slot) = self.recent.iter_mut().find(|s| s.is_none()) {
+            *slot = Some((key, a));
+            return Displaced::Nothing;
+        }
+        let slot = &mut self.recent[self.next];
+        self.next = (self.next + 1) % RECENT;
+        match slot.replace((key, a)) {
+            Some((k, moved)) => self.table.insert(k, moved).map_or(Displaced::Nothing, |old| Displaced::Stale(k, old)),
+            None => Displaced::Nothing,
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, key: u64) -> Option<Allocation> {
+        if let Some(slot) = self.recent.iter_mut().find(|s| s.is_some_and(|(k, _)| k == key)) {
+            return slot.take().map(|(_, a)| a);
+        }
+        self.table.remove(&key)
+    }
+
+    fn get(&self, key: u64) -> Option<Allocation> {
+        let recent = self.recent.iter().flatten().find(|(k, _)| *k == key).map(|&(_, a)| a);
+        recent.or_else(|| self.table.get(&key).copied())
+    }
+
+    /// The recent ones, then the table's.
+    fn iter(&self) -> impl Iterator<Item = (u64, Allocation)> + '_ {
+        self.recent.iter().flatten().copied().chain(self.table.iter().map(|(&k, &a)| (k, a)))
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(u64, &Allocation) -> bool) {
+        for slot in &mut self.recent {
+            if slot.is_some_and(|(k, a)| !keep(k, &a)) {
+                *slot = None;
+            }
+        }
+        self.table.retain(|&k, a| keep(k, a));
+    }
 }
 
 pub struct Book {
@@ -82,7 +150,7 @@ std::thread_local! {
 impl Book {
     fn new() -> Book {
         Book {
-            entries: BiasedMutex::new(Entries { table: Table::default(), batch: Batch::default() }),
+            entries: BiasedMutex::new(Entries { held: Held::default(), batch: Batch::default() }),
             // Built on the heap: a signal handler's small stack may make the first book.
             filter: (0..FILTER_SLOTS).map(|_| AtomicU8::new(0)).collect(),
             pending: AtomicBool::new(false),
@@ -132,7 +200,7 @@ impl Book {
     /// Removes `key`, counting the free.
     #[inline]
     fn take(&self, e: &mut Entries, key: u64) -> Option<Allocation> {
-        let a = e.table.remove(&key)?;
+        let a = e.held.remove(key)?;
         self.unnote(key);
         self.count(e, &a, false);
         Some(a)
@@ -192,11 +260,16 @@ fn take_a_book() -> Option<&'static Book> {
 pub fn insert(key: u64, a: Allocation) -> bool {
     let Some(book) = own() else { return false };
     let Some(mut e) = book.entries.lock_unless_busy() else { return false };
-    match e.table.insert(key, a) {
-        // An address the pool handed out twice would be a bug of the pool's;
-        // the books stay balanced all the same.
-        Some(old) => book.count(&mut e, &old, false),
-        None => book.note(key),
+    // An address the pool handed out twice would be a bug of the pool's;
+    // the books stay balanced all the same.
+    match e.held.insert(key, a) {
+        Displaced::Nothing => book.note(key),
+        Displaced::SameKey(old) => book.count(&mut e, &old, false),
+        Displaced::Stale(k, old) => {
+            book.note(key);
+            book.unnote(k);
+            book.count(&mut e, &old, false);
+        }
     }
     book.count(&mut e, &a, true);
     true
@@ -224,7 +297,7 @@ pub fn remove_elsewhere(key: u64) -> Option<Allocation> {
 
 /// The allocation at `key` in any book.
 pub fn get(key: u64) -> Option<Allocation> {
-    all().filter(|b| b.may_hold(key)).find_map(|book| book.entries.lock_unless_busy()?.table.get(&key).copied())
+    all().filter(|b| b.may_hold(key)).find_map(|book| book.entries.lock_unless_busy()?.held.get(key))
 }
 
 /// Adds this thread's batch, so that a call it counts at once comes after
@@ -263,7 +336,7 @@ pub fn snapshot(out: &mut Vec<(u64, Allocation)>) -> bool {
     let mut complete = true;
     for book in all() {
         match book.entries.try_lock_for(PATIENCE) {
-            Some(e) => out.extend(e.table.iter().map(|(&k, &a)| (k, a))),
+            Some(e) => out.extend(e.held.iter()),
             None => complete = false,
         }
     }
@@ -275,7 +348,7 @@ pub fn snapshot(out: &mut Vec<(u64, Allocation)>) -> bool {
 pub fn take_where(dies: &mut impl FnMut(&Allocation) -> bool, out: &mut Vec<(u64, Allocation)>) {
     for book in all() {
         let Some(mut e) = book.entries.lock_unless_busy() else { continue };
-        e.table.retain(|&k, a| {
+        e.held.retain(|k, a| {
             if dies(a) {
                 out.push((k, *a));
                 book.unnote(k);
@@ -379,6 +452,37 @@ mod tests {
         }
         flush_all();
         assert_eq!((get(&c.frees), get(&c.current_count), get(&c.current_bytes)), (8000, 0, 0));
+    }
+
+    /// The recent slots and the table hold each key once, whichever way
+    /// keys come and go, and a key held twice comes out as displaced.
+    #[test]
+    fn recent_allocations_and_the_table_hold_each_key_once() {
+        let mut held = Held::default();
+        let keys: Vec<u64> = (1..=7).map(|k| k << 12).collect();
+        for &k in &keys {
+            assert!(matches!(held.insert(k, allocation(43, k)), Displaced::Nothing));
+        }
+        assert_eq!(held.table.len(), keys.len() - RECENT, "the oldest moved to the table");
+        assert!(matches!(held.insert(keys[6], allocation(43, 1)), Displaced::SameKey(a) if a.size == keys[6]));
+        assert_eq!(held.get(keys[0]).map(|a| a.size), Some(keys[0]), "from the table");
+        assert_eq!(held.remove(keys[5]).map(|a| a.size), Some(keys[5]), "from the recent slots");
+        assert_eq!(held.remove(keys[1]).map(|a| a.size), Some(keys[1]), "from the table");
+        assert!(held.remove(keys[1]).is_none());
+        held.retain(|k, _| k != keys[0] && k != keys[6]);
+        let mut left: Vec<u64> = held.iter().map(|(k, _)| k).collect();
+        left.sort_unstable();
+        assert_eq!(left, [keys[2], keys[3], keys[4]]);
+        // A key the table still holds, inserted again and moved there: the stale one comes out.
+        let stale = 5 << 40;
+        let mut fresh = Held::default();
+        fresh.table.insert(stale, allocation(43, 1));
+        for k in [stale, 1 << 40, 2 << 40, 3 << 40] {
+            fresh.insert(k, allocation(43, 2));
+        }
+        assert!(
+            matches!(fresh.insert(4 << 40, allocation(43, 2)), Displaced::Stale(k, a) if k == stale && a.size == 1)
+        );
     }
 
     /// Starts a thread that keeps `key` in its book until told to free it;
