@@ -4,7 +4,11 @@
 # static, under the shim in .gpu/ and, when .gpu/old/libcupool.so exists (an
 # earlier build to compare with), under that one too, interleaved for ROUNDS
 # rounds (5) on one machine. Prints min and median ns per pair for each row.
-# Plain CUDA is left out: its pair costs ~80 us (scripts/gpu-bench.sh has it).
+# Plain cudaMalloc is left out: its pair costs ~80 us (scripts/gpu-bench.sh
+# has it). The yardstick is CUDA's own pool, one thread's
+# cudaMallocAsync+cudaFreeAsync pair of 4 KiB on its stream
+# (scripts/gpu/scaling.cu), run in the same rounds: each row's last column
+# is its median over that pair's median.
 # The `driver` rows make the pairs with cuMemAlloc_v2+cuMemFree_v2 from the
 # shared-runtime program: the hooks a static runtime's cudaMalloc reaches, so
 # that the static rows minus these are the static runtime's own cost.
@@ -17,10 +21,13 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 { echo "#include <cuda_runtime.h>"; grep -v "^int cuda" $root/benches/hook_pair.c; } > $w/hp.cu
 nvcc -O2 -cudart shared -o $w/hp_shared $w/hp.cu -lcuda
 nvcc -O2 -o $w/hp_static $w/hp.cu -lcuda
+nvcc -O2 -arch=native -cudart shared -o $w/async_pair $root/scripts/gpu/scaling.cu
 builds="new"; [ -f $root/.gpu/old/libcupool.so ] && builds="old new"
 nost=stack_depth=0:python_depth=0
 rows="shared:trace=0:$nost shared:trace=0 shared:trace=1 static:trace=0:$nost static:trace=0 driver:trace=0:$nost driver:trace=0"
 for round in $(seq ${ROUNDS:-5}); do
+  ns=$(${PIN:+taskset -c $PIN} $w/async_pair 1 100000 0 async | sed -n 's/.* loop_ns_per_pair=\([0-9.]*\).*/\1/p')
+  echo "async cudaMallocAsync+cudaFreeAsync cuda $ns 0" >> $w/all.txt
   for row in $rows; do
     for b in $builds; do
       lib=$root/.gpu/libcupool.so; [ $b = old ] && lib=$root/.gpu/old/libcupool.so
@@ -35,14 +42,16 @@ for round in $(seq ${ROUNDS:-5}); do
     done
   done
 done
-echo "cudart  options                                   build  min_ns  median_ns  max_dropped  (${ROUNDS:-5} rounds${PIN:+, on vCPU $PIN})"
+echo "cudart  options                                   build  min_ns  median_ns  max_dropped  x_async  (${ROUNDS:-5} rounds${PIN:+, on vCPU $PIN})"
 python3 - $w/all.txt <<'PY'
 import sys, statistics, collections
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     rt, opts, b, ns, dropped = line.split()
     rows[(rt, opts, b)].append((float(ns), int(dropped)))
+yardstick = statistics.median(x for x, _ in rows[("async", "cudaMallocAsync+cudaFreeAsync", "cuda")])
 for (rt, opts, b), v in rows.items():
     ns = [x for x, _ in v]
-    print(f"{rt:7s} {opts:41s} {b:5s} {min(ns):7.1f}  {statistics.median(ns):9.1f}  {max(d for _, d in v):11d}")
+    med = statistics.median(ns)
+    print(f"{rt:7s} {opts:41s} {b:5s} {min(ns):7.1f}  {med:9.1f}  {max(d for _, d in v):11d}  {med / yardstick:7.3f}")
 PY

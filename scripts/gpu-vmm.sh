@@ -21,7 +21,10 @@
 #  6. new allocation traces for `cupool replay` (section traces, written to $OUT):
 #     Hugging Face fine-tuning on varied sequence lengths, an inference-server loop
 #     (varied batch sizes, prompts and generated lengths), JAX with its platform
-#     allocator; PyTorch without its cache, recorded under cupool, then replayed
+#     allocator; a GPT-2-style fine-tuning loop, ResNet-18 at a small batch, a
+#     serving mix with embedding requests, a CuPy script and a numba loop with
+#     their pools off, a JAX training loop; PyTorch without its cache, recorded
+#     under cupool, then replayed (bundle one with scripts/trim-trace.py)
 # The same-output check of every program runs as
 #   CUPOOL_OPTIONS=backing=vmm bash scripts/gpu-check.sh
 # Run from the repository root with the built shim and CLI in .gpu/.
@@ -131,5 +134,11 @@ if want traces; then
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec hf-finetune python3 $src/trace_hf_finetune.py
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec serving python3 $src/trace_serving.py
   XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false rec jax-platform python3 $src/trace_jax.py
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec gpt-finetune python3 $src/trace_gpt_finetune.py
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec resnet-small python3 $src/trace_resnet.py
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 rec serving-mix python3 $src/trace_serving_mix.py
+  rec cupy-script python3 $src/trace_cupy.py
+  rec numba-loop python3 $src/trace_numba.py
+  XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false rec jax-train python3 $src/trace_jax_train.py
   $bin/cupool replay $out/*.json.gz
 fi

@@ -592,21 +592,31 @@ mod tests {
     /// made anew there, they stayed held for the rest of the run (gpt2 peaked
     /// at 1.112x its live bytes, serving at 1.031x, jax at 1.038x). Cooling
     /// pages moved where they are needed instead keep every trace within 1.5 %
-    /// (or one page over its live bytes' pages: cupy's peak is 72 MiB). It
+    /// (or one page) of what it reserves with the GPU keeping up. It
     /// was 1 % until blocks started past ghosts instead of waiting for the
     /// GPU (`VmmPool::past_ghosts_in_largest`): serving 1.0078 → 1.0106, the
     /// transformer's 12 ghost waits 3-5.
     #[test]
-    fn with_the_gpu_behind_every_trace_peaks_within_one_and_a_half_percent_of_its_live_bytes() {
+    fn with_the_gpu_behind_every_trace_peaks_within_one_and_a_half_percent_of_its_peak_keeping_up() {
         let page = 2 << 20;
         for trace in bundled() {
             let ops = load(&trace).unwrap();
             let mut behind = Behind::new(200_000_000, u64::MAX);
             let o = replay_on(&ops, &mut behind);
-            let one_page = o.peak_reserved <= o.peak_live.next_multiple_of(page) + page;
-            assert!(o.ratio() <= 1.015 || one_page, "{}: {o:?}", trace.path().display());
+            let base = held_to(&ops);
+            let one_page = o.peak_reserved <= base.next_multiple_of(page) + page;
+            let ratio = o.peak_reserved as f64 / base as f64;
+            assert!(ratio <= 1.015 || one_page, "{}: {o:?}", trace.path().display());
             assert_eq!(behind.failed, 0);
         }
+    }
+
+    /// What a trace's peak with the GPU behind is held against: what the
+    /// same trace reserves with the GPU keeping up, so that the lag's own
+    /// cost is judged (how close that comes to the live bytes is
+    /// `tests/replay.rs`'s question).
+    fn held_to(ops: &[Timed]) -> u64 {
+        replay(ops, Policy::Vmm).peak_reserved
     }
 
     /// A block whose every candidate hole lies over a ghost waited for the
@@ -638,12 +648,12 @@ mod tests {
     fn with_the_gpu_a_second_behind_every_trace_fits_two_percent_over_its_peak() {
         for trace in bundled() {
             let ops = load(&trace).unwrap();
-            let live = replay(&ops, Policy::Vmm).peak_live;
-            let cap = (live + live * 2 / 100).max(live + (4 << 20)).next_multiple_of(2 << 20);
+            let kept_up = held_to(&ops);
+            let cap = (kept_up + kept_up * 2 / 100).max(kept_up + (4 << 20)).next_multiple_of(2 << 20);
             let mut behind = Behind::new(1_000_000_000, cap);
             let peak = replay_on(&ops, &mut behind).peak_reserved;
             let (name, failed) = (trace.path().display(), behind.failed);
-            assert_eq!(failed, 0, "{name}: {failed} allocations failed under a cap of {cap} for {live} live");
+            assert_eq!(failed, 0, "{name}: {failed} allocations failed under a cap of {cap} for {kept_up} kept up");
             assert!(peak <= cap, "{name}");
         }
     }
