@@ -254,8 +254,11 @@ fn take_a_book() -> Option<&'static Book> {
 }
 
 /// Keeps a pooled allocation in this thread's book and counts it. False: it
-/// has no book, or is inside it already (a signal handler that interrupted
-/// the thread there): the caller keeps it in the shared table.
+/// has no book, or owns it and is inside it already (a signal handler that
+/// interrupted the thread there): the caller keeps it in the shared table.
+/// Once another thread has taken the book's bias, the book is a plain lock,
+/// and a handler that allocates while its thread holds it waits on it, as
+/// on the shared table's locks.
 #[inline]
 pub fn insert(key: u64, a: Allocation) -> bool {
     let Some(book) = own() else { return false };
