@@ -433,9 +433,11 @@ mod tests {
             })
             .collect();
         drop(senders);
+        // Every thread joined before any receiver goes: a thread still running
+        // may hand a key on to one that has finished.
+        let finished: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         let mut kept = Vec::new();
-        for t in threads {
-            let (k, rx) = t.join().unwrap();
+        for (k, rx) in finished {
             kept.extend(k);
             kept.extend(rx.try_iter()); // handed on after its receiver's last look
         }
