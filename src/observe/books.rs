@@ -60,9 +60,15 @@ enum Displaced {
 }
 
 impl Held {
+    /// The recent slot holding `key`, if any.
+    #[inline]
+    fn recent_slot(&self, key: u64) -> Option<usize> {
+        self.recent.iter().position(|s| s.is_some_and(|(k, _)| k == key))
+    }
+
     fn insert(&mut self, key: u64, a: Allocation) -> Displaced {
-        if let Some(slot) = self.recent.iter_mut().find(|s| s.is_some_and(|(k, _)| k == key)) {
-            return slot.replace((key, a)).map_or(Displaced::Nothing, |(_, old)| Displaced::SameKey(old));
+        if let Some(i) = self.recent_slot(key) {
+            return self.recent[i].replace((key, a)).map_or(Displaced::Nothing, |(_, old)| Displaced::SameKey(old));
         }
         if let Some(slot) = self.recent.iter_mut().find(|s| s.is_none()) {
             *slot = Some((key, a));
@@ -78,15 +84,17 @@ impl Held {
 
     #[inline]
     fn remove(&mut self, key: u64) -> Option<Allocation> {
-        if let Some(slot) = self.recent.iter_mut().find(|s| s.is_some_and(|(k, _)| k == key)) {
-            return slot.take().map(|(_, a)| a);
+        match self.recent_slot(key) {
+            Some(i) => self.recent[i].take().map(|(_, a)| a),
+            None => self.table.remove(&key),
         }
-        self.table.remove(&key)
     }
 
     fn get(&self, key: u64) -> Option<Allocation> {
-        let recent = self.recent.iter().flatten().find(|(k, _)| *k == key).map(|&(_, a)| a);
-        recent.or_else(|| self.table.get(&key).copied())
+        match self.recent_slot(key) {
+            Some(i) => self.recent[i].map(|(_, a)| a),
+            None => self.table.get(&key).copied(),
+        }
     }
 
     /// The recent ones, then the table's.
@@ -130,13 +138,9 @@ struct Leaving;
 
 impl Drop for Leaving {
     fn drop(&mut self) {
-        let book = MINE.with(|m| m.replace(std::ptr::null()));
-        // SAFETY: a non-null `MINE` points at a leaked, never-freed book.
-        if let Some(book) = unsafe { book.as_ref() } {
-            if let Some(mut e) = book.entries.lock_unless_busy() {
-                e.batch.add_to_counters();
-                book.pending.store(false, Ordering::Relaxed);
-            }
+        flush_own();
+        if let Some(book) = mine() {
+            MINE.with(|m| m.set(std::ptr::null()));
             book.entries.vacate();
             book.occupied.store(false, Ordering::Release);
         }
@@ -219,17 +223,19 @@ fn all() -> impl Iterator<Item = &'static Book> {
     BOOKS[..n].iter().filter_map(|b| unsafe { b.load(Ordering::Acquire).as_ref() })
 }
 
+/// This thread's book, if it has one.
+#[inline]
+fn mine() -> Option<&'static Book> {
+    // SAFETY: a non-null `MINE` points at a leaked, never-freed book.
+    unsafe { MINE.with(Cell::get).as_ref() }
+}
+
 /// This thread's book, made (or taken over from an exited thread) at its
-/// first pooled call. None: the thread is exiting, or `MAX_BOOKS` threads
-/// hold one.
+/// first pooled allocation. None: the thread is exiting, or `MAX_BOOKS`
+/// threads hold one.
 #[inline]
 fn own() -> Option<&'static Book> {
-    let book = MINE.with(Cell::get);
-    // SAFETY: a non-null `MINE` points at a leaked, never-freed book.
-    match unsafe { book.as_ref() } {
-        Some(book) => Some(book),
-        None => take_a_book(),
-    }
+    mine().or_else(take_a_book)
 }
 
 #[cold]
@@ -278,10 +284,11 @@ pub fn insert(key: u64, a: Allocation) -> bool {
     true
 }
 
-/// Takes `key` out of this thread's book, counting the free.
+/// Takes `key` out of this thread's book, counting the free. A thread
+/// without a book holds nothing: none is made for it.
 #[inline]
 pub fn remove_own(key: u64) -> Option<Allocation> {
-    let book = own()?;
+    let book = mine()?;
     if !book.may_hold(key) {
         return None;
     }
@@ -307,13 +314,9 @@ pub fn get(key: u64) -> Option<Allocation> {
 /// its earlier ones.
 #[inline]
 pub fn flush_own() {
-    let book = MINE.with(Cell::get);
-    // SAFETY: a non-null `MINE` points at a leaked, never-freed book.
-    if let Some(book) = unsafe { book.as_ref() } {
-        if book.pending.load(Ordering::Relaxed) {
-            if let Some(mut e) = book.entries.lock_unless_busy() {
-                book.add_batch(&mut e);
-            }
+    if let Some(book) = mine().filter(|b| b.pending.load(Ordering::Relaxed)) {
+        if let Some(mut e) = book.entries.lock_unless_busy() {
+            book.add_batch(&mut e);
         }
     }
 }
