@@ -114,16 +114,22 @@ impl Harness {
 
     /// (page start, handle) of every page under `[addr, addr + size)`; panics
     /// on an unmapped byte.
-    fn handles_under(&self, addr: u64, size: u64, page: u64) -> Vec<(u64, u64)> {
+    /// (page start, handle) of every page under the block. Page sizes are
+    /// the device's: a small block may lie on a large range's page.
+    fn handles_under(&self, addr: u64, size: u64) -> Vec<(u64, u64)> {
         let dev = self.pool.backend();
         let mut out = Vec::new();
         let mut x = addr;
         while x < addr + size {
             let (start, handle) = dev.handle_at(x).unwrap_or_else(|| panic!("live byte {x:#x} unmapped"));
             out.push((start, handle));
-            x = start + page;
+            x = start + self.page_size(handle);
         }
         out
+    }
+
+    fn page_size(&self, handle: u64) -> u64 {
+        self.pool.backend().pages()[&handle].0
     }
 
     fn apply(&mut self, op: &Op) {
@@ -134,7 +140,7 @@ impl Harness {
                 match self.pool.allocate(req) {
                     Ok(b) => {
                         assert!(b.size >= req.max(1) && b.size.is_multiple_of(512) && b.size - req.max(1) < 512);
-                        let handles = self.handles_under(b.addr, b.size, self.page_of(b.size));
+                        let handles = self.handles_under(b.addr, b.size);
                         assert!(self.live.insert(b.addr, (b, req, handles)).is_none(), "address handed out twice");
                     }
                     Err(_) => {
@@ -232,9 +238,9 @@ impl Harness {
     /// Bytes of the pages live blocks touch.
     fn live_page_bytes(&self) -> u64 {
         let mut pages = BTreeMap::new();
-        for (b, _, handles) in self.live.values() {
-            for &(start, _) in handles {
-                pages.insert(start, self.page_of(b.size));
+        for (_, _, handles) in self.live.values() {
+            for &(start, handle) in handles {
+                pages.insert(start, self.page_size(handle));
             }
         }
         pages.values().sum()
@@ -254,10 +260,10 @@ impl Harness {
             assert_eq!((info.id, info.addr, info.size, info.requested), (b.id, b.addr, b.size, self.live[&b.addr].1));
             assert!(b.addr >= end, "blocks overlap at {:#x}", b.addr);
             end = b.addr + b.size;
-            assert_eq!(&self.handles_under(b.addr, b.size, self.page_of(b.size)), handles, "live data moved");
+            assert_eq!(&self.handles_under(b.addr, b.size), handles, "live data moved");
         }
         for ((b, _, handles), _) in &self.pending {
-            let under = self.handles_under(b.addr, b.size, self.page_of(b.size));
+            let under = self.handles_under(b.addr, b.size);
             assert_eq!(&under, handles, "a page under queued work was unmapped or moved");
             assert!(pool.lookup(b.addr).is_none(), "a freed block is still found");
         }
@@ -268,8 +274,7 @@ impl Harness {
             assert!(pool.lookup(h.addr).is_none(), "a hot block is found as live");
             assert!(self.live.values().all(|(b, _, _)| b.addr + b.size <= h.addr || h.addr + h.size <= b.addr));
         }
-        let hot_pages: Vec<Vec<(u64, u64)>> =
-            hot.iter().map(|h| self.handles_under(h.addr, h.size, self.page_of(h.size))).collect();
+        let hot_pages: Vec<Vec<(u64, u64)>> = hot.iter().map(|h| self.handles_under(h.addr, h.size)).collect();
         // Pages: each counts the live, pending and hot blocks over it.
         let mut refs: BTreeMap<u64, u32> = BTreeMap::new();
         for handles in self.live.values().chain(self.pending.iter().map(|(l, _)| l)).map(|l| &l.2).chain(&hot_pages) {
@@ -304,11 +309,14 @@ impl Harness {
         assert_eq!(s.num_maps - s.num_unmaps, (pool.pages().count() + ghosts.len()) as u64);
         // A ghost (the old mapping of a page taken while cooling) lies under
         // no live or pending block: no block's bytes share a page with another's.
-        for &g in ghosts.keys() {
+        for (&g, &handle) in ghosts {
             let blocks =
                 self.live.values().chain(self.pending.iter().map(|(l, _)| l)).map(|l| l.0).chain(hot.iter().copied());
             for b in blocks {
-                assert!(g + self.page_of(b.size) <= b.addr || g >= b.addr + b.size, "a block over the ghost at {g:#x}");
+                assert!(
+                    g + self.page_size(handle) <= b.addr || g >= b.addr + b.size,
+                    "a block over the ghost at {g:#x}"
+                );
             }
         }
         let c = pool.config();

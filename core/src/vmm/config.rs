@@ -22,6 +22,10 @@ pub struct VmmConfig {
     /// had: take a page that queued work may still touch, leaving a ghost
     /// mapping where it was until that work finished (on).
     pub alias_cooling: bool,
+    /// A small request that would put a page of the small ranges into use
+    /// goes where it fits in pages of the large ranges in use already, when
+    /// there is such a place (on).
+    pub fill_scraps: bool,
     /// Idle page bytes always kept after a free (64 MiB; `u64::MAX`: only
     /// `empty_cache` gives pages back).
     pub keep_free: u64,
@@ -52,6 +56,7 @@ impl Default for VmmConfig {
             va_chunk: 64 << 30,
             remap_idle: true,
             alias_cooling: true,
+            fill_scraps: true,
             keep_free: 64 * MIB,
             window_ns: 5_000_000_000,
             limit: u64::MAX,
@@ -85,6 +90,7 @@ impl VmmConfig {
             // PyTorch reserves 1⅛ of the device memory per segment: 90 GiB on 80 GiB.
             va_chunk: 90 << 30,
             remap_idle: false,
+            fill_scraps: false,
             keep_free: u64::MAX,
             ..VmmConfig::default()
         }

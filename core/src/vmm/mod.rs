@@ -11,15 +11,19 @@
 //!   `small_max` are placed in the small ranges, all others in the large ones,
 //!   so that small churn packs into few pages instead of pinning pages all
 //!   over the large ranges. Each kind reserves ranges of `va_chunk` bytes (or
-//!   the request, if larger) as needed. Inside its ranges a request takes the
-//!   best fit among the free virtual blocks (the segment pool's free index,
-//!   `pool/free_index.rs`: smallest big enough, lowest address among equals)
-//!   unless one of the next few fits has more of its pages still mapped
-//!   (used in place, no driver call), and is always split: a virtual
-//!   remainder costs nothing. A small request that would cross a page
-//!   boundary it need not cross starts at that boundary instead, when the
-//!   hole has room: the gap before it stays free for smaller blocks. Freed
-//!   virtual blocks merge with free neighbours of their range at once.
+//!   the request, if larger) as needed. Inside its ranges a request weighs
+//!   the first few fits among the free virtual blocks (the segment pool's
+//!   free index, `pool/free_index.rs`: smallest big enough, lowest address
+//!   among equals), at their ends and the page boundaries next to them, and
+//!   takes the place that puts the fewest pages into use (`PlaceCost`: a
+//!   page a neighbour uses costs nothing more), then the one that waits for
+//!   no ghost, touches fewest pages (a small block), leaves the page grid
+//!   whole (a block of whole pages), and maps fewest pages (used in place,
+//!   no driver call). A small request that would put a page into use takes
+//!   the free end of a page that large blocks use instead, where it fits
+//!   (`fill_scraps`). The block is always split out: a virtual remainder
+//!   costs nothing. Freed virtual blocks merge with free neighbours of their
+//!   range at once.
 //!   Ranges stay reserved for the pool's life; as with `Pool`, dropping the
 //!   pool tells the backend nothing.
 //! * **Physical pages.** Memory comes in pages of `small_page` / `large_page`
@@ -136,8 +140,41 @@ struct Cooling {
 }
 /// Free blocks weighed for a request (`VmmPool::placement`).
 const PLACEMENT_CANDIDATES: usize = 4;
+/// Free blocks of the large ranges searched for room, in pages in use, for
+/// a small block that would otherwise put a page into use.
+const SCRAP_CANDIDATES: usize = 8;
 /// What a ghost under a placement weighs against pages to map.
 const GHOST_COST: u64 = 1 << 32;
+
+/// What placing a block somewhere costs, compared field by field in this
+/// order (`VmmPool::place_cost`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct PlaceCost {
+    /// Pages it puts into use: no other block touches them. Pages in use
+    /// are what the pool's peak is made of; a block that shares a page a
+    /// neighbour uses costs that page nothing.
+    added: u64,
+    /// Ghosts under it: the block would wait for the GPU to finish with
+    /// them (about 20 ms), which a place that costs as many pages spares.
+    ghosts: u64,
+    /// For a small block, the pages it touches: one that straddles a page
+    /// boundary it need not cross ties two pages together, each mapped
+    /// while either side is live (on CuPy's trace a 1 MiB block across two
+    /// small pages left one more page mapped at the peak, 1.056 → 1.028 of
+    /// live). Not for large blocks: packed end to end they share the pages
+    /// at their ends.
+    spans: u64,
+    /// For a block of whole pages, the free rests of a page or more that it
+    /// leaves beginning or ending off the page grid. On the grid, the block
+    /// leaves whole free pages behind when it goes, which blocks of whole
+    /// pages fill again; off it, every hole it leaves keeps a partly used
+    /// page at each end (a CuPy trace's 1, 2, 4 and 8 MiB arrays, placed
+    /// behind one odd-sized block, left such a page at every hole).
+    misaligned_rest: u64,
+    /// Pages not mapped, plus `GHOST_COST` for each ghost: each is a driver
+    /// call, where mapped idle pages are used in place with none.
+    missing: u64,
+}
 
 /// What the VMM pool needs from the device: address ranges and physical pages.
 /// A mapping is always one whole page of a reserved range, pages counted from
@@ -827,7 +864,8 @@ impl<B: PageBackend> VmmPool<B> {
             self.free[k].insert(size, addr, i);
         }
         let (e, start, missing) = self.placement(k, rounded)?;
-        self.free[k].remove(e.size, e.addr);
+        let kind = self.ranges[self.blocks[e.idx].seg as usize].small as usize;
+        self.free[kind].remove(e.size, e.addr);
         if start == e.addr {
             return Some((e.idx, missing));
         }
@@ -837,24 +875,22 @@ impl<B: PageBackend> VmmPool<B> {
         Some((placed, missing))
     }
 
-    /// Where a block of `rounded` bytes goes: the best fit, unless one of the
-    /// next few fits needs fewer pages mapped for it. A hole whose pages are
-    /// still mapped is used in place, with no driver call and nothing to wait
-    /// for; one whose pages went elsewhere would take idle pages (unmapping
-    /// them, punching a new hole) or new ones. With it, the pages it lacks.
+    /// Where a block of `rounded` bytes goes, with the pages it lacks
+    /// there: the cheapest place in the ranges of kind `k`
+    /// ([`Self::cheapest_place`]), unless a small block would put a page of
+    /// its own into use there while it fits in pages that the large ranges
+    /// use already.
     fn placement(&self, k: usize, rounded: u64) -> Option<(Entry, u64, u64)> {
-        let mut best: Option<(u64, Entry, u64)> = None;
-        for e in self.free[k].fits(rounded).take(PLACEMENT_CANDIDATES) {
-            let seg = self.blocks[e.idx].seg;
-            let start = self.start_in(seg, e, rounded);
-            let missing = self.unmapped_pages(seg, start, rounded);
-            if best.is_none_or(|(m, ..)| missing < m) {
-                best = Some((missing, e, start));
-            }
-            if missing == 0 {
-                break;
+        let mut best = self.cheapest_place(k, rounded, PLACEMENT_CANDIDATES);
+        if k == 1 && self.config.fill_scraps && best.is_some_and(|(c, ..)| c.added > 0) {
+            // Large blocks rarely end on a page boundary: the free ends of
+            // their pages serve small blocks for nothing.
+            let scrap = self.cheapest_place(0, rounded, SCRAP_CANDIDATES);
+            if let Some(place) = scrap.filter(|(c, ..)| c.added == 0 && c.missing == 0) {
+                best = Some(place);
             }
         }
+        let best = best.map(|(c, e, start)| (c.missing, e, start));
         // A wait for the GPU costs the program's thread about 20 ms; addresses
         // cost nothing. An exact fit is worth the wait: it leaves no remainder.
         let waits = best.filter(|&(m, hole, _)| m >= GHOST_COST && hole.size != rounded);
@@ -866,6 +902,72 @@ impl<B: PageBackend> VmmPool<B> {
             }
         }
         best.map(|(missing, e, start)| (e, start, missing))
+    }
+
+    /// The cheapest place for a block of `rounded` bytes among the first
+    /// `candidates` fits of kind `k` (best fit first), at either end of each
+    /// and at the page boundaries next to them, by [`PlaceCost`]; among
+    /// equals, the better fit and its lower end.
+    fn cheapest_place(&self, k: usize, rounded: u64, candidates: usize) -> Option<(PlaceCost, Entry, u64)> {
+        let mut best: Option<(PlaceCost, Entry, u64)> = None;
+        for e in self.free[k].fits(rounded).take(candidates) {
+            let seg = self.blocks[e.idx].seg;
+            for start in self.starts_in(seg, e, rounded) {
+                let mut cost = self.place_cost(seg, e, start, rounded);
+                // Counting the pages to map walks the block's pages: only
+                // for a place that is not worse already.
+                if best.is_some_and(|(c, ..)| cost > PlaceCost { missing: u64::MAX, ..c }) {
+                    continue;
+                }
+                cost.missing = self.unmapped_pages(seg, start, rounded);
+                if best.is_none_or(|(c, ..)| cost < c) {
+                    best = Some((cost, e, start));
+                }
+            }
+            if best.is_some_and(|(c, ..)| c == PlaceCost::default()) {
+                break;
+            }
+        }
+        best
+    }
+
+    /// The places weighed for a block of `rounded` bytes in free block `e`:
+    /// its start and the first page boundary after it; and where what it
+    /// leaves of the hole is no larger than the block, its end and the last
+    /// page boundary before that. (At the far end of a much larger hole, a
+    /// block is an island that splits the hole: on the bundled traces
+    /// replayed with the GPU behind, that cost pages.)
+    fn starts_in(&self, seg: u32, e: Entry, rounded: u64) -> impl Iterator<Item = u64> {
+        let Range { addr: base, small, .. } = self.ranges[seg as usize];
+        let p = self.config.page(small);
+        let (low, last) = (e.addr, e.addr + e.size - rounded);
+        let high = if e.size - rounded <= rounded { last } else { low };
+        let up = Some(base + (low - base).next_multiple_of(p)).filter(|&u| u <= last).unwrap_or(low);
+        let down = base + (high - base) / p * p;
+        let starts = [low, up, down.max(low), high];
+        starts.into_iter().enumerate().filter(move |&(i, s)| !starts[..i].contains(&s)).map(|(_, s)| s)
+    }
+
+    /// What placing a block of `rounded` bytes at `start` in free block `e`
+    /// (of range `seg`) costs, but for the pages to map (`missing`: 0).
+    fn place_cost(&self, seg: u32, e: Entry, start: u64, rounded: u64) -> PlaceCost {
+        let Range { addr: base, small, .. } = self.ranges[seg as usize];
+        let p = self.config.page(small);
+        let (s, end) = (start - base, start - base + rounded);
+        let (h0, h1) = (e.addr - base, e.addr - base + e.size);
+        // The hole's neighbours use the pages its ends share with them.
+        let shared = |page: u64| page < h0 || page + p > h1;
+        let (first, last) = (s / p * p, (end - 1) / p * p);
+        let added = (last - first) / p + 1 - u64::from(shared(first)) - u64::from(last != first && shared(last));
+        let off_grid = |at: u64, rest: u64| rest >= p && !at.is_multiple_of(p);
+        let misaligned_rest = if rounded.is_multiple_of(p) {
+            u64::from(off_grid(s, s - h0)) + u64::from(off_grid(end, h1 - end))
+        } else {
+            0
+        };
+        let ghosts = if self.ghosts.is_empty() { 0 } else { self.ghosts_over(start, rounded).count() as u64 };
+        let spans = if rounded <= self.config.small_max { (last - first) / p + 1 } else { 0 };
+        PlaceCost { added, ghosts, spans, misaligned_rest, missing: 0 }
     }
 
     /// Where a block of `rounded` bytes goes in the largest free block of
@@ -881,7 +983,7 @@ impl<B: PageBackend> VmmPool<B> {
     fn past_ghosts_in_largest(&self, k: usize, rounded: u64) -> Option<(u64, Entry, u64)> {
         let e = self.free[k].largest().filter(|e| e.size >= rounded)?;
         let seg = self.blocks[e.idx].seg;
-        let mut start = self.start_in(seg, e, rounded);
+        let mut start = e.addr;
         loop {
             let Some(past) = self.ghosts_over(start, rounded).map(|(g, gh)| g + gh.size).max() else {
                 let missing = self.unmapped_pages(seg, start, rounded);
@@ -892,30 +994,6 @@ impl<B: PageBackend> VmmPool<B> {
                 return None;
             }
             start = past;
-        }
-    }
-
-    /// Where in free block `e` a block of `rounded` bytes starts: at its
-    /// start, unless the block would then touch more pages than it must and
-    /// the next page boundary leaves room for it. A block that straddles a
-    /// boundary needlessly ties two pages together: each stays mapped while
-    /// either side is live (on CuPy's trace a 1 MiB block across two small
-    /// pages left one more page mapped at the peak, 1.056 → 1.028 of live).
-    /// Only small blocks: large ones packed end to end share the pages at
-    /// their ends, and aligning them too cost 0.3–0.7 % on three of the
-    /// bundled traces.
-    fn start_in(&self, seg: u32, e: Entry, rounded: u64) -> u64 {
-        let Range { addr: base, small, .. } = self.ranges[seg as usize];
-        let p = self.config.page(small);
-        let into_page = (e.addr - base) % p;
-        if !small || into_page == 0 || (into_page + rounded).div_ceil(p) == rounded.div_ceil(p) {
-            return e.addr;
-        }
-        let aligned = e.addr + (p - into_page);
-        if aligned + rounded <= e.addr + e.size {
-            aligned
-        } else {
-            e.addr
         }
     }
 
