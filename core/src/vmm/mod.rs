@@ -500,7 +500,7 @@ impl<B: PageBackend> VmmPool<B> {
             self.flush_hot();
             (i, missing) = self.find_virtual(small, rounded)?;
         }
-        if !self.pending.is_empty() && missing > self.movable_pages(small) - self.idle_under(i, rounded) {
+        if !self.pending.is_empty() && missing > self.movable_pages(small).saturating_sub(self.idle_under(i, rounded)) {
             // A miss: the pages it needs exist only under blocks freed
             // before queued work. Reclaim (or wait for) those, then place again.
             self.make_free(i);
@@ -909,8 +909,13 @@ impl<B: PageBackend> VmmPool<B> {
     /// and at the page boundaries next to them, by [`PlaceCost`]; among
     /// equals, the better fit and its lower end.
     fn cheapest_place(&self, k: usize, rounded: u64, candidates: usize) -> Option<(PlaceCost, Entry, u64)> {
+        // Nothing beats a place that costs no page, no wait and no mapping,
+        // and touches one page if the block is small: the first such ends
+        // the search (blocks placed under the pool's lock, as a multi-stream
+        // program's small ones all are, must not weigh every candidate).
+        let floor = PlaceCost { spans: u64::from(rounded <= self.config.small_max), ..PlaceCost::default() };
         let mut best: Option<(PlaceCost, Entry, u64)> = None;
-        for e in self.free[k].fits(rounded).take(candidates) {
+        'fits: for e in self.free[k].fits(rounded).take(candidates) {
             let seg = self.blocks[e.idx].seg;
             for start in self.starts_in(seg, e, rounded) {
                 let mut cost = self.place_cost(seg, e, start, rounded);
@@ -922,10 +927,10 @@ impl<B: PageBackend> VmmPool<B> {
                 cost.missing = self.unmapped_pages(seg, start, rounded);
                 if best.is_none_or(|(c, ..)| cost < c) {
                     best = Some((cost, e, start));
+                    if cost == floor {
+                        break 'fits;
+                    }
                 }
-            }
-            if best.is_some_and(|(c, ..)| c == PlaceCost::default()) {
-                break;
             }
         }
         best
