@@ -40,8 +40,8 @@ struct PlaceCost {
     /// page at each end (a CuPy trace's 1, 2, 4 and 8 MiB arrays, placed
     /// behind one odd-sized block, left such a page at every hole).
     misaligned_rest: u64,
-    /// Pages not mapped, plus `GHOST_COST` for each ghost: each is a driver
-    /// call, where mapped idle pages are used in place with none.
+    /// Pages not mapped: each is a driver call, where mapped idle pages are
+    /// used in place with none.
     missing: u64,
 }
 
@@ -57,11 +57,13 @@ impl<B: PageBackend> VmmPool<B> {
             // Large blocks rarely end on a page boundary: the free ends of
             // their pages serve small blocks for nothing.
             let scrap = self.cheapest_place(0, rounded, SCRAP_CANDIDATES);
-            if let Some(place) = scrap.filter(|(c, ..)| c.added == 0 && c.missing == 0) {
+            if let Some(place) = scrap.filter(|(c, ..)| c.added == 0 && c.ghosts == 0 && c.missing == 0) {
                 best = Some(place);
             }
         }
-        let best = best.map(|(c, e, start)| (c.missing, e, start));
+        // The pages it lacks, a ghost counting as more than any number of
+        // them (a block placed over one waits for the GPU).
+        let best = best.map(|(c, e, start)| (c.missing + c.ghosts * GHOST_COST, e, start));
         // A wait for the GPU costs the program's thread about 20 ms; addresses
         // cost nothing. An exact fit is worth the wait: it leaves no remainder.
         let waits = best.filter(|&(m, hole, _)| m >= GHOST_COST && hole.size != rounded);
@@ -125,7 +127,8 @@ impl<B: PageBackend> VmmPool<B> {
     }
 
     /// What placing a block of `rounded` bytes at `start` in free block `e`
-    /// (of range `seg`) costs, but for the pages to map (`missing`: 0).
+    /// (of range `seg`) costs, but for the pages to map (`missing`: 0, a
+    /// walk over the block's pages that the caller takes only if needed).
     fn place_cost(&self, seg: u32, e: Entry, start: u64, rounded: u64) -> PlaceCost {
         let Range { addr: base, small, .. } = self.ranges[seg as usize];
         let p = self.config.page(small);
@@ -134,7 +137,8 @@ impl<B: PageBackend> VmmPool<B> {
         // The hole's neighbours use the pages its ends share with them.
         let shared = |page: u64| page < h0 || page + p > h1;
         let (first, last) = (s / p * p, (end - 1) / p * p);
-        let added = (last - first) / p + 1 - u64::from(shared(first)) - u64::from(last != first && shared(last));
+        let touched = (last - first) / p + 1;
+        let added = touched - u64::from(shared(first)) - u64::from(last != first && shared(last));
         let off_grid = |at: u64, rest: u64| rest >= p && !at.is_multiple_of(p);
         let misaligned_rest = if rounded.is_multiple_of(p) {
             u64::from(off_grid(s, s - h0)) + u64::from(off_grid(end, h1 - end))
@@ -142,7 +146,7 @@ impl<B: PageBackend> VmmPool<B> {
             0
         };
         let ghosts = if self.ghosts.is_empty() { 0 } else { self.ghosts_over(start, rounded).count() as u64 };
-        let spans = if rounded <= self.config.small_max { (last - first) / p + 1 } else { 0 };
+        let spans = if rounded <= self.config.small_max { touched } else { 0 };
         PlaceCost { added, ghosts, spans, misaligned_rest, missing: 0 }
     }
 
@@ -173,19 +177,13 @@ impl<B: PageBackend> VmmPool<B> {
         }
     }
 
-    /// Pages under `[addr, addr + size)` of range `seg` that are not mapped,
-    /// a ghost counting as more than any number of them (a block placed over
-    /// one waits for the GPU).
-    pub(super) fn unmapped_pages(&self, seg: u32, addr: u64, size: u64) -> u64 {
-        let missing = self.page_span(seg, addr, size).filter(|&a| self.pages.get(a).is_none()).count() as u64;
-        if missing == 0 || self.ghosts.is_empty() {
-            return missing;
-        }
-        missing + self.ghosts_over(addr, size).count() as u64 * GHOST_COST
+    /// Pages under `[addr, addr + size)` of range `seg` that are not mapped.
+    fn unmapped_pages(&self, seg: u32, addr: u64, size: u64) -> u64 {
+        self.page_span(seg, addr, size).filter(|&a| self.pages.get(a).is_none()).count() as u64
     }
 
     /// The ghosts that overlap `[addr, addr + size)`, as (address, ghost).
-    pub(super) fn ghosts_over(&self, addr: u64, size: u64) -> impl Iterator<Item = (u64, &Ghost)> {
+    fn ghosts_over(&self, addr: u64, size: u64) -> impl Iterator<Item = (u64, &Ghost)> {
         // A ghost is one page: one that starts up to a page before `addr` may reach it.
         let widest = self.config.page(false).max(self.config.page(true));
         let near = self.ghosts.range(addr.saturating_sub(widest)..addr + size);
