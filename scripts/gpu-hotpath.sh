@@ -14,6 +14,8 @@
 # that the static rows minus these are the static runtime's own cost.
 # PIN=N runs every process on vCPU N alone (taskset), so that rounds differ
 # by the build and options, not by where the scheduler put them.
+# ROWS="RUNTIME:OPTIONS ..." replaces the rows (runtime shared, static or
+# driver; options as CUPOOL_OPTIONS), e.g. ROWS="shared:trace=0 shared:trace=0:magazines=always".
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 root=$(pwd); w=$(mktemp -d /tmp/cupool-hotpath.XXXX)
@@ -24,7 +26,7 @@ nvcc -O2 -o $w/hp_static $w/hp.cu -lcuda
 nvcc -O2 -arch=native -cudart shared -o $w/async_pair $root/scripts/gpu/scaling.cu
 builds="new"; [ -f $root/.gpu/old/libcupool.so ] && builds="old new"
 nost=stack_depth=0:python_depth=0
-rows="shared:trace=0:$nost shared:trace=0 shared:trace=1 static:trace=0:$nost static:trace=0 driver:trace=0:$nost driver:trace=0"
+rows=${ROWS:-"shared:trace=0:$nost shared:trace=0 shared:trace=1 static:trace=0:$nost static:trace=0 driver:trace=0:$nost driver:trace=0"}
 for round in $(seq ${ROUNDS:-5}); do
   ns=$(${PIN:+taskset -c $PIN} $w/async_pair 1 100000 0 async | sed -n 's/.* loop_ns_per_pair=\([0-9.]*\).*/\1/p')
   echo "async cudaMallocAsync+cudaFreeAsync cuda $ns 0" >> $w/all.txt

@@ -51,7 +51,19 @@ pub unsafe fn out_ptr<T: Copy + Into<u64>>(out: *const T, result: Status) -> u64
 /// Is `api` a runtime call (which keeps a last error and may start a context)?
 #[inline]
 pub fn is_runtime(api: Api) -> bool {
-    api.as_str().starts_with("cuda")
+    // Read from a table made at compile time: the hot path asks it per call.
+    const RUNTIME: [bool; 256] = {
+        let mut table = [false; 256];
+        let mut i = 0;
+        while i < Api::ALL.len() {
+            let name = Api::ALL[i].as_str().as_bytes();
+            table[Api::ALL[i] as usize] =
+                name.len() >= 4 && name[0] == b'c' && name[1] == b'u' && name[2] == b'd' && name[3] == b'a';
+            i += 1;
+        }
+        table
+    };
+    RUNTIME[api as usize]
 }
 
 /// The record the observers keep of an allocation of `size` bytes by `call`
@@ -68,5 +80,18 @@ pub fn allocation_record(call: AllocCall, ctx: u64, device: i32, size: u64, pool
         stream: call.stream,
         pooled,
         stack: observe::sites::capture(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_calls_are_the_apis_named_cuda() {
+        for &api in Api::ALL {
+            assert_eq!(is_runtime(api), api.as_str().starts_with("cuda"), "{api}");
+        }
+        assert!(is_runtime(Api::CudaMalloc) && !is_runtime(Api::CuMemAlloc));
     }
 }

@@ -21,6 +21,22 @@ pub struct Allocation {
     pub stack: u32,
 }
 
+impl Allocation {
+    /// A placeholder for an empty slot.
+    pub const NONE: Allocation = Allocation {
+        size: 0,
+        t_ns: 0,
+        ctx: 0,
+        device: -1,
+        kind: MemKind::Device,
+        api: Api::None,
+        tid: 0,
+        stream: 0,
+        pooled: None,
+        stack: 0,
+    };
+}
+
 /// A block of one of cupool's pools.
 #[derive(Clone, Copy, Debug)]
 pub struct Pooled {

@@ -39,15 +39,24 @@ struct Entries {
 /// Allocations kept in `recent` before they go to the table.
 const RECENT: usize = 4;
 
-/// A book's live allocations: the last few in a small array, where most
+/// A book's live allocations: the last few in small arrays, where most
 /// frees find them without hashing (a loop tends to free what it allocated
-/// last), the others in a table.
-#[derive(Default)]
+/// last), the others in a table. The recent keys sit apart from their
+/// records, so that a search reads one cache line.
 struct Held {
-    recent: [Option<(u64, Allocation)>; RECENT],
+    /// Keys of `recent` (0: an empty slot; the books hold pooled blocks,
+    /// never at address 0).
+    keys: [u64; RECENT],
+    recent: [Allocation; RECENT],
     /// The slot of `recent` to move to the table next when it is full.
     next: usize,
     table: Table,
+}
+
+impl Default for Held {
+    fn default() -> Held {
+        Held { keys: [0; RECENT], recent: [Allocation::NONE; RECENT], next: 0, table: Table::default() }
+    }
 }
 
 /// What an insertion put out of the books.
@@ -63,49 +72,59 @@ impl Held {
     /// The recent slot holding `key`, if any.
     #[inline]
     fn recent_slot(&self, key: u64) -> Option<usize> {
-        self.recent.iter().position(|s| s.is_some_and(|(k, _)| k == key))
+        if key == 0 {
+            return None;
+        }
+        self.keys.iter().position(|&k| k == key)
     }
 
     fn insert(&mut self, key: u64, a: Allocation) -> Displaced {
-        if let Some(i) = self.recent_slot(key) {
-            return self.recent[i].replace((key, a)).map_or(Displaced::Nothing, |(_, old)| Displaced::SameKey(old));
+        if key == 0 {
+            return self.table.insert(key, a).map_or(Displaced::Nothing, Displaced::SameKey);
         }
-        if let Some(slot) = self.recent.iter_mut().find(|s| s.is_none()) {
-            *slot = Some((key, a));
+        if let Some(i) = self.recent_slot(key) {
+            return Displaced::SameKey(std::mem::replace(&mut self.recent[i], a));
+        }
+        if let Some(i) = self.keys.iter().position(|&k| k == 0) {
+            (self.keys[i], self.recent[i]) = (key, a);
             return Displaced::Nothing;
         }
-        let slot = &mut self.recent[self.next];
+        let i = self.next;
         self.next = (self.next + 1) % RECENT;
-        match slot.replace((key, a)) {
-            Some((k, moved)) => self.table.insert(k, moved).map_or(Displaced::Nothing, |old| Displaced::Stale(k, old)),
-            None => Displaced::Nothing,
-        }
+        let moved = self.keys[i];
+        let old = std::mem::replace(&mut self.recent[i], a);
+        self.keys[i] = key;
+        self.table.insert(moved, old).map_or(Displaced::Nothing, |stale| Displaced::Stale(moved, stale))
     }
 
     #[inline]
     fn remove(&mut self, key: u64) -> Option<Allocation> {
         match self.recent_slot(key) {
-            Some(i) => self.recent[i].take().map(|(_, a)| a),
+            Some(i) => {
+                self.keys[i] = 0;
+                Some(self.recent[i])
+            }
             None => self.table.remove(&key),
         }
     }
 
     fn get(&self, key: u64) -> Option<Allocation> {
         match self.recent_slot(key) {
-            Some(i) => self.recent[i].map(|(_, a)| a),
+            Some(i) => Some(self.recent[i]),
             None => self.table.get(&key).copied(),
         }
     }
 
     /// The recent ones, then the table's.
     fn iter(&self) -> impl Iterator<Item = (u64, Allocation)> + '_ {
-        self.recent.iter().flatten().copied().chain(self.table.iter().map(|(&k, &a)| (k, a)))
+        let recent = self.keys.iter().zip(&self.recent).filter(|(&k, _)| k != 0).map(|(&k, &a)| (k, a));
+        recent.chain(self.table.iter().map(|(&k, &a)| (k, a)))
     }
 
     fn retain(&mut self, mut keep: impl FnMut(u64, &Allocation) -> bool) {
-        for slot in &mut self.recent {
-            if slot.is_some_and(|(k, a)| !keep(k, &a)) {
-                *slot = None;
+        for (k, a) in self.keys.iter_mut().zip(&self.recent) {
+            if *k != 0 && !keep(*k, a) {
+                *k = 0;
             }
         }
         self.table.retain(|&k, a| keep(k, a));
@@ -193,9 +212,14 @@ impl Book {
     }
 
     /// Counts one call in the batch.
-    #[inline]
+    #[inline(always)]
     fn count(&self, e: &mut Entries, a: &Allocation, alloc: bool) {
-        e.batch.count_one(counters::of(a.kind, a.device), a.size as i64, alloc);
+        let c = counters::of(a.kind, a.device);
+        if alloc {
+            e.batch.count_alloc(c, a.size as i64);
+        } else {
+            e.batch.count_free(c, a.size as i64);
+        }
         if !self.pending.load(Ordering::Relaxed) {
             self.pending.store(true, Ordering::Relaxed);
         }

@@ -10,6 +10,9 @@ use std::sync::atomic::Ordering;
 
 #[inline]
 pub fn allocated(ptr: u64, a: &Allocation) {
+    if !sink::recorded(EventKind::Alloc) {
+        return;
+    }
     let mut e = Event::new(EventKind::Alloc, a.api);
     e.mem = a.kind;
     e.device = a.device;
@@ -42,6 +45,9 @@ pub fn alloc_failed(api: Api, kind: MemKind, device: i32, bytes: u64, result: i3
 
 #[inline]
 pub fn freed(api: Api, ptr: u64, a: &Allocation, at: Option<Stamp>) {
+    if !sink::recorded(EventKind::Free) {
+        return;
+    }
     let mut e = Event::new(EventKind::Free, api);
     e.mem = a.kind;
     e.device = a.device;

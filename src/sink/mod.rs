@@ -53,9 +53,9 @@ pub fn stamp_for(kind: EventKind) -> Option<Stamp> {
     recorded(kind).then(buffers::stamp)
 }
 
-/// Would an event of `kind` be written now?
+/// Would an event of `kind` be written now? (A caller may skip building it.)
 #[inline]
-fn recorded(kind: EventKind) -> bool {
+pub fn recorded(kind: EventKind) -> bool {
     let opts = options::get();
     let traced_only = matches!(
         kind,
@@ -66,7 +66,8 @@ fn recorded(kind: EventKind) -> bool {
             | EventKind::Reserve
             | EventKind::Release
     );
-    SESSION.is_on() && opts.log && (opts.trace || !traced_only)
+    // The option first: with the trace off, the hot path's events stop here.
+    (opts.trace || !traced_only) && opts.log && SESSION.is_on()
 }
 
 #[cold]

@@ -26,59 +26,72 @@ pub struct Batch {
     /// The counters the batch is for (one device's): another device's call
     /// adds the batch first.
     counters: Option<&'static Counters>,
-    allocs: u64,
-    frees: u64,
+    /// Calls counted: together fewer than [`OPS`].
+    allocs: u32,
+    frees: u32,
     bytes: i64,
-    count: i64,
-    /// Highest points of the running `bytes` and `count` (0 at the start).
+    /// Highest points of the running `bytes` and count (0 at the start).
     top_bytes: i64,
     top_count: i64,
-    ops: u32,
 }
 
 impl Batch {
-    /// Counts an allocation (`alloc`) or a free of `bytes` on `c`.
-    #[inline]
-    pub fn count_one(&mut self, c: &'static Counters, bytes: i64, alloc: bool) {
+    /// Counts an allocation of `bytes` on `c`. Only an allocation can raise
+    /// the running totals to a new high.
+    #[inline(always)]
+    pub fn count_alloc(&mut self, c: &'static Counters, bytes: i64) {
+        self.switch_to(c);
+        self.allocs += 1;
+        self.bytes += bytes;
+        self.top_bytes = self.top_bytes.max(self.bytes);
+        self.top_count = self.top_count.max(i64::from(self.allocs) - i64::from(self.frees));
+        self.add_when_full();
+    }
+
+    /// Counts a free of `bytes` on `c`.
+    #[inline(always)]
+    pub fn count_free(&mut self, c: &'static Counters, bytes: i64) {
+        self.switch_to(c);
+        self.frees += 1;
+        self.bytes -= bytes;
+        self.add_when_full();
+    }
+
+    #[inline(always)]
+    fn switch_to(&mut self, c: &'static Counters) {
         if !self.counters.is_some_and(|mine| std::ptr::eq(mine, c)) {
             self.add_to_counters();
             self.counters = Some(c);
         }
-        if alloc {
-            self.allocs += 1;
-            self.count += 1;
-            self.bytes += bytes;
-        } else {
-            self.frees += 1;
-            self.count -= 1;
-            self.bytes -= bytes;
-        }
-        self.top_bytes = self.top_bytes.max(self.bytes);
-        self.top_count = self.top_count.max(self.count);
-        self.ops += 1;
-        if self.ops >= OPS || self.bytes.abs() >= NET_BYTES {
+    }
+
+    #[inline(always)]
+    fn add_when_full(&mut self) {
+        if self.allocs + self.frees >= OPS || self.bytes.abs() >= NET_BYTES {
             self.add_to_counters();
         }
     }
 
     /// Adds the batch to its counters and starts again.
+    #[cold]
     pub fn add_to_counters(&mut self) {
         let Some(c) = self.counters else { return };
-        if self.ops == 0 {
+        if self.allocs + self.frees == 0 {
             return;
         }
         let relaxed = Ordering::Relaxed;
         let _section = crate::runtime::bias::SHARED_BOOKS.access();
         if self.allocs > 0 {
-            c.allocs.fetch_add(self.allocs, relaxed);
+            c.allocs.fetch_add(u64::from(self.allocs), relaxed);
         }
         if self.frees > 0 {
-            c.frees.fetch_add(self.frees, relaxed);
+            c.frees.fetch_add(u64::from(self.frees), relaxed);
         }
         // Two's complement: a net decrease wraps the addition around.
         let before = c.current_bytes.fetch_add(self.bytes as u64, relaxed);
         super::raise_peak(&c.peak_bytes, before.wrapping_add(self.top_bytes as u64));
-        let before = c.current_count.fetch_add(self.count as u64, relaxed);
+        let count = i64::from(self.allocs) - i64::from(self.frees);
+        let before = c.current_count.fetch_add(count as u64, relaxed);
         super::raise_peak(&c.peak_count, before.wrapping_add(self.top_count as u64));
         *self = Batch { counters: self.counters, ..Batch::default() };
     }
@@ -104,10 +117,10 @@ mod tests {
         // 3 allocations of 4 KiB, then 3 frees: nothing reaches the counters
         // until the batch is added, and then its peak does.
         for _ in 0..3 {
-            b.count_one(c, 4096, true);
+            b.count_alloc(c, 4096);
         }
         for _ in 0..3 {
-            b.count_one(c, 4096, false);
+            b.count_free(c, 4096);
         }
         assert_eq!(get(&c.allocs), 0);
         b.add_to_counters();
@@ -121,18 +134,18 @@ mod tests {
         let (c, d) = (leaked(), leaked());
         let mut b = Batch::default();
         for _ in 0..OPS - 1 {
-            b.count_one(c, 512, true);
+            b.count_alloc(c, 512);
             assert_eq!(get(&c.allocs), 0);
         }
-        b.count_one(c, 512, false);
+        b.count_free(c, 512);
         assert_eq!((get(&c.allocs), get(&c.frees)), (u64::from(OPS) - 1, 1));
         // Net bytes: 16 × 4 KiB reaches NET_BYTES.
         for _ in 0..16 {
-            b.count_one(c, 4096, true);
+            b.count_alloc(c, 4096);
         }
         assert_eq!(get(&c.current_bytes), u64::from(OPS - 2) * 512 + 16 * 4096);
-        b.count_one(c, 4096, true);
-        b.count_one(d, 4096, true);
+        b.count_alloc(c, 4096);
+        b.count_alloc(d, 4096);
         assert_eq!(get(&c.allocs), u64::from(OPS) - 1 + 17, "another device's call adds the batch");
         b.add_to_counters();
         assert_eq!(get(&d.allocs), 1);
@@ -143,8 +156,8 @@ mod tests {
         let c = leaked();
         let (mut frees, mut allocs) = (Batch::default(), Batch::default());
         for _ in 0..4 {
-            frees.count_one(c, 4096, false);
-            allocs.count_one(c, 4096, true);
+            frees.count_free(c, 4096);
+            allocs.count_alloc(c, 4096);
         }
         frees.add_to_counters();
         assert_eq!(get(&c.peak_bytes), 0, "below zero is no peak");
