@@ -55,8 +55,21 @@ struct Chunk {
     /// Events written so far: stored (release) by the chunk's one writer
     /// after each event, reset only by the reader while nobody writes it.
     len: AtomicUsize,
-    events: Box<[UnsafeCell<Event>]>,
+    events: Box<[Slot]>,
 }
+
+/// One event, on a cache line of its own: an event across two lines would
+/// cost its writer two line transfers from the thread that read it last.
+#[repr(align(64))]
+struct Slot(UnsafeCell<Event>);
+
+// A run of slots is read as a slice of events.
+const _: () = assert!(std::mem::size_of::<Slot>() == std::mem::size_of::<Event>());
+
+/// Slots ahead of the one written that a push asks the CPU to fetch for
+/// writing: the line a recycled chunk's slot sits on was last read by the
+/// writer thread, and fetching it then would stall the push.
+const PREFETCH_AHEAD: usize = 4;
 
 // SAFETY: a slot is written by the chunk's one writing thread before `len`
 // covers it, and read by the drain only below `len` (acquire): no slot is
@@ -167,8 +180,11 @@ pub fn push(mut e: Event, at: Option<Stamp>) {
         if let Some(chunk) = chunk {
             let n = chunk.len.load(Ordering::Relaxed);
             // SAFETY: slot `n` is this thread's alone until `len` covers it.
-            unsafe { *chunk.events[n].get() = e };
+            unsafe { *chunk.events[n].0.get() = e };
             chunk.len.store(n + 1, Ordering::Release);
+            if let Some(ahead) = chunk.events.get(n + PREFETCH_AHEAD) {
+                prefetch_for_write(ahead.0.get());
+            }
         } else {
             DROPPED.fetch_add(1, Ordering::Relaxed);
         }
@@ -203,7 +219,8 @@ fn refill(mut full: Option<usize>) -> Option<(&'static Chunk, usize)> {
             Some(i) => i,
             None if chunks.all.len() < MAX_CHUNKS => {
                 drop(chunks);
-                let events = (0..CHUNK).map(|_| UnsafeCell::new(Event::new(EventKind::Start, Api::None))).collect();
+                let events =
+                    (0..CHUNK).map(|_| Slot(UnsafeCell::new(Event::new(EventKind::Start, Api::None)))).collect();
                 made = Some(Box::leak(Box::new(Chunk { len: AtomicUsize::new(0), events })));
                 continue;
             }
@@ -219,6 +236,19 @@ fn refill(mut full: Option<usize>) -> Option<(&'static Chunk, usize)> {
         }
         return Some(leased);
     }
+}
+
+#[inline(always)]
+fn prefetch_for_write(p: *const Event) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it reads nothing the program sees and
+    // cannot fault; `p` points into a live chunk all the same.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        _mm_prefetch::<_MM_HINT_ET0>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cold]
@@ -266,7 +296,7 @@ pub fn drain(batch: &mut Vec<Event>, patience: Duration) {
         let len = entry.chunk.len.load(Ordering::Acquire);
         if len > entry.read {
             // SAFETY: slots below `len` are written and no longer change.
-            let first = unsafe { *entry.chunk.events[entry.read].get() };
+            let first = unsafe { *entry.chunk.events[entry.read].0.get() };
             runs.push((first.tid, first.seq, entry.chunk, entry.read, len));
             entry.read = len;
         }
