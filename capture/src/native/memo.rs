@@ -66,14 +66,7 @@ impl Memos {
     /// and its callers', mapped while the caller runs.
     #[inline]
     pub fn recall(&mut self, regs: &Regs, out: &mut [u64], known: u64) -> Option<(usize, u64)> {
-        let m = self.memos.iter().find(|m| {
-            m.valid
-                && m.matches(regs, out.len())
-                && m.reads[..m.nreads]
-                    .iter()
-                    // SAFETY: see above; read as the walk read it.
-                    .all(|&(addr, value)| unsafe { std::ptr::read_volatile(addr as *const u64) } == value)
-        })?;
+        let m = self.memos.iter().find(|m| m.valid && m.matches(regs, out.len()) && m.reads_hold())?;
         if m.serial != known {
             out[..m.n].copy_from_slice(&m.frames[..m.n]);
         }
@@ -102,6 +95,19 @@ impl Memo {
     #[inline]
     fn matches(&self, regs: &Regs, len: usize) -> bool {
         self.at == *regs && self.len == len
+    }
+
+    /// Does every word the walk read still hold what it read? An indexed
+    /// loop: the hot path of every capture in a loop runs it.
+    #[inline]
+    fn reads_hold(&self) -> bool {
+        let reads = &self.reads[..self.nreads.min(READS)];
+        let mut same = true;
+        for &(addr, value) in reads {
+            // SAFETY: see `Memos::recall`; read as the walk read it.
+            same &= unsafe { std::ptr::read_volatile(addr as *const u64) } == value;
+        }
+        same
     }
 }
 
