@@ -60,15 +60,17 @@ struct Chunk {
 
 /// One event, on a cache line of its own: an event across two lines would
 /// cost its writer two line transfers from the thread that read it last.
-#[repr(align(64))]
+#[repr(C, align(64))]
 struct Slot(UnsafeCell<Event>);
 
-// A run of slots is read as a slice of events.
+// A run of slots is read as a slice of events: an `Event` grown past a
+// cache line stops the build here rather than pad every slot to two.
 const _: () = assert!(std::mem::size_of::<Slot>() == std::mem::size_of::<Event>());
 
-/// Slots ahead of the one written that a push asks the CPU to fetch for
-/// writing: the line a recycled chunk's slot sits on was last read by the
-/// writer thread, and fetching it then would stall the push.
+/// Slots ahead of the one written that a push asks the CPU to fetch (for
+/// writing where the target has `prefetchw`): the line a slot sits on was
+/// last read by the writer thread, or never touched, and fetching it only
+/// when the event is stored would stall the push.
 const PREFETCH_AHEAD: usize = 4;
 
 // SAFETY: a slot is written by the chunk's one writing thread before `len`
@@ -346,8 +348,9 @@ impl Run {
     fn rest(&self) -> &[Event] {
         match self {
             // SAFETY: slots below the `len` read under the lock are written
-            // and stay so until this drain recycles the chunk; `UnsafeCell`
-            // has its content's layout.
+            // and stay so until this drain recycles the chunk; a `Slot` is
+            // its event at offset 0 with nothing after it (`repr(C)` and the
+            // size assertion beside it), `UnsafeCell` has its content's layout.
             Run::Slots { chunk, from, to } => unsafe {
                 std::slice::from_raw_parts(chunk.events[*from..*to].as_ptr().cast::<Event>(), to - from)
             },

@@ -97,17 +97,17 @@ impl Memo {
         self.at == *regs && self.len == len
     }
 
-    /// Does every word the walk read still hold what it read? An indexed
-    /// loop: the hot path of every capture in a loop runs it.
+    /// Does every word the walk read still hold what it read? A plain
+    /// loop: every capture of a call site in a loop runs it.
     #[inline]
     fn reads_hold(&self) -> bool {
-        let reads = &self.reads[..self.nreads.min(READS)];
-        let mut same = true;
-        for &(addr, value) in reads {
+        for &(addr, value) in &self.reads[..self.nreads.min(READS)] {
             // SAFETY: see `Memos::recall`; read as the walk read it.
-            same &= unsafe { std::ptr::read_volatile(addr as *const u64) } == value;
+            if unsafe { std::ptr::read_volatile(addr as *const u64) } != value {
+                return false;
+            }
         }
-        same
+        true
     }
 }
 
