@@ -113,9 +113,8 @@ impl Harness {
     }
 
     /// (page start, handle) of every page under `[addr, addr + size)`; panics
-    /// on an unmapped byte.
-    /// (page start, handle) of every page under the block. Page sizes are
-    /// the device's: a small block may lie on a large range's page.
+    /// on an unmapped byte. Page sizes are the device's: a small block may
+    /// lie on a large range's page.
     fn handles_under(&self, addr: u64, size: u64) -> Vec<(u64, u64)> {
         let dev = self.pool.backend();
         let mut out = Vec::new();

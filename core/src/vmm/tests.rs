@@ -116,11 +116,11 @@ fn a_small_block_that_would_straddle_two_pages_starts_at_the_next_one() {
     let _a = q.allocate(MIB).unwrap();
     let _b = q.allocate(k).unwrap();
     let hole: Vec<Block> = (0..2).map(|_| q.allocate(k).unwrap()).collect();
-    let _e = q.allocate(k).unwrap();
+    let e = q.allocate(k).unwrap();
     assert_eq!(q.pages().count(), 2);
     hole.iter().for_each(|h| q.free(h.id));
     let f = q.allocate(MIB).unwrap();
-    assert_eq!(f.addr, _e.addr + k, "past e, on e's page, not across the hole's 1.5..2.5 MiB");
+    assert_eq!(f.addr, e.addr + k, "past e, on e's page, not across the hole's 1.5..2.5 MiB");
     assert_eq!(q.block_pages(f.addr).unwrap().len(), 1);
     assert_eq!(q.pages().count(), 2, "no page made for it");
 }
