@@ -140,7 +140,6 @@ fn libcuda_exports_exactly_the_driver_api() {
         // Test-only doors into the fake, under names no shim hooks.
         "fake_device_used",
         "fake_reset_primary_unseen",
-        "fake_slow_records",
         "fake_stream_busy",
         "cuEventCreate",
         "cuEventRecord",

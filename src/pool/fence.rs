@@ -21,7 +21,7 @@ use crate::runtime::{clock, options};
 use cupool_core::log::FenceCounters;
 use cupool_core::pool::{Backend, Timeline};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A pool's fence progress, readable without its lock: threads reusing the
@@ -33,20 +33,13 @@ use std::sync::Arc;
 /// epoch happened before that recording, so the work it must wait for was
 /// queued before it too and the fence covers it.
 ///
-/// The backend keeps its epochs here and nowhere else. A fence may be
-/// recorded with the pool's lock let go ([`PlannedFence`]), so an epoch is
-/// closed by an atomic increment, each closing a number of its own;
-/// `completed` moves only under the lock, in the fences' order.
+/// The backend keeps its epochs here and nowhere else: it writes them under
+/// the pool's lock, threads' magazines read them without it.
 pub struct Progress {
     /// Epoch that frees are tagged with now; a fence closes it.
     epoch: AtomicU64,
     /// Every tag up to this is safe to reuse.
     completed: AtomicU64,
-    /// A fence is due: the thread that next lets the pool's lock go records
-    /// it ([`CudaBackend::plan_fence`]), so that no thread waits on the lock
-    /// behind a fence's driver calls (a record per stream, and as many
-    /// capture questions).
-    fence_due: AtomicBool,
 }
 
 impl Progress {
@@ -68,24 +61,7 @@ impl Progress {
     }
 
     pub fn at(epoch: u64, completed: u64) -> Progress {
-        Progress {
-            epoch: AtomicU64::new(epoch),
-            completed: AtomicU64::new(completed),
-            fence_due: AtomicBool::new(false),
-        }
-    }
-
-    /// Is a fence waiting for the pool's lock to be let go? One load, on
-    /// every path that lets it go.
-    #[inline(always)]
-    pub fn fence_due(&self) -> bool {
-        self.fence_due.load(Ordering::Relaxed)
-    }
-
-    /// Opens the next epoch; returns the one it closes. Published before the
-    /// caller records or synchronises anything.
-    fn close_epoch(&self) -> u64 {
-        self.epoch.fetch_add(1, Ordering::SeqCst)
+        Progress { epoch: AtomicU64::new(epoch), completed: AtomicU64::new(completed) }
     }
 
     /// May a block freed with `tag` be handed out again?
@@ -103,11 +79,8 @@ pub struct CudaBackend {
     finished: u64,
     fences: VecDeque<(u64, Vec<u64>)>,
     spare_events: Vec<u64>,
-    /// When the last fence was recorded or refused (monotonic ns).
+    /// When the last fence was recorded (monotonic ns).
     last_fence_ns: u64,
-    /// A [`PlannedFence`] is being recorded with the lock let go: no second
-    /// one is planned meanwhile.
-    recording: bool,
     /// When `order_behind` last tried a barrier (monotonic ns).
     last_order_ns: u64,
     /// Events of the last GPU-side barrier: every stream then live waits on
@@ -157,7 +130,6 @@ impl CudaBackend {
             fences: VecDeque::new(),
             spare_events: Vec::new(),
             last_fence_ns: 0,
-            recording: false,
             last_order_ns: 0,
             barrier: Vec::new(),
             retired: Vec::new(),
@@ -169,12 +141,21 @@ impl CudaBackend {
         }
     }
 
+    /// Opens the next epoch; returns the one it closes. Published before the
+    /// caller records or synchronises anything (see [`Progress`]).
+    fn next_epoch(&mut self) -> u64 {
+        let closing = self.epoch();
+        self.progress.epoch.store(closing + 1, Ordering::SeqCst);
+        closing
+    }
+
     fn complete_up_to(&mut self, epoch: u64) {
         self.progress.completed.fetch_max(epoch, Ordering::Release);
     }
 
+    /// Read under the pool's lock, by the only writer: no ordering needed.
     fn epoch(&self) -> u64 {
-        self.progress.epoch.load(Ordering::Acquire)
+        self.progress.epoch.load(Ordering::Relaxed)
     }
 
     fn completed(&self) -> u64 {
@@ -192,73 +173,61 @@ impl CudaBackend {
         self.spare_events.pop().or_else(create_event)
     }
 
-    /// Closes the current epoch with an event on every live stream, under
-    /// the pool's lock: for a caller that needs the fence now.
+    /// Closes the current epoch with an event on every live stream.
     fn record_fence(&mut self) -> bool {
-        let recorded = record_on_streams(self.ctx, &self.progress, &mut self.spare_events);
-        self.last_fence_ns = clock::pace_ns();
-        self.publish(recorded)
-    }
-
-    /// Counts what a recording came to and queues its fence; false when it
-    /// was refused.
-    fn publish(&mut self, recorded: Recorded) -> bool {
-        self.counters.record_errors += recorded.errors;
-        let (closing, mut events) = match recorded.fence {
-            Ok(fence) => fence,
-            Err(Refused::Capture) => {
-                self.counters.skipped_for_capture += 1;
-                return false;
+        // Not while any capture is under way, also on a stream cupool does
+        // not list (a per-thread default one): a record on the legacy stream
+        // would depend on it and break it.
+        if streams::any_capture() {
+            self.counters.skipped_for_capture += 1;
+            return false;
+        }
+        let Some(_current) = InContext::enter(self.ctx) else { return false };
+        let list = streams::locked();
+        let streams = streams::of_context(&list, self.ctx);
+        if streams.iter().any(|&s| capturing(s)) {
+            self.counters.skipped_for_capture += 1;
+            return false; // recording into a capture would change the captured graph
+        }
+        let closing = self.next_epoch();
+        let mut events = Vec::with_capacity(streams.len());
+        let mut dead = Vec::new();
+        let mut whole = true;
+        for s in streams {
+            let Some(e) = self.event() else {
+                whole = false;
+                break;
+            };
+            if record(e, s) {
+                events.push(e);
+                continue;
             }
-            Err(Refused::Other) => return false,
-        };
-        // A fence recorded with the lock let go may arrive after a later
-        // one, or after a synchronisation past it: they cover its blocks.
-        let superseded = closing <= self.completed() || self.fences.back().is_some_and(|&(e, _)| e > closing);
-        if superseded || self.dead {
+            self.counters.record_errors += 1;
+            self.spare_events.push(e);
+            if s != 0 && !is_live(s) {
+                dead.push(s); // destroyed behind cupool's back
+                continue;
+            }
+            // A fence without this stream would complete before its work:
+            // no fence now; the blocks wait for the next one.
+            whole = false;
+            break;
+        }
+        drop(list);
+        for s in dead {
+            streams::remove(s);
+        }
+        // A refused fence is tried again a `fence_us` later, not on every free.
+        self.last_fence_ns = clock::pace_ns();
+        if !whole {
             self.spare_events.extend(events);
             return false;
         }
-        // The events of streams destroyed so far: recorded before this
-        // fence's epoch closed or while its events were recorded, and only
-        // this fence (the newest) carries them.
         self.retired_in_fences.extend(self.retired.iter().map(|&e| (closing, e)));
         events.append(&mut self.retired);
         self.counters.recorded += 1;
         self.fences.push_back((closing, events));
         true
-    }
-
-    /// Asks for a fence, recorded once the pool's lock is let go
-    /// (`plan_fence`); the caller's tag is covered by it.
-    fn want_fence(&mut self) {
-        if !self.recording && !self.progress.fence_due() {
-            self.progress.fence_due.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// The fence asked for ([`Progress::fence_due`]), to be recorded with the
-    /// pool's lock let go and handed back to [`Self::publish_fence`]; None
-    /// while another thread records one.
-    pub fn plan_fence(&mut self) -> Option<PlannedFence> {
-        self.progress.fence_due.store(false, Ordering::Relaxed);
-        if self.recording || self.dead {
-            return None;
-        }
-        self.recording = true;
-        self.last_fence_ns = clock::pace_ns();
-        Some(PlannedFence {
-            ctx: self.ctx,
-            progress: self.progress.clone(),
-            spare: std::mem::take(&mut self.spare_events),
-        })
-    }
-
-    /// Takes back a planned fence once recorded.
-    pub fn publish_fence(&mut self, planned: PlannedFence, recorded: Recorded) {
-        self.recording = false;
-        self.spare_events.extend(planned.spare);
-        self.publish(recorded);
     }
 
     /// The context died with its memory. Its handle may already name a new
@@ -356,16 +325,13 @@ impl CudaBackend {
     fn tag_now(&mut self) -> u64 {
         let tag = self.epoch();
         if clock::at_least_since(self.last_fence_ns, options::get().fence_us * 1000) {
-            self.want_fence();
+            self.record_fence();
         }
         tag
     }
 
     /// Is `tag` up to the `mark` (completed or finished) yet? Polls, and
-    /// records a fence for it now when none covers it: asked when the pool
-    /// cannot serve a request from what is free, or pages went idle (they go
-    /// back to the device as the free returns, when the GPU is done by
-    /// then). The eager fences (`tag_now`) mostly cover the tag already.
+    /// records a fence for it when none covers it.
     fn reached(&mut self, tag: u64, mark: fn(&CudaBackend) -> u64) -> bool {
         self.poll();
         if tag > mark(self) && !self.covered(tag) && self.record_fence() {
@@ -417,18 +383,19 @@ impl CudaBackend {
     }
 
     /// Has the GPU passed `tag`, the oldest free a thread's magazine waits
-    /// to take back? Asks for a fence for it only when none was recorded in
+    /// to take back? Records a fence for it only when none was recorded in
     /// the last half `fence_us` ([`REUSE_FENCE_SHARE`]): with several
-    /// threads each asking every few dozen frees, a fence per question would
-    /// keep the driver busy. Until then the magazine takes new blocks from
-    /// the pool.
+    /// threads each asking every few dozen frees, a fence per question (an
+    /// event on every stream, under the pool's lock) would serialise them
+    /// again. Until then the magazine takes new blocks from the pool.
     pub fn reuse_ready(&mut self, tag: u64) -> bool {
         self.poll();
         if tag > self.completed()
             && !self.covered(tag)
             && clock::at_least_since(self.last_fence_ns, options::get().fence_us * 1000 / REUSE_FENCE_SHARE)
+            && self.record_fence()
         {
-            self.want_fence();
+            self.poll();
         }
         tag <= self.completed()
     }
@@ -582,26 +549,16 @@ impl Timeline for CudaBackend {
     /// At most once per `fence_us`: a barrier costs the program's thread an
     /// event record and a wait per stream, and a program that frees and
     /// allocates in turn would otherwise pay them on every allocation.
-    /// Behind the newest fence, which may not cover `tag`: a fence is not
-    /// recorded under the pool's lock for it, but asked for (`want_fence`),
-    /// and the next barrier goes behind that one.
-    fn order_behind(&mut self, tag: u64) -> Option<u64> {
+    fn order_behind(&mut self, tag: u64) -> bool {
         if !clock::at_least_since(self.last_order_ns, options::get().fence_us * 1000) {
-            return None;
+            return false;
         }
         self.last_order_ns = clock::pace_ns();
         self.poll();
-        let completed = self.completed();
-        if tag <= completed {
-            return Some(tag);
+        if tag <= self.completed() {
+            return true;
         }
-        if !self.covered(tag) {
-            self.want_fence();
-        }
-        match self.fences.back().map(|&(epoch, _)| epoch) {
-            Some(epoch) if epoch > completed && self.gpu_barrier(self.fences.len() - 1) => Some(epoch.min(tag)),
-            _ => (completed > 0).then_some(completed),
-        }
+        self.fence_covering(tag).is_some_and(|index| self.gpu_barrier(index))
     }
 
     /// The pools time windows of seconds (the VMM high-water mark, segments
@@ -622,7 +579,7 @@ impl Timeline for CudaBackend {
         if self.any_capturing() {
             return false;
         }
-        let closing = self.progress.close_epoch();
+        let closing = self.next_epoch();
         let t = clock::monotonic_ns();
         // SAFETY: the driver's `cuCtxSynchronize` takes no arguments; the pool's context is current
         // (`_current`).
@@ -644,7 +601,7 @@ impl CudaBackend {
         if streams::any_capture() || self.any_capturing() {
             return None;
         }
-        Some(self.progress.close_epoch())
+        Some(self.next_epoch())
     }
 
     /// The second half, once [`drain`] has waited `wait_ns` for the GPU:
@@ -659,90 +616,6 @@ impl CudaBackend {
             self.drop_oldest_fence();
         }
     }
-}
-
-/// A fence planned under the pool's lock, recorded with it let go.
-pub struct PlannedFence {
-    ctx: u64,
-    progress: Arc<Progress>,
-    /// The pool's spare events, lent for the recording.
-    spare: Vec<u64>,
-}
-
-impl PlannedFence {
-    /// Records the fence; no lock of the pool is held.
-    pub fn record(&mut self) -> Recorded {
-        record_on_streams(self.ctx, &self.progress, &mut self.spare)
-    }
-}
-
-/// What recording a fence came to: the epoch it closed and its events, or
-/// why there is none, and the records the driver refused on the way.
-pub struct Recorded {
-    fence: Result<(u64, Vec<u64>), Refused>,
-    errors: u64,
-}
-
-enum Refused {
-    /// A capture is under way: a record would join it.
-    Capture,
-    /// No context, an event or a record refused.
-    Other,
-}
-
-/// Closes the epoch of `progress` and records an event on every live stream
-/// of `ctx`, taking events from `spare` (those not kept go back there).
-/// With the pool's lock held or not: the stream list's lock keeps streams
-/// from going away under the records, and the epoch closes only once no
-/// capture is seen.
-fn record_on_streams(ctx: u64, progress: &Progress, spare: &mut Vec<u64>) -> Recorded {
-    let refused = |why| Recorded { fence: Err(why), errors: 0 };
-    // Not while any capture is under way, also on a stream cupool does
-    // not list (a per-thread default one): a record on the legacy stream
-    // would depend on it and break it.
-    if streams::any_capture() {
-        return refused(Refused::Capture);
-    }
-    let Some(_current) = InContext::enter(ctx) else { return refused(Refused::Other) };
-    let list = streams::locked();
-    let streams = streams::of_context(&list, ctx);
-    if streams.iter().any(|&s| capturing(s)) {
-        return refused(Refused::Capture); // recording into a capture would change the captured graph
-    }
-    let closing = progress.close_epoch();
-    let mut events = Vec::with_capacity(streams.len());
-    let mut dead = Vec::new();
-    let mut errors = 0;
-    let mut whole = true;
-    for s in streams {
-        let Some(e) = spare.pop().or_else(create_event) else {
-            whole = false;
-            break;
-        };
-        if record(e, s) {
-            events.push(e);
-            continue;
-        }
-        errors += 1;
-        spare.push(e);
-        if s != 0 && !is_live(s) {
-            dead.push(s); // destroyed behind cupool's back
-            continue;
-        }
-        // A fence without this stream would complete before its work:
-        // no fence now; the blocks wait for the next one.
-        whole = false;
-        break;
-    }
-    drop(list);
-    for s in dead {
-        streams::remove(s);
-    }
-    if !whole {
-        spare.extend(events);
-        return Recorded { fence: Err(Refused::Other), errors };
-    }
-    Recorded { fence: Ok((closing, events)), errors }
 }
 
 /// Waits, with no lock of cupool's held, for the work queued in `ctx` (not

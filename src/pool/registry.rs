@@ -122,27 +122,7 @@ fn allocate_now(
     let before = capped(&mut p, cap);
     let result = p.allocate(size);
     report(pool.device, before, p.reserved(), on_reserved);
-    drop(p);
-    record_due_fence(pool);
     result
-}
-
-/// Records the fence the pool asked for while its lock was held, now that it
-/// is let go (`fence::PlannedFence`): on each path that lets it go, so that
-/// no thread sleeps on the lock behind a fence's driver calls.
-#[inline(always)]
-fn record_due_fence(pool: &ContextPool) {
-    if pool.progress.fence_due() {
-        record_fence_unlocked(pool);
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn record_fence_unlocked(pool: &ContextPool) {
-    let Some(mut planned) = pool.pool.lock().timeline_mut().plan_fence() else { return };
-    let recorded = planned.record();
-    pool.pool.lock().timeline_mut().publish_fence(planned, recorded);
 }
 
 /// Fills this thread's magazine (if it has one and serves `size`) under one
@@ -165,20 +145,9 @@ fn refill(
     let mut n = 0;
     {
         let mut p = lock(pool);
-        if let Some(tag) = oldest {
-            let mut ready = p.timeline_mut().reuse_ready(tag);
-            if !ready && pool.progress.fence_due() {
-                // The fence it asked for, recorded with the lock let go;
-                // the GPU may pass it by the time the lock is back.
-                drop(p);
-                record_fence_unlocked(pool);
-                p = lock(pool);
-                ready = p.timeline_mut().reuse_ready(tag);
-            }
-            if ready {
-                drop(p);
-                return magazine::take(addr, size, &pool.progress);
-            }
+        if oldest.is_some_and(|tag| p.timeline_mut().reuse_ready(tag)) {
+            drop(p);
+            return magazine::take(addr, size, &pool.progress);
         }
         let before = capped(&mut p, cap);
         while n < want {
@@ -190,7 +159,6 @@ fn refill(
         }
         report(pool.device, before, p.reserved(), on_reserved);
     }
-    record_due_fence(pool);
     let (first, rest) = taken[..n].split_first()?;
     let unkept = &mut returns;
     unkept.clear();
@@ -261,10 +229,7 @@ fn free_now(pool: PoolHandle, block: BlockId, on_reserved: &mut dyn FnMut(i32, i
     report(pool_ref.device, before, p.reserved(), on_reserved);
     if wait {
         wait_unlocked(pool_ref, p, on_reserved);
-    } else {
-        drop(p);
     }
-    record_due_fence(pool_ref);
 }
 
 /// Waits for the GPU, as the pool asked at a free, with its lock let go:
@@ -346,10 +311,7 @@ fn give_back_run(pool: PoolHandle, blocks: &[(PoolHandle, u32)], on_reserved: &m
     report(pool_ref.device, before, p.reserved(), on_reserved);
     if wait {
         wait_unlocked(pool_ref, p, on_reserved);
-    } else {
-        drop(p);
     }
-    record_due_fence(pool_ref);
 }
 
 /// Gives every block kept by threads' magazines (only exited threads' when

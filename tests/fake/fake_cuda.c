@@ -1849,13 +1849,8 @@ static int capture_forbids(void)
     return f;
 }
 
-/* cuCtxGetId calls so far (a shim makes one per pooled allocation), read
- * around slow records (`fake_slow_records`). */
-static unsigned long long g_ctx_id_calls;
-
 EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
 {
-    __atomic_fetch_add(&g_ctx_id_calls, 1, __ATOMIC_RELAXED);
     if (!ctxId)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_init();
@@ -1943,34 +1938,6 @@ static long long event_latency_ns(void)
     return l;
 }
 
-static unsigned g_record_us;
-static unsigned long long g_most_ctx_ids_during_a_record;
-
-/* Test hook: every record on a created stream now takes `us` microseconds
- * of the calling thread (a busy driver); returns the most cuCtxGetId calls
- * other threads made during one such record so far. */
-EXPORT unsigned long long fake_slow_records(unsigned us)
-{
-    __atomic_store_n(&g_record_us, us, __ATOMIC_RELAXED);
-    return __atomic_load_n(&g_most_ctx_ids_during_a_record, __ATOMIC_RELAXED);
-}
-
-static void slow_record(void)
-{
-    unsigned us = __atomic_load_n(&g_record_us, __ATOMIC_RELAXED);
-    if (!us)
-        return;
-    unsigned long long before = __atomic_load_n(&g_ctx_id_calls, __ATOMIC_RELAXED);
-    struct timespec t = {0, (long)us * 1000};
-    nanosleep(&t, NULL);
-    unsigned long long during = __atomic_load_n(&g_ctx_id_calls, __ATOMIC_RELAXED) - before;
-    unsigned long long most = __atomic_load_n(&g_most_ctx_ids_during_a_record, __ATOMIC_RELAXED);
-    while (during > most &&
-           !__atomic_compare_exchange_n(&g_most_ctx_ids_during_a_record, &most, during, 0, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED))
-        ;
-}
-
 /* FAKE_CUDA_REFUSE_STREAM_RECORDS=1: a record on a created stream fails while
  * the stream lives (a driver may refuse one for reasons of its own). */
 EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -1978,8 +1945,6 @@ EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult r = check_event(hEvent, hStream, 1);
     if (!r && (uintptr_t)hStream > 2 && env_size("FAKE_CUDA_REFUSE_STREAM_RECORDS", 0))
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (!r && (uintptr_t)hStream > 2)
-        slow_record();
     if (!r) {
         long long now = monotonic_ns();
         pthread_mutex_lock(&g_lock);

@@ -170,9 +170,6 @@ void fake_reset_primary_unseen(int dev);
 size_t fake_device_used(int dev);
 /* Work queued on `s` now runs `ms` milliseconds: events recorded on it complete after that. */
 void fake_stream_busy(CUstream s, unsigned ms);
-/* Records on created streams now take `us` microseconds; returns the most
- * cuCtxGetId calls other threads made during one of them so far. */
-unsigned long long fake_slow_records(unsigned us);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventQuery(CUevent hEvent);

@@ -1,27 +1,21 @@
 //! The public vocabulary of the pool: the backend trait and block handles.
 
 /// Both pools' step before placing a request: orders later GPU work behind
-/// `newest` (the newest pending free's tag), or as far toward it as the
-/// timeline can cheaply now ([`Timeline::order_behind`]), where
-/// `completed_upto` does not cover it yet. True: the pending tags up to
-/// `completed_upto` count as complete now, further than before (the caller
-/// reclaims those blocks).
+/// `newest` (the newest pending free's tag) where the timeline can do that
+/// cheaply now ([`Timeline::order_behind`]) and `completed_upto` does not
+/// cover it yet. True: every pending tag counts as complete now (the caller
+/// reclaims those blocks), and `completed_upto` says so.
 pub(crate) fn order_behind_pending(
     newest: Option<u64>,
     completed_upto: &mut Option<u64>,
     timeline: &mut impl Timeline,
 ) -> bool {
     let Some(tag) = newest else { return false };
-    if completed_upto.is_some_and(|c| tag <= c) {
-        return false;
+    if completed_upto.is_none_or(|c| tag > c) && timeline.order_behind(tag) {
+        *completed_upto = Some(tag);
+        return true;
     }
-    match timeline.order_behind(tag) {
-        Some(ordered) if completed_upto.is_none_or(|c| ordered > c) => {
-            *completed_upto = Some(ordered.min(tag));
-            true
-        }
-        _ => false,
-    }
+    false
 }
 
 /// The GPU timeline as both pools see it: a freed block may still be
@@ -70,15 +64,14 @@ pub trait Timeline {
         let _ = tag;
         self.synchronize()
     }
-    /// Orders all work queued from now on behind `tag` on the GPU, or
-    /// behind an earlier tag, without the host waiting, where that is cheap
-    /// now (a GPU-side barrier); returns the tag it ordered behind (at most
-    /// `tag`): blocks freed up to it may be reused in place, though their
-    /// pages may not yet be unmapped. None: nothing was done, the blocks stay
+    /// Orders all work queued from now on behind `tag` on the GPU, without
+    /// the host waiting, where that is cheap now (a GPU-side barrier); then
+    /// blocks freed up to `tag` may be reused in place, though their pages
+    /// may not yet be unmapped. False: nothing was done, the blocks stay
     /// pending. The default can do nothing of the kind.
-    fn order_behind(&mut self, tag: u64) -> Option<u64> {
+    fn order_behind(&mut self, tag: u64) -> bool {
         let _ = tag;
-        None
+        false
     }
     /// A monotonic clock in nanoseconds, for giving memory back by time.
     fn now_ns(&mut self) -> u64 {
@@ -112,7 +105,7 @@ macro_rules! delegate_timeline {
         fn wait_finished(&mut self, tag: u64) -> bool {
             self.$field.wait_finished(tag)
         }
-        fn order_behind(&mut self, tag: u64) -> Option<u64> {
+        fn order_behind(&mut self, tag: u64) -> bool {
             self.$field.order_behind(tag)
         }
         fn now_ns(&mut self) -> u64 {

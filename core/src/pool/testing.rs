@@ -260,15 +260,15 @@ impl Timeline for SimulatedTimeline {
         true
     }
 
-    fn order_behind(&mut self, tag: u64) -> Option<u64> {
-        let every = self.order_every_ns?;
+    fn order_behind(&mut self, tag: u64) -> bool {
+        let Some(every) = self.order_every_ns else { return false };
         if self.capturing || self.last_order.is_some_and(|at| self.now.saturating_sub(at) < every) {
-            return None;
+            return false;
         }
         self.last_order = Some(self.now);
         self.orders += 1;
         self.ordered = self.ordered.max(tag);
-        Some(tag)
+        true
     }
 
     fn synchronize(&mut self) -> bool {
