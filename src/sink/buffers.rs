@@ -11,7 +11,7 @@ use crate::runtime::{clock, guard};
 use cupool_core::log::{Api, Event, EventKind};
 use parking_lot::Mutex;
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Events per chunk (64 KiB).
@@ -67,11 +67,28 @@ struct Slot(UnsafeCell<Event>);
 // cache line stops the build here rather than pad every slot to two.
 const _: () = assert!(std::mem::size_of::<Slot>() == std::mem::size_of::<Event>());
 
-/// Slots ahead of the one written that a push asks the CPU to fetch (for
-/// writing where the target has `prefetchw`): the line a slot sits on was
-/// last read by the writer thread, or never touched, and fetching it only
-/// when the event is stored would stall the push.
+/// Slots ahead of the one written that a push asks the CPU to fetch for
+/// writing: the line a slot sits on was last read by the writer thread, or
+/// never touched, and fetching it only when the event is stored would stall
+/// the push.
 const PREFETCH_AHEAD: usize = 4;
+
+/// Does the CPU have `prefetchw` (CPUID 0x8000_0001, ECX bit 8)? A read
+/// prefetch (all a generic x86-64 build emits for a write hint) brings a
+/// line the writer thread read as shared, and the store still waits for
+/// the writer's copy to be invalidated: with a writer that keeps up, that
+/// wait is on every event. Asked once, when a thread first leases a chunk.
+static PREFETCHW: AtomicBool = AtomicBool::new(false);
+
+fn detect_prefetchw() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Leaf 0x8000_0000 says how far the extended leaves go.
+        use std::arch::x86_64::__cpuid;
+        let has = __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0;
+        PREFETCHW.store(has, Ordering::Relaxed);
+    }
+}
 
 // SAFETY: a slot is written by the chunk's one writing thread before `len`
 // covers it, and read by the drain only below `len` (acquire): no slot is
@@ -204,6 +221,8 @@ pub fn push(mut e: Event, at: Option<Stamp>) {
 /// keep the writer from finishing the log.
 #[cold]
 fn refill(mut full: Option<usize>) -> Option<(&'static Chunk, usize)> {
+    static DETECTED: std::sync::Once = std::sync::Once::new();
+    DETECTED.call_once(detect_prefetchw);
     let mut made: Option<&'static Chunk> = None;
     loop {
         let mut chunks = CHUNKS.lock();
@@ -243,11 +262,14 @@ fn refill(mut full: Option<usize>) -> Option<(&'static Chunk, usize)> {
 #[inline(always)]
 fn prefetch_for_write(p: *const Event) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it reads nothing the program sees and
-    // cannot fault; `p` points into a live chunk all the same.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-        _mm_prefetch::<_MM_HINT_ET0>(p.cast::<i8>());
+    if PREFETCHW.load(Ordering::Relaxed) {
+        // SAFETY: a prefetch is a hint: it reads nothing the program sees,
+        // changes no register or flag and cannot fault; the CPU has the
+        // instruction (`PREFETCHW`), and `p` points into a live chunk.
+        unsafe { std::arch::asm!("prefetchw [{p}]", p = in(reg) p, options(nostack, preserves_flags, readonly)) };
+    } else {
+        // SAFETY: as above, a read prefetch, which every x86-64 CPU has.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
