@@ -148,3 +148,8 @@ for t in sorted(runs):
     med = [st.median(x[i] for x in runs[t]) for i in range(6)]
     print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f}")
 PY
+# The driver calls the pool makes (cuCtxGetId on every pooled allocation,
+# the others for fences), from one thread and from eight: do they slow
+# each other down, do they sleep on a lock of the driver's?
+nvcc -O2 -arch=native -cudart shared -o $w/driver_threads scripts/gpu/driver_threads.cu -lcuda -lpthread &&
+  for t in 1 8; do $w/driver_threads $t 2000000; done
