@@ -12,10 +12,12 @@
 # Rows: cudaMallocAsync (no shim); cupool's default path (trace off, sites
 # on); cupool's magazine path alone (magazines=always, sites off), the same
 # path from one thread to eight (THREADS="1 2 4 8" unless set). For the
-# magazine rows the last table reads each run's log (one block is left
-# allocated so that a log is written with the trace off): what the threads'
+# magazine rows a table reads each run's log (one block is left allocated
+# so that a log is written with the trace off): what the threads'
 # magazines did (own frees reused, refills, frees that overflowed the
-# waiting room) and the fences (recorded, GPU-side barriers, host waits).
+# waiting room) and the fences (recorded, GPU-side barriers, host waits);
+# the next one, from the default rows' logs too, the times a thread found
+# the pool's lock taken.
 # A third table says where the threads' time went, per pair: CPU, each
 # thread's loop, the longest loop (the run's wall time waits for the slowest
 # thread) and the run's wall time, with the voluntary context switches
@@ -86,7 +88,7 @@ for r in $(seq ${ROUNDS:-5}); do
     row control $t $w/ctl $t $((pairs * 10))
     # CUDA's pool slows to ~0.2 M pairs/s from several threads: fewer pairs keep its rows short.
     row cudaMallocAsync $t $w/scaling $t $((pairs / 20)) 0 async
-    row cupool-default $t env CUPOOL_OPTIONS=trace=0:log_dir=$w/l LD_PRELOAD=$shim $w/scaling $t $pairs 0
+    row cupool-default $t env CUPOOL_OPTIONS=trace=0:log_dir=$w/d/$t.$r LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
     row cupool-magazines $t env CUPOOL_OPTIONS=trace=0:stack_depth=0:python_depth=0:magazines=always:log_dir=$w/m/$t.$r \
       LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
   done
@@ -147,6 +149,21 @@ print(f"{'magazines (medians)':20} {'threads':>7} {'reused':>7} {'refills/1k':>1
 for t in sorted(runs):
     med = [st.median(x[i] for x in runs[t]) for i in range(6)]
     print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f}")
+PY
+# Where the threads meet: the times a thread found the pool's lock taken
+# (end.pools[].lock_waits), beside the voluntary switches of the table above.
+python3 - $w/d $w/m <<'PY'
+import glob, json, os, statistics as st, sys
+print(f"{'lock waits (medians)':20} {'threads':>7} {'waits':>9}")
+for name, root in zip(["cupool-default", "cupool-magazines"], sys.argv[1:]):
+    runs = {}
+    for d in glob.glob(os.path.join(root, "*")):
+        t = int(os.path.basename(d).split(".")[0])
+        for f in glob.glob(os.path.join(d, "cupool.*.json")):
+            pools = (json.load(open(f)).get("end") or {}).get("pools") or []
+            runs.setdefault(t, []).append(sum(p.get("lock_waits", 0) for p in pools))
+    for t in sorted(runs):
+        print(f"{name:20} {t:7d} {st.median(runs[t]):9.0f}")
 PY
 # The driver calls the pool makes (cuCtxGetId on every pooled allocation,
 # the others for fences), from one thread and from eight: do they slow

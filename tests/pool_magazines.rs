@@ -67,6 +67,19 @@ fn programs_run_unchanged_with_a_magazine_per_thread() {
     }
 }
 
+/// Where threads allocating at once meet: the end record counts the times a
+/// thread found the pool's lock taken. Eight threads of a thousand pairs
+/// each, every pair through the lock (no magazines), meet there; a lone
+/// thread never does.
+#[test]
+fn the_end_record_counts_waits_on_the_pools_lock() {
+    let lock_waits = |r: &Run| pools(&r.log).iter().map(|p| p["lock_waits"].as_u64().expect("lock_waits")).sum::<u64>();
+    let threads = run(&fakes().prog("prog_threads"), &[], "magazines=never");
+    assert!(lock_waits(&threads) > 0, "8 threads: no wait on the pool's lock counted");
+    let alone = run(&fakes().prog("prog_runtime"), &[], "magazines=never");
+    assert_eq!(lock_waits(&alone), 0, "one thread");
+}
+
 #[test]
 fn a_block_cycled_in_a_loop_comes_from_the_magazine_and_goes_back_at_exit() {
     let reuse = compile_runtime_program("mag-reuse", "pool_reuse.c");

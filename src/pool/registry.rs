@@ -53,8 +53,15 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
                 _ => u64::MAX,
             };
             let pool = BiasedMutex::new(engine);
-            let p: &'static ContextPool =
-                Box::leak(Box::new(ContextPool { ctx, id, device, pool, direct_min, progress }));
+            let p: &'static ContextPool = Box::leak(Box::new(ContextPool {
+                ctx,
+                id,
+                device,
+                pool,
+                direct_min,
+                progress,
+                lock_waits: Default::default(),
+            }));
             pools.push(p);
             (p, stale)
         }
@@ -107,6 +114,7 @@ fn lock(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
 #[cold]
 #[inline(never)]
 fn lock_contended(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
+    pool.lock_waits.fetch_add(1, Ordering::Relaxed);
     magazine::contended();
     pool.pool.lock()
 }

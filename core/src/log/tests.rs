@@ -174,6 +174,7 @@ fn full_end() -> End {
                 ghost_waits: 28,
                 at_peak: PagesAtPeak { reserved: 29, allocated: 30, pending: 31, idle: 32, cooling: 33 },
             }),
+            lock_waits: 34,
         }],
         magazines: Some(MagazineRecord {
             threads: 8,
