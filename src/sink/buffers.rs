@@ -77,10 +77,15 @@ const PREFETCH_AHEAD: usize = 4;
 /// prefetch (all a generic x86-64 build emits for a write hint) brings a
 /// line the writer thread read as shared, and the store still waits for
 /// the writer's copy to be invalidated: with a writer that keeps up, that
-/// wait is on every event. Asked once, when a thread first leases a chunk.
+/// wait is on every event. Asked when a thread leases a chunk, until known
+/// (threads asking at once get the same answer; nothing waits on another).
 static PREFETCHW: AtomicBool = AtomicBool::new(false);
+static PREFETCHW_KNOWN: AtomicBool = AtomicBool::new(false);
 
 fn detect_prefetchw() {
+    if PREFETCHW_KNOWN.load(Ordering::Relaxed) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         // Leaf 0x8000_0000 says how far the extended leaves go.
@@ -88,6 +93,7 @@ fn detect_prefetchw() {
         let has = __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0;
         PREFETCHW.store(has, Ordering::Relaxed);
     }
+    PREFETCHW_KNOWN.store(true, Ordering::Relaxed);
 }
 
 // SAFETY: a slot is written by the chunk's one writing thread before `len`
@@ -221,8 +227,7 @@ pub fn push(mut e: Event, at: Option<Stamp>) {
 /// keep the writer from finishing the log.
 #[cold]
 fn refill(mut full: Option<usize>) -> Option<(&'static Chunk, usize)> {
-    static DETECTED: std::sync::Once = std::sync::Once::new();
-    DETECTED.call_once(detect_prefetchw);
+    detect_prefetchw();
     let mut made: Option<&'static Chunk> = None;
     loop {
         let mut chunks = CHUNKS.lock();
