@@ -11,7 +11,7 @@ use crate::runtime::{clock, guard};
 use cupool_core::log::{Api, Event, EventKind};
 use parking_lot::Mutex;
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Events per chunk (64 KiB).
@@ -79,21 +79,24 @@ const PREFETCH_AHEAD: usize = 4;
 /// the writer's copy to be invalidated: with a writer that keeps up, that
 /// wait is on every event. Asked when a thread leases a chunk, until known
 /// (threads asking at once get the same answer; nothing waits on another).
-static PREFETCHW: AtomicBool = AtomicBool::new(false);
-static PREFETCHW_KNOWN: AtomicBool = AtomicBool::new(false);
+static PREFETCHW: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const ABSENT: u8 = 1;
+const PRESENT: u8 = 2;
 
 fn detect_prefetchw() {
-    if PREFETCHW_KNOWN.load(Ordering::Relaxed) {
+    if PREFETCHW.load(Ordering::Relaxed) != UNKNOWN {
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    {
-        // Leaf 0x8000_0000 says how far the extended leaves go.
+    // Leaf 0x8000_0000 says how far the extended leaves go.
+    let has = {
         use std::arch::x86_64::__cpuid;
-        let has = __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0;
-        PREFETCHW.store(has, Ordering::Relaxed);
-    }
-    PREFETCHW_KNOWN.store(true, Ordering::Relaxed);
+        __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let has = false;
+    PREFETCHW.store(if has { PRESENT } else { ABSENT }, Ordering::Relaxed);
 }
 
 // SAFETY: a slot is written by the chunk's one writing thread before `len`
@@ -267,7 +270,7 @@ fn refill(mut full: Option<usize>) -> Option<(&'static Chunk, usize)> {
 #[inline(always)]
 fn prefetch_for_write(p: *const Event) {
     #[cfg(target_arch = "x86_64")]
-    if PREFETCHW.load(Ordering::Relaxed) {
+    if PREFETCHW.load(Ordering::Relaxed) == PRESENT {
         // SAFETY: a prefetch is a hint: it reads nothing the program sees,
         // changes no register or flag and cannot fault; the CPU has the
         // instruction (`PREFETCHW`), and `p` points into a live chunk.
