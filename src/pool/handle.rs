@@ -21,8 +21,9 @@ pub struct ContextPool {
     pub direct_min: u64,
     /// Its fences' progress, read without the lock by threads' magazines.
     pub(super) progress: std::sync::Arc<Progress>,
-    /// Times a thread found the lock taken and waited for it (the end
-    /// record's `lock_waits`): counted only then, off the uncontended path.
+    /// Times an allocation or a free (a magazine's refill or give-back
+    /// included) found the lock taken and waited for it (the end record's
+    /// `lock_waits`): counted only then, off the uncontended path.
     pub(super) lock_waits: std::sync::atomic::AtomicU64,
 }
 

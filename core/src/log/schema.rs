@@ -417,8 +417,8 @@ pub struct PoolRecord {
     /// A VMM-backed pool's pages (only then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pages: Option<PagesRecord>,
-    /// Times a thread found the pool's lock taken and waited for it (logs
-    /// before it: absent, read as 0).
+    /// Times an allocation or a free found the pool's lock taken and waited
+    /// for it (logs before it: absent, read as 0).
     #[serde(default)]
     pub lock_waits: u64,
 }
