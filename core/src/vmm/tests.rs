@@ -125,6 +125,26 @@ fn a_small_block_that_would_straddle_two_pages_starts_at_the_next_one() {
     assert_eq!(q.pages().count(), 2, "no page made for it");
 }
 
+/// Small blocks whose size leaves much of a page over when kept within
+/// one page (0.38 of a page: two to a page, 0.23 of it empty) pack end to
+/// end across boundaries instead: twelve take five pages, not six.
+#[test]
+fn small_blocks_that_would_leave_much_of_a_page_empty_pack_across_boundaries() {
+    let mut p = pool();
+    let size = 806_400;
+    assert!(size <= p.config().small_max);
+    let blocks: Vec<Block> = (0..12).map(|_| p.allocate(size).unwrap()).collect();
+    for pair in blocks.windows(2) {
+        assert_eq!(pair[1].addr, pair[0].addr + size, "end to end");
+    }
+    assert_eq!(p.stats().reserved_bytes.current, 5 * 2 * MIB);
+    // A size that packs a page nearly whole still keeps to one page.
+    let mut q = pool();
+    let quarter = (512 << 10) - 512;
+    let c: Vec<Block> = (0..5).map(|_| q.allocate(quarter).unwrap()).collect();
+    assert!(c.iter().all(|b| q.block_pages(b.addr).unwrap().len() == 1), "{c:?}");
+}
+
 /// A loop that allocates and frees one small size gets the same block back
 /// without placing it again; a request that needs pages gives hot blocks up
 /// first, so they never cost a page.
