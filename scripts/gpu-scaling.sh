@@ -8,7 +8,8 @@
 # Flat CPU ns per pair from 1 to 8 threads means the threads do not slow each
 # other down; the wall rate then scales as far as the machine runs eight busy
 # cores as fast as one (shown by the control row: glibc malloc+free of 4 KiB
-# from the same threads, which share nothing).
+# from the same threads, which share nothing). The last column divides each
+# row's gain over one thread by the control's at the same thread count.
 # Rows: cudaMallocAsync (no shim); cupool's default path (trace off, sites
 # on); cupool's magazine path alone (magazines=always, sites off), the same
 # path from one thread to eight (THREADS="1 2 4 8" unless set). For the
@@ -105,7 +106,10 @@ for line in open(sys.argv[1]):
     rows.setdefault((name, int(t)), []).append((float(rate), float(cpu)))
     if loop != "-":
         more.setdefault((name, int(t)), []).append((float(loop), float(vcsw), float(longest)))
-print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10}")
+# The gain over one thread, and that gain against the control's at the same
+# thread count (the target: >= 0.9 at 8 threads).
+gains = {}
+print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9}")
 for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
     one = rows.get((name, 1))
     if not one:
@@ -116,7 +120,9 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]
         if not r:
             continue
         rate, cpu = st.median(x for x, _ in r), st.median(c for _, c in r)
-        print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f}")
+        gains[(name, t)] = rate / rate1
+        of_control = f"{rate / rate1 / gains[('control', t)]:9.2f}" if ("control", t) in gains else f"{'-':>9}"
+        print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f} {of_control}")
 # Where the threads' time went, ns per pair: on the CPU; in a thread's own loop
 # (above CPU time with voluntary switches: sleeping on a lock; without them:
 # the hypervisor ran something else); in the longest loop (the run's wall time
