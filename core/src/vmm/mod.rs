@@ -17,8 +17,8 @@
 //!   among equals), at their ends and the page boundaries next to them, and
 //!   takes the place that puts the fewest pages into use (`PlaceCost`: a
 //!   page a neighbour uses costs nothing more), then the one that waits for
-//!   no ghost, touches fewest pages (a small block of a size that fills a
-//!   page nearly whole; others pack end to end), leaves the page grid
+//!   no ghost, touches fewest pages (a small block whose copies fill a page
+//!   to within an eighth; other small sizes pack end to end), leaves the page grid
 //!   whole (a block of whole pages), and maps fewest pages (used in place,
 //!   no driver call). A small request that would put a page into use takes
 //!   the free end of a page that large blocks use instead, where it fits
