@@ -138,38 +138,37 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]
         loop, vcsw, longest = (st.median(x[i] for x in m) for i in range(3))
         print(f"{name:18} {t:7d} {cpu:6.0f} {loop:6.0f} {longest:8.0f} {t / rate * 1e9:6.0f} {vcsw:7.0f}")
 PY
-python3 - $w/m <<'PY'
-import glob, json, os, statistics as st, sys
-runs = {}
-for d in glob.glob(os.path.join(sys.argv[1], "*")):
-    t = int(os.path.basename(d).split(".")[0])
-    for f in glob.glob(os.path.join(d, "cupool.*.json")):
-        end = json.load(open(f)).get("end") or {}
-        m, p = end.get("magazines") or {}, (end.get("pools") or [{}])[0]
-        fences = p.get("fences", {})
-        pairs = (m.get("own_frees_reused", 0) + m.get("stock_handed_out", 0)) or 1
-        runs.setdefault(t, []).append((m.get("own_frees_reused", 0) / pairs, m.get("refills", 0) / pairs * 1000,
-                                       m.get("overflowed", 0) / pairs, fences.get("recorded", 0),
-                                       fences.get("gpu_barriers", 0), fences.get("waits", 0)))
-print(f"{'magazines (medians)':20} {'threads':>7} {'reused':>7} {'refills/1k':>10} {'overflow':>8} {'fences':>7} {'barriers':>8} {'waits':>6}")
-for t in sorted(runs):
-    med = [st.median(x[i] for x in runs[t]) for i in range(6)]
-    print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f}")
-PY
-# Where the threads meet: the times a thread found the pool's lock taken
-# (end.pools[].lock_waits), beside the voluntary switches of the table above.
+# The end records of each row's runs, by thread count: what the magazines
+# did and the fences; then where the threads meet, the times a thread found
+# the pool's lock taken (end.pools[].lock_waits), beside the voluntary
+# switches of the table above.
 python3 - $w/d $w/m <<'PY'
 import glob, json, os, statistics as st, sys
-print(f"{'lock waits (medians)':20} {'threads':>7} {'waits':>9}")
-for name, root in zip(["cupool-default", "cupool-magazines"], sys.argv[1:]):
+def ends(root):
     runs = {}
     for d in glob.glob(os.path.join(root, "*")):
         t = int(os.path.basename(d).split(".")[0])
         for f in glob.glob(os.path.join(d, "cupool.*.json")):
-            pools = (json.load(open(f)).get("end") or {}).get("pools") or []
-            runs.setdefault(t, []).append(sum(p.get("lock_waits", 0) for p in pools))
+            runs.setdefault(t, []).append(json.load(open(f)).get("end") or {})
+    return runs
+default, magazines = ends(sys.argv[1]), ends(sys.argv[2])
+print(f"{'magazines (medians)':20} {'threads':>7} {'reused':>7} {'refills/1k':>10} {'overflow':>8} {'fences':>7} {'barriers':>8} {'waits':>6}")
+for t in sorted(magazines):
+    figures = []
+    for end in magazines[t]:
+        m, p = end.get("magazines") or {}, (end.get("pools") or [{}])[0]
+        fences = p.get("fences", {})
+        pairs = (m.get("own_frees_reused", 0) + m.get("stock_handed_out", 0)) or 1
+        figures.append((m.get("own_frees_reused", 0) / pairs, m.get("refills", 0) / pairs * 1000,
+                        m.get("overflowed", 0) / pairs, fences.get("recorded", 0),
+                        fences.get("gpu_barriers", 0), fences.get("waits", 0)))
+    med = [st.median(x[i] for x in figures) for i in range(6)]
+    print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f}")
+print(f"{'lock waits (medians)':20} {'threads':>7} {'waits':>9}")
+for name, runs in [("cupool-default", default), ("cupool-magazines", magazines)]:
     for t in sorted(runs):
-        print(f"{name:20} {t:7d} {st.median(runs[t]):9.0f}")
+        waits = [sum(p.get("lock_waits", 0) for p in end.get("pools") or []) for end in runs[t]]
+        print(f"{name:20} {t:7d} {st.median(waits):9.0f}")
 PY
 # The driver calls the pool makes (cuCtxGetId on every pooled allocation,
 # the others for fences), from one thread and from eight: do they slow
