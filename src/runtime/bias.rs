@@ -317,9 +317,10 @@ impl<T> BiasedMutex<T> {
         BiasedMutex { bias: Bias::new(), mutex: Mutex::new(value) }
     }
 
-    /// Locks. A thread that owns the mutex and holds it already (a signal
-    /// handler that interrupted it) would deadlock on a plain mutex; here it
-    /// panics (the shim's calls fall back to CUDA on a panic).
+    /// Locks. A thread that owns the biased mutex and holds it already (a
+    /// signal handler that interrupted it) would deadlock on a plain mutex;
+    /// here it panics (the shim's calls fall back to CUDA on a panic). Once
+    /// the mutex is shared, such a thread waits for itself, as on any mutex.
     #[inline]
     pub fn lock(&self) -> BiasedGuard<'_, T> {
         self.lock_unless_busy().expect("a biased mutex locked again by the thread that holds it")
