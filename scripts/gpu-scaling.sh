@@ -9,7 +9,10 @@
 # other down; the wall rate then scales as far as the machine runs eight busy
 # cores as fast as one (shown by the control row: glibc malloc+free of 4 KiB
 # from the same threads, which share nothing). The last column divides each
-# row's gain over one thread by the control's at the same thread count.
+# row's gain over one thread by the control's at the same thread count; the
+# one after it does the same with each row's best round (interference only
+# slows a round down: where one thread's rate jumps between rounds, as on
+# some hosts, the best rounds hold still where the medians flip).
 # Rows: cudaMallocAsync (no shim); cupool's default path (trace off, sites
 # on); cupool's magazine path alone (magazines=always, sites off), the same
 # path from one thread to eight (THREADS="1 2 4 8" unless set). For the
@@ -108,21 +111,26 @@ for line in open(sys.argv[1]):
         more.setdefault((name, int(t)), []).append((float(loop), float(vcsw), float(longest)))
 # The gain over one thread, and that gain against the control's at the same
 # thread count (the target: >= 0.9 at 8 threads).
-gains = {}
-print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9}")
+gains, best_gains = {}, {}
+print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9} {'best: / control':>15}")
 for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
     one = rows.get((name, 1))
     if not one:
         continue
     rate1, cpu1 = st.median(x for x, _ in one), st.median(c for _, c in one)
+    best1 = max(x for x, _ in one)
     for t in counts:
         r = rows.get((name, t))
         if not r:
             continue
         rate, cpu = st.median(x for x, _ in r), st.median(c for _, c in r)
         gains[(name, t)] = rate / rate1
+        best_gains[(name, t)] = max(x for x, _ in r) / best1
         of_control = f"{rate / rate1 / gains[('control', t)]:9.2f}" if ("control", t) in gains else f"{'-':>9}"
-        print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f} {of_control}")
+        best_of_control = (
+            f"{best_gains[(name, t)] / best_gains[('control', t)]:15.2f}" if ("control", t) in best_gains else f"{'-':>15}"
+        )
+        print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f} {of_control} {best_of_control}")
 # Where the threads' time went, ns per pair: on the CPU; in a thread's own loop
 # (above CPU time with voluntary switches: sleeping on a lock; without them:
 # the hypervisor ran something else); in the longest loop (the run's wall time
