@@ -294,19 +294,20 @@ fn registered() -> bool {
 }
 
 /// How long a thread that finds a shared [`BiasedMutex`] taken polls it
-/// before it sleeps. The mutex's own wait spins 14 pauses (about a
+/// before the mutex's own wait. That wait spins 14 pauses (about a
 /// microsecond or less), yields up to seven times, and then sleeps; while
 /// one thread sleeps, the others that find it taken sleep at once. A pool's
 /// lock is mostly held for the length of one placement (its driver calls,
 /// pages made or mapped and fences, take longer), and on an H100 host eight
 /// threads found it taken about as often as they slept (7,687 waits, 7,410
 /// voluntary context switches a run, BENCHMARKS.md), each sleep costing
-/// about 27 µs off the CPU. Polling first, the same eight threads slept
-/// 185–645 times a run instead of 7,799–10,408 (BENCHMARKS.md). Pollers do
-/// not queue: they may take the lock ahead of a woken sleeper, which the
+/// about 27 µs off the CPU in that run ((loop − CPU time) × pairs ÷
+/// switches). Polling first, eight threads slept a few hundred times a run
+/// instead of 6,000–10,000 (medians of three passes, BENCHMARKS.md). Pollers
+/// do not queue: they may take the lock ahead of a woken sleeper, which the
 /// mutex's eventual fairness bounds.
 const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(20);
-/// Polls between two reads of the clock (each about 20 ns).
+/// Polls between two reads of the clock (a read costs about 20 ns).
 const POLLS_PER_CLOCK_READ: u32 = 16;
 
 /// A mutex that its owning thread enters without an atomic operation while
@@ -355,7 +356,7 @@ impl<T> BiasedMutex<T> {
     }
 
     /// Locks the shared mutex, polling it for up to [`POLL_BEFORE_SLEEP`]
-    /// before sleeping on it.
+    /// before the mutex's own wait.
     #[inline]
     fn lock_shared(&self) -> MutexGuard<'_, T> {
         match self.mutex.try_lock() {
@@ -371,12 +372,10 @@ impl<T> BiasedMutex<T> {
         loop {
             for _ in 0..POLLS_PER_CLOCK_READ {
                 std::hint::spin_loop();
-                // A plain load first: a failed compare-and-swap would take
-                // the line from the holder.
-                if !self.mutex.is_locked() {
-                    if let Some(guard) = self.mutex.try_lock() {
-                        return guard;
-                    }
+                // `try_lock` loads first and tries no compare-and-swap while
+                // the mutex is held: polling leaves the holder's line shared.
+                if let Some(guard) = self.mutex.try_lock() {
+                    return guard;
                 }
             }
             if since.elapsed() >= POLL_BEFORE_SLEEP {
