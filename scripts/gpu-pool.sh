@@ -6,7 +6,7 @@
 # a static runtime's invisible cudaDeviceReset, and memory freed in bulk that
 # another process must be able to take (C, PyTorch, CuPy). Every case runs
 # the program plainly and under `cupool run` with the default options (pool
-# mode) and compares. Run through the device tool from the repository root,
+# mode) and compares. Run on the GPU machine from the repository root,
 # with the built shim and CLI in .gpu/:
 #   bash scripts/gpu-pool.sh            (prints a table last)
 set -u

@@ -22,9 +22,9 @@
 # Same setup as scripts/gpu-check.sh otherwise (.gpu/ holds the shim and the
 # CLI; .gpu/pywheels/ the wheels of pytest-timeout and expecttest):
 #   bash scripts/gpu-suites.sh                      (prints a table last)
-# (The device tool sends the checkout the session started in: from another
-# worktree, copy scripts/ and .gpu/ into a folder of that checkout that
-# .git/info/exclude ignores, carry it, and run the script from inside it.)
+# (Run it from the checkout whose scripts/ and .gpu/ it should use: from
+# another worktree, copy both into a folder of that checkout that
+# .git/info/exclude ignores and run the script from inside it.)
 # SUITES="cupy-cuda torch-mp" picks suites; SUITE_CAP (seconds, default 300)
 # stops a run with SIGINT, after which pytest still writes its report (only
 # the tests both runs reached are compared then); SUITE_TEST_TIMEOUT (default
