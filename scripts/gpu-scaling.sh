@@ -111,7 +111,16 @@ for line in open(sys.argv[1]):
         more.setdefault((name, int(t)), []).append((float(loop), float(vcsw), float(longest)))
 # The gain over one thread, and that gain against the control's at the same
 # thread count (the target: >= 0.9 at 8 threads).
-gains, best_gains = {}, {}
+# Gains by row: (from medians, from best rounds).
+gains = {}
+
+
+def of_control(name, t, i, width):
+    """Row (name, t)'s gain i over the control's at t; "-" without a control row."""
+    control = gains.get(("control", t))
+    return f"{gains[(name, t)][i] / control[i]:{width}.2f}" if control else f"{'-':>{width}}"
+
+
 print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9} {'best: / control':>15}")
 for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
     one = rows.get((name, 1))
@@ -124,13 +133,9 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]
         if not r:
             continue
         rate, cpu = st.median(x for x, _ in r), st.median(c for _, c in r)
-        gains[(name, t)] = rate / rate1
-        best_gains[(name, t)] = max(x for x, _ in r) / best1
-        of_control = f"{rate / rate1 / gains[('control', t)]:9.2f}" if ("control", t) in gains else f"{'-':>9}"
-        best_of_control = (
-            f"{best_gains[(name, t)] / best_gains[('control', t)]:15.2f}" if ("control", t) in best_gains else f"{'-':>15}"
-        )
-        print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f} {of_control} {best_of_control}")
+        gains[(name, t)] = (rate / rate1, max(x for x, _ in r) / best1)
+        print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f}",
+              of_control(name, t, 0, 9), of_control(name, t, 1, 15))
 # Where the threads' time went, ns per pair: on the CPU; in a thread's own loop
 # (above CPU time with voluntary switches: sleeping on a lock; without them:
 # the hypervisor ran something else); in the longest loop (the run's wall time
