@@ -276,7 +276,7 @@ struct ThreadMagazine {
 
 impl Drop for ThreadMagazine {
     fn drop(&mut self) {
-        ACTIVE.with(|a| a.set(false));
+        MAGAZINE.with(|m| m.set(std::ptr::null()));
         if let Some(m) = self.magazine.get_mut().take() {
             m.lock().orphaned = true;
             ORPHANED.lock().push(m);
@@ -290,10 +290,12 @@ thread_local! {
 }
 
 crate::runtime::tls::static_tls! {
-    /// Whether this thread has a magazine, for the hot path: no destructor,
-    /// in static TLS (asking `THREAD` costs a call even where `ANY` is
-    /// false, as the compiler computes a thread-local's address early).
-    ACTIVE: Cell<bool>;
+    /// This thread's magazine, the one `THREAD` holds (null: none), for the
+    /// hot path: in static TLS, with no destructor, where reaching `THREAD`
+    /// costs a call and a borrow flag on every allocation and free (about a
+    /// twentieth of a pair on a magazine). Set once `THREAD` holds it;
+    /// cleared before `THREAD` lets it go (thread exit, a fork child).
+    MAGAZINE: Cell<*const BiasedMutex<Magazine>>;
 }
 
 crate::runtime::tls::static_tls! {
@@ -326,7 +328,7 @@ struct FencedFrees {
 /// a high enough score ([`FencedFrees`]) starts one (`magazines=auto`).
 #[inline(never)]
 pub fn fenced_small_free(size: u64) {
-    if ACTIVE.with(Cell::get) {
+    if !MAGAZINE.with(Cell::get).is_null() {
         return;
     }
     let class = size.div_ceil(512) as u8; // at most MAX_SIZE: 128
@@ -376,25 +378,26 @@ fn start() {
         let counts = MagazineRecord { threads: 1, ..Default::default() };
         let m = Arc::new(BiasedMutex::new(Magazine { epoch, counts, ..Default::default() }));
         ALL.lock().push(m.clone());
+        let mine = Arc::as_ptr(&m);
         *slot = Some(m);
-        ACTIVE.with(|a| a.set(true));
+        MAGAZINE.with(|m| m.set(mine));
         ANY.store(true, Ordering::Relaxed);
     });
 }
 
 /// Has this thread a magazine? The hot path asks first. Until some thread
 /// starts one (never, in a program whose threads do not meet on the pool's
-/// lock), one load of a global answers; then a flag of the thread's own,
+/// lock), one load of a global answers; then a pointer of the thread's own,
 /// with no destructor, cheaper to reach than `THREAD`.
 #[inline]
 pub fn active() -> bool {
-    ANY.load(Ordering::Relaxed) && ACTIVE.with(Cell::get)
+    ANY.load(Ordering::Relaxed) && !MAGAZINE.with(Cell::get).is_null()
 }
 
 /// `magazines=always`: this thread starts one now, if it has none.
 #[inline]
 pub fn start_if_always() {
-    if options::get().magazines == Magazines::Always && !ACTIVE.with(Cell::get) {
+    if options::get().magazines == Magazines::Always && MAGAZINE.with(Cell::get).is_null() {
         start();
     }
 }
@@ -402,20 +405,22 @@ pub fn start_if_always() {
 /// Runs `f` on this thread's magazine, if it has one.
 #[inline]
 fn with_mine<R>(f: impl FnOnce(&mut Magazine) -> R) -> Option<R> {
-    THREAD
-        .try_with(|t| {
-            let slot = t.magazine.try_borrow().ok()?;
-            // Taken: a settle is giving it back, or a signal handler
-            // interrupted this thread inside it. The pool serves this call.
-            let mut m = slot.as_ref()?.try_lock()?;
-            let epoch = FORK_EPOCH.load(Ordering::Acquire);
-            if m.epoch != epoch {
-                *m = Magazine { epoch, ..Default::default() };
-            }
-            Some(f(&mut m))
-        })
-        .ok()
-        .flatten()
+    let mine = MAGAZINE.with(Cell::get);
+    if mine.is_null() {
+        return None;
+    }
+    // SAFETY: `MAGAZINE` points at the magazine this thread's `THREAD` holds an
+    // `Arc` of: set after `THREAD` took it, cleared before `THREAD` lets it go
+    // (its destructor, a fork child), both on this thread, which is here now.
+    let mine = unsafe { &*mine };
+    // Taken: a settle is giving it back, or a signal handler interrupted
+    // this thread inside it. The pool serves this call.
+    let mut m = mine.try_lock()?;
+    let epoch = FORK_EPOCH.load(Ordering::Acquire);
+    if m.epoch != epoch {
+        *m = Magazine { epoch, ..Default::default() };
+    }
+    Some(f(&mut m))
 }
 
 /// A block for `size` bytes from this thread's magazine for `pool`, without
@@ -669,12 +674,12 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         ALL.lock().clear();
         ORPHANED.lock().clear();
         *GONE.lock() = None;
+        MAGAZINE.with(|m| m.set(std::ptr::null()));
         let _ = THREAD.try_with(|t| {
             if let Ok(mut m) = t.magazine.try_borrow_mut() {
                 *m = None;
             }
             t.contended.set(0);
-            ACTIVE.with(|a| a.set(false));
         });
         FENCED.with(|f| f.set(FencedFrees { classes: [0; CLASSES], score: 0, next: 0 }));
     }
