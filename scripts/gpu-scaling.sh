@@ -177,11 +177,24 @@ for t in sorted(magazines):
                         fences.get("gpu_barriers", 0), fences.get("waits", 0)))
     med = [st.median(x[i] for x in figures) for i in range(6)]
     print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f}")
-print(f"{'lock waits (medians)':20} {'threads':>7} {'waits':>9}")
+# Beside them, how long a wait took (end.pools[].lock_wait_ns), and the
+# time spent recording fences with the lock held (fences.record_ns), per
+# fence and per pair of the run: what the fences cost the threads.
+print(f"{'lock waits (medians)':20} {'threads':>7} {'waits':>9} {'us/wait':>8} {'fences':>7} {'us/fence':>8} {'record ns/pair':>14}")
 for name, runs in [("cupool-default", default), ("cupool-magazines", magazines)]:
     for t in sorted(runs):
-        waits = [sum(p.get("lock_waits", 0) for p in end.get("pools") or []) for end in runs[t]]
-        print(f"{name:20} {t:7d} {st.median(waits):9.0f}")
+        figures = []
+        for end in runs[t]:
+            pools = end.get("pools") or []
+            waits = sum(p.get("lock_waits", 0) for p in pools)
+            wait_ns = sum(p.get("lock_wait_ns", 0) for p in pools)
+            fences = sum(p.get("fences", {}).get("recorded", 0) for p in pools)
+            record_ns = sum(p.get("fences", {}).get("record_ns", 0) for p in pools)
+            pairs = sum(d.get("allocs", 0) for d in end.get("devices") or []) or 1
+            figures.append((waits, wait_ns / waits / 1e3 if waits else 0, fences,
+                            record_ns / fences / 1e3 if fences else 0, record_ns / pairs))
+        med = [st.median(x[i] for x in figures) for i in range(5)]
+        print(f"{name:20} {t:7d} {med[0]:9.0f} {med[1]:8.2f} {med[2]:7.0f} {med[3]:8.2f} {med[4]:14.1f}")
 PY
 # The driver calls the pool makes (cuCtxGetId on every pooled allocation,
 # the others for fences), from one thread and from eight: do they slow

@@ -175,6 +175,13 @@ impl CudaBackend {
 
     /// Closes the current epoch with an event on every live stream.
     fn record_fence(&mut self) -> bool {
+        let started = clock::monotonic_ns();
+        let recorded = self.record_fence_events();
+        self.counters.record_ns += clock::monotonic_ns().saturating_sub(started);
+        recorded
+    }
+
+    fn record_fence_events(&mut self) -> bool {
         // Not while any capture is under way, also on a stream cupool does
         // not list (a per-thread default one): a record on the legacy stream
         // would depend on it and break it.

@@ -25,6 +25,8 @@ pub struct ContextPool {
     /// included) found the lock taken and waited for it (the end record's
     /// `lock_waits`): counted only then, off the uncontended path.
     pub(super) lock_waits: std::sync::atomic::AtomicU64,
+    /// Nanoseconds those waits took.
+    pub(super) lock_wait_ns: std::sync::atomic::AtomicU64,
 }
 
 /// One context's pool, kept by address: `Copy` and `Send` (it travels in

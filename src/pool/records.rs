@@ -21,7 +21,11 @@ fn record(p: &ContextPool, dead: bool) -> Option<PoolRecord> {
     let pool = p.pool.try_lock_for(std::time::Duration::from_millis(200))?;
     let multi_stream = MULTI_STREAM.load(Ordering::Acquire);
     let record = pool.record(p.device, dead, multi_stream, super::streams::multi_stream_because());
-    Some(PoolRecord { lock_waits: p.lock_waits.load(Ordering::Relaxed), ..record })
+    Some(PoolRecord {
+        lock_waits: p.lock_waits.load(Ordering::Relaxed),
+        lock_wait_ns: p.lock_wait_ns.load(Ordering::Relaxed),
+        ..record
+    })
 }
 
 /// What threads' magazines did, if any thread started one.

@@ -7,6 +7,7 @@ use super::handle::{ContextPool, PoolHandle};
 use super::magazine::{self, Returns};
 use super::streams;
 use crate::runtime::bias::{BiasedGuard, BiasedMutex};
+use crate::runtime::clock;
 use cupool_core::pool::{Block, BlockId, Timeline};
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -61,6 +62,7 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
                 direct_min,
                 progress,
                 lock_waits: Default::default(),
+                lock_wait_ns: Default::default(),
             }));
             pools.push(p);
             (p, stale)
@@ -116,7 +118,10 @@ fn lock(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
 fn lock_contended(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
     pool.lock_waits.fetch_add(1, Ordering::Relaxed);
     magazine::contended();
-    pool.pool.lock()
+    let asked = clock::monotonic_ns();
+    let guard = pool.pool.lock();
+    pool.lock_wait_ns.fetch_add(clock::monotonic_ns().saturating_sub(asked), Ordering::Relaxed);
+    guard
 }
 
 #[inline(always)]

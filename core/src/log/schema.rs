@@ -331,6 +331,10 @@ pub struct FenceCounters {
     /// synchronizations.
     #[serde(default)]
     pub wait_ns: u64,
+    /// Nanoseconds spent recording fences (an event and a capture question
+    /// per stream), under the pool's lock.
+    #[serde(default)]
+    pub record_ns: u64,
 }
 
 impl FenceCounters {
@@ -352,6 +356,7 @@ impl FenceCounters {
             waits: get("waits"),
             syncs: get("syncs"),
             wait_ns: get("wait_ns"),
+            record_ns: 0,
         }
     }
 }
@@ -421,6 +426,10 @@ pub struct PoolRecord {
     /// for it (logs before it: absent, read as 0).
     #[serde(default)]
     pub lock_waits: u64,
+    /// Nanoseconds those waits took, all threads together (logs before it:
+    /// absent, read as 0).
+    #[serde(default)]
+    pub lock_wait_ns: u64,
 }
 
 /// `end.pools[].multi_stream_because`: what showed the process that its

@@ -155,6 +155,7 @@ fn full_end() -> End {
                 waits: 6,
                 syncs: 7,
                 wait_ns: 8,
+                record_ns: 9,
             },
             peak_reserved_over_peak_requested: 1.25,
             backing: crate::options::Backing::Vmm,
@@ -175,6 +176,7 @@ fn full_end() -> End {
                 at_peak: PagesAtPeak { reserved: 29, allocated: 30, pending: 31, idle: 32, cooling: 33 },
             }),
             lock_waits: 34,
+            lock_wait_ns: 35,
         }],
         magazines: Some(MagazineRecord {
             threads: 8,
