@@ -11,7 +11,7 @@ set -euo pipefail
 old=$(realpath "$1"); new=$(realpath "$2"); opts=${3:-mode=pool:trace=0}
 cd "$(dirname "$0")/.."
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
-fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
+fake=$(realpath --relative-to=. target/fake-cuda/current)  # the build the tests just used
 cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -l:libcuda.so.1 -Wl,-rpath,"$PWD/$fake"
 export LD_LIBRARY_PATH=$fake
 logs=target/hook-ab-logs; out=$(mktemp -d)

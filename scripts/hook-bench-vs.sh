@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 other=$(realpath "$1"); n=${2:-300000}; rounds=${ROUNDS:-5}
 cargo build --release -q
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
-fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
+fake=$(realpath --relative-to=. target/fake-cuda/current)  # the build the tests just used
 cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -l:libcuda.so.1 -Wl,-rpath,"$PWD/$fake"
 export LD_LIBRARY_PATH=$fake
 this=$PWD/target/release/libcupool.so

@@ -7,7 +7,7 @@ set -eu
 cd "$(dirname "$0")/.."
 cargo build --release -q
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
-fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
+fake=$(realpath --relative-to=. target/fake-cuda/current)  # the build the tests just used
 cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -l:libcuda.so.1 -Wl,-rpath,"$PWD/$fake"
 cc -O2 benches/hook_threads.c -o target/hook_threads -L"$fake" -l:libcudart.so.13 -Wl,-rpath,"$PWD/$fake" -pthread
 export LD_LIBRARY_PATH=$fake

@@ -19,7 +19,7 @@ command -v valgrind >/dev/null || { echo "$0: valgrind is not installed" >&2; ex
 shims=(); for so in "$@"; do shims+=("$(realpath "$so")"); done
 cd "$(dirname "$0")/.."
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
-fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
+fake=$(realpath --relative-to=. target/fake-cuda/current)  # the build the tests just used
 cc -O2 benches/hook_pair.c -o target/hook_pair -L"$fake" -l:libcudart.so.13 -l:libcuda.so.1 -Wl,-rpath,"$PWD/$fake"
 export LD_LIBRARY_PATH=$fake
 n=${PAIRS:-20000}

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 steps=${1:-167000}
 cargo build --release -q -p cupool -p cupool-cli
 cargo test --release -q --test fake_cuda >/dev/null   # builds the fake driver/runtime
-fake=$(ls -td target/fake-cuda/*/ | grep -v scratch | head -1)
+fake=$(realpath --relative-to=. target/fake-cuda/current)  # the build the tests just used
 out=target/views-bench
 rm -rf "$out" && mkdir -p "$out/logs"
 cc -O2 -Itests/fake tests/fake/check_loop.c -o "$out/check_loop" -L"$fake" -l:libcudart.so.13 \

@@ -629,6 +629,7 @@ fn build_fakes() -> Fakes {
     let root = target_dir().join("fake-cuda");
     let final_dir = root.join(build_key(&libs, &progs));
     if final_dir.join(COMPLETE_MARKER).exists() {
+        point_current_at(&root, &final_dir);
         return Fakes { dir: final_dir };
     }
     // Build in a private directory and rename it into place, so that test
@@ -648,7 +649,22 @@ fn build_fakes() -> Fakes {
         let _ = fs::remove_dir_all(&tmp);
         assert!(final_dir.join(COMPLETE_MARKER).exists(), "rename {} -> {}: {e}", tmp.display(), final_dir.display());
     }
+    point_current_at(&root, &final_dir);
     Fakes { dir: final_dir }
+}
+
+/// `target/fake-cuda/current`: a link to the build of the sources the tests
+/// ran with last, for the benchmark scripts. The directories are named by a
+/// hash of their sources, and the newest of them may be another branch's
+/// build (a stale fake driver once made two threads look slower than one).
+fn point_current_at(root: &Path, dir: &Path) {
+    let Some(name) = dir.file_name() else { return };
+    let link = root.join(format!("current-{}", std::process::id()));
+    let _ = fs::remove_file(&link);
+    // Replaced in one step: a script never finds the link missing.
+    if std::os::unix::fs::symlink(name, &link).is_ok() && fs::rename(&link, root.join("current")).is_err() {
+        let _ = fs::remove_file(&link);
+    }
 }
 
 // ---------------------------------------------------------------------------
