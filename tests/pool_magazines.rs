@@ -304,3 +304,26 @@ fn a_lone_thread_whose_small_frees_wait_for_fences_starts_a_magazine() {
         assert!(varying.log["end"]["magazines"].is_null(), "{backing}: {}", varying.log["end"]["magazines"]);
     }
 }
+
+#[test]
+fn a_block_freed_while_its_stream_works_is_not_handed_out_again_before_the_work_ends() {
+    let prog = compile_runtime_program("busy_stream", "magazine_busy_stream.c");
+    // 8 more streams: too many for GPU-side barriers, so that reuse waits for the work itself.
+    for spare_streams in ["0", "8"] {
+        for options in [ALWAYS, "", "backing=segments:magazines=always"] {
+            let what = format!("{options} with {spare_streams} more streams");
+            let run = run(&prog, &[spare_streams], options);
+            let result = run.result.unwrap_or_else(|| panic!("{what}: no result line: {}", run.stdout));
+            assert_eq!(
+                result["unordered"], 0,
+                "{what}: a busy block came back with later work not ordered behind its work: {}",
+                run.stdout
+            );
+            assert!(result["pairs"] >= 100, "{what}: too few pairs inside the busy time to tell: {}", run.stdout);
+            if options.contains(ALWAYS) {
+                let m = &run.log["end"]["magazines"];
+                assert!(m["stock_handed_out"].as_u64() > Some(0), "{what}: the magazines served nothing: {m}");
+            }
+        }
+    }
+}

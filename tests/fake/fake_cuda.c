@@ -2033,13 +2033,19 @@ EXPORT CUresult cuEventQuery(CUevent hEvent)
 }
 
 /* The host waits: the event is complete when this returns (at once here,
- * however far behind the fake GPU is). */
+ * however far behind the fake GPU is), and so is the fake_stream_busy work
+ * it waited for (work queued on its stream later stays). */
 EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 {
     CUresult r = check_event(hEvent, NULL, 0);
     if (!r) {
         pthread_mutex_lock(&g_lock);
         hEvent->synced = 1;
+        CUstream s = hEvent->stream;
+        if ((uintptr_t)s > 2 && stream_valid(s) && s->busy_until_ns <= hEvent->ready_ns)
+            s->busy_until_ns = 0;
+        else if ((uintptr_t)s < 2 && g_legacy_busy_until_ns <= hEvent->ready_ns)
+            g_legacy_busy_until_ns = 0;
         pthread_mutex_unlock(&g_lock);
     }
     return r;
