@@ -3,14 +3,14 @@
  * that stream still uses it (fake_stream_busy: BUSY_MS), then allocate and
  * free 4 KiB blocks PAIRS times at once. A busy block may be handed out
  * again while its work runs only where later work is ordered behind it (a
- * GPU-side barrier): then an event recorded on a third, idle stream
- * completes only after the work; or once the pool waited for the work on
- * the host (which the fake finishes at once). Neither the thread's magazine (whichever
- * thread recorded the fence its free waits for) nor the pool may do
- * otherwise. `busy_stream [SPARE]` makes SPARE more idle streams first (8:
- * too many for barriers). Prints unordered (a busy block handed out with later work not
- * ordered behind it), early (handed out, ordered) and pairs (made well
- * inside the busy time: the check covered something). */
+ * GPU-side barrier: an event recorded on a third, idle stream then
+ * completes only after the work), or once the pool waited for the work on
+ * the host (which the fake finishes at once). Neither the thread's magazine
+ * (whichever thread recorded the fence its free waits for) nor the pool may
+ * do otherwise. `busy_stream [SPARE]` makes SPARE more idle streams first
+ * (8: too many for barriers). Prints unordered (a busy block handed out
+ * with later work not ordered behind it), early (handed out, ordered) and
+ * pairs (made well inside the busy time: the check covered something). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
