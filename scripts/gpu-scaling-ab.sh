@@ -5,7 +5,8 @@
 # new, new, old, ... so that drift over the run weighs on both alike. Each
 # pass runs THREADS ("1 8" unless set) for ROUNDS rounds (3 unless set) and
 # prints its tables from the medians on, headed by the build and the pass;
-# each pass's whole output stays in $OUT (or a temporary folder).
+# each pass's whole output stays in $OUT (or a temporary folder). Last, the
+# 8-thread rows of every pass side by side, by row name.
 # Then, unless SAFETY=0, the magazine safety and stress runs of
 # scripts/gpu-threads.sh on the new build. Run from the repository root on
 # the GPU.
@@ -24,6 +25,12 @@ for pass in $(seq ${PASSES:-2}); do
   done
   order=$(echo $order | awk '{print $2, $1}')
 done
+# Every pass's 8-thread rows side by side (the medians table's columns).
+echo "== 8 threads, every pass: build pass name threads M-pairs/s x-1-thread CPU-ns x-1-thread /control best:/control"
+for f in $out/scaling-*-*.txt; do
+  b=$(basename $f .txt); b=${b#scaling-}
+  awk -v tag="${b%-*} ${b#*-}" '/^medians/ {on = 1; next} on && NF == 8 && $2 == 8 {print tag, $0} /^time/ {on = 0}' $f
+done | sort -k3,3 -k1,1 -k2n
 if [ "${SAFETY:-1}" != 0 ]; then
   echo "== magazine safety and stress, new build"
   SECTIONS="safety stress" bash $root/scripts/gpu-threads.sh > $out/threads.txt 2>&1
