@@ -19,7 +19,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -194,6 +194,14 @@ pub fn virtualenv(dir: &str, pip_args: &[&str], requirements: &[&str], hint: &st
     let python = dir.join("bin").join("python");
     let ready = dir.join(".installed");
     let want = requirements.join("\n");
+    // Tests of one binary run on parallel threads and may ask for the same
+    // virtualenv at once: one builds it, the others wait and then find it.
+    // The file lock does the same for test processes run side by side.
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _building = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lock_path = dir.with_extension("lock");
+    let lock = fs::File::create(&lock_path).unwrap_or_else(|e| panic!("create {}: {e}", lock_path.display()));
+    lock.lock().unwrap_or_else(|e| panic!("lock {}: {e}", lock_path.display()));
     if python.exists() && fs::read_to_string(&ready).is_ok_and(|have| have == want) {
         return python;
     }
