@@ -7,10 +7,11 @@
 # 2N and N pairs (benches/hook_pair.c runs 5 rounds of each), over 5N pairs:
 # start-up and exit cancel out.
 #   bash scripts/hook-count.sh [OPTIONS] SHIM.so...   (OPTIONS default: mode=pool:trace=0)
-# Only `backing=segments` can be counted: the VMM pool reserves 64 GiB ranges
-# of address space, more than valgrind lets a program map, so under valgrind
-# every pooled allocation would be refused; OPTIONS always get backing=segments.
-# hook_pair fails (and this script with it) when any call is refused.
+# Valgrind lets a program map less address space than the VMM pool's 64 GiB
+# ranges: a shim that cannot shrink its ranges (builds before the pool
+# halved them) refuses every pooled allocation there, so count those with
+# backing=segments. hook_pair fails (and this script with it) when any call
+# is refused.
 set -euo pipefail
 opts=mode=pool:trace=0
 case ${1:-} in *=*) opts=$1; shift ;; esac
@@ -26,12 +27,12 @@ n=${PAIRS:-20000}
 w=$(mktemp -d)
 trap 'rm -rf "$w"' EXIT
 count() { # SHIM PAIRS -> instructions of the whole run
-  CUPOOL_OPTIONS=$opts:backing=segments:log_dir=$w/logs LD_PRELOAD=$1 \
+  CUPOOL_OPTIONS=$opts:log_dir=$w/logs LD_PRELOAD=$1 \
     valgrind --tool=callgrind --callgrind-out-file="$w/out" target/hook_pair "$2" >/dev/null 2>"$w/err" ||
     { echo "$0: the bench failed under $1:" >&2; grep -v '^==' "$w/err" >&2; exit 1; }
   grep -o 'Collected : [0-9]*' "$w/err" | sed 's/.* //'
 }
-echo "options $opts:backing=segments, instructions per pair (runs of $((2 * n)) and $n pairs):"
+echo "options $opts, instructions per pair (runs of $((2 * n)) and $n pairs):"
 for so in "${shims[@]}"; do
   small=$(count "$so" "$n"); big=$(count "$so" $((2 * n)))
   printf '%-60s %d\n' "$so" $(((big - small) / (5 * n)))

@@ -112,6 +112,28 @@ fn runtime_programs_run_unchanged_on_vmm_pages() {
     }
 }
 
+/// A process that may map less address space than the pool's 64 GiB ranges
+/// (`ulimit -v`, as clusters set it; valgrind) runs as it does without
+/// cupool: its ranges shrink to what it may map, where refusing them would
+/// fail `cudaMalloc`s that succeed plainly.
+#[test]
+fn a_process_short_of_address_space_runs_unchanged() {
+    let prog = fakes().prog("prog_runtime");
+    let plain = plain_result(&prog, &[]);
+    let dir = scratch_dir("vmm-ulimit");
+    // 8 GB of address space (ulimit counts KiB): room for ranges of a few GiB.
+    let limited = ["-c", "ulimit -v 8000000 && exec \"$0\"", prog.to_str().unwrap()];
+    let out = preloaded_command(Path::new("/bin/sh"), &limited, &dir, VMM).output().unwrap();
+    let (stdout, stderr) = (stdout_of(&out), stderr_of(&out));
+    assert_eq!(out.status.code(), Some(0), "{:?}\n{stdout}\n{stderr}", out.status);
+    assert_eq!(result_line(&stdout).as_ref(), Some(&plain), "{stdout}\n{stderr}");
+    let logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1, "{:?}", log_files(&dir));
+    let reserved = pages_sum(&logs[0], "va_reserved_bytes");
+    assert!(reserved > 0 && reserved < 8 << 30, "reserved {reserved} bytes of addresses");
+    assert_valid_log(&logs[0], "prog_runtime");
+}
+
 /// Requests of `direct_min` bytes and more go to CUDA as they are: the
 /// driver sees a `cuMemAlloc` for each, the pool maps no page for them, and
 /// the program's output, its leaks and its frees are as without the option.

@@ -803,6 +803,26 @@ impl<B: PageBackend> VmmPool<B> {
 
     // ---- internals -------------------------------------------------------
 
+    /// A new virtual range for a block of `need` bytes (whole pages of
+    /// `page` bytes), as (address, size): `va_chunk` bytes, or `need` if
+    /// larger. Where the process may map less address space than that
+    /// (`ulimit -v`, valgrind), the range is halved, down to `need`, before
+    /// the request is refused: addresses running short says nothing of the
+    /// device's memory, and a refusal would fail a call that succeeds
+    /// without the pool.
+    fn reserve_range(&mut self, need: u64, page: u64) -> Option<(u64, u64)> {
+        let mut size = need.max(self.config.va_chunk);
+        loop {
+            if let Some(addr) = self.backend.reserve(size, SEGMENT_ALIGN) {
+                return Some((addr, size));
+            }
+            if size == need {
+                return None;
+            }
+            size = (size / 2).next_multiple_of(page).max(need);
+        }
+    }
+
     /// Best-fit free virtual block for `rounded` bytes, removed from the
     /// index, with the pages its first `rounded` bytes lack; reserves a new
     /// range when none fits.
@@ -810,8 +830,7 @@ impl<B: PageBackend> VmmPool<B> {
         let k = small as usize;
         if self.free[k].best_fit(rounded).is_none() {
             let p = self.config.page(small);
-            let size = rounded.checked_next_multiple_of(p)?.max(self.config.va_chunk);
-            let addr = self.backend.reserve(size, SEGMENT_ALIGN)?;
+            let (addr, size) = self.reserve_range(rounded.checked_next_multiple_of(p)?, p)?;
             self.stats.va_reserved_bytes += size;
             let seg = self.ranges.len() as u32;
             self.ranges.push(Range { addr, size, small });

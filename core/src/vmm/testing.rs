@@ -32,6 +32,9 @@ pub struct SimulatedPages {
     pub granted: Vec<(u64, u64)>,
     /// Every unmap as (address, newest completed work then), in order.
     pub unmapped: Vec<(u64, u64)>,
+    /// Most bytes of virtual ranges reserved in all (as `ulimit -v` bounds
+    /// a process's address space); `None`: unbounded.
+    pub address_space: Option<u64>,
     /// `map` / `grant` fail (as a device may refuse them).
     pub refuse_maps: bool,
     pub refuse_grants: bool,
@@ -84,6 +87,10 @@ impl SimulatedPages {
 impl PageBackend for SimulatedPages {
     fn reserve(&mut self, size: u64, align: u64) -> Option<u64> {
         assert!(align.is_power_of_two() && size > 0 && size.is_multiple_of(align), "reserve({size}, {align})");
+        let reserved: u64 = self.ranges.values().sum();
+        if self.address_space.is_some_and(|most| reserved + size > most) {
+            return None;
+        }
         let addr = self.next_addr.next_multiple_of(align);
         self.next_addr = addr.checked_add(size)?;
         self.ranges.insert(addr, size);

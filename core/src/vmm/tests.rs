@@ -984,3 +984,22 @@ fn a_pending_free_counts_toward_the_wait_until_it_is_reclaimed_even_if_its_size_
     assert_eq!(asked, [false, false], "{:?}", p.stats());
     assert_eq!(p.pending_blocks(), 3, "X and both frees wait for their fences");
 }
+
+#[test]
+fn a_process_short_of_address_space_gets_smaller_ranges_not_refusals() {
+    // Room for less than one default range (64 GiB) of addresses.
+    let mut dev = SimulatedPages::new();
+    dev.address_space = Some(40 << 30);
+    let mut p = VmmPool::new(dev, VmmConfig::default());
+    let large = p.allocate(4 * MIB).expect("a large block in a halved range");
+    let small = p.allocate(4 << 10).expect("a small block in the room left");
+    assert_eq!(p.stats().num_ooms, 0);
+    // 32 GiB for the large ranges, then halved again until the rest fits.
+    assert_eq!(p.stats().va_reserved_bytes, (32 << 30) + (8 << 30));
+    // Addresses exhausted: a block no range can hold is refused, and counted.
+    assert!(p.allocate(33 << 30).is_err());
+    assert_eq!(p.stats().num_ooms, 1);
+    p.free(large.id);
+    p.free(small.id);
+    assert_eq!(p.stats().allocation.current, 0);
+}
