@@ -1010,6 +1010,24 @@ EXPORT CUresult cuMemFreeHost(void *p)
 /* reservations are PROT_NONE mappings, cuMemMap maps the file over them, so  */
 /* aliasing behaves as on a GPU.                                             */
 
+/* FAKE_CUDA_CREATE_US: each cuMemCreate takes this many microseconds, as a
+ * driver call that waits for the device: a pool holding its lock across one
+ * keeps other threads waiting at the lock, on any number of CPUs. */
+static void slow_create(void)
+{
+    static long us = -1;
+    long v = __atomic_load_n(&us, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *s = getenv("FAKE_CUDA_CREATE_US");
+        v = s ? atol(s) : 0;
+        __atomic_store_n(&us, v, __ATOMIC_RELAXED);
+    }
+    if (v > 0) {
+        struct timespec t = {v / 1000000, (v % 1000000) * 1000};
+        nanosleep(&t, NULL);
+    }
+}
+
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                             unsigned long long flags)
 {
@@ -1025,6 +1043,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     int dev = prop->location.id;
     if (dev < 0 || dev >= g_ndev)
         return CUDA_ERROR_INVALID_DEVICE;
+    slow_create();
 
     pthread_mutex_lock(&g_lock);
     if (size > g_total_mem || g_used[dev] > g_total_mem - size) {
