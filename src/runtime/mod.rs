@@ -6,6 +6,7 @@
 pub mod bias;
 pub mod clock;
 pub mod diag;
+pub mod fds;
 pub mod guard;
 pub mod options;
 pub mod process;

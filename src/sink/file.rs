@@ -2,6 +2,7 @@
 
 use super::{buffers, definitions, strings};
 use crate::runtime::clock::TickScale;
+use crate::runtime::fds::KeptFd;
 use crate::runtime::{diag, options, process};
 use cupool_core::log::{self, Event, EventKind, EventLine};
 use parking_lot::Mutex;
@@ -16,7 +17,7 @@ pub static LOG: Mutex<Option<LogFile>> = Mutex::new(None);
 const WRITE_BYTES: usize = 1 << 20;
 
 pub struct LogFile {
-    fd: i32,
+    fd: KeptFd,
     path: String,
     text: String,
     batch: Vec<Event>,
@@ -76,8 +77,10 @@ impl LogFile {
         let written = text.len() as u64;
         text.clear();
         diag::note(&format!("writing {path}"));
+        let kept = KeptFd::new();
+        kept.keep(fd);
         Some(LogFile {
-            fd,
+            fd: kept,
             path,
             text,
             batch: Vec::with_capacity(1024),
@@ -146,26 +149,33 @@ impl LogFile {
                 log::write_definition(&mut self.text, &d);
             }
             tail(&mut self.text);
-            if write_all(self.fd, self.text.as_bytes()).is_err() {
+            if self.write_text().is_err() {
                 self.cut_back();
             }
         } else {
             tail(&mut self.text);
             self.flush();
         }
-        // SAFETY: `self.fd` is this log's file, closed once: `close_with` consumes `self`.
-        unsafe { libc::close(self.fd) };
+        self.fd.close();
     }
 
     /// Closes the file without writing (a forked child holds its parent's).
     pub fn abandon(self) {
-        // SAFETY: `self.fd` is this log's file, closed once: `abandon` consumes `self`.
-        unsafe { libc::close(self.fd) };
+        self.fd.close();
+    }
+
+    /// Writes `text` whole to the log, unless the log's descriptor is gone:
+    /// the program closed it and may have its own file under that number.
+    fn write_text(&self) -> std::io::Result<()> {
+        let fd = self.fd.get().ok_or_else(|| {
+            std::io::Error::other("the program closed its descriptor (a file of its own may have that number now)")
+        })?;
+        write_all(fd, self.text.as_bytes())
     }
 
     fn flush(&mut self) {
         if !self.stopped && !self.text.is_empty() {
-            match write_all(self.fd, self.text.as_bytes()) {
+            match self.write_text() {
                 Ok(()) => self.written += self.text.len() as u64,
                 Err(e) => {
                     buffers::count_dropped(self.in_text);
@@ -191,10 +201,11 @@ impl LogFile {
     }
 
     fn cut_back(&mut self) {
-        // SAFETY: `ftruncate` and `lseek` take the log's open descriptor and integers.
+        let Some(fd) = self.fd.get() else { return };
+        // SAFETY: `ftruncate` and `lseek` take the log's open descriptor (checked to be it) and integers.
         unsafe {
-            libc::ftruncate(self.fd, self.written as libc::off_t);
-            libc::lseek(self.fd, self.written as libc::off_t, libc::SEEK_SET);
+            libc::ftruncate(fd, self.written as libc::off_t);
+            libc::lseek(fd, self.written as libc::off_t, libc::SEEK_SET);
         }
     }
 }

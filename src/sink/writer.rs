@@ -5,13 +5,14 @@
 
 use super::file::LOG;
 use super::wake;
+use crate::runtime::fds::KeptFd;
 use crate::runtime::{diag, guard, options};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// The writer answers a finish request with a byte here (it is woken
 /// through `wake`'s pipe).
-static ACK_FD: AtomicI32 = AtomicI32::new(-1);
+static ACK: KeptFd = KeptFd::new();
 
 /// The writer thread's id: a synchronous fault in it cannot wait for itself.
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
@@ -35,9 +36,11 @@ pub fn start(finish: FinishOnSignal) {
             return;
         }
     }
-    wake::set_fd(wake[1]);
-    ACK_FD.store(ack[0], Ordering::Release);
-    let (wake_rd, ack_wr) = (wake[0], ack[1]);
+    wake::keep_fd(wake[1]);
+    ACK.keep(ack[0]);
+    let (wake_rd, ack_wr) = (KeptFd::new(), KeptFd::new());
+    wake_rd.keep(wake[0]);
+    ack_wr.keep(ack[1]);
     // The writer must never run a signal handler (the handler waits for the
     // writer): it is born with every signal blocked, not blocking them itself
     // a moment too late.
@@ -58,24 +61,29 @@ pub fn start(finish: FinishOnSignal) {
     }
 }
 
-fn run(wake_rd: i32, ack_wr: i32, finish: FinishOnSignal) {
+fn run(wake_rd: KeptFd, ack_wr: KeptFd, finish: FinishOnSignal) {
     WRITER_TID.store(guard::tid(), Ordering::Release);
     let period = options::get().flush_ms as i32;
     loop {
-        let mut pfd = libc::pollfd { fd: wake_rd, events: libc::POLLIN, revents: 0 };
+        // A pipe whose number the program took is not read: the writer then
+        // only sleeps its period (`poll` skips a negative descriptor).
+        let rd = wake_rd.get().unwrap_or(-1);
+        let mut pfd = libc::pollfd { fd: rd, events: libc::POLLIN, revents: 0 };
         wake::dozing(true);
-        // SAFETY: `poll` reads and writes one `pollfd`, `pfd`, a live local; `wake_rd` is the pipe's read
-        // end, owned by this thread.
+        // SAFETY: `poll` reads and writes one `pollfd`, `pfd`, a live local; `rd` is the pipe's read end,
+        // owned by this thread, or -1.
         let ready = unsafe { libc::poll(&mut pfd, 1, period) };
         wake::dozing(false);
         let mut byte = 0u8;
-        // SAFETY: `read` writes at most one byte into `byte`, a live local; `wake_rd` is the pipe's read end,
-        // owned by this thread.
-        if ready > 0 && unsafe { libc::read(wake_rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
+        // SAFETY: `read` writes at most one byte into `byte`, a live local; `rd` is the pipe's read end, owned
+        // by this thread (`ready` is 0 for -1).
+        if ready > 0 && unsafe { libc::read(rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
             finish(byte as i32);
-            // SAFETY: `write` reads one byte from `byte`, a live local; `ack_wr` is the acknowledgement
-            // pipe's write end, owned by this thread.
-            unsafe { libc::write(ack_wr, (&byte as *const u8).cast(), 1) };
+            if let Some(wr) = ack_wr.get() {
+                // SAFETY: `write` reads one byte from `byte`, a live local; `wr` is the acknowledgement
+                // pipe's write end, owned by this thread.
+                unsafe { libc::write(wr, (&byte as *const u8).cast(), 1) };
+            }
             return;
         }
         match LOG.lock().as_mut() {
@@ -89,10 +97,9 @@ fn run(wake_rd: i32, ack_wr: i32, finish: FinishOnSignal) {
 /// `timeout_ms`. Only async-signal-safe calls. False when there is no writer
 /// to ask; `finish` then runs here if this is the writer thread itself.
 pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> bool {
-    let (wake, ack) = (wake::fd(), ACK_FD.load(Ordering::Acquire));
-    if wake < 0 || ack < 0 {
+    let (Some(wake), Some(ack)) = (wake::fd(), ACK.get()) else {
         return false;
-    }
+    };
     // SAFETY: `gettid` takes no arguments and cannot fail.
     if WRITER_TID.load(Ordering::Acquire) == unsafe { libc::syscall(libc::SYS_gettid) } as u32 {
         // Only a fault can land here (the writer blocks every other signal).
@@ -101,7 +108,7 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> 
     }
     let byte = sig as u8;
     // SAFETY: `write` reads one byte from `byte` and `poll` one `pollfd`, both live locals; the descriptors
-    // are the writer's pipes (checked non-negative above), which stay open while the writer runs.
+    // are the writer's pipes (checked above to be), which stay open while the writer runs.
     unsafe {
         if libc::write(wake, (&byte as *const u8).cast(), 1) != 1 {
             return false;
@@ -113,12 +120,7 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> 
 
 /// In a forked child: the parent's pipes and writer thread are not ours.
 pub fn forget_in_child() {
-    for fd in [wake::take_fd(), ACK_FD.swap(-1, Ordering::AcqRel)] {
-        if fd >= 0 {
-            // SAFETY: `fd` was taken out of its slot (`take_fd`, `swap`): it is closed here once, and nobody
-            // uses it after.
-            unsafe { libc::close(fd) };
-        }
-    }
+    wake::close_fd();
+    ACK.close();
     WRITER_TID.store(0, Ordering::Release);
 }
