@@ -25,7 +25,8 @@ use crate::pool::PoolHandle;
 use parking_lot::Mutex;
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use crate::runtime::fds::KeptFd;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 /// Descriptors per reply message (SCM_RIGHTS allows 253).
 const CHUNK: usize = 64;
@@ -51,12 +52,15 @@ struct Exports {
     pid: u32,
     /// The broker's socket name part (0: no broker).
     nonce: u64,
-    /// The listening socket (a forked child closes its copy).
-    listener: RawFd,
     list: Vec<Option<Export>>,
 }
 
-static EXPORTS: Mutex<Exports> = Mutex::new(Exports { pid: 0, nonce: 0, listener: -1, list: Vec::new() });
+static EXPORTS: Mutex<Exports> = Mutex::new(Exports { pid: 0, nonce: 0, list: Vec::new() });
+
+/// The broker's listening socket (a forked child closes its copy), kept out
+/// of the program's way: the broker must never accept on a socket of the
+/// program's that took its number.
+static LISTENER: KeptFd = KeptFd::new();
 
 /// Request: id (u32), pad (u32), token (u64).
 const REQUEST: usize = 16;
@@ -90,11 +94,11 @@ pub fn publish(
     let pid = std::process::id();
     let mut exports = EXPORTS.lock();
     if exports.pid != pid {
-        *exports = Exports { pid, nonce: 0, listener: -1, list: Vec::new() };
+        *exports = Exports { pid, nonce: 0, list: Vec::new() };
     }
     if exports.nonce == 0 {
         let nonce = random_u64();
-        exports.listener = start(pid, nonce, export_fd).map_err(|e| {
+        start(pid, nonce, export_fd).map_err(|e| {
             crate::runtime::diag::error(&format!("cannot start the IPC broker for VMM blocks: {e}"));
             INVALID_VALUE
         })?;
@@ -164,8 +168,8 @@ fn check(r: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// Binds the broker's socket and starts its thread; returns the socket.
-fn start(pid: u32, nonce: u64, export_fd: ExportFd) -> io::Result<RawFd> {
+/// Binds the broker's socket, keeps it in `LISTENER` and starts its thread.
+fn start(pid: u32, nonce: u64, export_fd: ExportFd) -> io::Result<()> {
     let listener = socket()?;
     let (addr, len) = address(pid, nonce);
     // SAFETY: `addr` is a live `sockaddr_un` and `len` (from `address`) covers only its filled-in prefix;
@@ -173,18 +177,22 @@ fn start(pid: u32, nonce: u64, export_fd: ExportFd) -> io::Result<RawFd> {
     check(unsafe { libc::bind(listener.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
     // SAFETY: `listen` takes no pointers; the descriptor is `listener`'s, open here.
     check(unsafe { libc::listen(listener.as_raw_fd(), 64) })?;
-    let fd = listener.as_raw_fd();
-    std::thread::Builder::new().name("cupool-ipc".into()).spawn(move || serve(listener, export_fd))?;
-    Ok(fd)
+    LISTENER.keep(listener.into_raw_fd());
+    let spawned = std::thread::Builder::new().name("cupool-ipc".into()).spawn(move || serve(export_fd));
+    if let Err(e) = spawned {
+        LISTENER.close();
+        return Err(e);
+    }
+    Ok(())
 }
 
-fn serve(listener: OwnedFd, export_fd: ExportFd) {
+fn serve(export_fd: ExportFd) {
     loop {
-        // SAFETY: null address pointers: `accept4` writes nothing of ours. The descriptor is `listener`'s,
-        // owned by this thread and open.
-        let fd = unsafe {
-            libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
-        };
+        // -1 (a socket the program took) fails as a listener gone.
+        let listener = LISTENER.get().unwrap_or(-1);
+        // SAFETY: null address pointers: `accept4` writes nothing of ours. The descriptor is the broker's
+        // listening socket (checked to be it), or -1.
+        let fd = unsafe { libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
         if fd < 0 {
             match io::Error::last_os_error().raw_os_error() {
                 Some(libc::EINTR | libc::ECONNABORTED) => continue,
@@ -197,10 +205,8 @@ fn serve(listener: OwnedFd, export_fd: ExportFd) {
                     // The listener is gone (never expected): later exports
                     // start a new broker; opens of earlier tickets fail.
                     let mut exports = EXPORTS.lock();
-                    if exports.listener == listener.as_raw_fd() {
-                        exports.nonce = 0;
-                        exports.listener = -1;
-                    }
+                    exports.nonce = 0;
+                    LISTENER.close();
                     return;
                 }
             }
@@ -450,9 +456,7 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         // stay open here (clients would connect and wait for nobody). The
         // child starts a broker of its own when it exports.
         let mut exports = EXPORTS.lock();
-        if exports.listener >= 0 {
-            libc::close(exports.listener);
-        }
-        *exports = Exports { pid: 0, nonce: 0, listener: -1, list: Vec::new() };
+        LISTENER.close();
+        *exports = Exports { pid: 0, nonce: 0, list: Vec::new() };
     }
 }
