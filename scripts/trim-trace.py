@@ -1,7 +1,8 @@
 """Shrinks a recorded cupool log into a bundled replay trace: keeps the header,
 the end record and the first LIMIT allocation events (alloc, free, map, unmap),
-drops phases, stack definitions and per-event stacks and threads (replay reads
-none of them).
+each with its stack id, the allocation site a placement by expected lifetime
+would go by; drops phases, stack definitions (the frames: the ids alone tell
+sites apart) and threads.
 
 usage: python3 scripts/trim-trace.py IN.json.gz OUT.json.gz [LIMIT]"""
 import gzip
@@ -12,7 +13,7 @@ src, dst = sys.argv[1], sys.argv[2]
 limit = int(sys.argv[3]) if len(sys.argv) > 3 else None
 log = json.load(gzip.open(src))
 events = [
-    {k: v for k, v in e.items() if k not in ("stack", "tid")}
+    {k: v for k, v in e.items() if k != "tid"}
     for e in log["events"]
     if e.get("ev") in ("start", "alloc", "free", "map", "unmap")
 ]
