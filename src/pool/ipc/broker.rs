@@ -22,10 +22,10 @@
 use super::Ticket;
 use crate::cuda::{Status, INVALID_VALUE, SUCCESS};
 use crate::pool::PoolHandle;
+use crate::runtime::fds::KeptFd;
 use parking_lot::Mutex;
 use std::io;
 use std::mem::{size_of, zeroed};
-use crate::runtime::fds::KeptFd;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 /// Descriptors per reply message (SCM_RIGHTS allows 253).
