@@ -8,8 +8,8 @@
 # start-up and exit cancel out.
 #   bash scripts/hook-count.sh [OPTIONS] SHIM.so...   (OPTIONS default: mode=pool:trace=0)
 # Valgrind lets a program map less address space than the VMM pool's 64 GiB
-# ranges: a shim that cannot shrink its ranges (builds before the pool
-# halved them) refuses every pooled allocation there, so count those with
+# ranges: a shim that cannot shrink its ranges (builds before 461b2b0)
+# refuses every pooled allocation there, so count those with
 # backing=segments. hook_pair fails (and this script with it) when any call
 # is refused.
 set -euo pipefail

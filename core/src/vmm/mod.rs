@@ -123,6 +123,16 @@ use crate::pool::{
 };
 
 const MIB: u64 = 1 << 20;
+/// Virtual ranges reserved once a process could not map one of `va_chunk`
+/// bytes ([`VmmPool::reserve_range`]).
+const SHORT_RANGE: u64 = 1 << 30;
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
 
 /// A freed block waiting for its tag.
 #[derive(Clone, Copy, Debug)]
@@ -228,6 +238,8 @@ pub struct VmmPool<B: PageBackend> {
     ghosts_by_owner: BTreeSet<(u64, u64)>,
     /// [`VmmPool::forget`]: nothing is held, nothing is handed out.
     forgotten: bool,
+    /// A range of `va_chunk` bytes was refused: later ranges are short.
+    short_of_addresses: bool,
     /// Small blocks freed with no fence, kept for their size's next request.
     hot: hot::HotBlocks,
     /// Block sizes the program frees and allocates again (`cycle_regret_ns`).
@@ -274,6 +286,7 @@ impl<B: PageBackend> VmmPool<B> {
             ghosts_by_tag: BTreeSet::new(),
             ghosts_by_owner: BTreeSet::new(),
             forgotten: false,
+            short_of_addresses: false,
             hot: hot::HotBlocks::default(),
             cycles: Cycles::default(),
             doomed: BTreeMap::new(),
@@ -806,21 +819,29 @@ impl<B: PageBackend> VmmPool<B> {
     /// A new virtual range for a block of `need` bytes (whole pages of
     /// `page` bytes), as (address, size): `va_chunk` bytes, or `need` if
     /// larger. Where the process may map less address space than that
-    /// (`ulimit -v`, valgrind), the range is halved, down to `need`, before
-    /// the request is refused: addresses running short says nothing of the
-    /// device's memory, and a refusal would fail a call that succeeds
-    /// without the pool.
+    /// (`ulimit -v`, valgrind), ranges of [`SHORT_RANGE`] (or `need`) from
+    /// then on: addresses running short says nothing of the device's
+    /// memory, a refusal would fail a call that succeeds without the pool,
+    /// and a modest range leaves the program the rest of what it may map.
     fn reserve_range(&mut self, need: u64, page: u64) -> Option<(u64, u64)> {
-        let mut size = need.max(self.config.va_chunk);
-        loop {
+        // A range is whole pages and aligned to SEGMENT_ALIGN; so is its size.
+        let unit = page / gcd(page, SEGMENT_ALIGN) * SEGMENT_ALIGN;
+        let need = need.checked_next_multiple_of(unit)?;
+        let first = if self.short_of_addresses { SHORT_RANGE } else { self.config.va_chunk };
+        let mut tried = 0;
+        for size in [first, SHORT_RANGE, need] {
+            let size = size.checked_next_multiple_of(unit)?.max(need);
+            if size == tried {
+                continue;
+            }
             if let Some(addr) = self.backend.reserve(size, SEGMENT_ALIGN) {
                 return Some((addr, size));
             }
-            if size == need {
-                return None;
-            }
-            size = (size / 2).next_multiple_of(page).max(need);
+            // (A block larger than any range refused alone says nothing of the rest.)
+            self.short_of_addresses |= size <= self.config.va_chunk;
+            tried = size;
         }
+        None
     }
 
     /// Best-fit free virtual block for `rounded` bytes, removed from the

@@ -986,20 +986,44 @@ fn a_pending_free_counts_toward_the_wait_until_it_is_reclaimed_even_if_its_size_
 }
 
 #[test]
-fn a_process_short_of_address_space_gets_smaller_ranges_not_refusals() {
+fn a_process_short_of_address_space_gets_short_ranges_not_refusals() {
     // Room for less than one default range (64 GiB) of addresses.
     let mut dev = SimulatedPages::new();
     dev.address_space = Some(40 << 30);
     let mut p = VmmPool::new(dev, VmmConfig::default());
-    let large = p.allocate(4 * MIB).expect("a large block in a halved range");
-    let small = p.allocate(4 << 10).expect("a small block in the room left");
+    let large = p.allocate(4 * MIB).expect("a large block in a short range");
+    let small = p.allocate(4 << 10).expect("a small block in a short range");
     assert_eq!(p.stats().num_ooms, 0);
-    // 32 GiB for the large ranges, then halved again until the rest fits.
-    assert_eq!(p.stats().va_reserved_bytes, (32 << 30) + (8 << 30));
+    // One refused 64 GiB range, then 1 GiB ranges: most addresses stay the program's.
+    assert_eq!(p.stats().va_reserved_bytes, 2 << 30);
+    let big = p.allocate(3 << 30).expect("a block larger than a short range gets its own");
+    assert_eq!(p.stats().va_reserved_bytes, 5 << 30);
     // Addresses exhausted: a block no range can hold is refused, and counted.
-    assert!(p.allocate(33 << 30).is_err());
+    assert!(p.allocate(36 << 30).is_err());
     assert_eq!(p.stats().num_ooms, 1);
-    p.free(large.id);
-    p.free(small.id);
+    for b in [large, small, big] {
+        p.free(b.id);
+    }
     assert_eq!(p.stats().allocation.current, 0);
+}
+
+#[test]
+fn ranges_stay_whole_pages_aligned_to_segments_whatever_the_page_size() {
+    // Pages of 64 KiB and of 20 MiB + 64 KiB: a range is a multiple of both
+    // the page and SEGMENT_ALIGN (the simulated device refuses any other).
+    for page in [64 << 10, 20 * MIB + (64 << 10)] {
+        let mut dev = SimulatedPages::new();
+        dev.address_space = Some(3 << 30);
+        let config = VmmConfig { small_page: page, large_page: page, ..VmmConfig::default() };
+        let mut p = VmmPool::new(dev, config);
+        let blocks: Vec<Block> = [4 << 10, 3 * MIB, 1 << 30].iter().map(|&n| p.allocate(n).unwrap()).collect();
+        for b in blocks {
+            p.free(b.id);
+        }
+        // Too little room left for one more range: refused, never a misaligned one.
+        let mut tight = SimulatedPages::new();
+        tight.address_space = Some(3 * MIB / 2);
+        let mut q = VmmPool::new(tight, config);
+        assert!(q.allocate(4 << 10).is_err(), "page {page}");
+    }
 }
