@@ -1,13 +1,16 @@
 //! Descriptors the shim keeps open while the program runs (the log, the
-//! writer's pipes). The program owns the descriptor table: a program that
+//! writer's pipes, the IPC broker's socket). The program owns the
+//! descriptor table: a program that
 //! closes a number twice (a bug that is harmless on its own) closes the
 //! shim's descriptor if the shim got that number meanwhile, and its next
 //! `open` gets it back. From then on the shim's writes would land in the
 //! program's file, its reads would take the program's bytes, and truncating
 //! the log would cut the program's file. So a kept descriptor moves far
 //! above the numbers a program gets (the lowest free ones), and it is
-//! checked to be the same open file (device and inode) before each use; one
-//! that is not is never used, nor closed, again.
+//! checked to be the same file (device and inode) before each use; one that
+//! is not is never used, nor closed, again. (A program that opened that very
+//! file again, or the other end of the same pipe, under the number would
+//! pass the check: the file, not the descriptor, is what is compared.)
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
@@ -51,6 +54,20 @@ impl KeptFd {
         let fd = self.fd.load(Ordering::Acquire);
         let kept = (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed));
         (fd >= 0 && identity(fd) == Some(kept)).then_some(fd)
+    }
+
+    /// Keeps `fd` (handed over: the kept file opened again, by its path) in
+    /// place of a descriptor the program took, if it is the same file; else
+    /// closes it. True when kept.
+    pub fn replace_if_same(&self, fd: i32) -> bool {
+        let kept = (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed));
+        if identity(fd) != Some(kept) {
+            // SAFETY: `fd` was handed over by the caller, which does not use it after: closed once, here.
+            unsafe { libc::close(fd) };
+            return false;
+        }
+        self.fd.store(move_high(fd), Ordering::Release);
+        true
     }
 
     /// Forgets the descriptor and closes it, if it still names the file
@@ -112,7 +129,11 @@ mod tests {
         let kept = KeptFd::new();
         kept.keep(rd);
         let fd = kept.get().expect("kept");
-        assert!(fd >= 3 && fd != rd, "moved from {rd} to {fd}");
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `getrlimit` writes only into `limit`, a live local.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+        let floor = HIGH.min(limit.rlim_cur / 2) as i32;
+        assert!(fd >= floor && fd != rd, "moved from {rd} to {fd}, not at or above {floor}");
         // SAFETY: `wr` is this test's pipe's write end; `close` takes any descriptor.
         unsafe { libc::close(wr) };
         kept.close();

@@ -164,13 +164,34 @@ impl LogFile {
         self.fd.close();
     }
 
-    /// Writes `text` whole to the log, unless the log's descriptor is gone:
-    /// the program closed it and may have its own file under that number.
-    fn write_text(&self) -> std::io::Result<()> {
-        let fd = self.fd.get().ok_or_else(|| {
-            std::io::Error::other("the program closed its descriptor (a file of its own may have that number now)")
-        })?;
+    /// Writes `text` whole to the log.
+    fn write_text(&mut self) -> std::io::Result<()> {
+        let fd = self.descriptor()?;
         write_all(fd, self.text.as_bytes())
+    }
+
+    /// The log's descriptor. Where the program closed it (and may have a
+    /// file of its own under that number now), the log's file is opened
+    /// again by its path, checked to be the same file, and the log goes on
+    /// whole where it was.
+    fn descriptor(&mut self) -> std::io::Result<i32> {
+        if let Some(fd) = self.fd.get() {
+            return Ok(fd);
+        }
+        let gone = || std::io::Error::other("the program closed its descriptor, and its path names another file now");
+        let path = std::ffi::CString::new(self.path.as_str()).map_err(|_| gone())?;
+        // SAFETY: `path` is a NUL-terminated path alive for the call.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        if fd < 0 || !self.fd.replace_if_same(fd) {
+            return Err(gone());
+        }
+        let fd = self.fd.get().ok_or_else(gone)?;
+        // SAFETY: `lseek` takes the log's descriptor, just opened again, and integers.
+        if unsafe { libc::lseek(fd, self.written as libc::off_t, libc::SEEK_SET) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        diag::note(&format!("the program closed the descriptor of {}; opened again, the log goes on", self.path));
+        Ok(fd)
     }
 
     fn flush(&mut self) {
@@ -195,13 +216,13 @@ impl LogFile {
         self.cut_back();
         self.stopped = true;
         diag::error(&format!(
-            "cannot write {}: {e}; later events are dropped (counted in the log's end), the program runs on",
+            "cannot write {}: {e}; later events are dropped (counted in the log's end where it can still be written), the program runs on",
             self.path
         ));
     }
 
     fn cut_back(&mut self) {
-        let Some(fd) = self.fd.get() else { return };
+        let Ok(fd) = self.descriptor() else { return };
         // SAFETY: `ftruncate` and `lseek` take the log's open descriptor (checked to be it) and integers.
         unsafe {
             libc::ftruncate(fd, self.written as libc::off_t);

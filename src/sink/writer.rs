@@ -13,6 +13,10 @@ use std::time::Duration;
 /// The writer answers a finish request with a byte here (it is woken
 /// through `wake`'s pipe).
 static ACK: KeptFd = KeptFd::new();
+/// The writer's ends of the two pipes: it polls the wake pipe and answers
+/// on the acknowledgement pipe. Statics so that a forked child closes them.
+static WAKE_RD: KeptFd = KeptFd::new();
+static ACK_WR: KeptFd = KeptFd::new();
 
 /// The writer thread's id: a synchronous fault in it cannot wait for itself.
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
@@ -24,12 +28,11 @@ pub type FinishOnSignal = fn(i32);
 pub fn start(finish: FinishOnSignal) {
     let mut wake = [-1; 2];
     let mut ack = [-1; 2];
-    // SAFETY: `pipe2` writes two descriptors into each two-element array; `fcntl` takes `wake[1]` only after
-    // its `pipe2` succeeded.
+    // SAFETY: `pipe2` writes two descriptors into each two-element array, both live locals.
     unsafe {
-        // Non-blocking writes: a thread that wakes the writer never waits for it.
-        if libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC) != 0
-            || libc::fcntl(wake[1], libc::F_SETFL, libc::O_NONBLOCK) != 0
+        // Non-blocking: a thread that wakes the writer never waits for it,
+        // and the writer never waits in a read.
+        if libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) != 0
             || libc::pipe2(ack.as_mut_ptr(), libc::O_CLOEXEC) != 0
         {
             diag::error("cannot create the writer's pipe; events will be written at exit only");
@@ -38,9 +41,8 @@ pub fn start(finish: FinishOnSignal) {
     }
     wake::keep_fd(wake[1]);
     ACK.keep(ack[0]);
-    let (wake_rd, ack_wr) = (KeptFd::new(), KeptFd::new());
-    wake_rd.keep(wake[0]);
-    ack_wr.keep(ack[1]);
+    WAKE_RD.keep(wake[0]);
+    ACK_WR.keep(ack[1]);
     // The writer must never run a signal handler (the handler waits for the
     // writer): it is born with every signal blocked, not blocking them itself
     // a moment too late.
@@ -53,7 +55,7 @@ pub fn start(finish: FinishOnSignal) {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut previous);
     }
-    let spawned = std::thread::Builder::new().name("cupool-writer".into()).spawn(move || run(wake_rd, ack_wr, finish));
+    let spawned = std::thread::Builder::new().name("cupool-writer".into()).spawn(move || run(finish));
     // SAFETY: `pthread_sigmask` reads `previous`, the mask saved above, and writes nothing (null).
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) };
     if spawned.is_err() {
@@ -61,13 +63,13 @@ pub fn start(finish: FinishOnSignal) {
     }
 }
 
-fn run(wake_rd: KeptFd, ack_wr: KeptFd, finish: FinishOnSignal) {
+fn run(finish: FinishOnSignal) {
     WRITER_TID.store(guard::tid(), Ordering::Release);
     let period = options::get().flush_ms as i32;
     loop {
         // A pipe whose number the program took is not read: the writer then
         // only sleeps its period (`poll` skips a negative descriptor).
-        let rd = wake_rd.get().unwrap_or(-1);
+        let rd = WAKE_RD.get().unwrap_or(-1);
         let mut pfd = libc::pollfd { fd: rd, events: libc::POLLIN, revents: 0 };
         wake::dozing(true);
         // SAFETY: `poll` reads and writes one `pollfd`, `pfd`, a live local; `rd` is the pipe's read end,
@@ -75,11 +77,13 @@ fn run(wake_rd: KeptFd, ack_wr: KeptFd, finish: FinishOnSignal) {
         let ready = unsafe { libc::poll(&mut pfd, 1, period) };
         wake::dozing(false);
         let mut byte = 0u8;
-        // SAFETY: `read` writes at most one byte into `byte`, a live local; `rd` is the pipe's read end, owned
-        // by this thread (`ready` is 0 for -1).
-        if ready > 0 && unsafe { libc::read(rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
+        // Asked again: the number may have changed hands while `poll` waited.
+        let still = ready > 0 && WAKE_RD.get() == Some(rd);
+        // SAFETY: `read` writes at most one byte into `byte`, a live local; `rd` is the pipe's read end (checked
+        // just now), owned by this thread, non-blocking.
+        if still && unsafe { libc::read(rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
             finish(byte as i32);
-            if let Some(wr) = ack_wr.get() {
+            if let Some(wr) = ACK_WR.get() {
                 // SAFETY: `write` reads one byte from `byte`, a live local; `wr` is the acknowledgement
                 // pipe's write end, owned by this thread.
                 unsafe { libc::write(wr, (&byte as *const u8).cast(), 1) };
@@ -121,6 +125,8 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> 
 /// In a forked child: the parent's pipes and writer thread are not ours.
 pub fn forget_in_child() {
     wake::close_fd();
-    ACK.close();
+    for kept in [&ACK, &WAKE_RD, &ACK_WR] {
+        kept.close();
+    }
     WRITER_TID.store(0, Ordering::Release);
 }
