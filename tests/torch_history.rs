@@ -175,14 +175,20 @@ def _snapshot(device=None, augment_with_fx_traces=False):
     return {"segments": segments, "device_traces": [list(_traces)], "allocator_settings": {}}
 "#;
 
-/// The training loop: with `LEAK=1` every step's output is kept.
+/// The training loop: with `LEAK=1` every step's output is kept. A step
+/// takes 50 ms, as real ones take time: a loop over before the program ends
+/// by more than its own span and a second is set-up to the check, and a
+/// loop of 40 bare steps (a few milliseconds) was that whenever a busy host
+/// took over a second to reach the stub's frees at exit.
 const TRAIN: &str = r#"import os
 import sys
+import time
 
 import torch
 
 kept = []
 for step in range(40):
+    time.sleep(0.05)
     x = torch.empty(4096)
     out = torch.empty(16384)  # ALLOCATED
     if os.environ.get("LEAK") == "1":
