@@ -9,13 +9,16 @@ use std::process::Output;
 
 use support::*;
 
-/// `cupool check --log-dir <dir> [flags] -- <argv>`.
+/// `cupool check --log-dir <dir> [flags] -- <argv>`. Steps of `check_loop`
+/// take a millisecond (`STEP_US`): a loop of bare steps, over in
+/// microseconds, is set-up to the check when a busy host delays the
+/// program's last frees.
 fn check(dir: &Path, flags: &[&str], argv: &[&str]) -> Output {
     let mut v: Vec<&str> = vec!["check", "--log-dir", path_str(dir)];
     v.extend_from_slice(flags);
     v.push("--");
     v.extend_from_slice(argv);
-    run_cupool(&v, dir)
+    cupool_command(&v, dir).env("STEP_US", "1000").output().unwrap_or_else(|e| panic!("run cupool {v:?}: {e}"))
 }
 
 /// `cupool check`'s status when it could not check (apart from `timeout`'s 124 and the shells').

@@ -7,11 +7,17 @@
  * (from leak_one_buffer). `wave` keeps a queue of batches whose sizes and
  * number follow the step (up and down, never growing), freed at the end.
  * `mark` names each step with cupool_mark("step N"), found with dlsym.
+ * With STEP_US set, a step takes that many microseconds, as real ones take
+ * time: a loop over before the program's last event by more than its own
+ * span (and a hundredth of its span, up to a second) is set-up to the check,
+ * which a busy host preempting a bare loop of microseconds before its final
+ * frees would make it.
  * Everything but the leak is freed before exit. Prints
  * result: ok steps=N leaked_bytes=N. */
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fake_cudart_api.h"
 #include "check.h"
@@ -40,7 +46,11 @@ int main(int argc, char **argv)
     int queued = 0;
     unsigned leaked = 0;
     CHECK(cudaMalloc(&weights, 1u << 20));
+    const char *step_us = getenv("STEP_US");
+    useconds_t pause = step_us ? (useconds_t)atoi(step_us) : 0;
     for (int step = 0; step < steps; step++) {
+        if (pause)
+            usleep(pause);
         if (marks && mark) {
             char name[32];
             snprintf(name, sizeof name, "step %d", step);
