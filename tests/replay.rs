@@ -186,3 +186,17 @@ fn unreadable_trace_fails_with_status_2() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("junk.json"));
 }
+
+/// A run directory of `cupool check` holds framework histories beside the
+/// logs (`cupool-torch.<pid>.json`): replaying the directory replays the
+/// logs and leaves the histories alone.
+#[test]
+fn a_run_directory_replays_its_logs_not_the_histories_beside_them() {
+    let run = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/torch-leak/log");
+    assert!(run.join("cupool-torch.2204.json").is_file(), "the example keeps its history");
+    let out = Command::new(cli()).args(["replay", "--policy", "cupool-vmm"]).arg(&run).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout.lines().count(), 2, "a header and the log's row:\n{stdout}");
+    row(&stdout, "cupool.2204.json.gz", "cupool-vmm");
+}

@@ -135,11 +135,14 @@ enum Command {
         expandable_segments: one growing virtual segment per pool kind, 2 MiB / 20 MiB pages, \
         never unmapped without empty_cache). For each trace and policy, prints the number of \
         operations, the peak of live bytes, the peak of bytes reserved from the device, their \
-        ratio (the allocator's overhead) and the time per operation. Only device memory the pool \
-        would serve (kind device and pitched) is replayed. No GPU is needed.")]
+        ratio (the allocator's overhead), the page bound (the least ratio any allocator taking \
+        memory in 2 MiB pages could reach: the peak of live bytes rounded up to whole pages, over \
+        it) and the time per operation. Only device memory is replayed (kinds device, pitched, \
+        async and vmm: what the program asked the device for), not managed or host memory. No \
+        GPU is needed.")]
     Replay {
         /// One JSON object per line, per trace and policy: {"trace", "policy", "ops", "peak_live",
-        /// "peak_reserved", "ratio", "ns_per_op"}
+        /// "peak_reserved", "ratio", "page_bound", "ns_per_op"}
         #[arg(long)]
         json: bool,
         /// Replay through this policy only: cupool-segments, cupool-vmm, pytorch-caching or
@@ -147,9 +150,10 @@ enum Command {
         #[arg(long = "policy", value_name = "POLICY", value_parser = replay::parse_policy)]
         policies: Vec<replay::Policy>,
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
-        /// plain or gzipped, or directories of them (*.json, *.csv, also .gz). None: the traces
-        /// bundled in this binary (recorded from the repository's traces/), or every file in the
-        /// directory $CUPOOL_TRACES when it is set. Exits with status 2 when one cannot be read.
+        /// plain or gzipped, or directories of them (*.json, *.csv, also .gz; the framework
+        /// histories beside a log left out). None: the traces bundled in this binary (recorded
+        /// from the repository's traces/), or every file in the directory $CUPOOL_TRACES when it
+        /// is set. Exits with status 2 when one cannot be read.
         #[arg(value_name = "TRACES")]
         traces: Vec<PathBuf>,
     },

@@ -325,14 +325,15 @@ fn bundled() -> Vec<Trace> {
 }
 
 /// Trace files named by `path`: the file itself, or the traces in a directory
-/// (`*.json`, `*.csv`, either also `.gz`).
+/// (`*.json`, `*.csv`, either also `.gz`; not the framework histories that
+/// `cupool check` writes beside a log, which hold no device memory calls).
 fn traces_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]); // reading it says what is wrong with it
     }
     let files = crate::summary::files_in(path, |name| {
         let name = name.strip_suffix(".gz").unwrap_or(name);
-        name.ends_with(".json") || name.ends_with(".csv")
+        (name.ends_with(".json") || name.ends_with(".csv")) && !crate::check::is_history_name(name)
     })
     .map_err(|e| format!("{}: cannot list the directory: {e}", path.display()))?;
     if files.is_empty() {

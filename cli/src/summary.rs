@@ -23,15 +23,19 @@ pub fn files_in(dir: &Path, keep: impl Fn(&str) -> bool) -> std::io::Result<Vec<
     Ok(files)
 }
 
-/// The files a process writes beside its log, `<stem>.<pid>.json` and
-/// `<stem>.<pid>.<n>.json` in `dir`, sorted (none when `dir` cannot be read).
+/// Whether `name` is that of a file a process writes beside its log,
+/// `<stem>.<pid>.json` or `<stem>.<pid>.<n>.json`.
+pub fn is_sidecar_name(name: &str, stem: &str) -> bool {
+    name.strip_prefix(stem)
+        .and_then(|r| r.strip_prefix('.'))
+        .and_then(|r| r.strip_suffix(".json"))
+        .is_some_and(|r| !r.is_empty() && r.split('.').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())))
+}
+
+/// The files a process writes beside its log with names of `stem` in `dir`,
+/// sorted (none when `dir` cannot be read).
 pub fn sidecar_files(dir: &Path, stem: &str) -> Vec<PathBuf> {
-    let numbered = |name: &str| {
-        name.strip_prefix(stem).and_then(|r| r.strip_prefix('.')).and_then(|r| r.strip_suffix(".json")).is_some_and(
-            |r| !r.is_empty() && r.split('.').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
-        )
-    };
-    files_in(dir, numbered).unwrap_or_default()
+    files_in(dir, |name| is_sidecar_name(name, stem)).unwrap_or_default()
 }
 
 pub fn is_log_name(name: &str) -> bool {

@@ -139,6 +139,11 @@ pub fn files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// Whether `name` is that of a history file (`cupool-torch.<pid>.json`, ...).
+pub fn is_history_name(name: &str) -> bool {
+    Framework::ALL.iter().any(|f| crate::summary::is_sidecar_name(name, f.schema()))
+}
+
 /// Reads one history file (written whole, then renamed into place).
 pub fn read(path: &Path) -> Result<History, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;

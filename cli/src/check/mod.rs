@@ -34,6 +34,7 @@ use clap::Args;
 use cupool_core::model::Process;
 use cupool_core::options::{self, Options};
 use finding::Findings;
+pub use history::is_history_name;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use suppress::Suppressions;
