@@ -274,7 +274,7 @@ fn merge_without_anything_to_check_says_so() {
     std::fs::write(junk.join("cupool.5.json"), "{\"schema\":\"something-else\"}\n").unwrap();
     for (args, says) in [
         (vec!["merge", path_str(&empty)], "no cupool logs in this directory"),
-        (vec!["merge", "/nonexistent/cupool-logs"], "/nonexistent/cupool-logs: no such file or directory"),
+        (vec!["merge", "/nonexistent/cupool-logs"], "/nonexistent/cupool-logs: No such file or directory (os error 2)"),
         (vec!["merge", path_str(&junk)], "1 log(s) could not be read (named above)"),
         (vec!["merge", "-o", "mode=pool", path_str(&junk)], "takes only the check's options"),
     ] {

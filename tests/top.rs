@@ -183,5 +183,5 @@ fn top_through_a_pipe_prints_plain_frames_of_what_is_live() {
     assert!(stdout_of(&out).contains("2 process(es), 0 running"), "{}", stdout_of(&out));
     let out = run_cupool(&["top", "-n", "1", path_str(&dir.join("nope"))], &dir);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr_of(&out).contains("no such file or directory"), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("No such file or directory (os error 2)"), "{}", stderr_of(&out));
 }
