@@ -52,34 +52,37 @@ impl KeptFd {
     /// The descriptor, if it still names the file kept.
     pub fn get(&self) -> Option<i32> {
         let fd = self.fd.load(Ordering::Acquire);
-        let kept = (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed));
-        (fd >= 0 && identity(fd) == Some(kept)).then_some(fd)
+        (fd >= 0 && self.names_the_file_kept(fd)).then_some(fd)
     }
 
     /// Keeps `fd` (handed over: the kept file opened again, by its path) in
-    /// place of a descriptor the program took, if it is the same file; else
-    /// closes it. True when kept.
-    pub fn replace_if_same(&self, fd: i32) -> bool {
-        let kept = (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed));
-        if identity(fd) != Some(kept) {
+    /// place of a descriptor the program took, if it is the same file, and
+    /// returns where it is kept now; else closes it.
+    pub fn replace_if_same(&self, fd: i32) -> Option<i32> {
+        if !self.names_the_file_kept(fd) {
             // SAFETY: `fd` was handed over by the caller, which does not use it after: closed once, here.
             unsafe { libc::close(fd) };
-            return false;
+            return None;
         }
-        self.fd.store(move_high(fd), Ordering::Release);
-        true
+        let fd = move_high(fd);
+        self.fd.store(fd, Ordering::Release);
+        Some(fd)
     }
 
     /// Forgets the descriptor and closes it, if it still names the file
     /// kept; one that names another file is the program's now, left open.
     pub fn close(&self) {
         let fd = self.fd.swap(-1, Ordering::AcqRel);
-        let kept = (self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed));
-        if fd >= 0 && identity(fd) == Some(kept) {
+        if fd >= 0 && self.names_the_file_kept(fd) {
             // SAFETY: `fd` was taken out of its slot above, so it is closed once, and it still names the file
             // this slot kept: it is the shim's, not a descriptor of the program's.
             unsafe { libc::close(fd) };
         }
+    }
+
+    /// Whether `fd` is open on the file kept (its device and inode).
+    fn names_the_file_kept(&self, fd: i32) -> bool {
+        identity(fd) == Some((self.dev.load(Ordering::Relaxed), self.ino.load(Ordering::Relaxed)))
     }
 }
 
@@ -92,12 +95,18 @@ fn identity(fd: i32) -> Option<(u64, u64)> {
     (r == 0).then_some((st.st_dev, st.st_ino))
 }
 
-/// `fd` duplicated to a high number and closed; `fd` itself when it cannot be.
-fn move_high(fd: i32) -> i32 {
+/// The lowest number a kept descriptor moves to: [`HIGH`], or half the
+/// process's descriptor limit where that is lower (at least 3).
+fn floor() -> i32 {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `getrlimit` writes only into `limit`, a live local.
     let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 1024 };
-    let floor = HIGH.min(soft / 2).max(3) as i32;
+    HIGH.min(soft / 2).max(3) as i32
+}
+
+/// `fd` duplicated to a high number and closed; `fd` itself when it cannot be.
+fn move_high(fd: i32) -> i32 {
+    let floor = floor();
     if fd >= floor {
         return fd;
     }
@@ -129,10 +138,7 @@ mod tests {
         let kept = KeptFd::new();
         kept.keep(rd);
         let fd = kept.get().expect("kept");
-        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: `getrlimit` writes only into `limit`, a live local.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
-        let floor = HIGH.min(limit.rlim_cur / 2) as i32;
+        let floor = floor();
         assert!(fd >= floor && fd != rd, "moved from {rd} to {fd}, not at or above {floor}");
         // SAFETY: `wr` is this test's pipe's write end; `close` takes any descriptor.
         unsafe { libc::close(wr) };

@@ -182,10 +182,8 @@ impl LogFile {
         let path = std::ffi::CString::new(self.path.as_str()).map_err(|_| gone())?;
         // SAFETY: `path` is a NUL-terminated path alive for the call.
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-        if fd < 0 || !self.fd.replace_if_same(fd) {
-            return Err(gone());
-        }
-        let fd = self.fd.get().ok_or_else(gone)?;
+        let kept = if fd < 0 { None } else { self.fd.replace_if_same(fd) };
+        let fd = kept.ok_or_else(gone)?;
         // SAFETY: `lseek` takes the log's descriptor, just opened again, and integers.
         if unsafe { libc::lseek(fd, self.written as libc::off_t, libc::SEEK_SET) } < 0 {
             return Err(std::io::Error::last_os_error());
