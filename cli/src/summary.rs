@@ -38,6 +38,12 @@ pub fn sidecar_files(dir: &Path, stem: &str) -> Vec<PathBuf> {
     files_in(dir, |name| is_sidecar_name(name, stem)).unwrap_or_default()
 }
 
+/// "`path`: No such file or directory (os error 2)", as the system words
+/// it for a path it was given to read.
+pub fn not_found(path: &Path) -> String {
+    format!("{}: {}", path.display(), std::io::Error::from_raw_os_error(libc::ENOENT))
+}
+
 pub fn is_log_name(name: &str) -> bool {
     name.starts_with("cupool.") && (name.ends_with(".json") || name.ends_with(".json.gz"))
 }

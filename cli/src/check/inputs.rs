@@ -86,7 +86,7 @@ pub fn run_logs(dir: &Path, run_id: &str, since: SystemTime) -> Read {
 /// there at all.
 pub fn logs_at(path: &Path) -> Result<Read, String> {
     if !path.exists() {
-        return Err(format!("{}: {}", path.display(), std::io::Error::from_raw_os_error(libc::ENOENT)));
+        return Err(crate::summary::not_found(path));
     }
     let mut read = Read::default();
     for f in logs_named_by(path)? {

@@ -548,7 +548,7 @@ pub fn run(args: TopArgs) -> ExitCode {
     // The default directory may appear when the run starts; a path named must exist.
     if !missing.is_empty() && missing.iter().any(|p| p.as_os_str() != "cupool-logs") {
         for p in missing {
-            eprintln!("cupool top: {}: {}", p.display(), std::io::Error::from_raw_os_error(libc::ENOENT));
+            eprintln!("cupool top: {}", crate::summary::not_found(p));
         }
         return ExitCode::from(crate::summary::EXIT_BAD_INPUT);
     }
