@@ -152,7 +152,8 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]
         print(f"{name:18} {t:7d} {cpu:6.0f} {loop:6.0f} {longest:8.0f} {t / rate * 1e9:6.0f} {vcsw:7.0f}")
 PY
 # The end records of each row's runs, by thread count: what the magazines
-# did and the fences; then where the threads meet, the times a thread found
+# did and the fences (unlocked: of those, the ones a thread found completed
+# without the pool's lock); then where the threads meet, the times a thread found
 # the pool's lock taken (end.pools[].lock_waits), beside the voluntary
 # switches of the table above.
 python3 - $w/d $w/m <<'PY'
@@ -165,7 +166,7 @@ def ends(root):
             runs.setdefault(t, []).append(json.load(open(f)).get("end") or {})
     return runs
 default, magazines = ends(sys.argv[1]), ends(sys.argv[2])
-print(f"{'magazines (medians)':20} {'threads':>7} {'reused':>7} {'refills/1k':>10} {'overflow':>8} {'fences':>7} {'barriers':>8} {'waits':>6}")
+print(f"{'magazines (medians)':20} {'threads':>7} {'reused':>7} {'refills/1k':>10} {'overflow':>8} {'fences':>7} {'barriers':>8} {'waits':>6} {'unlocked':>8}")
 for t in sorted(magazines):
     figures = []
     for end in magazines[t]:
@@ -174,9 +175,9 @@ for t in sorted(magazines):
         pairs = (m.get("own_frees_reused", 0) + m.get("stock_handed_out", 0)) or 1
         figures.append((m.get("own_frees_reused", 0) / pairs, m.get("refills", 0) / pairs * 1000,
                         m.get("overflowed", 0) / pairs, fences.get("recorded", 0),
-                        fences.get("gpu_barriers", 0), fences.get("waits", 0)))
-    med = [st.median(x[i] for x in figures) for i in range(6)]
-    print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f}")
+                        fences.get("gpu_barriers", 0), fences.get("waits", 0), fences.get("completed_unlocked", 0)))
+    med = [st.median(x[i] for x in figures) for i in range(7)]
+    print(f"{'cupool-magazines':20} {t:7d} {med[0]:7.3f} {med[1]:10.2f} {med[2]:8.3f} {med[3]:7.0f} {med[4]:8.0f} {med[5]:6.0f} {med[6]:8.0f}")
 # Beside them, how long a wait took (end.pools[].lock_wait_ns), and the
 # time spent recording fences with the lock held (fences.record_ns), per
 # fence and per pair of the run: what the fences cost the threads.

@@ -7,7 +7,7 @@ use super::fence::CudaBackend;
 use super::pages::CudaPages;
 use super::tools;
 use crate::runtime::{diag, options};
-use cupool_core::log::{self, MultiStreamBecause, PagesRecord, PoolRecord};
+use cupool_core::log::{self, FenceCounters, MultiStreamBecause, PagesRecord, PoolRecord};
 use cupool_core::options::{Backing, GiveBack as Policy};
 use cupool_core::pool::{Block, BlockId, BlockInfo, Fragmentation, GiveBack, Pool, PoolConfig, Stat};
 use cupool_core::vmm::{PageInfo, VmmConfig, VmmPool};
@@ -267,7 +267,10 @@ impl Engine {
             context_destroyed: dead,
             multi_stream,
             multi_stream_because: because.filter(|_| multi_stream),
-            fences: self.timeline().counters,
+            fences: FenceCounters {
+                completed_unlocked: self.timeline().progress.completed_unlocked(),
+                ..self.timeline().counters
+            },
             ..PoolRecord::default()
         };
         match self {

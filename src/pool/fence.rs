@@ -14,6 +14,7 @@
 //! a segment runs with the pool's own context current (querying and waiting
 //! for an event works from any context).
 
+use super::progress::Progress;
 use super::{streams, tools};
 use crate::cuda::{CUcontext, CUdeviceptr, CUevent, CUstream, CUstreamCaptureStatus, SUCCESS};
 use crate::real;
@@ -21,55 +22,8 @@ use crate::runtime::{clock, options};
 use cupool_core::log::FenceCounters;
 use cupool_core::pool::{Backend, Timeline};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// A pool's fence progress, readable without its lock: threads reusing the
-/// blocks they freed themselves (`magazine.rs`) tag each free with `epoch`
-/// and take the block again once `completed` has reached the tag.
-///
-/// `epoch` is raised *before* the events that close the old one are
-/// recorded (and before a synchronisation): a free that still reads the old
-/// epoch happened before that recording, so the work it must wait for was
-/// queued before it too and the fence covers it.
-///
-/// The backend keeps its epochs here and nowhere else: it writes them under
-/// the pool's lock, threads' magazines read them without it.
-pub struct Progress {
-    /// Epoch that frees are tagged with now; a fence closes it.
-    epoch: AtomicU64,
-    /// Every tag up to this is safe to reuse.
-    completed: AtomicU64,
-}
-
-impl Progress {
-    /// The tag of a free now: 0 (reusable at once) while all work goes to one
-    /// stream, as the pool's own frees (`free_tag`).
-    #[inline]
-    pub fn tag_now(&self) -> u64 {
-        if streams::MULTI_STREAM.load(Ordering::Acquire) {
-            self.epoch.load(Ordering::Acquire)
-        } else {
-            0
-        }
-    }
-
-    /// Progress whose fences have completed every epoch up to `completed`.
-    #[cfg(test)]
-    pub fn completed_up_to(completed: u64) -> Progress {
-        Progress::at(completed + 1, completed)
-    }
-
-    pub fn at(epoch: u64, completed: u64) -> Progress {
-        Progress { epoch: AtomicU64::new(epoch), completed: AtomicU64::new(completed) }
-    }
-
-    /// May a block freed with `tag` be handed out again?
-    #[inline]
-    pub fn is_complete(&self, tag: u64) -> bool {
-        tag <= self.completed.load(Ordering::Acquire)
-    }
-}
 
 /// The device side of one context's pool.
 pub struct CudaBackend {
@@ -144,22 +98,27 @@ impl CudaBackend {
     /// Opens the next epoch; returns the one it closes. Published before the
     /// caller records or synchronises anything (see [`Progress`]).
     fn next_epoch(&mut self) -> u64 {
-        let closing = self.epoch();
-        self.progress.epoch.store(closing + 1, Ordering::SeqCst);
-        closing
+        self.progress.next_epoch()
     }
 
     fn complete_up_to(&mut self, epoch: u64) {
-        self.progress.completed.fetch_max(epoch, Ordering::Release);
+        self.progress.complete_up_to(epoch);
     }
 
-    /// Read under the pool's lock, by the only writer: no ordering needed.
     fn epoch(&self) -> u64 {
-        self.progress.epoch.load(Ordering::Relaxed)
+        self.progress.epoch()
     }
 
     fn completed(&self) -> u64 {
-        self.progress.completed.load(Ordering::Relaxed)
+        self.progress.completed()
+    }
+
+    /// Publishes the oldest queued fence for threads that poll it without
+    /// the pool's lock (`Progress::poll_unlocked`). Called wherever the
+    /// queue's front changes; a dead context publishes none.
+    fn publish_oldest(&self) {
+        let front = self.fences.front().filter(|_| !self.dead);
+        self.progress.publish_oldest(front.map(|(epoch, events)| (*epoch, &events[..])));
     }
 
     /// Is a capture active on any of this context's streams? Asked with the
@@ -234,6 +193,9 @@ impl CudaBackend {
         events.append(&mut self.retired);
         self.counters.recorded += 1;
         self.fences.push_back((closing, events));
+        if self.fences.len() == 1 {
+            self.publish_oldest();
+        }
         true
     }
 
@@ -243,6 +205,7 @@ impl CudaBackend {
     /// that come back later (from threads' magazines) are dropped instead.
     pub fn context_died(&mut self) {
         self.dead = true;
+        self.publish_oldest();
     }
 
     pub fn is_dead(&self) -> bool {
@@ -439,6 +402,10 @@ impl CudaBackend {
     /// that barriers wait on.
     fn drop_oldest_fence(&mut self) {
         if let Some((epoch, events)) = self.fences.pop_front() {
+            // Spare (recorded again later) only once `completed` passed the
+            // fence, and never while published (see `progress.rs`).
+            debug_assert!(self.completed() >= epoch);
+            self.publish_oldest();
             self.spare_events.extend(events);
             self.retired_in_fences.retain(|&(e, _)| e > epoch);
         }
@@ -695,7 +662,9 @@ pub fn wait(stream: u64, event: u64) -> bool {
     unsafe { real!(cuStreamWaitEvent(stream as CUstream, event as CUevent, 0)) == SUCCESS }
 }
 
-fn query(event: u64) -> bool {
+/// Has `event` completed? Asked without the pool's lock too
+/// (`Progress::poll_unlocked`).
+pub fn query(event: u64) -> bool {
     // SAFETY: the driver's `cuEventQuery` on an event this backend created (`create_event`, never destroyed);
     // it takes it by value.
     unsafe { real!(cuEventQuery(event as CUevent)) == SUCCESS }

@@ -3,7 +3,7 @@
 //! pool's address, turned back into the pool here alone.
 
 use super::engine::Engine;
-use super::fence::Progress;
+use super::progress::Progress;
 use crate::runtime::bias::BiasedMutex;
 use std::num::NonZeroUsize;
 

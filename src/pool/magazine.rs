@@ -24,7 +24,7 @@
 //!   then on) and used by nobody since;
 //! - a block a thread freed waits in its class's queue, tagged with its
 //!   pool's epoch at the free, until the pool's fences have completed that
-//!   epoch (`fence::Progress`): the rule the pool applies to its own frees,
+//!   epoch (`progress::Progress`): the rule the pool applies to its own frees,
 //!   read without its lock. While all work goes to one stream the tag is 0
 //!   and the block is reusable at once, as in the pool;
 //! - a freed block that goes back to the pool instead reaches it later than
@@ -49,8 +49,8 @@
 //! lock; [`record`] takes `GONE`, then `ALL`, then each magazine, each for a
 //! moment at most, so the reverse order cannot deadlock.
 
-use super::fence::Progress;
 use super::handle::PoolHandle;
+use super::progress::Progress;
 use crate::runtime::bias::BiasedMutex;
 use crate::runtime::options;
 use cupool_core::log::MagazineRecord;

@@ -10,6 +10,7 @@ pub use handle::{ContextPool, PoolHandle};
 pub mod ipc;
 mod magazine;
 mod pages;
+mod progress;
 pub mod records;
 mod registry;
 mod streams;

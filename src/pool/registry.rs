@@ -5,6 +5,7 @@ use super::engine::{Carved, Engine};
 use super::fence;
 use super::handle::{ContextPool, PoolHandle};
 use super::magazine::{self, Returns};
+use super::progress::Reuse;
 use super::streams;
 use crate::runtime::bias::{BiasedGuard, BiasedMutex};
 use crate::runtime::clock;
@@ -140,8 +141,9 @@ fn allocate_now(
 
 /// Fills this thread's magazine (if it has one and serves `size`) under one
 /// lock, after giving back what it must; returns the first block taken. When
-/// the pool's fences, asked under that lock, have meanwhile completed the
-/// oldest block this thread freed of that class, it is taken instead.
+/// the pool's fences have meanwhile completed the oldest block this thread
+/// freed of that class (asked first of the published oldest fence without
+/// the lock, then under it where that could not say), it is taken instead.
 #[cold]
 fn refill(
     pool: &'static ContextPool,
@@ -153,12 +155,19 @@ fn refill(
     let mut returns = magazine::spare_returns();
     let (class, want) = magazine::refill(addr, size, &mut returns)?;
     give_back(&returns, on_reserved);
-    let oldest = magazine::oldest_waiting(addr, size); // not under the pool's lock (see magazine.rs)
+    // Not under the pool's lock (see magazine.rs). The fence that the
+    // oldest free waits for is asked about first without it too: every
+    // thread's frees wait for the same fences.
+    let oldest = magazine::oldest_waiting(addr, size);
+    let unlocked = oldest.map(|tag| pool.progress.poll_unlocked(tag, fence::query));
+    if unlocked == Some(Reuse::Ready) {
+        return magazine::take(addr, size, &pool.progress);
+    }
     let mut taken = [Block { id: BlockId::from_raw(0), addr: 0, size: 0 }; magazine::REFILL];
     let mut n = 0;
     {
         let mut p = lock(pool);
-        if oldest.is_some_and(|tag| p.timeline_mut().reuse_ready(tag)) {
+        if unlocked == Some(Reuse::Unknown) && oldest.is_some_and(|tag| p.timeline_mut().reuse_ready(tag)) {
             drop(p);
             return magazine::take(addr, size, &pool.progress);
         }

@@ -335,6 +335,11 @@ pub struct FenceCounters {
     /// per stream), under the pool's lock.
     #[serde(default)]
     pub record_ns: u64,
+    /// Fences that a thread found completed by asking the driver itself,
+    /// without the pool's lock (the oldest queued fence); most of them are
+    /// counted in `completed` too, when the pool drops them.
+    #[serde(default)]
+    pub completed_unlocked: u64,
 }
 
 impl FenceCounters {
@@ -357,6 +362,7 @@ impl FenceCounters {
             syncs: get("syncs"),
             wait_ns: get("wait_ns"),
             record_ns: 0,
+            completed_unlocked: 0,
         }
     }
 }

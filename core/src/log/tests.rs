@@ -156,6 +156,7 @@ fn full_end() -> End {
                 syncs: 7,
                 wait_ns: 8,
                 record_ns: 9,
+                completed_unlocked: 10,
             },
             peak_reserved_over_peak_requested: 1.25,
             backing: crate::options::Backing::Vmm,
