@@ -15,7 +15,11 @@
 # some hosts, the best rounds hold still where the medians flip).
 # Rows: cudaMallocAsync (no shim); cupool's default path (trace off, sites
 # on); cupool's magazine path alone (magazines=always, sites off), the same
-# path from one thread to eight (THREADS="1 2 4 8" unless set). For the
+# path from one thread to eight (THREADS="1 2 4 8" unless set); the pool's
+# locked path alone (magazines=never, sites off: every call takes the pool's
+# lock) and the default path with sizes drawn from 1..64 KiB (sizes that
+# seldom come back, which magazines do not serve), each with a twentieth of
+# the pairs. For the
 # magazine rows a table reads each run's log (one block is left allocated
 # so that a log is written with the trace off): what the threads'
 # magazines did (own frees reused, refills, frees that overflowed the
@@ -95,6 +99,10 @@ for r in $(seq ${ROUNDS:-5}); do
     row cupool-default $t env CUPOOL_OPTIONS=trace=0:log_dir=$w/d/$t.$r LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
     row cupool-magazines $t env CUPOOL_OPTIONS=trace=0:stack_depth=0:python_depth=0:magazines=always:log_dir=$w/m/$t.$r \
       LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
+    row cupool-locked $t env CUPOOL_OPTIONS=trace=0:stack_depth=0:python_depth=0:magazines=never:log_dir=$w/l/$t.$r \
+      LD_PRELOAD=$shim $w/scaling $t $((pairs / 20)) 0 keep
+    row cupool-sizes $t env SCALING_MAX_BYTES=65536 CUPOOL_OPTIONS=trace=0:log_dir=$w/s/$t.$r \
+      LD_PRELOAD=$shim $w/scaling $t $((pairs / 20)) 0 keep
   done
 done > $w/rows
 echo "rows (every round): name threads pairs/s cpu_ns_per_pair loop_ns_per_pair vcsw longest_loop_ns_per_pair"
@@ -122,7 +130,7 @@ def of_control(name, t, i, width):
 
 
 print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9} {'best: / control':>15}")
-for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
+for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
     one = rows.get((name, 1))
     if not one:
         continue
@@ -141,7 +149,7 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]
 # the hypervisor ran something else); in the longest loop (the run's wall time
 # follows the slowest thread); and the run's wall time per pair per thread.
 print(f"{'time (medians)':18} {'threads':>7} {'CPU':>6} {'loop':>6} {'longest':>8} {'wall':>6} {'vcsw':>7}")
-for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines"]:
+for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
     for t in counts:
         m = more.get((name, t))
         if not m:
@@ -156,7 +164,7 @@ PY
 # without the pool's lock); then where the threads meet, the times a thread found
 # the pool's lock taken (end.pools[].lock_waits), beside the voluntary
 # switches of the table above.
-python3 - $w/d $w/m <<'PY'
+python3 - $w/d $w/m $w/l $w/s <<'PY'
 import glob, json, os, statistics as st, sys
 def ends(root):
     runs = {}
@@ -165,7 +173,7 @@ def ends(root):
         for f in glob.glob(os.path.join(d, "cupool.*.json")):
             runs.setdefault(t, []).append(json.load(open(f)).get("end") or {})
     return runs
-default, magazines = ends(sys.argv[1]), ends(sys.argv[2])
+default, magazines, locked, sizes = (ends(a) for a in sys.argv[1:5])
 print(f"{'magazines (medians)':20} {'threads':>7} {'reused':>7} {'refills/1k':>10} {'overflow':>8} {'fences':>7} {'barriers':>8} {'waits':>6} {'unlocked':>8}")
 for t in sorted(magazines):
     figures = []
@@ -182,7 +190,7 @@ for t in sorted(magazines):
 # time spent recording fences with the lock held (fences.record_ns), per
 # fence and per pair of the run: what the fences cost the threads.
 print(f"{'lock waits (medians)':20} {'threads':>7} {'waits':>9} {'us/wait':>8} {'fences':>7} {'us/fence':>8} {'record ns/pair':>14}")
-for name, runs in [("cupool-default", default), ("cupool-magazines", magazines)]:
+for name, runs in [("cupool-default", default), ("cupool-magazines", magazines), ("cupool-locked", locked), ("cupool-sizes", sizes)]:
     for t in sorted(runs):
         figures = []
         for end in runs[t]:

@@ -17,6 +17,14 @@
 // threads were descheduled. The last thread's start and the longest loop,
 // against the whole run, tell threads that started late from one that ran long.
 //
+// With SCALING_MAX_BYTES set, each request's size is drawn anew from
+// 1..SCALING_MAX_BYTES (xorshift, a sequence per thread) instead of 4 KiB:
+// sizes that seldom come back, which a thread's magazine does not serve.
+//
+// With SCALING_PER_THREAD set, a line per thread follows: its start, CPU
+// time and loop time per pair, and its switches, so that a thread that ran
+// long can be told from one that started late or slept.
+//
 // ALLOCATOR "keep" is cudaMalloc as by default, with one 512-byte block left
 // allocated to the end: with its trace off cupool writes a log only when
 // something is left, and the log's end record says what the pool's fences
@@ -46,6 +54,8 @@ int main(int argc, char **argv) {
     const bool launch = argc > 3 ? atoi(argv[3]) != 0 : true;
     const bool async = argc > 4 && strcmp(argv[4], "async") == 0;
     const bool keep = argc > 4 && strcmp(argv[4], "keep") == 0;
+    const char *max_env = getenv("SCALING_MAX_BYTES");
+    const unsigned max_bytes = max_env ? (unsigned)atoi(max_env) : 0;
     cudaFree(nullptr);
     void *kept = nullptr;
     if (keep) cudaMalloc(&kept, 512);
@@ -63,9 +73,17 @@ int main(int argc, char **argv) {
             const auto w0 = std::chrono::steady_clock::now();
             started[t] = std::chrono::duration<double>(w0 - t0).count();
             const double c0 = thread_cpu_s();
+            unsigned x = 0x9e3779b9u * (unsigned)(t + 1);
             for (long i = 0; i < pairs; i++) {
                 void *p;
-                cudaError_t e = async ? cudaMallocAsync(&p, 4096, streams[t]) : cudaMalloc(&p, 4096);
+                size_t n = 4096;
+                if (max_bytes) {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    n = 1 + x % max_bytes;
+                }
+                cudaError_t e = async ? cudaMallocAsync(&p, n, streams[t]) : cudaMalloc(&p, n);
                 if (e != cudaSuccess) { failed = 1; break; }
                 if (launch) touch<<<1, 32, 0, streams[t]>>>((char *)p);
                 if (async) cudaFreeAsync(p, streams[t]); else cudaFree(p);
@@ -89,6 +107,10 @@ int main(int argc, char **argv) {
         vcsw += voluntary[t];
         ivcsw += involuntary[t];
     }
+    if (getenv("SCALING_PER_THREAD"))
+        for (int t = 0; t < threads; t++)
+            printf("thread %d start_ms=%.2f cpu_ns_per_pair=%.0f loop_ns_per_pair=%.0f vcsw=%ld ivcsw=%ld\n", t,
+                   started[t] * 1e3, cpu[t] * 1e9 / pairs, wall[t] * 1e9 / pairs, voluntary[t], involuntary[t]);
     printf("result: threads=%d pairs_per_s=%.0f cpu_ns_per_pair=%.0f loop_ns_per_pair=%.0f vcsw=%ld ivcsw=%ld "
            "longest_loop_ns_per_pair=%.0f last_start_ms=%.2f failed=%d\n",
            threads, threads * pairs / s, cpu_s * 1e9 / (threads * pairs), wall_s * 1e9 / (threads * pairs), vcsw, ivcsw,
