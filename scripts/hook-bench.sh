@@ -33,6 +33,13 @@ for o in mode=pool:trace=0:$nostacks mode=pool:trace=0; do
   printf '%-62s %s\n' "$o, driver API" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs \
     LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n driver)"
 done
+# The same pairs from a loop that keeps its own values in the callee-saved
+# registers (rbp among them), which the hooks save on the stack: a site's
+# walk reads them; sites off and on.
+for o in mode=pool:trace=0:$nostacks mode=pool:trace=0; do
+  printf '%-62s %s\n' "$o, busy registers" "$(CUPOOL_OPTIONS=$o:log_dir=target/hook-bench-logs \
+    LD_PRELOAD=$PWD/target/release/libcupool.so target/hook_pair $n busy)"
+done
 # Several threads, each with a stream of its own (fenced frees): pairs per
 # second over all threads, best of 3, sites off and on. Threads that meet on
 # the pool's lock take blocks from magazines of their own (option magazines).

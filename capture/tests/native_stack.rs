@@ -3,6 +3,8 @@
 
 mod common;
 
+#[cfg(target_arch = "x86_64")]
+use std::ffi::c_void;
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
@@ -200,6 +202,130 @@ fn a_call_site_in_a_loop_is_answered_from_memory_and_only_with_its_own_stack() {
         assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha", "marker_twin"]), [0, 1, 2, 3]);
         // Both walks are remembered and told apart by the words they read.
         assert!(memo_hits() - hits >= 990, "{} of 1000 captures answered from memory", memo_hits() - hits);
+    })
+    .join()
+    .unwrap();
+}
+
+// A frame as optimised code makes it: no frame pointer, the caller's rbp
+// saved in the prologue, and rbp then holding a value of its own (here the
+// first argument) across a call. A loop's counter or pointer often lives
+// there, so every capture below it finds other words in that slot and in
+// the register.
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".globl cupool_test_call_with_bp",
+    ".type cupool_test_call_with_bp, @function",
+    "cupool_test_call_with_bp:",
+    ".cfi_startproc",
+    "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
+    "mov rbp, rdi",
+    "mov rdi, rdx",
+    "call rsi",
+    "pop rbp",
+    ".cfi_def_cfa_offset 8",
+    "ret",
+    ".cfi_endproc",
+    ".size cupool_test_call_with_bp, .-cupool_test_call_with_bp",
+);
+
+#[cfg(target_arch = "x86_64")]
+extern "C" {
+    /// Calls `f(arg)` with `bp` in rbp.
+    fn cupool_test_call_with_bp(bp: u64, f: extern "C" fn(*mut c_void), arg: *mut c_void);
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn capture_below_bp_frame(out: *mut c_void) {
+    // SAFETY: the callers pass a live, unaliased `Vec<u64>`.
+    let out = unsafe { &mut *out.cast::<Vec<u64>>() };
+    *out = marker_alpha(black_box(32));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_caller_keeping_its_own_values_in_rbp_is_answered_from_memory() {
+    init();
+    std::thread::spawn(|| {
+        let hits = memo_hits();
+        let mut first = Vec::new();
+        for i in 0..1000u64 {
+            let mut frames = Vec::new();
+            // SAFETY: the assembly above saves and restores rbp and keeps the
+            // stack aligned; `frames` outlives the call.
+            unsafe { cupool_test_call_with_bp(0x5eed_0000 + i * 24, capture_below_bp_frame, (&raw mut frames).cast()) };
+            if first.is_empty() {
+                first = frames;
+            } else {
+                assert_eq!(frames, first, "capture {i}");
+            }
+        }
+        let names = ExeSymbols::load().names(&first);
+        assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha"]), [0, 1, 2]);
+        let start = cupool_test_call_with_bp as *const () as u64;
+        assert!(
+            first.iter().any(|&ra| (start..start + 16).contains(&ra)),
+            "the frame of the assembly is among the callers"
+        );
+        assert!(memo_hits() - hits >= 990, "{} of 1000 captures answered from memory", memo_hits() - hits);
+    })
+    .join()
+    .unwrap();
+}
+
+// A frame whose unwind rule goes by the frame pointer (CFA = rbp + 16), with
+// rbp pointing at a frame record of the caller's choosing: the walk's next
+// return address is whatever that record holds, so it depends on rbp's value.
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".globl cupool_test_call_through_record",
+    ".type cupool_test_call_through_record, @function",
+    "cupool_test_call_through_record:",
+    ".cfi_startproc",
+    "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
+    "mov rbp, rdi",
+    ".cfi_def_cfa rbp, 16",
+    "mov rdi, rdx",
+    "call rsi",
+    ".cfi_def_cfa rsp, 16",
+    "pop rbp",
+    ".cfi_def_cfa_offset 8",
+    "ret",
+    ".cfi_endproc",
+    ".size cupool_test_call_through_record, .-cupool_test_call_through_record",
+);
+
+#[cfg(target_arch = "x86_64")]
+extern "C" {
+    /// Calls `f(arg)` with rbp at `record`, a frame record [saved rbp,
+    /// return address] that the unwinder follows from this frame.
+    fn cupool_test_call_through_record(record: *const u64, f: extern "C" fn(*mut c_void), arg: *mut c_void);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_frame_pointer_a_rule_goes_by_is_checked_before_a_walk_is_answered_from_memory() {
+    init();
+    std::thread::spawn(|| {
+        // Two frame records on this thread's stack, each returning into a
+        // different function and ending the walk there (a zero word next).
+        let (a, b) = (marker_gamma as *const () as u64 + 1, marker_beta as *const () as u64 + 1);
+        let records = black_box([[0u64, a, 0, 0, 0, 0], [0, b, 0, 0, 0, 0]]);
+        for i in 0..200 {
+            let (record, expected) = if i % 2 == 0 { (&records[0], a) } else { (&records[1], b) };
+            let mut frames = Vec::new();
+            // SAFETY: the assembly above saves and restores rbp and keeps the
+            // stack aligned; the records and `frames` outlive the call.
+            unsafe {
+                cupool_test_call_through_record(record.as_ptr(), capture_below_bp_frame, (&raw mut frames).cast())
+            };
+            assert_eq!(frames.last(), Some(&expected), "capture {i}: {frames:x?}");
+        }
+        black_box(&records);
     })
     .join()
     .unwrap();

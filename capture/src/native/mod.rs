@@ -5,7 +5,9 @@
 //! unwind from there, frame by frame, through the unwind tables of every
 //! loaded module (frame pointers only where a module has none). A walk
 //! from the same registers over the same stack words as one of the thread's
-//! last few is not made again: its frames are remembered (`memo`). Stack
+//! last few is not made again: its frames are remembered (`memo`); a frame
+//! pointer value that no frame's rule used (a caller's own value in rbp,
+//! saved by its callee) is left out of that comparison. Stack
 //! memory is read only between the capture point and the top of the
 //! calling thread's stack. After a thread's first capture, a capture
 //! allocates nothing, makes no system call and waits on no lock, unless a

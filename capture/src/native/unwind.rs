@@ -42,9 +42,59 @@ struct Walker {
     /// every time, and this spares each frame a search of the whole table.
     recent: [Span; RECENT_SPANS],
     next_recent: usize,
+    /// What the rules of frames met before do with the frame pointer: (key
+    /// of the frame address, rule); key 0: empty.
+    bp_rules: [(u64, BpRule); BP_RULES],
 }
 
 const RECENT_SPANS: usize = 8;
+
+/// Slots of a walker's record of what frame rules do with the frame pointer
+/// (direct-mapped by address).
+const BP_RULES: usize = 64;
+
+/// What a frame's unwind rule does with the frame pointer (rbp) it is given,
+/// as far as a remembered walk's check goes (`memo.rs`): found by trying the
+/// rule again with rbp = 0, which no stack address is. A rule that used it
+/// (a frame-pointer frame) reads at 0 and fails, or lands elsewhere.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BpRule {
+    /// The caller's sp and return address do not depend on it, and the
+    /// caller gets it unchanged.
+    PassesOn,
+    /// They do not depend on it, and the caller gets a value read from the
+    /// stack instead.
+    Replaces,
+    /// Used, or it could not be told.
+    Uses,
+}
+
+/// Where the frame pointer a walk carries came from, for the check of a
+/// remembered walk: compared only once a rule uses it.
+#[derive(Clone, Copy)]
+enum BpFrom {
+    /// The register at the capture point.
+    Start,
+    /// The stack word of that read (by its number): left out of the check
+    /// until used.
+    Read(usize),
+    /// Something checked already (or not known: then everything is).
+    Checked,
+}
+
+/// A word of this thread's stack between `low` (the capture point's sp) and
+/// `top`: mapped, and every frame in it belongs to a caller suspended until
+/// the walk returns. Anything else is refused.
+#[inline]
+fn read_word(addr: u64, low: u64, top: u64) -> Result<u64, ()> {
+    if addr < low || !addr.is_multiple_of(8) || addr > top.saturating_sub(8) {
+        return Err(());
+    }
+    // SAFETY: an aligned word of this thread's own stack between the capture
+    // point's sp and the top (checked above): mapped, and not written while
+    // the walk runs, since its frames' owners are suspended in callers.
+    Ok(unsafe { std::ptr::read_volatile(addr as *const u64) })
+}
 
 impl Walker {
     #[inline]
@@ -117,6 +167,7 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64], known: u64) -> super::Wa
                             stack_top: top,
                             recent: [Span::NONE; RECENT_SPANS],
                             next_recent: 0,
+                            bp_rules: [(0, BpRule::Uses); BP_RULES],
                         },
                         table: Snapshot::default(),
                     })),
@@ -128,8 +179,9 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64], known: u64) -> super::Wa
             if let Some((n, serial)) = memos.recall(regs, out, known) {
                 return walk(n, serial);
             }
-            let mut recording = memos.record(regs, out.len());
-            let (n, stop) = unwind(walker, table.current(), regs, out, &mut recording);
+            let near_miss = memos.near_miss();
+            let mut recording = memos.record(regs, out.len(), near_miss);
+            let (n, stop) = unwind(walker, table.current(), regs, out, &mut recording, near_miss.is_some());
             let retry = match stop {
                 Stop::End => return walk(n, recording.finish(&out[..n])),
                 Stop::Busy => false,
@@ -139,7 +191,7 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64], known: u64) -> super::Wa
             };
             if retry {
                 // The frame the registers come from is still live (it called us).
-                walk(unwind(walker, table.current(), regs, out, &mut Recording::none()).0, 0)
+                walk(unwind(walker, table.current(), regs, out, &mut Recording::none(), false).0, 0)
             } else {
                 walk(n, 0)
             }
@@ -157,12 +209,16 @@ enum Stop {
     UnknownAddress,
 }
 
+/// The walk, recorded. With `track`, it finds out what it depends on (a
+/// near miss, `memo.rs`); otherwise everything it read and the frame
+/// pointer register it started with are checked.
 fn unwind(
     state: &mut Walker,
     table: Current,
     regs: &Regs,
     out: &mut [u64],
     recording: &mut Recording,
+    track: bool,
 ) -> (usize, Stop) {
     let table = match table {
         Current::Table(t) => t,
@@ -175,17 +231,6 @@ fn unwind(
     if !(state.stack_bottom..top).contains(&low) {
         return (0, Stop::End);
     }
-    let mut read_stack = |addr: u64| -> Result<u64, ()> {
-        if addr < low || !addr.is_multiple_of(8) || addr > top.saturating_sub(8) {
-            return Err(());
-        }
-        // SAFETY: an aligned word of this thread's own stack between the
-        // capture point's sp and the top: mapped, and every frame in it
-        // belongs to a caller suspended until the walk returns.
-        let value = unsafe { std::ptr::read_volatile(addr as *const u64) };
-        recording.read(addr, value);
-        Ok(value)
-    };
     if table.span(regs.ip).is_none() {
         return (0, Stop::UnknownAddress);
     }
@@ -193,17 +238,52 @@ fn unwind(
     // The first frame is the capture function itself: unwound, never kept.
     let mut frame = FrameAddress::from_instruction_pointer(regs.ip);
     let (mut n, mut leading) = (0, true);
+    let mut bp_from = BpFrom::Start;
+    if !track {
+        recording.bp_matters();
+    }
     for step in 0..MAX_STEPS {
         if n == out.len() {
             break;
         }
-        let sp = uregs.sp();
+        let (before, first_read) = (Regs { ip: uregs.ip(), sp: uregs.sp(), bp: uregs.bp() }, recording.len());
         let cache = &mut state.caches[step.min(CACHES - 1)];
-        let Ok(Some(ra)) = table.unwinder.unwind_frame(frame, &mut uregs, cache, &mut read_stack) else {
+        let mut read_stack = |addr: u64| {
+            let value = read_word(addr, low, top)?;
+            recording.read(addr, value);
+            Ok(value)
+        };
+        let stepped = table.unwinder.unwind_frame(frame, &mut uregs, cache, &mut read_stack);
+        let Ok(Some(ra)) = stepped else {
+            // The end of the stack is where the walk ends whatever rbp held
+            // if it is there with rbp = 0 too; otherwise the end (a read
+            // refused, say) may depend on it.
+            let end_without_bp = !track
+                || matches!(stepped, Ok(None)) && before.bp != 0 && {
+                    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, 0);
+                    let mut read = |addr| read_word(addr, low, top);
+                    matches!(table.unwinder.unwind_frame(frame, &mut trial, cache, &mut read), Ok(None))
+                };
+            if !end_without_bp {
+                bp_used(recording, bp_from);
+            }
             break;
         };
+        let rule = track.then(|| bp_rule(&mut state.bp_rules, table, cache, frame, &before, &uregs, ra, (low, top)));
+        bp_from = match rule {
+            // Not tracked: everything is checked.
+            None => BpFrom::Checked,
+            Some(BpRule::PassesOn) => bp_from,
+            Some(BpRule::Replaces) => restored_from(recording, first_read, &uregs),
+            // A frame-pointer frame: it used the one it was given, and its
+            // caller's comes from the stack, at an address known from that.
+            Some(BpRule::Uses) => {
+                bp_used(recording, bp_from);
+                restored_from(recording, first_read, &uregs)
+            }
+        };
         // Every real frame pops at least its return address.
-        if uregs.sp() <= sp {
+        if uregs.sp() <= before.sp {
             break;
         }
         // framehop passes a zero return address through on one path.
@@ -221,6 +301,82 @@ fn unwind(
         }
     }
     (n, Stop::End)
+}
+
+/// A rule used the frame pointer that came `from` there: the check of the
+/// remembered walk compares it.
+fn bp_used(recording: &mut Recording, from: BpFrom) {
+    match from {
+        BpFrom::Start => recording.bp_matters(),
+        BpFrom::Read(i) => recording.needed(i),
+        BpFrom::Checked => {}
+    }
+}
+
+/// The read of the frame pointer a step restored: among the reads it made
+/// (from `first_read` on), the one that gave the new value, not the return
+/// address's slot. It is left out of the check until a rule uses it; with
+/// no such read, or two, everything stays checked.
+fn restored_from(recording: &mut Recording, first_read: usize, after: &UnwindRegsX86_64) -> BpFrom {
+    let ra_slot = after.sp().wrapping_sub(8);
+    let mut found = None;
+    for i in first_read..recording.len() {
+        if let Some((addr, value)) = recording.get(i) {
+            if value == after.bp() && addr != ra_slot {
+                if found.is_some() {
+                    return BpFrom::Checked;
+                }
+                found = Some(i);
+            }
+        }
+    }
+    match found {
+        Some(i) => {
+            recording.optional(i);
+            BpFrom::Read(i)
+        }
+        None => BpFrom::Checked,
+    }
+}
+
+/// What the rule of `frame` does with the frame pointer (see [`BpRule`]),
+/// from the walker's record or by trying the step again from `before`
+/// with rbp = 0 and comparing with where it went (`after`, `ra`).
+#[allow(clippy::too_many_arguments)]
+fn bp_rule(
+    rules: &mut [(u64, BpRule); BP_RULES],
+    table: &Table,
+    cache: &mut Cache,
+    frame: FrameAddress,
+    before: &Regs,
+    after: &UnwindRegsX86_64,
+    ra: u64,
+    (low, top): (u64, u64),
+) -> BpRule {
+    let first = matches!(frame, FrameAddress::InstructionPointer(_));
+    let key = frame.address() | (u64::from(first) << 63);
+    let slot = &mut rules[(frame.address() as usize >> 1) % BP_RULES];
+    if slot.0 == key {
+        return slot.1;
+    }
+    if before.bp == 0 {
+        return BpRule::Uses; // the trial would be this very step
+    }
+    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, 0);
+    let rule = match table.unwinder.unwind_frame(frame, &mut trial, cache, &mut |addr| read_word(addr, low, top)) {
+        Ok(Some(r)) if r == ra && trial.sp() == after.sp() => {
+            if trial.bp() == 0 && after.bp() == before.bp {
+                BpRule::PassesOn
+            } else if trial.bp() == after.bp() {
+                BpRule::Replaces
+            } else {
+                BpRule::Uses
+            }
+        }
+        _ => BpRule::Uses,
+    };
+    *slot = (key, rule);
+    rule
 }
 
 /// Captures this thread answered from a remembered walk (`memo.rs`).
