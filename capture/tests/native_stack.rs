@@ -330,3 +330,125 @@ fn a_frame_pointer_a_rule_goes_by_is_checked_before_a_walk_is_answered_from_memo
     .join()
     .unwrap();
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_frame_record_that_ends_the_stack_is_told_from_one_that_goes_on() {
+    init();
+    std::thread::spawn(|| {
+        // The first record ends the walk there (a return address of 0),
+        // the second goes on into another function.
+        let b = marker_beta as *const () as u64 + 1;
+        let records = black_box([[0u64, 0, 0, 0, 0, 0], [0, b, 0, 0, 0, 0]]);
+        let start = cupool_test_call_through_record as *const () as u64;
+        for i in 0..200 {
+            let record = &records[i % 2];
+            let mut frames = Vec::new();
+            // SAFETY: as in the test above.
+            unsafe {
+                cupool_test_call_through_record(record.as_ptr(), capture_below_bp_frame, (&raw mut frames).cast())
+            };
+            let last = *frames.last().expect("frames");
+            if i % 2 == 0 {
+                assert!((start..start + 32).contains(&last), "capture {i} ends in the assembly: {frames:x?}");
+            } else {
+                assert_eq!(last, b, "capture {i}: {frames:x?}");
+            }
+        }
+        black_box(&records);
+    })
+    .join()
+    .unwrap();
+}
+
+// A frame whose rule framehop cannot reduce to one of its cached forms (the
+// CFA 32 bytes above rbp): it runs the module's DWARF rule every time, and
+// a failed try at it would leave a frame-pointer rule (CFA 16 above rbp)
+// in the cache it ran on.
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".globl cupool_test_call_with_rbp_cfa",
+    ".type cupool_test_call_with_rbp_cfa, @function",
+    "cupool_test_call_with_rbp_cfa:",
+    ".cfi_startproc",
+    "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
+    "sub rsp, 16",
+    ".cfi_def_cfa_offset 32",
+    // Zeroes where a frame-pointer rule would look (rbp and rbp + 8).
+    "mov qword ptr [rsp], 0",
+    "mov qword ptr [rsp + 8], 0",
+    "mov rbp, rsp",
+    ".cfi_def_cfa rbp, 32",
+    "mov rax, rdi",
+    "mov rdi, rsi",
+    "call rax",
+    ".cfi_def_cfa rsp, 32",
+    "add rsp, 16",
+    ".cfi_def_cfa_offset 16",
+    "pop rbp",
+    ".cfi_def_cfa_offset 8",
+    "ret",
+    ".cfi_endproc",
+    ".size cupool_test_call_with_rbp_cfa, .-cupool_test_call_with_rbp_cfa",
+);
+
+#[cfg(target_arch = "x86_64")]
+extern "C" {
+    /// Calls `f(arg)` from a frame whose CFA is rbp + 32.
+    fn cupool_test_call_with_rbp_cfa(f: extern "C" fn(*mut c_void), arg: *mut c_void);
+}
+
+/// `arg` is a `Vec<u64>`: captured below the frame of rbp + 32.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn through_rbp_cfa(arg: *mut c_void) {
+    // SAFETY: the assembly passes `f` and `arg` on; `arg` is a live `Vec<u64>`.
+    unsafe { cupool_test_call_with_rbp_cfa(capture_below_bp_frame, arg) };
+}
+
+/// The same, from another call site in Rust: a walk no memory answers.
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+fn fresh_walk_through_rbp_cfa() -> Vec<u64> {
+    let mut frames: Vec<u64> = Vec::new();
+    // SAFETY: as above.
+    unsafe { cupool_test_call_with_rbp_cfa(capture_below_bp_frame, (&raw mut frames).cast()) };
+    black_box(frames)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn trying_rules_on_near_misses_leaves_later_walks_as_they_were() {
+    init();
+    std::thread::spawn(|| {
+        let mut before = Vec::new();
+        // The same call site twice: before and after the near misses.
+        for round in 0..2 {
+            let frames = fresh_walk_through_rbp_cfa();
+            if round == 1 {
+                assert_eq!(frames, before);
+                break;
+            }
+            let names = ExeSymbols::load().names(&frames);
+            assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha"]), [0, 1, 2]);
+            assert!(names.iter().any(|n| n.contains("fresh_walk_through_rbp_cfa")), "past the assembly: {names:?}");
+            before = frames;
+            // Near misses under the frame of rbp + 32: the frame pointer
+            // above it varies.
+            for i in 0..200u64 {
+                let mut frames: Vec<u64> = Vec::new();
+                // SAFETY: as in the tests above.
+                unsafe { cupool_test_call_with_bp(0x5eed_0000 + i * 24, through_rbp_cfa, (&raw mut frames).cast()) };
+                assert!(frames.len() > 5, "capture {i}: {frames:x?}");
+            }
+            // Walks of other lengths take every slot of the thread's memory:
+            // the next walk through the assembly is walked, not recalled.
+            for len in 9..9 + 8 {
+                black_box(marker_alpha(len));
+            }
+        }
+    })
+    .join()
+    .unwrap();
+}

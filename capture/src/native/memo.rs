@@ -124,8 +124,10 @@ impl Memos {
         if len > FRAMES {
             return Recording(None);
         }
-        let slot = instead.unwrap_or((self.next + 1) % MEMOS);
-        self.next = slot;
+        let slot = instead.unwrap_or_else(|| {
+            self.next = (self.next + 1) % MEMOS;
+            self.next
+        });
         self.last_serial += 1;
         let m = &mut self.memos[slot];
         (m.valid, m.serial, m.at, m.len) = (false, self.last_serial, *regs, len);

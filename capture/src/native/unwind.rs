@@ -42,21 +42,24 @@ struct Walker {
     /// every time, and this spares each frame a search of the whole table.
     recent: [Span; RECENT_SPANS],
     next_recent: usize,
-    /// What the rules of frames met before do with the frame pointer: (key
-    /// of the frame address, rule); key 0: empty.
-    bp_rules: [(u64, BpRule); BP_RULES],
+    /// framehop's cache for the trials of `bp_rule`: a trial that fails
+    /// leaves a fallback rule for its address in the cache it ran on, which
+    /// must not be the one real walks use.
+    trial_cache: Box<Cache>,
 }
 
 const RECENT_SPANS: usize = 8;
 
-/// Slots of a walker's record of what frame rules do with the frame pointer
-/// (direct-mapped by address).
-const BP_RULES: usize = 64;
+/// The frame pointer a step is tried again with to see whether its rule
+/// uses the one it was given: no stack word can be read at or near it (it
+/// is not even aligned), and it is not 0, which framehop takes for the end
+/// of a frame-pointer chain.
+const TRIAL_BP: u64 = 1;
 
 /// What a frame's unwind rule does with the frame pointer (rbp) it is given,
 /// as far as a remembered walk's check goes (`memo.rs`): found by trying the
-/// rule again with rbp = 0, which no stack address is. A rule that used it
-/// (a frame-pointer frame) reads at 0 and fails, or lands elsewhere.
+/// step again with rbp = [`TRIAL_BP`]. A rule that uses it (a frame-pointer
+/// frame) cannot read there and fails, or lands elsewhere.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum BpRule {
     /// The caller's sp and return address do not depend on it, and the
@@ -167,7 +170,7 @@ fn capture_on_this_thread(regs: &Regs, out: &mut [u64], known: u64) -> super::Wa
                             stack_top: top,
                             recent: [Span::NONE; RECENT_SPANS],
                             next_recent: 0,
-                            bp_rules: [(0, BpRule::Uses); BP_RULES],
+                            trial_cache: Box::new(Cache::new_in()),
                         },
                         table: Snapshot::default(),
                     })),
@@ -259,17 +262,21 @@ fn unwind(
             // if it is there with rbp = 0 too; otherwise the end (a read
             // refused, say) may depend on it.
             let end_without_bp = !track
-                || matches!(stepped, Ok(None)) && before.bp != 0 && {
-                    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, 0);
+                || matches!(stepped, Ok(None)) && before.bp != TRIAL_BP && {
+                    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, TRIAL_BP);
                     let mut read = |addr| read_word(addr, low, top);
-                    matches!(table.unwinder.unwind_frame(frame, &mut trial, cache, &mut read), Ok(None))
+                    let ended = table.unwinder.unwind_frame(frame, &mut trial, &mut state.trial_cache, &mut read);
+                    matches!(ended, Ok(None))
                 };
             if !end_without_bp {
                 bp_used(recording, bp_from);
             }
             break;
         };
-        let rule = track.then(|| bp_rule(&mut state.bp_rules, table, cache, frame, &before, &uregs, ra, (low, top)));
+        let rule = track.then(|| {
+            let step = Step { frame, before, after: &uregs, ra, reads: first_read..recording.len() };
+            bp_rule(table, &mut state.trial_cache, &step, recording, (low, top))
+        });
         bp_from = match rule {
             // Not tracked: everything is checked.
             None => BpFrom::Checked,
@@ -319,6 +326,9 @@ fn bp_used(recording: &mut Recording, from: BpFrom) {
 /// no such read, or two, everything stays checked.
 fn restored_from(recording: &mut Recording, first_read: usize, after: &UnwindRegsX86_64) -> BpFrom {
     let ra_slot = after.sp().wrapping_sub(8);
+    if after.bp() == after.ip() {
+        return BpFrom::Checked; // the value could be the return address's read
+    }
     let mut found = None;
     for i in first_read..recording.len() {
         if let Some((addr, value)) = recording.get(i) {
@@ -339,33 +349,39 @@ fn restored_from(recording: &mut Recording, first_read: usize, after: &UnwindReg
     }
 }
 
-/// What the rule of `frame` does with the frame pointer (see [`BpRule`]),
-/// from the walker's record or by trying the step again from `before`
-/// with rbp = 0 and comparing with where it went (`after`, `ra`).
-#[allow(clippy::too_many_arguments)]
-fn bp_rule(
-    rules: &mut [(u64, BpRule); BP_RULES],
-    table: &Table,
-    cache: &mut Cache,
+/// One step of a walk, as `bp_rule` weighs it: the frame, the registers
+/// before and after it, the return address it found and the reads it made.
+struct Step<'a> {
     frame: FrameAddress,
-    before: &Regs,
-    after: &UnwindRegsX86_64,
+    before: Regs,
+    after: &'a UnwindRegsX86_64,
     ra: u64,
+    reads: std::ops::Range<usize>,
+}
+
+/// What the rule of `step.frame` does with the frame pointer (see
+/// [`BpRule`]): the step tried again from `before` with rbp =
+/// [`TRIAL_BP`], on the trial cache, and compared with where it went. A
+/// step that read the words at rbp or just above it is taken to use it,
+/// whatever the trial says: the rule the walk's own cache ran there may be
+/// framehop's frame-pointer fallback, left by an earlier failure, where
+/// the trial ran the module's own.
+fn bp_rule(
+    table: &Table,
+    trial_cache: &mut Cache,
+    step: &Step,
+    recording: &Recording,
     (low, top): (u64, u64),
 ) -> BpRule {
-    let first = matches!(frame, FrameAddress::InstructionPointer(_));
-    let key = frame.address() | (u64::from(first) << 63);
-    let slot = &mut rules[(frame.address() as usize >> 1) % BP_RULES];
-    if slot.0 == key {
-        return slot.1;
+    let Step { frame, before, after, ra, ref reads } = *step;
+    let near_bp = |addr: u64| addr == before.bp || addr == before.bp.wrapping_add(8);
+    if before.bp == TRIAL_BP || reads.clone().any(|i| recording.get(i).is_some_and(|(addr, _)| near_bp(addr))) {
+        return BpRule::Uses;
     }
-    if before.bp == 0 {
-        return BpRule::Uses; // the trial would be this very step
-    }
-    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, 0);
-    let rule = match table.unwinder.unwind_frame(frame, &mut trial, cache, &mut |addr| read_word(addr, low, top)) {
+    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, TRIAL_BP);
+    match table.unwinder.unwind_frame(frame, &mut trial, trial_cache, &mut |addr| read_word(addr, low, top)) {
         Ok(Some(r)) if r == ra && trial.sp() == after.sp() => {
-            if trial.bp() == 0 && after.bp() == before.bp {
+            if trial.bp() == TRIAL_BP && after.bp() == before.bp {
                 BpRule::PassesOn
             } else if trial.bp() == after.bp() {
                 BpRule::Replaces
@@ -374,9 +390,7 @@ fn bp_rule(
             }
         }
         _ => BpRule::Uses,
-    };
-    *slot = (key, rule);
-    rule
+    }
 }
 
 /// Captures this thread answered from a remembered walk (`memo.rs`).
