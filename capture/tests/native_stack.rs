@@ -422,32 +422,31 @@ fn fresh_walk_through_rbp_cfa() -> Vec<u64> {
 fn trying_rules_on_near_misses_leaves_later_walks_as_they_were() {
     init();
     std::thread::spawn(|| {
-        let mut before = Vec::new();
-        // The same call site twice: before and after the near misses.
-        for round in 0..2 {
-            let frames = fresh_walk_through_rbp_cfa();
-            if round == 1 {
-                assert_eq!(frames, before);
-                break;
-            }
-            let names = ExeSymbols::load().names(&frames);
+        let symbols = ExeSymbols::load();
+        // The frames from the capture up to the assembly's caller, and how
+        // many frames the walk found in all.
+        let through_assembly = |frames: &[u64]| {
+            let names = symbols.names(frames);
             assert_eq!(positions(&names, &["marker_gamma", "marker_beta", "marker_alpha"]), [0, 1, 2]);
-            assert!(names.iter().any(|n| n.contains("fresh_walk_through_rbp_cfa")), "past the assembly: {names:?}");
-            before = frames;
-            // Near misses under the frame of rbp + 32: the frame pointer
-            // above it varies.
-            for i in 0..200u64 {
-                let mut frames: Vec<u64> = Vec::new();
-                // SAFETY: as in the tests above.
-                unsafe { cupool_test_call_with_bp(0x5eed_0000 + i * 24, through_rbp_cfa, (&raw mut frames).cast()) };
-                assert!(frames.len() > 5, "capture {i}: {frames:x?}");
-            }
-            // Walks of other lengths take every slot of the thread's memory:
-            // the next walk through the assembly is walked, not recalled.
-            for len in 9..9 + 8 {
-                black_box(marker_alpha(len));
-            }
+            let caller = names.iter().position(|n| n.contains("fresh_walk_through_rbp_cfa"));
+            let caller = caller.unwrap_or_else(|| panic!("walked past the assembly: {names:?}"));
+            (frames[..=caller].to_vec(), frames.len())
+        };
+        let before = through_assembly(&fresh_walk_through_rbp_cfa());
+        // Near misses under the frame of rbp + 32: the frame pointer above
+        // it varies.
+        for i in 0..200u64 {
+            let mut frames: Vec<u64> = Vec::new();
+            // SAFETY: as in the tests above.
+            unsafe { cupool_test_call_with_bp(0x5eed_0000 + i * 24, through_rbp_cfa, (&raw mut frames).cast()) };
+            assert!(frames.len() > 5, "capture {i}: {frames:x?}");
         }
+        // Walks of other lengths take every slot of the thread's memory: the
+        // next walk through the assembly is walked, not recalled.
+        for len in 9..9 + 8 {
+            black_box(marker_alpha(len));
+        }
+        assert_eq!(through_assembly(&fresh_walk_through_rbp_cfa()), before);
     })
     .join()
     .unwrap();
