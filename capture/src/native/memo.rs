@@ -4,7 +4,11 @@
 //! A walk is a pure function of the capture point's registers, the buffer
 //! length, the thread's stack bounds and the stack words it reads: the unwind
 //! rule of an address never changes once its module is registered
-//! (`table.rs`), and the caches on the way only spare lookups. So if the
+//! (`table.rs`), and the caches on the way only spare lookups. (One
+//! exception: where framehop's reading of a module's DWARF rule fails, it
+//! keeps its frame-pointer rule for that address in the cache it ran on,
+//! and later walks there follow it; a walk remembered before keeps the
+//! module's answer.) So if the
 //! registers and length are those of a remembered walk and every word that
 //! walk read still holds the value it read, walking again would read the same
 //! words in the same order and return the same frames. Checking costs a load

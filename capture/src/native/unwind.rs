@@ -259,8 +259,8 @@ fn unwind(
         let stepped = table.unwinder.unwind_frame(frame, &mut uregs, cache, &mut read_stack);
         let Ok(Some(ra)) = stepped else {
             // The end of the stack is where the walk ends whatever rbp held
-            // if it is there with rbp = 0 too; otherwise the end (a read
-            // refused, say) may depend on it.
+            // if it is there with rbp = TRIAL_BP too; otherwise the end (a
+            // read refused, say) may depend on it.
             let end_without_bp = !track
                 || matches!(stepped, Ok(None)) && before.bp != TRIAL_BP && {
                     let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, TRIAL_BP);
