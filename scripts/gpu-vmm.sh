@@ -42,7 +42,8 @@ vmm="$bin/cupool run -q --log-dir $work/logs -o backing=vmm"
 sections=" ${SECTIONS:-pair torch frag safety ipc} "
 want() { [[ $sections == *" $1 "* ]]; }
 last_pools() {
-  python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/run-*/cupool.*.json')), key=lambda l: l['process']['start_unix_ms'], default=None); print('    (no log in $work/logs)') if l is None else [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; multi_stream', p.get('multi_stream'), 'fences', p.get('fences'), 'pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
+  python3 -c "import json,glob; l=max((json.load(open(p)) for p in glob.glob('$work/logs/**/cupool.*.json', recursive=True)), key=lambda l: l['process']['start_unix_ms'], default=None); print('    (no log in $work/logs)') if l is None else [print('   ', p['backing'], 'reserved peak', p['reserved_bytes']['peak'] >> 20, 'MiB; multi_stream', p.get('multi_stream'), 'fences', p.get('fences'), 'pages', {k: v for k, v in (p.get('pages') or {}).items() if k not in ('idle_bytes', 'pending_bytes')}) for p in l['end']['pools']]"
+  rm -rf $work/logs  # each run's line reads its own log, or says there is none
 }
 # peak_used CMD...: runs CMD, prints its output, then the peak of nvidia-smi's memory.used less the reading before.
 peak_used() {
