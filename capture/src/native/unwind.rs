@@ -241,7 +241,9 @@ fn unwind(
     // The first frame is the capture function itself: unwound, never kept.
     let mut frame = FrameAddress::from_instruction_pointer(regs.ip);
     let (mut n, mut leading) = (0, true);
-    let mut bp_from = BpFrom::Start;
+    // Where the frame pointer the walk carries came from: `None` when the
+    // walk is not tracked (everything it read is checked).
+    let mut bp_from = track.then_some(BpFrom::Start);
     if !track {
         recording.bp_matters();
     }
@@ -249,7 +251,8 @@ fn unwind(
         if n == out.len() {
             break;
         }
-        let (before, first_read) = (Regs { ip: uregs.ip(), sp: uregs.sp(), bp: uregs.bp() }, recording.len());
+        let before = Regs { ip: uregs.ip(), sp: uregs.sp(), bp: uregs.bp() };
+        let first_read = if track { recording.len() } else { 0 };
         let cache = &mut state.caches[step.min(CACHES - 1)];
         let mut read_stack = |addr: u64| {
             let value = read_word(addr, low, top)?;
@@ -258,37 +261,36 @@ fn unwind(
         };
         let stepped = table.unwinder.unwind_frame(frame, &mut uregs, cache, &mut read_stack);
         let Ok(Some(ra)) = stepped else {
-            // The end of the stack is where the walk ends whatever rbp held
-            // if it is there with rbp = TRIAL_BP too; otherwise the end (a
-            // read refused, say) may depend on it.
-            let end_without_bp = !track
-                || matches!(stepped, Ok(None)) && before.bp != TRIAL_BP && {
+            if let Some(from) = bp_from {
+                // The end of the stack is where the walk ends whatever rbp
+                // held if it is there with rbp = TRIAL_BP too; otherwise the
+                // end (a read refused, say) may depend on it.
+                let end_without_bp = matches!(stepped, Ok(None)) && before.bp != TRIAL_BP && {
                     let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, TRIAL_BP);
                     let mut read = |addr| read_word(addr, low, top);
                     let ended = table.unwinder.unwind_frame(frame, &mut trial, &mut state.trial_cache, &mut read);
                     matches!(ended, Ok(None))
                 };
-            if !end_without_bp {
-                bp_used(recording, bp_from);
+                if !end_without_bp {
+                    bp_used(recording, from);
+                }
             }
             break;
         };
-        let rule = track.then(|| {
+        if let Some(from) = bp_from {
             let step = Step { frame, before, after: &uregs, ra, reads: first_read..recording.len() };
-            bp_rule(table, &mut state.trial_cache, &step, recording, (low, top))
-        });
-        bp_from = match rule {
-            // Not tracked: everything is checked.
-            None => BpFrom::Checked,
-            Some(BpRule::PassesOn) => bp_from,
-            Some(BpRule::Replaces) => restored_from(recording, first_read, &uregs),
-            // A frame-pointer frame: it used the one it was given, and its
-            // caller's comes from the stack, at an address known from that.
-            Some(BpRule::Uses) => {
-                bp_used(recording, bp_from);
-                restored_from(recording, first_read, &uregs)
-            }
-        };
+            bp_from = Some(match bp_rule(table, &mut state.trial_cache, &step, recording, (low, top)) {
+                BpRule::PassesOn => from,
+                BpRule::Replaces => restored_from(recording, first_read, &uregs),
+                // A frame-pointer frame: it used the one it was given, and
+                // its caller's comes from the stack, at an address known
+                // from that.
+                BpRule::Uses => {
+                    bp_used(recording, from);
+                    restored_from(recording, first_read, &uregs)
+                }
+            });
+        }
         // Every real frame pops at least its return address.
         if uregs.sp() <= before.sp {
             break;
