@@ -265,12 +265,9 @@ fn unwind(
                 // The end of the stack is where the walk ends whatever rbp
                 // held if it is there with rbp = TRIAL_BP too; otherwise the
                 // end (a read refused, say) may depend on it.
-                let end_without_bp = matches!(stepped, Ok(None)) && before.bp != TRIAL_BP && {
-                    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, TRIAL_BP);
-                    let mut read = |addr| read_word(addr, low, top);
-                    let ended = table.unwinder.unwind_frame(frame, &mut trial, &mut state.trial_cache, &mut read);
-                    matches!(ended, Ok(None))
-                };
+                let end_without_bp = matches!(stepped, Ok(None))
+                    && before.bp != TRIAL_BP
+                    && matches!(trial_step(table, &mut state.trial_cache, frame, &before, (low, top)), Some((None, _)));
                 if !end_without_bp {
                     bp_used(recording, from);
                 }
@@ -380,9 +377,8 @@ fn bp_rule(
     if before.bp == TRIAL_BP || reads.clone().any(|i| recording.get(i).is_some_and(|(addr, _)| near_bp(addr))) {
         return BpRule::Uses;
     }
-    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, TRIAL_BP);
-    match table.unwinder.unwind_frame(frame, &mut trial, trial_cache, &mut |addr| read_word(addr, low, top)) {
-        Ok(Some(r)) if r == ra && trial.sp() == after.sp() => {
+    match trial_step(table, trial_cache, frame, &before, (low, top)) {
+        Some((Some(r), trial)) if r == ra && trial.sp() == after.sp() => {
             if trial.bp() == TRIAL_BP && after.bp() == before.bp {
                 BpRule::PassesOn
             } else if trial.bp() == after.bp() {
@@ -393,6 +389,21 @@ fn bp_rule(
         }
         _ => BpRule::Uses,
     }
+}
+
+/// The step from `before` tried again with rbp = [`TRIAL_BP`], on the trial
+/// cache: the return address it found (None: the end of the stack) and the
+/// registers it left, or None when it failed.
+fn trial_step(
+    table: &Table,
+    trial_cache: &mut Cache,
+    frame: FrameAddress,
+    before: &Regs,
+    (low, top): (u64, u64),
+) -> Option<(Option<u64>, UnwindRegsX86_64)> {
+    let mut trial = UnwindRegsX86_64::new(before.ip, before.sp, TRIAL_BP);
+    let ra = table.unwinder.unwind_frame(frame, &mut trial, trial_cache, &mut |addr| read_word(addr, low, top)).ok()?;
+    Some((ra, trial))
 }
 
 /// Captures this thread answered from a remembered walk (`memo.rs`).
