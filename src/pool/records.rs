@@ -22,8 +22,8 @@ fn record(p: &ContextPool, dead: bool) -> Option<PoolRecord> {
     let multi_stream = MULTI_STREAM.load(Ordering::Acquire);
     let record = pool.record(p.device, dead, multi_stream, super::streams::multi_stream_because());
     Some(PoolRecord {
-        lock_waits: p.lock_waits.load(Ordering::Relaxed),
-        lock_wait_ns: p.lock_wait_ns.load(Ordering::Relaxed),
+        lock_waits: p.waits.count.load(Ordering::Relaxed),
+        lock_wait_ns: p.waits.ns.load(Ordering::Relaxed),
         ..record
     })
 }

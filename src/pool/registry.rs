@@ -62,8 +62,7 @@ pub fn pool_of(id: u64, current: impl FnOnce() -> (u64, i32)) -> (&'static Conte
                 pool,
                 direct_min,
                 progress,
-                lock_waits: Default::default(),
-                lock_wait_ns: Default::default(),
+                waits: Default::default(),
             }));
             pools.push(p);
             (p, stale)
@@ -117,11 +116,11 @@ fn lock(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
 #[cold]
 #[inline(never)]
 fn lock_contended(pool: &ContextPool) -> BiasedGuard<'_, Engine> {
-    pool.lock_waits.fetch_add(1, Ordering::Relaxed);
+    pool.waits.count.fetch_add(1, Ordering::Relaxed);
     magazine::contended();
     let asked = clock::monotonic_ns();
     let guard = pool.pool.lock();
-    pool.lock_wait_ns.fetch_add(clock::monotonic_ns().saturating_sub(asked), Ordering::Relaxed);
+    pool.waits.ns.fetch_add(clock::monotonic_ns().saturating_sub(asked), Ordering::Relaxed);
     guard
 }
 
