@@ -14,12 +14,16 @@
 # slows a round down: where one thread's rate jumps between rounds, as on
 # some hosts, the best rounds hold still where the medians flip).
 # Rows: cudaMallocAsync (no shim); cupool's default path (trace off, sites
-# on); cupool's magazine path alone (magazines=always, sites off), the same
-# path from one thread to eight (THREADS="1 2 4 8" unless set); the pool's
-# locked path alone (magazines=never, sites off: every call takes the pool's
-# lock) and the default path with sizes drawn from 1..64 KiB (sizes that
-# seldom come back, which magazines do not serve), each with a twentieth of
-# the pairs. For the
+# on); the same from T processes of one thread each, their loops begun
+# together (cupool-procs: nothing of the pool is shared, so its gain is
+# what this host gives the shim's code path at T, and beside the control's
+# it shows how much of a row's shortfall is not the pool's sharing);
+# cupool's magazine path alone (magazines=always, sites off), the same path
+# from one thread to eight (THREADS="1 2 4 8" unless set); the pool's
+# locked path alone (magazines=never, sites off: every call takes the
+# pool's lock) and the default path with sizes drawn from 1..64 KiB (sizes
+# that seldom come back, which magazines do not serve), each with a
+# twentieth of the pairs. For the
 # magazine rows a table reads each run's log (one block is left allocated
 # so that a log is written with the trace off): what the threads'
 # magazines did (own frees reused, refills, frees that overflowed the
@@ -90,6 +94,30 @@ row() {
     for (i = 1; i <= 3; i++) printf " %s", (more[i] in f) ? f[more[i]] : "-"
     printf "\n" }'
 }
+# As row(), for T processes of one thread each, sharing nothing
+# (SCALING_START_AT begins their loops together, once each has started
+# CUDA): their pairs over the time from the first loop's start to the last
+# one's end, their CPU and loop time per pair (means), the switches (sum)
+# and the longest loop. A round where a process printed no result prints no row.
+cat > $w/procs.py <<'PY'
+import sys
+name, t, pairs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+runs = [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in sys.stdin if line.startswith("result:")]
+if len(runs) == t:
+    f = lambda k: [float(r[k]) for r in runs]
+    span = max(f("end_unix")) - min(f("begin_unix"))
+    mean = lambda k: sum(f(k)) / t
+    print(name, t, f"{t * pairs / span:.0f}", f"{mean('cpu_ns_per_pair'):.1f}", f"{mean('loop_ns_per_pair'):.1f}",
+          f"{sum(f('vcsw')):.0f}", f"{max(f('longest_loop_ns_per_pair')):.1f}")
+PY
+procs() {
+  local name=$1 t=$2; shift 2
+  local at; at=$(python3 -c 'import time; print(f"{time.time() + 3:.3f}")')
+  for i in $(seq $t); do SCALING_START_AT=$at "$@" > $w/proc.$i & done
+  wait
+  cat $w/proc.* | python3 $w/procs.py $name $t $pairs
+  rm -f $w/proc.*
+}
 threads=${THREADS:-1 2 4 8}
 for r in $(seq ${ROUNDS:-5}); do
   for t in $threads; do
@@ -97,6 +125,7 @@ for r in $(seq ${ROUNDS:-5}); do
     # CUDA's pool slows to ~0.2 M pairs/s from several threads: fewer pairs keep its rows short.
     row cudaMallocAsync $t $w/scaling $t $((pairs / 20)) 0 async
     row cupool-default $t env CUPOOL_OPTIONS=trace=0:log_dir=$w/d/$t.$r LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
+    procs cupool-procs $t env CUPOOL_OPTIONS=trace=0:log_dir=$w/p/$t.$r LD_PRELOAD=$shim $w/scaling 1 $pairs 0 keep
     row cupool-magazines $t env CUPOOL_OPTIONS=trace=0:stack_depth=0:python_depth=0:magazines=always:log_dir=$w/m/$t.$r \
       LD_PRELOAD=$shim $w/scaling $t $pairs 0 keep
     row cupool-locked $t env CUPOOL_OPTIONS=trace=0:stack_depth=0:python_depth=0:magazines=never:log_dir=$w/l/$t.$r \
@@ -130,7 +159,7 @@ def of_control(name, t, i, width):
 
 
 print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9} {'best: / control':>15}")
-for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
+for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
     one = rows.get((name, 1))
     if not one:
         continue
@@ -149,7 +178,7 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines",
 # the hypervisor ran something else); in the longest loop (the run's wall time
 # follows the slowest thread); and the run's wall time per pair per thread.
 print(f"{'time (medians)':18} {'threads':>7} {'CPU':>6} {'loop':>6} {'longest':>8} {'wall':>6} {'vcsw':>7}")
-for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
+for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
     for t in counts:
         m = more.get((name, t))
         if not m:

@@ -25,6 +25,12 @@
 // time and loop time per pair, and its switches, so that a thread that ran
 // long can be told from one that started late or slept.
 //
+// With SCALING_START_AT set (a time of the realtime clock, in seconds since
+// the epoch), the threads' loops begin then, once CUDA is ready: processes
+// started together begin their loops together (scripts/gpu-scaling.sh runs
+// one process per thread so, sharing nothing); the result line then tells
+// when the loops began and the last one ended (begin_unix, end_unix).
+//
 // ALLOCATOR "keep" is cudaMalloc as by default, with one 512-byte block left
 // allocated to the end: with its trace off cupool writes a log only when
 // something is left, and the log's end record says what the pool's fences
@@ -64,6 +70,16 @@ int main(int argc, char **argv) {
     std::atomic<int> failed{0};
     std::vector<double> cpu(threads), wall(threads), started(threads);
     std::vector<long> voluntary(threads), involuntary(threads);
+    auto unix_s = [] {
+        timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return ts.tv_sec + ts.tv_nsec * 1e-9;
+    };
+    if (const char *at = getenv("SCALING_START_AT")) {
+        const double wait = atof(at) - unix_s();
+        if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    }
+    const double begin_unix = unix_s();
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; t++)
@@ -95,6 +111,7 @@ int main(int argc, char **argv) {
             involuntary[t] = u1.ru_nivcsw - u0.ru_nivcsw;
         });
     for (auto &th : pool) th.join();
+    const double end_unix = unix_s();
     cudaDeviceSynchronize();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double cpu_s = 0, wall_s = 0, last_start = 0, longest = 0;
@@ -112,8 +129,8 @@ int main(int argc, char **argv) {
             printf("thread %d start_ms=%.2f cpu_ns_per_pair=%.0f loop_ns_per_pair=%.0f vcsw=%ld ivcsw=%ld\n", t,
                    started[t] * 1e3, cpu[t] * 1e9 / pairs, wall[t] * 1e9 / pairs, voluntary[t], involuntary[t]);
     printf("result: threads=%d pairs_per_s=%.0f cpu_ns_per_pair=%.0f loop_ns_per_pair=%.0f vcsw=%ld ivcsw=%ld "
-           "longest_loop_ns_per_pair=%.0f last_start_ms=%.2f failed=%d\n",
+           "longest_loop_ns_per_pair=%.0f last_start_ms=%.2f failed=%d begin_unix=%.6f end_unix=%.6f\n",
            threads, threads * pairs / s, cpu_s * 1e9 / (threads * pairs), wall_s * 1e9 / (threads * pairs), vcsw, ivcsw,
-           longest * 1e9 / pairs, last_start * 1e3, failed.load());
+           longest * 1e9 / pairs, last_start * 1e3, failed.load(), begin_unix, end_unix);
     return failed;
 }
