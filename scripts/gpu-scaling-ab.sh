@@ -26,10 +26,10 @@ for pass in $(seq ${PASSES:-2}); do
   order=$(echo $order | awk '{print $2, $1}')
 done
 # Every pass's 8-thread rows side by side (the medians table's columns).
-echo "== 8 threads, every pass: build pass name threads M-pairs/s x-1-thread CPU-ns x-1-thread /control best:/control"
+echo "== 8 threads, every pass: build pass name threads M-pairs/s x-1-thread CPU-ns x-1-thread /control best:/control by-round:/control (range)"
 for f in $out/scaling-*-*.txt; do
   b=$(basename $f .txt); b=${b#scaling-}
-  awk -v tag="${b%-*} ${b#*-}" '/^medians/ {on = 1; next} on && NF == 8 && $2 == 8 {print tag, $0} /^time/ {on = 0}' $f
+  awk -v tag="${b%-*} ${b#*-}" '/^medians/ {on = 1; next} on && NF == 10 && $2 == 8 {print tag, $0} /^time/ {on = 0}' $f
 done | sort -k3,3 -k1,1 -k2n
 if [ "${SAFETY:-1}" != 0 ]; then
   echo "== magazine safety and stress, new build"

@@ -8,11 +8,14 @@
 # Flat CPU ns per pair from 1 to 8 threads means the threads do not slow each
 # other down; the wall rate then scales as far as the machine runs eight busy
 # cores as fast as one (shown by the control row: glibc malloc+free of 4 KiB
-# from the same threads, which share nothing). The last column divides each
+# from the same threads, which share nothing). A column divides each
 # row's gain over one thread by the control's at the same thread count; the
 # one after it does the same with each row's best round (interference only
 # slows a round down: where one thread's rate jumps between rounds, as on
-# some hosts, the best rounds hold still where the medians flip).
+# some hosts, the best rounds hold still where the medians flip); the last
+# takes the ratio within each round (the row's T threads over its one thread
+# of that round, over the control's likewise), median and range: a host that
+# drifts between rounds weighs on both sides of each ratio alike.
 # Rows: cudaMallocAsync (no shim); cupool's default path (trace off, sites
 # on); the same from T processes of one thread each, their loops begun
 # together (cupool-procs: nothing of the pool is shared, so its gain is
@@ -132,18 +135,20 @@ for r in $(seq ${ROUNDS:-5}); do
       LD_PRELOAD=$shim $w/scaling $t $((pairs / 20)) 0 keep
     row cupool-sizes $t env SCALING_MAX_BYTES=65536 CUPOOL_OPTIONS=trace=0:log_dir=$w/s/$t.$r \
       LD_PRELOAD=$shim $w/scaling $t $((pairs / 20)) 0 keep
-  done
+  done | sed "s/\$/ $r/"
 done > $w/rows
-echo "rows (every round): name threads pairs/s cpu_ns_per_pair loop_ns_per_pair vcsw longest_loop_ns_per_pair"
+echo "rows (every round): name threads pairs/s cpu_ns_per_pair loop_ns_per_pair vcsw longest_loop_ns_per_pair round"
 sort -k1,1 -k2n $w/rows
 python3 - $w/rows "$threads" <<'PY'
 import sys, statistics as st
 counts = [int(t) for t in sys.argv[2].split()]
 rows = {}
 more = {}
+by_round = {}
 for line in open(sys.argv[1]):
-    name, t, rate, cpu, loop, vcsw, longest = line.split()
+    name, t, rate, cpu, loop, vcsw, longest, rnd = line.split()
     rows.setdefault((name, int(t)), []).append((float(rate), float(cpu)))
+    by_round[(name, int(t), rnd)] = float(rate)
     if loop != "-":
         more.setdefault((name, int(t)), []).append((float(loop), float(vcsw), float(longest)))
 # The gain over one thread, and that gain against the control's at the same
@@ -158,7 +163,23 @@ def of_control(name, t, i, width):
     return f"{gains[(name, t)][i] / control[i]:{width}.2f}" if control else f"{'-':>{width}}"
 
 
-print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9} {'best: / control':>15}")
+def paired(name, t):
+    """The same ratio taken within each round (the row's gain over its own
+    one-thread run of that round, over the control's), as median (lowest
+    - highest): a host that drifts between rounds moves both alike."""
+    ratios = []
+    for (n, tt, rnd), rate in by_round.items():
+        if n != name or tt != t:
+            continue
+        one, c, c1 = (by_round.get(k) for k in [(name, 1, rnd), ("control", t, rnd), ("control", 1, rnd)])
+        if one and c and c1:
+            ratios.append(rate / one / (c / c1))
+    if not ratios:
+        return f"{'-':>20}"
+    return f"{st.median(ratios):8.2f} ({min(ratios):.2f}-{max(ratios):.2f})".rjust(20)
+
+
+print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9} {'best: / control':>15} {'by round: / control':>20}")
 for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
     one = rows.get((name, 1))
     if not one:
@@ -172,7 +193,7 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cu
         rate, cpu = st.median(x for x, _ in r), st.median(c for _, c in r)
         gains[(name, t)] = (rate / rate1, max(x for x, _ in r) / best1)
         print(f"{name:18} {t:7d} {rate/1e6:10.2f} {rate/rate1:10.2f} {cpu:11.1f} {cpu/cpu1:10.2f}",
-              of_control(name, t, 0, 9), of_control(name, t, 1, 15))
+              of_control(name, t, 0, 9), of_control(name, t, 1, 15), paired(name, t))
 # Where the threads' time went, ns per pair: on the CPU; in a thread's own loop
 # (above CPU time with voluntary switches: sleeping on a lock; without them:
 # the hypervisor ran something else); in the longest loop (the run's wall time
