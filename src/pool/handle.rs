@@ -30,7 +30,8 @@ pub struct ContextPool {
 /// nanoseconds those waits took (the end record's `lock_waits` and
 /// `lock_wait_ns`): counted only then, off the uncontended path. On a cache
 /// line of their own: every allocation reads the pool's other fields, and
-/// a count beside them made each wait a miss for every other thread.
+/// a count beside them would turn each wait into a miss for every other
+/// thread.
 #[repr(align(128))]
 #[derive(Default)]
 pub struct LockWaits {
