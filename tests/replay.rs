@@ -77,7 +77,20 @@ fn json_has_one_object_per_trace_and_policy() {
         let obj = r.as_object().unwrap();
         let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["ns_per_op", "ops", "page_bound", "peak_live", "peak_reserved", "policy", "ratio", "trace"]);
+        assert_eq!(
+            keys,
+            [
+                "gpu_behind_ms",
+                "ns_per_op",
+                "ops",
+                "page_bound",
+                "peak_live",
+                "peak_reserved",
+                "policy",
+                "ratio",
+                "trace"
+            ]
+        );
         assert_eq!(r["policy"], POLICIES[i % POLICIES.len()]);
         let ops = if r["trace"] == "rmm.csv" { 6 } else { 1 };
         assert_eq!(r["ops"], ops, "the same columns as the table: {r}");
@@ -199,4 +212,39 @@ fn a_run_directory_replays_its_logs_not_the_histories_beside_them() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(stdout.lines().count(), 2, "a header and the log's row:\n{stdout}");
     row(&stdout, "cupool.2204.json.gz", "cupool-vmm");
+}
+
+/// `--gpu-behind MS` replays cupool's pools with their GPU that far behind
+/// the trace's calls, and says so in every row; PyTorch's models are
+/// replayed as without it. On the numba loop's trace the lag costs the VMM
+/// pool a page (90 MiB against 88 MiB kept up): pages its frees leave idle
+/// are still cooling when the next allocation comes.
+#[test]
+fn a_gpu_behind_is_replayed_for_cupools_pools_only() {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/numba-loop.json.gz");
+    let rows = |lag: &str| -> Vec<serde_json::Value> {
+        let out = Command::new(cli())
+            .args(["replay", "--json", "--gpu-behind", lag, "--policy", "cupool-vmm", "--policy", "pytorch-caching"])
+            .arg(&trace)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let (kept_up, behind) = (rows("0"), rows("200"));
+    assert_eq!((kept_up.len(), behind.len()), (2, 2));
+    assert_eq!(behind[0]["policy"], "cupool-vmm");
+    assert_eq!(behind[0]["gpu_behind_ms"], 200);
+    assert_eq!(behind[1]["gpu_behind_ms"], 0, "PyTorch's model takes no lag");
+    assert_eq!(kept_up[0]["gpu_behind_ms"], 0);
+    assert_eq!(behind[1]["peak_reserved"], kept_up[1]["peak_reserved"]);
+    let peak = |rows: &[serde_json::Value]| rows[0]["peak_reserved"].as_u64().unwrap();
+    assert!(peak(&behind) > peak(&kept_up), "{behind:?} against {kept_up:?}");
+}
+
+#[test]
+fn a_gpu_behind_that_is_not_a_number_is_refused() {
+    let out = Command::new(cli()).args(["replay", "--gpu-behind", "soon"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-behind"));
 }

@@ -141,14 +141,22 @@ enum Command {
         async and vmm: what the program asked the device for), not managed or host memory. No \
         GPU is needed.")]
     Replay {
-        /// One JSON object per line, per trace and policy: {"trace", "policy", "ops", "peak_live",
-        /// "peak_reserved", "ratio", "page_bound", "ns_per_op"}
+        /// One JSON object per line, per trace and policy: {"trace", "policy", "gpu_behind_ms", "ops",
+        /// "peak_live", "peak_reserved", "ratio", "page_bound", "ns_per_op"}
         #[arg(long)]
         json: bool,
         /// Replay through this policy only: cupool-segments, cupool-vmm, pytorch-caching or
         /// pytorch-expandable; may be repeated (the order given is the order shown). Default: all four.
         #[arg(long = "policy", value_name = "POLICY", value_parser = replay::parse_policy)]
         policies: Vec<replay::Policy>,
+        /// Replay cupool's pools as if the GPU ran MS milliseconds behind the program, in the
+        /// trace's own clock: every call queues work on several streams, a freed block waits for
+        /// a fence, pending frees are ordered behind GPU-side barriers, and idle pages that queued
+        /// work may still touch cannot move until it is done, as the shim's pool meets them on a
+        /// GPU. PyTorch's models are replayed as without (one stream: their blocks come back in
+        /// stream order). Default 0: the GPU keeps up, every free done at once.
+        #[arg(long = "gpu-behind", value_name = "MS", default_value_t = 0)]
+        gpu_behind: u64,
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
         /// plain or gzipped, or directories of them (*.json, *.csv, also .gz; the framework
         /// histories beside a log left out). None: the traces bundled in this binary (recorded
@@ -202,7 +210,7 @@ fn main() -> ExitCode {
             }
             Err(()) => ExitCode::from(check::exit::COULD_NOT_CHECK),
         },
-        Command::Replay { json, policies, traces } => replay::run(traces, json, &policies),
+        Command::Replay { json, policies, gpu_behind, traces } => replay::run(traces, json, &policies, gpu_behind),
         Command::Export(mut args) => match runs::resolve(std::mem::take(&mut args.paths), "cupool export") {
             Ok(paths) => {
                 args.paths = paths;

@@ -3,6 +3,9 @@
 //! caching allocator with and without expandable segments) and reports how
 //! much memory each would reserve for them.
 
+mod behind;
+
+use behind::Behind;
 use cupool_core::log::{maybe_gunzip, read_log_from, MemKind, ReadErrorKind};
 use cupool_core::model::{Allocation, Moment, Process, What};
 use cupool_core::pool::testing::SimulatedDevice;
@@ -159,6 +162,11 @@ pub enum Policy {
 impl Policy {
     pub const ALL: [Policy; 4] = [Policy::Segments, Policy::Vmm, Policy::PytorchCaching, Policy::PytorchExpandable];
 
+    /// cupool's own pools, which a lagging GPU changes (`--gpu-behind`).
+    pub fn is_cupools(self) -> bool {
+        matches!(self, Policy::Segments | Policy::Vmm)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Policy::Segments => "cupool-segments",
@@ -255,11 +263,22 @@ fn over_live(bytes: u64, live: u64) -> f64 {
     }
 }
 
-fn replay(ops: &[Timed], policy: Policy) -> Outcome {
+/// `ops` through `policy`; cupool's pools with their GPU `lag_ns` behind
+/// the trace when that is not 0 ([`Behind`]). PyTorch's models take the
+/// lag as nothing: their blocks come back in stream order (one stream), and
+/// they never move pages.
+fn replay(ops: &[Timed], policy: Policy, lag_ns: u64) -> Outcome {
+    fn through<P: behind::OnTimeline>(ops: &[Timed], pool: P, lag_ns: u64) -> Outcome {
+        if lag_ns == 0 {
+            replay_on(ops, pool)
+        } else {
+            replay_on(ops, Behind::with(pool, lag_ns))
+        }
+    }
     match policy {
-        Policy::Segments => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::shim_default())),
+        Policy::Segments => through(ops, Pool::new(SimulatedDevice::new(), PoolConfig::shim_default()), lag_ns),
+        Policy::Vmm => through(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default()), lag_ns),
         Policy::PytorchCaching => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::default())),
-        Policy::Vmm => replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default())),
         Policy::PytorchExpandable => {
             replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::pytorch_expandable()))
         }
@@ -343,9 +362,10 @@ fn traces_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
 }
 
 /// Replays every trace through each of `policies` (all of them when none are
-/// named), in their order: a table, or with `json` one JSON object per line
-/// and per trace and policy.
-pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy]) -> ExitCode {
+/// named), in their order, cupool's with the GPU `gpu_behind_ms` behind:
+/// a table, or with `json` one JSON object per line and per trace and policy.
+pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: u64) -> ExitCode {
+    let lag_ns = gpu_behind_ms.saturating_mul(1_000_000);
     let policies = if policies.is_empty() { &Policy::ALL[..] } else { policies };
     let bad_input = ExitCode::from(crate::summary::EXIT_BAD_INPUT);
     let mut failed = false;
@@ -391,6 +411,9 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy]) -> ExitCode {
             }
         };
         if !json && !std::mem::replace(&mut header, true) {
+            if gpu_behind_ms > 0 {
+                line!("cupool's pools with the GPU {gpu_behind_ms} ms behind each trace's calls (PyTorch's models as without)");
+            }
             line!(
                 "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7} {:>10} {:>7}",
                 "trace",
@@ -404,11 +427,12 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy]) -> ExitCode {
             );
         }
         for &policy in policies {
-            let o = replay(&ops, policy);
+            let o = replay(&ops, policy, lag_ns);
             if json {
                 let row = serde_json::json!({
                     "trace": name,
                     "policy": policy.name(),
+                    "gpu_behind_ms": if policy.is_cupools() { gpu_behind_ms } else { 0 },
                     "ops": ops.len(),
                     "peak_live": o.peak_live,
                     "peak_reserved": o.peak_reserved,
@@ -442,7 +466,7 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy]) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cupool_core::pool::testing::{Fences, SimulatedTimeline};
+    use behind::{Behind, OnTimeline};
 
     #[test]
     fn rmm_times_read_as_nanoseconds_of_the_day() {
@@ -474,75 +498,11 @@ mod tests {
         assert_eq!(cycle(2_000_000_000), 3, "regrown after two seconds: given back each time");
     }
 
-    /// Both pools' simulated devices carry a GPU timeline.
-    trait OnTimeline: Replayable {
-        fn gpu(&mut self) -> &mut SimulatedTimeline;
-    }
-
-    impl OnTimeline for VmmPool<SimulatedPages> {
-        fn gpu(&mut self) -> &mut SimulatedTimeline {
-            &mut self.backend_mut().gpu
-        }
-    }
-
-    impl OnTimeline for Pool<SimulatedDevice> {
-        fn gpu(&mut self) -> &mut SimulatedTimeline {
-            &mut self.backend_mut().gpu
-        }
-    }
-
-    /// A pool whose GPU runs `lag_ns` behind the trace, with several streams
-    /// (every free waits for a fence; a miss orders pending frees behind a
-    /// GPU-side barrier, and so does a placement at most every 100 µs, the
-    /// shim's `fence_us`). Counts the allocations that fail.
-    struct Behind<P> {
-        pool: P,
-        lag_ns: u64,
-        /// Queued work as (tag, when queued), oldest first.
-        queued_at: std::collections::VecDeque<(u64, u64)>,
-        failed: usize,
-    }
-
-    impl<P: OnTimeline> Behind<P> {
-        fn with(mut pool: P, lag_ns: u64) -> Behind<P> {
-            let gpu = pool.gpu();
-            gpu.fences = Fences::AtQueued;
-            gpu.barrier = true;
-            gpu.order_every_ns = Some(100_000);
-            Behind { pool, lag_ns, queued_at: Default::default(), failed: 0 }
-        }
-    }
-
     impl Behind<VmmPool<SimulatedPages>> {
         /// The shim's VMM pool on a device of `capacity` bytes.
         fn new(lag_ns: u64, capacity: u64) -> Self {
             let pages = SimulatedPages::new().with_capacity(Some(capacity));
             Behind::with(VmmPool::new(pages, VmmConfig::shim_default()), lag_ns)
-        }
-    }
-
-    impl<P: OnTimeline> Replayable for Behind<P> {
-        /// Each call of the program queues work; what was queued `lag_ns` ago is done.
-        fn at(&mut self, t_ns: u64) {
-            let gpu = self.pool.gpu();
-            gpu.now = t_ns;
-            gpu.launch();
-            self.queued_at.push_back((gpu.queued, t_ns));
-            while let Some(&(tag, _)) = self.queued_at.front().filter(|&&(_, at)| at + self.lag_ns <= t_ns) {
-                gpu.completed = gpu.completed.max(tag);
-                self.queued_at.pop_front();
-            }
-        }
-        fn alloc(&mut self, size: u64) -> Option<BlockId> {
-            let b = self.pool.alloc(size);
-            self.failed += usize::from(b.is_none());
-            b
-        }
-        fn release(&mut self, id: BlockId) {
-            self.pool.release(id)
-        }
-        fn peak_reserved(&self) -> u64 {
-            self.pool.peak_reserved()
         }
     }
 
@@ -622,7 +582,7 @@ mod tests {
     /// cost is judged (how close that comes to the live bytes is
     /// `tests/replay.rs`'s question).
     fn held_to(ops: &[Timed]) -> u64 {
-        replay(ops, Policy::Vmm).peak_reserved
+        replay(ops, Policy::Vmm, 0).peak_reserved
     }
 
     /// A block whose every candidate hole lies over a ghost waited for the
