@@ -235,7 +235,7 @@ fn a_gpu_behind_is_replayed_for_cupools_pools_only() {
     assert_eq!((kept_up.len(), behind.len()), (2, 2));
     assert_eq!(behind[0]["policy"], "cupool-vmm");
     assert_eq!(behind[0]["gpu_behind_ms"], 200);
-    assert_eq!(behind[1]["gpu_behind_ms"], 0, "PyTorch's model takes no lag");
+    assert_eq!(behind[1]["gpu_behind_ms"], 0, "PyTorch's model is replayed without the lag");
     assert_eq!(kept_up[0]["gpu_behind_ms"], 0);
     assert_eq!(behind[1]["peak_reserved"], kept_up[1]["peak_reserved"]);
     let peak = |rows: &[serde_json::Value]| rows[0]["peak_reserved"].as_u64().unwrap();
@@ -247,4 +247,23 @@ fn a_gpu_behind_that_is_not_a_number_is_refused() {
     let out = Command::new(cli()).args(["replay", "--gpu-behind", "soon"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-behind"));
+}
+
+/// A lag is measured in the trace's own clock: a trace without times is
+/// replayed with the GPU keeping up, and the replay says so.
+#[test]
+fn a_trace_without_times_is_replayed_with_the_gpu_keeping_up() {
+    let dir = scratch("untimed");
+    let path = dir.join("untimed.csv");
+    std::fs::write(&path, CSV).unwrap(); // its Time column is no time of day: every call at 0
+    let out = Command::new(cli())
+        .args(["replay", "--json", "--gpu-behind", "200", "--policy", "cupool-vmm"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("untimed.csv: the trace has no times"), "{stderr}");
+    let row: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(row["gpu_behind_ms"], 0, "{row}");
 }

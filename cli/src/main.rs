@@ -152,9 +152,11 @@ enum Command {
         /// Replay cupool's pools as if the GPU ran MS milliseconds behind the program, in the
         /// trace's own clock: every call queues work on several streams, a freed block waits for
         /// a fence, pending frees are ordered behind GPU-side barriers, and idle pages that queued
-        /// work may still touch cannot move until it is done, as the shim's pool meets them on a
-        /// GPU. PyTorch's models are replayed as without (one stream: their blocks come back in
-        /// stream order). Default 0: the GPU keeps up, every free done at once.
+        /// work may still touch are not unmapped until it is done (mapped elsewhere meanwhile,
+        /// they leave a ghost mapping behind), as the shim's pool meets them on a GPU. PyTorch's
+        /// models are replayed as without (one stream: their blocks come back in stream order).
+        /// A trace without times is replayed with the GPU keeping up. Default 0: the GPU keeps
+        /// up, every free done at once.
         #[arg(long = "gpu-behind", value_name = "MS", default_value_t = 0)]
         gpu_behind: u64,
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),

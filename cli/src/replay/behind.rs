@@ -2,9 +2,11 @@
 //! on several streams, and what was queued a lag ago is done. Freed blocks
 //! then wait for fences, pending frees are ordered behind GPU-side barriers
 //! (at most every 100 µs, the shim's `fence_us`, and at a miss), and idle
-//! pages that queued work may still touch cool before they can move: what
-//! the shim's pools meet on a GPU, which a replay whose GPU keeps up
-//! (every free done at once) does not show.
+//! pages that queued work may still touch are not unmapped until it is done
+//! (mapped elsewhere meanwhile, they leave a ghost mapping): what the shim's
+//! pools meet on a GPU, which a replay whose GPU keeps up (every free done
+//! at once) does not show. The replay's devices have no capacity: none of
+//! its allocations fail (`Behind::failed` counts them for tests with one).
 
 use super::Replayable;
 use cupool_core::pool::testing::{Fences, SimulatedDevice, SimulatedTimeline};

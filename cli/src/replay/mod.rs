@@ -162,11 +162,6 @@ pub enum Policy {
 impl Policy {
     pub const ALL: [Policy; 4] = [Policy::Segments, Policy::Vmm, Policy::PytorchCaching, Policy::PytorchExpandable];
 
-    /// cupool's own pools, which a lagging GPU changes (`--gpu-behind`).
-    pub fn is_cupools(self) -> bool {
-        matches!(self, Policy::Segments | Policy::Vmm)
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Policy::Segments => "cupool-segments",
@@ -235,6 +230,8 @@ struct Outcome {
     peak_live: u64,
     peak_reserved: u64,
     ns_per_op: f64,
+    /// How far behind the trace its GPU ran (ns; 0: it kept up).
+    gpu_behind_ns: u64,
 }
 
 impl Outcome {
@@ -272,7 +269,7 @@ fn replay(ops: &[Timed], policy: Policy, lag_ns: u64) -> Outcome {
         if lag_ns == 0 {
             replay_on(ops, pool)
         } else {
-            replay_on(ops, Behind::with(pool, lag_ns))
+            Outcome { gpu_behind_ns: lag_ns, ..replay_on(ops, Behind::with(pool, lag_ns)) }
         }
     }
     match policy {
@@ -315,6 +312,7 @@ fn replay_on(ops: &[Timed], mut pool: impl Replayable) -> Outcome {
         peak_live,
         peak_reserved: pool.peak_reserved(),
         ns_per_op: elapsed.as_nanos() as f64 / ops.len().max(1) as f64,
+        gpu_behind_ns: 0,
     }
 }
 
@@ -410,6 +408,14 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
                 continue;
             }
         };
+        // A lag is measured in the trace's clock: without one, the GPU would
+        // never catch up, and the trace is replayed with it keeping up.
+        let lag_ns = if lag_ns > 0 && ops.windows(2).all(|w| w[0].0 == w[1].0) {
+            eprintln!("cupool replay: {name}: the trace has no times; replayed with the GPU keeping up");
+            0
+        } else {
+            lag_ns
+        };
         if !json && !std::mem::replace(&mut header, true) {
             if gpu_behind_ms > 0 {
                 line!("cupool's pools with the GPU {gpu_behind_ms} ms behind each trace's calls (PyTorch's models as without)");
@@ -432,7 +438,7 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
                 let row = serde_json::json!({
                     "trace": name,
                     "policy": policy.name(),
-                    "gpu_behind_ms": if policy.is_cupools() { gpu_behind_ms } else { 0 },
+                    "gpu_behind_ms": o.gpu_behind_ns / 1_000_000,
                     "ops": ops.len(),
                     "peak_live": o.peak_live,
                     "peak_reserved": o.peak_reserved,
@@ -467,6 +473,18 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
 mod tests {
     use super::*;
     use behind::{Behind, OnTimeline};
+
+    /// cupool's two pools go through the lagging GPU; PyTorch's models do not.
+    #[test]
+    fn a_lag_reaches_cupools_pools_only() {
+        let ops: Vec<Timed> = vec![(0, Op::Alloc(1, 4096)), (1_000_000, Op::Free(1)), (2_000_000, Op::Alloc(2, 4096))];
+        for policy in Policy::ALL {
+            let lagged = matches!(policy, Policy::Segments | Policy::Vmm);
+            let o = replay(&ops, policy, 5_000_000);
+            assert_eq!(o.gpu_behind_ns, if lagged { 5_000_000 } else { 0 }, "{}", policy.name());
+            assert_eq!(replay(&ops, policy, 0).gpu_behind_ns, 0);
+        }
+    }
 
     #[test]
     fn rmm_times_read_as_nanoseconds_of_the_day() {
