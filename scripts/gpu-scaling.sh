@@ -101,7 +101,9 @@ row() {
 # (SCALING_START_AT begins their loops together, once each has started
 # CUDA): their pairs over the time from the first loop's start to the last
 # one's end, their CPU and loop time per pair (means), the switches (sum)
-# and the longest loop. A round where a process printed no result prints no row.
+# and the longest loop. A round where a process printed no result prints no
+# row; loops that began over 50 ms apart are said on stderr (the lead,
+# PROCS_LEAD_S, 3 s unless set, was too short for CUDA to start).
 cat > $w/procs.py <<'PY'
 import sys
 name, t, pairs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -109,13 +111,16 @@ runs = [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in sys.stdin 
 if len(runs) == t:
     f = lambda k: [float(r[k]) for r in runs]
     span = max(f("end_unix")) - min(f("begin_unix"))
+    late = max(f("begin_unix")) - min(f("begin_unix"))
+    if late > 0.05:  # a process still starting CUDA when the others began
+        print(f"{name} {t}: loops began {late:.2f} s apart (PROCS_LEAD_S)", file=sys.stderr)
     mean = lambda k: sum(f(k)) / t
     print(name, t, f"{t * pairs / span:.0f}", f"{mean('cpu_ns_per_pair'):.1f}", f"{mean('loop_ns_per_pair'):.1f}",
           f"{sum(f('vcsw')):.0f}", f"{max(f('longest_loop_ns_per_pair')):.1f}")
 PY
 procs() {
   local name=$1 t=$2; shift 2
-  local at; at=$(python3 -c 'import time; print(f"{time.time() + 3:.3f}")')
+  local at; at=$(python3 -c "import time; print(f'{time.time() + ${PROCS_LEAD_S:-3}:.3f}')")
   for i in $(seq $t); do SCALING_START_AT=$at "$@" > $w/proc.$i & done
   wait
   cat $w/proc.* | python3 $w/procs.py $name $t $pairs
