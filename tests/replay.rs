@@ -267,3 +267,34 @@ fn a_trace_without_times_is_replayed_with_the_gpu_keeping_up() {
     let row: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
     assert_eq!(row["gpu_behind_ms"], 0, "{row}");
 }
+
+/// `--pages-at-peak` lists the VMM pool's pages at its peak: here the peak
+/// comes with the first 1 MiB block, alone on its 2 MiB page.
+#[test]
+fn pages_at_peak_name_the_blocks_on_pages_they_do_not_fill() {
+    let dir = scratch("pages");
+    let path = dir.join("rmm.csv");
+    std::fs::write(&path, CSV).unwrap();
+    let out =
+        Command::new(cli()).args(["replay", "--policy", "cupool-vmm", "--pages-at-peak"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert_eq!(lines[2], "rmm.csv: cupool-vmm's pages that blocks do not fill, at its peak");
+    assert!(
+        lines[3].starts_with("  after operation 1 of 6, where reserved bytes peaked (2.0 MiB): 1 pages mapped, 0 wholly used, 1 partly used, 0 idle; 1.0 MiB of them unused"),
+        "{stdout}"
+    );
+    assert!(lines[4].ends_with(": 1.0 MiB of 2.0 MiB used, by 1.0 MiB at +0.00 MiB"), "{stdout}");
+}
+
+#[test]
+fn pages_at_peak_need_the_vmm_policy_and_text() {
+    for args in [&["--policy", "cupool-segments", "--pages-at-peak"][..], &["--json", "--pages-at-peak"][..]] {
+        let out = Command::new(cli()).arg("replay").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--pages-at-peak"), "{args:?}: {stderr}");
+    }
+}

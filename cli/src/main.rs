@@ -159,6 +159,12 @@ enum Command {
         /// up, every free done at once.
         #[arg(long = "gpu-behind", value_name = "MS", default_value_t = 0)]
         gpu_behind: u64,
+        /// After each trace's rows, the cupool-vmm pool's pages at the moment its reserved bytes
+        /// peaked: how many pages blocks fill wholly, in part or not at all, then each page they
+        /// do not fill with the blocks on it (their sizes as the pool rounded them, and where
+        /// each starts against the page): where the trace's fragmentation sits. Text only.
+        #[arg(long = "pages-at-peak", conflicts_with = "json")]
+        pages_at_peak: bool,
         /// Trace files: cupool logs or RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
         /// plain or gzipped, or directories of them (*.json, *.csv, also .gz; the framework
         /// histories beside a log left out). None: the traces bundled in this binary (recorded
@@ -212,7 +218,9 @@ fn main() -> ExitCode {
             }
             Err(()) => ExitCode::from(check::exit::COULD_NOT_CHECK),
         },
-        Command::Replay { json, policies, gpu_behind, traces } => replay::run(traces, json, &policies, gpu_behind),
+        Command::Replay { json, policies, gpu_behind, pages_at_peak, traces } => {
+            replay::run(traces, json, &policies, gpu_behind, pages_at_peak)
+        }
         Command::Export(mut args) => match runs::resolve(std::mem::take(&mut args.paths), "cupool export") {
             Ok(paths) => {
                 args.paths = paths;

@@ -75,4 +75,7 @@ impl<P: OnTimeline> Replayable for Behind<P> {
     fn peak_reserved(&self) -> u64 {
         self.pool.peak_reserved()
     }
+    fn reserved(&self) -> u64 {
+        self.pool.reserved()
+    }
 }

@@ -4,6 +4,7 @@
 //! much memory each would reserve for them.
 
 mod behind;
+mod pages;
 
 use behind::Behind;
 use cupool_core::log::{maybe_gunzip, read_log_from, MemKind, ReadErrorKind};
@@ -187,6 +188,8 @@ trait Replayable {
     fn alloc(&mut self, size: u64) -> Option<BlockId>;
     fn release(&mut self, id: BlockId);
     fn peak_reserved(&self) -> u64;
+    /// Bytes reserved now.
+    fn reserved(&self) -> u64;
 }
 
 impl<T: Replayable> Replayable for &mut T {
@@ -201,6 +204,9 @@ impl<T: Replayable> Replayable for &mut T {
     }
     fn peak_reserved(&self) -> u64 {
         (**self).peak_reserved()
+    }
+    fn reserved(&self) -> u64 {
+        (**self).reserved()
     }
 }
 
@@ -220,6 +226,9 @@ macro_rules! replayable {
             fn peak_reserved(&self) -> u64 {
                 self.stats().reserved_bytes.peak
             }
+            fn reserved(&self) -> u64 {
+                self.stats().reserved_bytes.current
+            }
         }
     )*};
 }
@@ -232,6 +241,8 @@ struct Outcome {
     ns_per_op: f64,
     /// How far behind the trace its GPU ran (ns; 0: it kept up).
     gpu_behind_ns: u64,
+    /// The operation after which the reserved bytes first reached their peak.
+    peak_at: usize,
 }
 
 impl Outcome {
@@ -285,8 +296,9 @@ fn replay(ops: &[Timed], policy: Policy, lag_ns: u64) -> Outcome {
 fn replay_on(ops: &[Timed], mut pool: impl Replayable) -> Outcome {
     let mut live: HashMap<u64, (BlockId, u64)> = HashMap::with_capacity(ops.len() / 2);
     let (mut live_bytes, mut peak_live) = (0u64, 0u64);
+    let (mut reserved, mut peak_at) = (0, 0);
     let start = Instant::now();
-    for (t_ns, op) in ops {
+    for (i, (t_ns, op)) in ops.iter().enumerate() {
         pool.at(*t_ns);
         match *op {
             Op::Alloc(key, size) => {
@@ -306,6 +318,9 @@ fn replay_on(ops: &[Timed], mut pool: impl Replayable) -> Outcome {
                 }
             }
         }
+        if pool.reserved() > reserved {
+            (reserved, peak_at) = (pool.reserved(), i);
+        }
     }
     let elapsed = start.elapsed();
     Outcome {
@@ -313,6 +328,7 @@ fn replay_on(ops: &[Timed], mut pool: impl Replayable) -> Outcome {
         peak_reserved: pool.peak_reserved(),
         ns_per_op: elapsed.as_nanos() as f64 / ops.len().max(1) as f64,
         gpu_behind_ns: 0,
+        peak_at,
     }
 }
 
@@ -362,10 +378,14 @@ fn traces_named_by(path: &Path) -> Result<Vec<PathBuf>, String> {
 /// Replays every trace through each of `policies` (all of them when none are
 /// named), in their order, cupool's with the GPU `gpu_behind_ms` behind:
 /// a table, or with `json` one JSON object per line and per trace and policy.
-pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: u64) -> ExitCode {
+pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: u64, pages_at_peak: bool) -> ExitCode {
     let lag_ns = gpu_behind_ms.saturating_mul(1_000_000);
     let policies = if policies.is_empty() { &Policy::ALL[..] } else { policies };
     let bad_input = ExitCode::from(crate::summary::EXIT_BAD_INPUT);
+    if pages_at_peak && !policies.contains(&Policy::Vmm) {
+        eprintln!("cupool replay: --pages-at-peak shows the cupool-vmm pool's pages: name that policy too, or none");
+        return bad_input;
+    }
     let mut failed = false;
     let paths = if paths.is_empty() {
         bundled()
@@ -432,6 +452,7 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
                 "ns/op"
             );
         }
+        let mut vmm_peak_at = None;
         for &policy in policies {
             let o = replay(&ops, policy, lag_ns);
             if json {
@@ -448,6 +469,9 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
                 });
                 line!("{row}");
             } else {
+                if pages_at_peak && policy == Policy::Vmm {
+                    vmm_peak_at = Some(o.peak_at);
+                }
                 line!(
                     "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7.3} {:>10.3} {:>7.1}",
                     name,
@@ -459,6 +483,12 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
                     o.page_bound(),
                     o.ns_per_op
                 );
+            }
+        }
+        if let Some(at) = vmm_peak_at {
+            line!("{name}: cupool-vmm's pages that blocks do not fill, at its peak");
+            for l in pages::at_peak(&ops, at, lag_ns) {
+                line!("{l}");
             }
         }
     }
