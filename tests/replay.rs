@@ -43,6 +43,13 @@ const CSV: &str = "Thread,Time,Action,Pointer,Size,Stream\n\
                    1,0.5,allocate,0x3000,512,0x0\n\
                    1,0.6,free,0x3000,512,0x0\n";
 
+/// `cupool replay ARGS FILE` on [`CSV`] written to `file_name` in a scratch folder.
+fn replay_csv(file_name: &str, args: &[&str]) -> std::process::Output {
+    let path = scratch(file_name).join(file_name);
+    std::fs::write(&path, CSV).unwrap();
+    Command::new(cli()).arg("replay").args(args).arg(&path).output().unwrap()
+}
+
 #[test]
 fn rmm_csv_trace_is_replayed_by_every_policy() {
     let dir = scratch("csv");
@@ -113,21 +120,14 @@ fn json_has_one_object_per_trace_and_policy() {
 /// `--policy` picks the policies, in the order given.
 #[test]
 fn policies_can_be_chosen() {
-    let dir = scratch("policy");
-    let path = dir.join("rmm.csv");
-    std::fs::write(&path, CSV).unwrap();
-    let out = Command::new(cli())
-        .args(["replay", "--json", "--policy", "pytorch-expandable", "--policy", "cupool-vmm"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = replay_csv("rmm.csv", &["--json", "--policy", "pytorch-expandable", "--policy", "cupool-vmm"]);
     assert!(out.status.success(), "{out:?}");
     let policies: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["policy"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(policies, ["pytorch-expandable", "cupool-vmm"]);
-    let out = Command::new(cli()).args(["replay", "--policy", "cupool-segments"]).arg(&path).output().unwrap();
+    let out = replay_csv("rmm.csv", &["--policy", "cupool-segments"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count(), 2, "a header and one row:\n{stdout}");
     assert_eq!(row(&stdout, "rmm.csv", "cupool-segments").0, 6);
@@ -253,14 +253,8 @@ fn a_gpu_behind_that_is_not_a_number_is_refused() {
 /// replayed with the GPU keeping up, and the replay says so.
 #[test]
 fn a_trace_without_times_is_replayed_with_the_gpu_keeping_up() {
-    let dir = scratch("untimed");
-    let path = dir.join("untimed.csv");
-    std::fs::write(&path, CSV).unwrap(); // its Time column is no time of day: every call at 0
-    let out = Command::new(cli())
-        .args(["replay", "--json", "--gpu-behind", "200", "--policy", "cupool-vmm"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    // The fixture's Time column is no time of day: every call at 0.
+    let out = replay_csv("untimed.csv", &["--json", "--gpu-behind", "200", "--policy", "cupool-vmm"]);
     assert!(out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("untimed.csv: the trace has no times"), "{stderr}");
@@ -272,11 +266,7 @@ fn a_trace_without_times_is_replayed_with_the_gpu_keeping_up() {
 /// comes with the first 1 MiB block, alone on its 2 MiB page.
 #[test]
 fn pages_at_peak_name_the_blocks_on_pages_they_do_not_fill() {
-    let dir = scratch("pages");
-    let path = dir.join("rmm.csv");
-    std::fs::write(&path, CSV).unwrap();
-    let out =
-        Command::new(cli()).args(["replay", "--policy", "cupool-vmm", "--pages-at-peak"]).arg(&path).output().unwrap();
+    let out = replay_csv("rmm.csv", &["--policy", "cupool-vmm", "--pages-at-peak"]);
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
