@@ -273,7 +273,7 @@ fn pages_at_peak_name_the_blocks_on_pages_they_do_not_fill() {
     assert_eq!(lines.len(), 5, "{stdout}");
     assert_eq!(lines[2], "rmm.csv: cupool-vmm's pages that blocks do not fill, at its peak");
     assert!(
-        lines[3].starts_with("  after operation 1 of 6, where reserved bytes peaked (2.0 MiB): 1 pages mapped, 0 wholly used, 1 partly used, 0 idle; 1.0 MiB of them unused"),
+        lines[3].starts_with("  after operation 1 of 6, where reserved bytes peaked (2.0 MiB): pages mapped 1 (0 wholly used, 1 partly used, 0 idle), unused in them 1.0 MiB"),
         "{stdout}"
     );
     assert!(lines[4].ends_with(": 1.0 MiB of 2.0 MiB used, by 1.0 MiB at +0.00 MiB"), "{stdout}");

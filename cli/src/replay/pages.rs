@@ -78,8 +78,8 @@ pub(super) fn at_peak(ops: &[Timed], peak_at: usize, lag_ns: u64) -> Vec<String>
     let reserved = pool.stats().reserved_bytes.current;
     let unmapped = reserved.saturating_sub(mapped);
     let mut summary = format!(
-        "  after operation {} of {}, where reserved bytes peaked ({}): {} pages mapped, {whole} wholly used, \
-         {partly} partly used, {idle} idle; {} of them unused",
+        "  after operation {} of {}, where reserved bytes peaked ({}): pages mapped {} ({whole} wholly used, \
+         {partly} partly used, {idle} idle), unused in them {}",
         peak_at + 1,
         ops.len(),
         human_bytes(reserved),
