@@ -20,6 +20,12 @@ pub(super) trait OnTimeline: Replayable {
     fn gpu(&mut self) -> &mut SimulatedTimeline;
 }
 
+impl<T: OnTimeline> OnTimeline for &mut T {
+    fn gpu(&mut self) -> &mut SimulatedTimeline {
+        (**self).gpu()
+    }
+}
+
 impl OnTimeline for VmmPool<SimulatedPages> {
     fn gpu(&mut self) -> &mut SimulatedTimeline {
         &mut self.backend_mut().gpu

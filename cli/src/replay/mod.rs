@@ -272,24 +272,32 @@ fn over_live(bytes: u64, live: u64) -> f64 {
 }
 
 /// `ops` through `policy`; cupool's pools with their GPU `lag_ns` behind
-/// the trace when that is not 0 ([`Behind`]). PyTorch's models take the
+/// the trace when that is not 0 ([`through`]). PyTorch's models take the
 /// lag as nothing: their blocks come back in stream order (one stream), and
 /// they never move pages.
 fn replay(ops: &[Timed], policy: Policy, lag_ns: u64) -> Outcome {
-    fn through<P: behind::OnTimeline>(ops: &[Timed], pool: P, lag_ns: u64) -> Outcome {
-        if lag_ns == 0 {
-            replay_on(ops, pool)
-        } else {
-            Outcome { gpu_behind_ns: lag_ns, ..replay_on(ops, Behind::with(pool, lag_ns)) }
-        }
-    }
     match policy {
         Policy::Segments => through(ops, Pool::new(SimulatedDevice::new(), PoolConfig::shim_default()), lag_ns),
-        Policy::Vmm => through(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default()), lag_ns),
+        Policy::Vmm => through(ops, shim_vmm(), lag_ns),
         Policy::PytorchCaching => replay_on(ops, Pool::new(SimulatedDevice::new(), PoolConfig::default())),
         Policy::PytorchExpandable => {
             replay_on(ops, VmmPool::new(SimulatedPages::new(), VmmConfig::pytorch_expandable()))
         }
+    }
+}
+
+/// cupool's VMM pool as the shim runs it, on a simulated device.
+fn shim_vmm() -> VmmPool<SimulatedPages> {
+    VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default())
+}
+
+/// `ops` through one of cupool's pools, its GPU `lag_ns` behind the trace
+/// ([`Behind`]; 0: keeping up).
+fn through<P: behind::OnTimeline>(ops: &[Timed], pool: P, lag_ns: u64) -> Outcome {
+    if lag_ns == 0 {
+        replay_on(ops, pool)
+    } else {
+        Outcome { gpu_behind_ns: lag_ns, ..replay_on(ops, Behind::with(pool, lag_ns)) }
     }
 }
 
@@ -455,6 +463,9 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
         let mut vmm_peak_at = None;
         for &policy in policies {
             let o = replay(&ops, policy, lag_ns);
+            if pages_at_peak && policy == Policy::Vmm {
+                vmm_peak_at = Some(o.peak_at);
+            }
             if json {
                 let row = serde_json::json!({
                     "trace": name,
@@ -469,9 +480,6 @@ pub fn run(paths: Vec<PathBuf>, json: bool, policies: &[Policy], gpu_behind_ms: 
                 });
                 line!("{row}");
             } else {
-                if pages_at_peak && policy == Policy::Vmm {
-                    vmm_peak_at = Some(o.peak_at);
-                }
                 line!(
                     "{:<28} {:<18} {:>8} {:>11} {:>13} {:>7.3} {:>10.3} {:>7.1}",
                     name,

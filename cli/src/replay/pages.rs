@@ -2,11 +2,10 @@
 //! reserved bytes peaked, with the blocks on each: where a trace's
 //! fragmentation sits (pages that blocks use in part, idle pages held).
 
-use super::behind::Behind;
-use super::{replay_on, Timed};
+use super::{shim_vmm, through, Timed};
 use crate::units::human_bytes;
 use cupool_core::vmm::testing::SimulatedPages;
-use cupool_core::vmm::{VmmConfig, VmmPool};
+use cupool_core::vmm::VmmPool;
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -23,15 +22,9 @@ fn size(bytes: u64) -> String {
 /// The VMM pool with the shim's settings after `ops[..=at]`, its GPU
 /// `lag_ns` behind the trace (0: keeping up).
 fn pool_after(ops: &[Timed], at: usize, lag_ns: u64) -> VmmPool<SimulatedPages> {
-    let ops = &ops[..(at + 1).min(ops.len())];
-    let mut pool = VmmPool::new(SimulatedPages::new(), VmmConfig::shim_default());
-    if lag_ns == 0 {
-        replay_on(ops, &mut pool);
-        return pool;
-    }
-    let mut behind = Behind::with(pool, lag_ns);
-    replay_on(ops, &mut behind);
-    behind.pool
+    let mut pool = shim_vmm();
+    through(&ops[..(at + 1).min(ops.len())], &mut pool, lag_ns);
+    pool
 }
 
 /// A summary line of the pages after operation `peak_at` (0-based) of
