@@ -142,11 +142,18 @@ impl Memos {
 }
 
 impl Memo {
+    /// The reads recorded (`Recording::read` stops at `READS`, and marks the
+    /// walk overflowed).
+    #[inline]
+    fn recorded(&self) -> &[(u64, u64)] {
+        &self.reads[..self.nreads]
+    }
+
     /// The first read, by number, whose word no longer holds what the walk
     /// read; `None`: all hold.
     #[inline]
     fn first_change(&self) -> Option<usize> {
-        self.reads[..self.nreads.min(READS)].iter().position(|&(addr, value)| {
+        self.recorded().iter().position(|&(addr, value)| {
             // SAFETY: see `Memos::recall`; read as the walk read it.
             let now = unsafe { std::ptr::read_volatile(addr as *const u64) };
             now != value
@@ -156,8 +163,8 @@ impl Memo {
     /// From read `from` on, does every word that held one of the walk's
     /// frames (a return address) still hold it?
     fn returns_hold_from(&self, from: usize) -> bool {
-        let frames = &self.frames[..self.n];
-        self.reads[from.min(self.nreads.min(READS))..self.nreads.min(READS)].iter().all(|&(addr, value)| {
+        let (frames, reads) = (&self.frames[..self.n], self.recorded());
+        reads[from.min(reads.len())..].iter().all(|&(addr, value)| {
             // SAFETY: see `Memos::recall`; read as the walk read it.
             let now = unsafe { std::ptr::read_volatile(addr as *const u64) };
             now == value || !frames.contains(&value)
@@ -206,7 +213,7 @@ impl Recording<'_> {
     /// The read numbered `i` (address, value), if recorded.
     #[inline]
     pub fn get(&self, i: usize) -> Option<(u64, u64)> {
-        self.0.as_ref().and_then(|m| m.reads[..m.nreads.min(READS)].get(i).copied())
+        self.0.as_ref().and_then(|m| m.recorded().get(i).copied())
     }
 
     /// Read `i` (a saved frame pointer) is left out of the check unless
@@ -214,7 +221,7 @@ impl Recording<'_> {
     #[inline]
     pub fn optional(&mut self, i: usize) {
         if let Some(m) = &mut self.0 {
-            if i < m.nreads.min(READS) {
+            if i < m.recorded().len() {
                 m.optional[i / 64] |= 1 << (i % 64);
             }
         }
