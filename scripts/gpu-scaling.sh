@@ -147,6 +147,7 @@ sort -k1,1 -k2n $w/rows
 python3 - $w/rows "$threads" <<'PY'
 import sys, statistics as st
 counts = [int(t) for t in sys.argv[2].split()]
+NAMES = ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cupool-magazines", "cupool-locked", "cupool-sizes"]  # the rows, in the tables' order
 rows = {}
 more = {}
 by_round = {}
@@ -185,7 +186,7 @@ def paired(name, t):
 
 
 print(f"{'medians':18} {'threads':>7} {'M pairs/s':>10} {'x 1 thread':>10} {'CPU ns/pair':>11} {'x 1 thread':>10} {'/ control':>9} {'best: / control':>15} {'by round: / control':>20}")
-for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
+for name in NAMES:
     one = rows.get((name, 1))
     if not one:
         continue
@@ -204,7 +205,7 @@ for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cu
 # the hypervisor ran something else); in the longest loop (the run's wall time
 # follows the slowest thread); and the run's wall time per pair per thread.
 print(f"{'time (medians)':18} {'threads':>7} {'CPU':>6} {'loop':>6} {'longest':>8} {'wall':>6} {'vcsw':>7}")
-for name in ["control", "cudaMallocAsync", "cupool-default", "cupool-procs", "cupool-magazines", "cupool-locked", "cupool-sizes"]:
+for name in NAMES:
     for t in counts:
         m = more.get((name, t))
         if not m:
