@@ -73,6 +73,36 @@ fn a_clean_loop_passes_and_a_leaky_one_fails_with_and_without_marks() {
     }
 }
 
+/// With the trace off a clean process queues no event at all: its log is
+/// still written (the end record), so the check passes it, and finds what
+/// it leaks at exit.
+#[test]
+fn with_the_trace_off_a_clean_loop_passes_and_exit_leaks_fail() {
+    let prog = path_str(check_loop());
+    let dir = scratch_dir("check-trace-off-clean");
+    let out = check(&dir, &["-o", "trace=0"], &[prog, "10", "clean"]);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("cupool: 1 process(es) checked\n") && err.contains("cupool: no leaks\n"), "{err}");
+    assert!(err.contains("logged with trace=0, so growth was not checked"), "{err}");
+    let logs = read_logs(&dir);
+    assert_eq!(logs.len(), 1, "{}", show(&out));
+    assert!(events(&logs[0], "alloc").is_empty(), "trace=0 records no allocation");
+    let allocs: u64 = logs[0]["end"]["devices"].as_array().unwrap().iter().map(|d| d["allocs"].as_u64().unwrap()).sum();
+    assert_eq!(allocs, 1 + 1 + 10, "the weights, the optimizer state and a temporary a step: {}", logs[0]["end"]);
+
+    let dir = scratch_dir("check-trace-off-leak");
+    let out = check(&dir, &["-o", "trace=0"], &[prog, "10", "leak"]);
+    assert_eq!(code(&out), 23, "{}", show(&out));
+    assert!(stderr_of(&out).contains("SUMMARY: cupool: 40960 byte(s) leaked in 10 allocation(s).\n"), "{}", show(&out));
+
+    // `cupool run` counts the process too, rather than saying nothing used CUDA memory.
+    let dir = scratch_dir("run-trace-off-clean");
+    let out = run_cupool(&["run", "--log-dir", path_str(&dir), "-o", "trace=0", "--", prog, "10", "clean"], &dir);
+    assert_eq!(code(&out), 0, "{}", show(&out));
+    assert!(stderr_of(&out).contains("cupool: 1 process(es) used CUDA memory"), "{}", show(&out));
+}
+
 #[test]
 fn the_programs_failure_wins_then_the_options_decide() {
     let prog = path_str(check_loop());

@@ -17,16 +17,19 @@ pub enum ExitInfo {
 }
 
 /// Builds and writes the end record. Called once, by `lifecycle::finish`.
-pub fn write(how: ExitInfo) {
+/// False when the process allocated nothing, so has no log.
+pub fn write(how: ExitInfo) -> bool {
     let now_ns = clock::now_ns();
     let (live, complete) = observe::live_snapshot();
     observe::flush_batches();
     let (checkpoint_leaks, ooms) = incidents::take();
-    if !sink::is_open() && live.is_empty() && checkpoint_leaks.is_empty() {
-        return; // nothing was traced and nothing leaked: write nothing at all
+    // With the trace off, a clean process has queued no event: its end
+    // record is then the only sign that it used CUDA memory and was checked.
+    if !sink::is_open() && live.is_empty() && checkpoint_leaks.is_empty() && !counters::any_activity() {
+        return false; // nothing was allocated: write nothing at all
     }
     if !sink::ensure_open() {
-        return;
+        return true;
     }
     let mut leaks: Vec<Leak> =
         checkpoint_leaks.iter().map(|c| leak(c.key, &c.allocation, c.at.as_str(), c.t_ns)).collect();
@@ -52,6 +55,7 @@ pub fn write(how: ExitInfo) {
         let end = End { dropped_events: sink::dropped(), ..end };
         log::write_end(out, &end)
     });
+    true
 }
 
 fn notes() -> Vec<String> {

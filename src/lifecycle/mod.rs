@@ -116,9 +116,17 @@ fn finish_on_signal(sig: i32) {
 /// process, when it leaves without having used CUDA memory (a process that
 /// did has its log). A few system calls at exit; nothing before.
 fn note_ran_without_cuda() {
+    if !SESSION.was_started() {
+        note_ran_without_memory();
+    }
+}
+
+/// [`note_ran_without_cuda`] for a process whose CUDA calls allocated
+/// nothing (its session started, but it has no log to show for it).
+fn note_ran_without_memory() {
     static NOTED_BY: AtomicU32 = AtomicU32::new(0);
     let pid = std::process::id();
-    if SESSION.was_started() || NOTED_BY.swap(pid, Ordering::Relaxed) == pid {
+    if NOTED_BY.swap(pid, Ordering::Relaxed) == pid {
         return;
     }
     diag::shielded(|| {
@@ -142,7 +150,7 @@ pub fn finish(how: ExitInfo) {
     if PID.load(Ordering::Relaxed) != std::process::id() {
         return; // a vfork child, or a forked child that never used CUDA itself
     }
-    if SESSION.finish() {
-        diag::shielded(|| end::write(how));
+    if SESSION.finish() && diag::shielded(|| end::write(how)) == Some(false) {
+        note_ran_without_memory();
     }
 }
