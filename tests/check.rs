@@ -103,6 +103,40 @@ fn with_the_trace_off_a_clean_loop_passes_and_exit_leaks_fail() {
     assert!(stderr_of(&out).contains("cupool: 1 process(es) used CUDA memory"), "{}", show(&out));
 }
 
+/// A process that leaves through `quick_exit`, dies of a signal or replaces
+/// itself (`exec`) still has its leaks found, with the trace on and off:
+/// its end record is written by the shim's handlers, not by `atexit`, and
+/// before an `exec` what is queued is written (with the trace off, the end
+/// record too).
+#[test]
+fn leaks_are_found_past_quick_exit_a_fatal_signal_and_exec() {
+    let prog = path_str(check_loop());
+    for (exit_by, status) in [("quick_exit", 23), ("term", 128 + 15), ("exec", 23)] {
+        for trace in ["trace=1", "trace=0"] {
+            let dir = scratch_dir("check-exit-by");
+            let mut v = vec!["check", "--log-dir", path_str(&dir), "-o", trace, "--", prog, "10", "leak"];
+            let out = cupool_command(&v, &dir).env("STEP_US", "1000").env("EXIT_BY", exit_by).output().unwrap();
+            assert_eq!(code(&out), status, "{exit_by} {trace}: {}", show(&out));
+            let err = stderr_of(&out);
+            assert!(
+                err.contains("SUMMARY: cupool: 40960 byte(s) leaked in 10 allocation(s).\n"),
+                "{exit_by} {trace}: {err}"
+            );
+            // Past a successful `exec` the traced log has no end: the call could have failed.
+            let ended = exit_by != "exec" || trace == "trace=0";
+            assert_eq!(!err.contains("no end record"), ended, "{exit_by} {trace}: {err}");
+            *v.last_mut().unwrap() = "clean";
+            let out = cupool_command(&v, &dir).env("STEP_US", "1000").env("EXIT_BY", exit_by).output().unwrap();
+            assert_eq!(code(&out), if status == 23 { 0 } else { status }, "{exit_by} {trace}: {}", show(&out));
+            let err = stderr_of(&out);
+            assert!(
+                err.contains("cupool: 1 process(es) checked\n") && err.contains("cupool: no leaks\n"),
+                "{exit_by} {trace}: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_programs_failure_wins_then_the_options_decide() {
     let prog = path_str(check_loop());

@@ -206,5 +206,6 @@ table! {
         __libc_start_main: fn(MainFn, c_int, *mut *mut c_char, Ptr, Ptr, Ptr, Ptr) -> c_int;
         exit: fn(c_int) -> !;
         _exit: fn(c_int) -> !;
+        quick_exit: fn(c_int) -> !;
     }
 }

@@ -1,7 +1,11 @@
 //! The exit status for the log: `main`'s return value (libc calls `exit`
-//! internally then, past any hook) and `exit`'s argument. `_exit` and `_Exit`
-//! skip atexit handlers, so they finish the log themselves (multiprocessing
-//! children leave through `os._exit`).
+//! internally then, past any hook), `exit`'s and `quick_exit`'s argument.
+//! `_exit` and `_Exit` skip atexit handlers, so they finish the log
+//! themselves (multiprocessing children leave through `os._exit`);
+//! `quick_exit` runs the handlers of `at_quick_exit`, one of which finishes it.
+//! `exec` keeps no handler and no thread: `execve` and `execv` (Python's
+//! `os.execv`, `os.execve` and `os.execvp`) write what is queued first. The
+//! C library's other `exec` functions reach the kernel past these hooks.
 
 use crate::cuda::real;
 use crate::cuda::MainFn;
@@ -46,6 +50,15 @@ pub unsafe extern "C" fn exit(status: c_int) -> ! {
     unreachable!()
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn quick_exit(status: c_int) -> ! {
+    lifecycle::note_exit_status(status);
+    if let Some(quick_exit) = real::quick_exit.get() {
+        quick_exit(status);
+    }
+    leave_now(status)
+}
+
 unsafe fn leave_now(status: c_int) -> ! {
     lifecycle::finish(ExitInfo::Exit(Some(status)));
     if let Some(exit) = real::_exit.get() {
@@ -63,4 +76,22 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     leave_now(status)
+}
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// `execve` as the C library makes it, one system call: no lookup of the
+/// real function, which a `vfork` child (Python's `subprocess`) must not
+/// make. The events queued are written first (`lifecycle::before_exec`).
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    lifecycle::before_exec();
+    libc::syscall(libc::SYS_execve, path, argv, envp) as c_int
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    execve(path, argv, environ)
 }

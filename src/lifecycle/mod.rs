@@ -45,15 +45,22 @@ fn start() -> bool {
     ONCE_PER_IMAGE.call_once(|| {
         diag::quiet_panics();
         crate::sink::set_finish_on_signal(finish_on_signal);
-        // SAFETY: `at_exit` and the fork handlers are `extern "C"` functions of this library, which stays
-        // loaded for the whole process (preloaded); `Once` registers them once per loaded image.
+        // SAFETY: `at_exit` (for `exit` and `quick_exit`) and the fork handlers are `extern "C"`
+        // functions of this library, which stays loaded for the whole process (preloaded); `Once`
+        // registers them once per loaded image.
         unsafe {
             libc::atexit(at_exit);
+            at_quick_exit(at_exit);
             libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child));
         }
     });
     if opts.log {
         signals::install();
+        if !opts.trace {
+            // With the trace off no event opens the log of a clean process,
+            // and a fatal signal's end record is written by a running writer.
+            crate::sink::ensure_open();
+        }
         if opts.stack_depth > 0 {
             // The module table, built once here rather than by the first
             // allocation's capture (which would get no frames while it is built).
@@ -104,6 +111,11 @@ fn exit_status() -> Option<i32> {
     }
 }
 
+extern "C" {
+    /// glibc's (C11); the `libc` crate declares it for other targets only.
+    fn at_quick_exit(handler: extern "C" fn()) -> std::ffi::c_int;
+}
+
 extern "C" fn at_exit() {
     finish(ExitInfo::Exit(exit_status()));
 }
@@ -142,6 +154,24 @@ fn note_ran_without_memory() {
             let _ = std::io::Write::write_all(&mut f, format!("{pid}\n").as_bytes());
         }
     });
+}
+
+/// Before `exec` replaces the process: the events queued so far are written,
+/// and the log is left without its end, as the call may fail and the program
+/// go on. With the trace off the end record is the log's only account of
+/// what is live, so `exec` ends the log as `exit` does. Not in a `vfork`
+/// child (it shares the parent's memory) nor in a forked child that never
+/// used CUDA.
+pub fn before_exec() {
+    if !SESSION.is_on() || PID.load(Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    if options::get().trace {
+        diag::shielded(crate::sink::flush_now);
+    } else {
+        settle_magazines();
+        finish(ExitInfo::Exit(None));
+    }
 }
 
 /// Writes the end of the log exactly once. Later CUDA calls still work; they are just not recorded.

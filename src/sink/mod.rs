@@ -89,6 +89,15 @@ pub fn ensure_open() -> bool {
     options::get().log && OPENED.ensure_on(open)
 }
 
+/// Writes what is queued now, from the calling thread.
+pub fn flush_now() {
+    if let Some(mut log) = LOG.try_lock_for(Duration::from_millis(200)) {
+        if let Some(file) = log.as_mut() {
+            file.drain(Duration::from_millis(100));
+        }
+    }
+}
+
 /// Writes what is queued, then `tail` (the end record), and closes the file.
 /// False if there was no log to finish.
 pub fn close_with(tail: impl FnOnce(&mut String)) -> bool {

@@ -13,8 +13,12 @@
  * which a busy host preempting a bare loop of microseconds before its final
  * frees would make it.
  * Everything but the leak is freed before exit. Prints
- * result: ok steps=N leaked_bytes=N. */
+ * result: ok steps=N leaked_bytes=N. With EXIT_BY=quick_exit it then
+ * leaves through quick_exit, with EXIT_BY=term by raising SIGTERM, with
+ * EXIT_BY=exec by replacing itself with /bin/true (execv). */
 #include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -86,5 +90,16 @@ int main(int argc, char **argv)
         CHECK(cudaFree(state));
     CHECK(cudaFree(weights));
     printf("result: ok steps=%d leaked_bytes=%u\n", steps, leaked);
+    fflush(stdout);
+    const char *exit_by = getenv("EXIT_BY");
+    if (exit_by && strcmp(exit_by, "quick_exit") == 0)
+        quick_exit(code);
+    if (exit_by && strcmp(exit_by, "term") == 0)
+        raise(SIGTERM);
+    if (exit_by && strcmp(exit_by, "exec") == 0) {
+        char *const argv_true[] = {"true", NULL};
+        execv("/bin/true", argv_true);
+        FAIL("execv /bin/true");
+    }
     return code;
 }
