@@ -763,7 +763,7 @@ fn summary_of_a_killed_process_says_so_plainly() {
     let out = run_cupool(&["report", path_str(&dir)], &dir);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let text = stdout_of(&out);
-    assert!(text.contains("killed, or still running (the log has no end)"), "{text}");
+    assert!(text.contains("killed, replaced by exec, or still running (the log has no end)"), "{text}");
     assert!(text.contains("still live when the log stopped"), "{text}");
     assert!(!text.contains("logs in"), "report names no directory: {text}");
 }

@@ -54,7 +54,7 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
 
 fn exit_text(s: &Summary) -> String {
     match &s.exit {
-        _ if !s.complete => "killed, or still running (the log has no end)".into(),
+        _ if !s.complete => "killed, replaced by exec, or still running (the log has no end)".into(),
         Some(ExitRecord::Signal { name, .. }) => format!("killed by {name}"),
         Some(ExitRecord::Exit { status: Some(st) }) => format!("exit {st}"),
         Some(ExitRecord::Exit { status: None }) => "exit".into(),

@@ -80,6 +80,16 @@ impl<F: Copy> Real<F> {
         self.address().map(|p| unsafe { std::mem::transmute_copy::<usize, F>(&p) })
     }
 
+    /// The real function if it was looked up already: never a lookup (a
+    /// `vfork` child must not make one).
+    pub fn resolved(&self) -> Option<F> {
+        match self.addr.load(Ordering::Acquire) {
+            0 | ABSENT => None,
+            // SAFETY: as in `get`.
+            p => Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) }),
+        }
+    }
+
     #[inline]
     pub fn address(&self) -> Option<usize> {
         match self.addr.load(Ordering::Acquire) {

@@ -207,5 +207,6 @@ table! {
         exit: fn(c_int) -> !;
         _exit: fn(c_int) -> !;
         quick_exit: fn(c_int) -> !;
+        execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
     }
 }

@@ -6,15 +6,29 @@
 //! `exec` keeps no handler and no thread: `execve` and `execv` (Python's
 //! `os.execv`, `os.execve` and `os.execvp`) write what is queued first. The
 //! C library's other `exec` functions reach the kernel past these hooks.
+//!
+//! A `vfork` child (Python's `subprocess`) runs in its parent's memory until
+//! it `exec`s or `_exit`s: there these hooks touch nothing of the parent's
+//! and look nothing up.
 
 use crate::cuda::real;
 use crate::cuda::MainFn;
 use crate::lifecycle::{self, ExitInfo};
 use crate::runtime::diag;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 static REAL_MAIN: AtomicUsize = AtomicUsize::new(0);
+/// The pid that ran `main` (0: not seen).
+static MAIN_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Is this the process that ran `main`, or one whose own CUDA session runs
+/// (a forked child)? Not a `vfork` child, nor a forked child that never
+/// used CUDA.
+fn own_process() -> bool {
+    let main_pid = MAIN_PID.load(Ordering::Relaxed);
+    main_pid == 0 || main_pid == std::process::id() || lifecycle::in_session_process()
+}
 
 unsafe extern "C" fn main_returning_status(argc: c_int, argv: *mut *mut c_char, env: *mut *mut c_char) -> c_int {
     let main: MainFn = std::mem::transmute(REAL_MAIN.load(Ordering::Relaxed));
@@ -37,6 +51,7 @@ pub unsafe extern "C" fn __libc_start_main(
         diag::fatal("cannot find __libc_start_main");
     };
     REAL_MAIN.store(main as usize, Ordering::Relaxed);
+    MAIN_PID.store(std::process::id(), Ordering::Relaxed);
     start(main_returning_status, argc, argv, init, fini, rtld_fini, stack_end)
 }
 
@@ -60,9 +75,11 @@ pub unsafe extern "C" fn quick_exit(status: c_int) -> ! {
 }
 
 unsafe fn leave_now(status: c_int) -> ! {
-    lifecycle::finish(ExitInfo::Exit(Some(status)));
-    if let Some(exit) = real::_exit.get() {
-        exit(status);
+    if own_process() {
+        lifecycle::finish(ExitInfo::Exit(Some(status)));
+        if let Some(exit) = real::_exit.get() {
+            exit(status);
+        }
     }
     libc::syscall(libc::SYS_exit_group, status);
     unreachable!()
@@ -79,16 +96,22 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
 }
 
 extern "C" {
-    static environ: *const *const c_char;
+    /// Changed by `setenv` and `putenv`: read afresh at every call.
+    static mut environ: *const *const c_char;
 }
 
-/// `execve` as the C library makes it, one system call: no lookup of the
-/// real function, which a `vfork` child (Python's `subprocess`) must not
-/// make. The events queued are written first (`lifecycle::before_exec`).
+/// The events queued are written first (`lifecycle::before_exec`), then the
+/// next `execve` is called (another preloaded tool's, or the C library's);
+/// a `vfork` child calls it only if it was looked up already, and otherwise
+/// makes the system call itself, as the C library's does.
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     lifecycle::before_exec();
-    libc::syscall(libc::SYS_execve, path, argv, envp) as c_int
+    let next = if own_process() { real::execve.get() } else { real::execve.resolved() };
+    match next {
+        Some(execve) => execve(path, argv, envp),
+        None => libc::syscall(libc::SYS_execve, path, argv, envp) as c_int,
+    }
 }
 
 #[no_mangle]

@@ -54,6 +54,9 @@ fn start() -> bool {
             libc::pthread_atfork(Some(fork::prepare), Some(fork::parent), Some(fork::child));
         }
     });
+    // Looked up here, in the process itself: its `vfork` children's `exec`
+    // then calls it without a lookup of their own (`hooks::process`).
+    let _ = crate::cuda::real::execve.get();
     if opts.log {
         signals::install();
         if !opts.trace {
@@ -120,8 +123,15 @@ extern "C" fn at_exit() {
     finish(ExitInfo::Exit(exit_status()));
 }
 
+/// On the writer thread: the process dies of `sig`, or `exec`s with the
+/// trace off.
 fn finish_on_signal(sig: i32) {
-    finish(ExitInfo::Signal(sig));
+    if sig == i32::from(crate::sink::EXEC) {
+        settle_magazines();
+        finish(ExitInfo::Exit(None));
+    } else {
+        finish(ExitInfo::Signal(sig));
+    }
 }
 
 /// Appends this process's pid to `<log_dir>/cupool-ran.<run_id>`, once per
@@ -156,23 +166,27 @@ fn note_ran_without_memory() {
     });
 }
 
-/// Before `exec` replaces the process: the events queued so far are written,
-/// and the log is left without its end, as the call may fail and the program
-/// go on. With the trace off the end record is the log's only account of
-/// what is live, so `exec` ends the log as `exit` does. Not in a `vfork`
-/// child (it shares the parent's memory) nor in a forked child that never
-/// used CUDA.
+/// Before `exec` replaces the process: the writer writes the events queued
+/// so far and leaves the log without its end, as the call may fail and the
+/// program go on; with the trace off the end record is the log's only
+/// account of what is live, so the writer finishes the log as `exit` would.
+/// Only asks the writer (`exec` may be called from a signal handler). Not
+/// in a `vfork` child (it shares the parent's memory) nor in a forked child
+/// that never used CUDA.
 pub fn before_exec() {
-    if !SESSION.is_on() || PID.load(Ordering::Relaxed) != std::process::id() {
-        return;
-    }
-    if options::get().trace {
-        diag::shielded(crate::sink::flush_now);
-    } else {
-        settle_magazines();
-        finish(ExitInfo::Exit(None));
+    if in_session_process() {
+        crate::sink::before_exec(EXEC_TIMEOUT_MS);
     }
 }
+
+/// Is a CUDA session of this very process on (not its parent's, seen from
+/// a `vfork` child)?
+pub fn in_session_process() -> bool {
+    SESSION.is_on() && PID.load(Ordering::Relaxed) == std::process::id()
+}
+
+/// How long an `exec` waits for the writer.
+const EXEC_TIMEOUT_MS: i32 = 2000;
 
 /// Writes the end of the log exactly once. Later CUDA calls still work; they are just not recorded.
 pub fn finish(how: ExitInfo) {

@@ -13,7 +13,7 @@ mod writer;
 pub use buffers::{dropped, Stamp};
 pub use definitions::define;
 pub use strings::{intern, text_of};
-pub use writer::FinishOnSignal;
+pub use writer::{FinishOnSignal, EXEC};
 
 use crate::runtime::{diag, options, switch::Switch, SESSION};
 use cupool_core::log::{Event, EventKind};
@@ -89,15 +89,6 @@ pub fn ensure_open() -> bool {
     options::get().log && OPENED.ensure_on(open)
 }
 
-/// Writes what is queued now, from the calling thread.
-pub fn flush_now() {
-    if let Some(mut log) = LOG.try_lock_for(Duration::from_millis(200)) {
-        if let Some(file) = log.as_mut() {
-            file.drain(Duration::from_millis(100));
-        }
-    }
-}
-
 /// Writes what is queued, then `tail` (the end record), and closes the file.
 /// False if there was no log to finish.
 pub fn close_with(tail: impl FnOnce(&mut String)) -> bool {
@@ -113,6 +104,13 @@ pub fn finish_from_signal(sig: i32, timeout_ms: i32) -> bool {
         Some(&finish) => writer::finish_from_signal(sig, timeout_ms, finish),
         None => false,
     }
+}
+
+/// Before `exec` replaces the process: has the writer write what is queued
+/// (with the trace off, finish the log), waiting at most `timeout_ms`.
+/// Async-signal-safe, as `exec` is.
+pub fn before_exec(timeout_ms: i32) -> bool {
+    writer::before_exec(timeout_ms)
 }
 
 pub fn lock_for_fork() {

@@ -21,9 +21,15 @@ static ACK_WR: KeptFd = KeptFd::new();
 /// The writer thread's id: a synchronous fault in it cannot wait for itself.
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 
-/// What finishes the log when the process dies of a signal; handed in by
-/// the lifecycle, which owns finishing.
+/// What finishes the log when the process dies of a signal (or, with the
+/// trace off, `exec`s: [`EXEC`]); handed in by the lifecycle, which owns
+/// finishing.
 pub type FinishOnSignal = fn(i32);
+
+/// Asked through the wake pipe by a thread about to `exec` (no signal has
+/// this number): with the trace on the writer writes what is queued and
+/// goes on, as the call may fail; with it off it finishes the log.
+pub const EXEC: u8 = 0xff;
 
 pub fn start(finish: FinishOnSignal) {
     let mut wake = [-1; 2];
@@ -82,12 +88,15 @@ fn run(finish: FinishOnSignal) {
         // SAFETY: `read` writes at most one byte into `byte`, a live local; `rd` is the pipe's read end (checked
         // just now), owned by this thread, non-blocking.
         if still && unsafe { libc::read(rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
-            finish(byte as i32);
-            if let Some(wr) = ACK_WR.get() {
-                // SAFETY: `write` reads one byte from `byte`, a live local; `wr` is the acknowledgement
-                // pipe's write end, owned by this thread.
-                unsafe { libc::write(wr, (&byte as *const u8).cast(), 1) };
+            if byte == EXEC && options::get().trace {
+                if let Some(file) = LOG.lock().as_mut() {
+                    file.drain(Duration::from_millis(10));
+                }
+                acknowledge(byte);
+                continue;
             }
+            finish(byte as i32);
+            acknowledge(byte);
             return;
         }
         match LOG.lock().as_mut() {
@@ -97,28 +106,52 @@ fn run(finish: FinishOnSignal) {
     }
 }
 
+fn acknowledge(byte: u8) {
+    if let Some(wr) = ACK_WR.get() {
+        // SAFETY: `write` reads one byte from `byte`, a live local; `wr` is the acknowledgement
+        // pipe's write end, owned by this thread.
+        unsafe { libc::write(wr, (&byte as *const u8).cast(), 1) };
+    }
+}
+
 /// From a signal handler: has the writer finish the log, waiting at most
 /// `timeout_ms`. Only async-signal-safe calls. False when there is no writer
 /// to ask; `finish` then runs here if this is the writer thread itself.
 pub fn finish_from_signal(sig: i32, timeout_ms: i32, finish: FinishOnSignal) -> bool {
-    let (Some(wake), Some(ack)) = (wake::fd(), ACK.get()) else {
-        return false;
-    };
     // SAFETY: `gettid` takes no arguments and cannot fail.
     if WRITER_TID.load(Ordering::Acquire) == unsafe { libc::syscall(libc::SYS_gettid) } as u32 {
         // Only a fault can land here (the writer blocks every other signal).
         finish(sig);
         return true;
     }
-    let byte = sig as u8;
-    // SAFETY: `write` reads one byte from `byte` and `poll` one `pollfd`, both live locals; the descriptors
-    // are the writer's pipes (checked above to be), which stay open while the writer runs.
+    ask(sig as u8, timeout_ms)
+}
+
+/// Before `exec` (which may run in a signal handler): has the writer do
+/// what [`EXEC`] asks, waiting at most `timeout_ms`. Only async-signal-safe
+/// calls.
+pub fn before_exec(timeout_ms: i32) -> bool {
+    ask(EXEC, timeout_ms)
+}
+
+fn ask(byte: u8, timeout_ms: i32) -> bool {
+    let (Some(wake), Some(ack)) = (wake::fd(), ACK.get()) else {
+        return false;
+    };
+    // SAFETY: `write` reads one byte from `byte`, `poll` one `pollfd` and `read` writes one byte into
+    // `answer`, all live locals; the descriptors are the writer's pipes (checked above to be), which stay
+    // open while the writer runs, and `read` follows a `poll` that found a byte to read.
     unsafe {
         if libc::write(wake, (&byte as *const u8).cast(), 1) != 1 {
             return false;
         }
         let mut pfd = libc::pollfd { fd: ack, events: libc::POLLIN, revents: 0 };
-        libc::poll(&mut pfd, 1, timeout_ms) > 0
+        if libc::poll(&mut pfd, 1, timeout_ms) <= 0 {
+            return false;
+        }
+        // Taken, so that a later request (an `exec` that failed) waits for its own answer.
+        let mut answer = 0u8;
+        libc::read(ack, (&mut answer as *mut u8).cast(), 1) == 1
     }
 }
 

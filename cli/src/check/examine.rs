@@ -36,7 +36,7 @@ pub fn examine(
         let mut namer = Namer::new(p);
         if log.end.is_none() {
             out.notes.push(format!(
-                "{who}: the log has no end record (killed, or still running): its exit leaks are what was \
+                "{who}: the log has no end record (killed, replaced by exec, or still running): its exit leaks are what was \
                  live when the log stopped"
             ));
         }
