@@ -137,6 +137,49 @@ fn leaks_are_found_past_quick_exit_a_fatal_signal_and_exec() {
     }
 }
 
+/// Python's `subprocess` starts commands through `vfork`: the child runs in
+/// the parent's memory until its `exec` (or, when that fails, its `_exit`),
+/// where the shim's hooks must leave the parent's session alone. A program
+/// that allocates through the fake runtime (ctypes) and runs commands, some
+/// missing, in between, is checked as without them; then it replaces itself.
+#[test]
+fn subprocess_children_leave_the_parents_session_alone() {
+    let script = format!(
+        r#"
+import ctypes, os, subprocess, sys
+rt = ctypes.CDLL("{}")
+p, q = ctypes.c_void_p(), ctypes.c_void_p()
+assert rt.cudaMalloc(ctypes.byref(p), 4096) == 0
+for _ in range(10):
+    try:
+        subprocess.run(["/nonexistent-command"])
+    except FileNotFoundError:
+        pass
+    subprocess.run(["true"], check=True)
+assert rt.cudaMalloc(ctypes.byref(q), 8192) == 0
+assert rt.cudaFree(p) == 0
+if sys.argv[1] == "clean":
+    assert rt.cudaFree(q) == 0
+if sys.argv[2] == "exec":
+    os.execvp("true", ["true"])
+print("result: ok")
+"#,
+        path_str(&fakes().libcudart())
+    );
+    for ending in ["exit", "exec"] {
+        for (mode, status) in [("clean", 0), ("leak", 23)] {
+            let dir = scratch_dir("check-subprocess");
+            let out = check(&dir, &[], &["python3", "-c", &script, mode, ending]);
+            assert_eq!(code(&out), status, "{mode} {ending}: {}", show(&out));
+            let err = stderr_of(&out);
+            assert!(err.contains("cupool: 1 process(es) checked\n"), "{mode} {ending}: {err}");
+            if status == 23 {
+                assert!(err.contains("SUMMARY: cupool: 8192 byte(s) leaked in 1 allocation(s).\n"), "{err}");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_programs_failure_wins_then_the_options_decide() {
     let prog = path_str(check_loop());
