@@ -219,7 +219,10 @@ fn a_killed_process_is_checked_from_what_its_log_holds() {
         "{text}"
     );
     assert!(text.contains("cupool: note: x.json: bad; not checked\n"), "{text}");
-    assert!(text.contains("cupool: note: pid 9: the log has no end record (killed, replaced by exec, or still running)"), "{text}");
+    assert!(
+        text.contains("cupool: note: pid 9: the log has no end record (killed, replaced by exec, or still running)"),
+        "{text}"
+    );
 }
 
 #[test]
