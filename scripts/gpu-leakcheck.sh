@@ -2,7 +2,8 @@
 # `cupool check` on a real GPU: clean programs give exit 0 and no finding;
 # planted leaks are caught at the right site (growth without marks, cache on
 # and off; under torchrun with the rank; one leaking pytest test; an nvcc
-# program whose exit leaks must equal compute-sanitizer's); and the overhead
+# program whose exit leaks must equal compute-sanitizer's; the trace off,
+# exec, os._exit and subprocess children); and the overhead
 # of `cupool check` on the transformer workload beside compute-sanitizer's.
 # Same setup as scripts/gpu-check.sh (.gpu/ holds the shim and the CLI;
 # .gpu/pywheels pytest and pytest-xdist for a machine without them).
@@ -53,6 +54,17 @@ PEAK_MIB=64 check peak-baseline clean -- python3 $src/peak.py
 PEAK_MIB=64 CHECK_FLAGS="--baseline $work/peak-baseline.json" check peak-as-baseline clean -- python3 $src/peak.py
 PEAK_MIB=256 CHECK_FLAGS="--baseline $work/peak-baseline.json" check peak-past-baseline budget:peak.py -- python3 $src/peak.py
 PEAK_MIB=256 CHECK_FLAGS="-o max_peak_bytes=128m" check peak-past-job-budget budget:peak.py -- python3 $src/peak.py
+# The trace off: a clean process still writes its end record, so it is
+# checked. Ways out past atexit: exec (what is queued is written first; with
+# the trace off the end record), os._exit, and subprocess's vfork children
+# that exec or, when that fails, _exit, inside the parent's session.
+CHECK_FLAGS="-o trace=0" check cupy-clean-untraced clean -- python3 $src/cupy_clean.py
+CHECK_FLAGS="-o trace=0" check cublas-clean-untraced clean -- $work/cublas_clean
+check subprocess-clean clean -- python3 $src/exit_paths.py
+EXIT_BY=exec check exec-clean clean -- python3 $src/exit_paths.py
+LEAK=1 EXIT_BY=exec check exec-leak exit:exit_paths.py:$(line exit_paths.py) -- python3 $src/exit_paths.py
+LEAK=1 EXIT_BY=exec CHECK_FLAGS="-o trace=0" check exec-leak-untraced exit:exit_paths.py:$(line exit_paths.py) -- python3 $src/exit_paths.py
+LEAK=1 EXIT_BY=_exit CHECK_FLAGS="-o trace=0" check os-exit-leak-untraced exit:exit_paths.py:$(line exit_paths.py) -- python3 $src/exit_paths.py
 # A check where the shim never loaded is not a pass.
 check not-loaded status:66 -- env -u LD_PRELOAD python3 $src/cupy_clean.py
 check ddp-clean clean -- torchrun --standalone --nproc_per_node 2 $src/ddp_loop.py

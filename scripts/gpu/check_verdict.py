@@ -1,7 +1,7 @@
 """One row of scripts/gpu-leakcheck.sh from `cupool check --json` output.
 
 usage: check_verdict.py NAME RC FINDINGS.json EXPECT
-EXPECT: clean | note:TEXT (clean, with a note holding TEXT) | growth:FILE:LINE[:ranks] | test:NAME[:FILE:LINE] | sanitizer:OUTPUT | budget:WHAT | status:N
+EXPECT: clean | note:TEXT (clean, with a note holding TEXT) | growth:FILE:LINE[:ranks] | exit:FILE:LINE | test:NAME[:FILE:LINE] | sanitizer:OUTPUT | budget:WHAT | status:N
 """
 import json
 import re
@@ -42,6 +42,13 @@ elif expect.startswith("growth:"):
     ]
     ranked = not ranks or all(set(map(str, (p.get("rank") for p in f["processes"]))) == set(ranks[0].split(",")) for f in hits)
     row(rc == 23 and bool(hits) and ranked, f"growth at {file}:{line}: {len(hits)} finding(s); all: {desc}")
+elif expect.startswith("exit:"):
+    _, file, line = expect.split(":")
+    hits = [
+        f for f in failing
+        if f["kind"] == "exit" and any((fr.get("file") or "").endswith(file) and fr.get("line") == int(line) for fr in f["frames"])
+    ]
+    row(rc == 23 and bool(hits), f"exit leak at {file}:{line}: {len(hits)} finding(s); all: {desc}")
 elif expect.startswith("test:"):
     want, *at = expect[5:].split(":")
     tests = [f for f in failing if f["kind"] == "test"]
