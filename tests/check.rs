@@ -180,6 +180,36 @@ print("result: ok")
     }
 }
 
+/// A child the program leaves running (it returns at once; the child still
+/// allocates, waits, then leaves) is waited for: its log is read once it
+/// ends, not as the first bytes of a log being written.
+#[test]
+fn a_child_left_running_is_waited_for() {
+    let script = format!(
+        r#"
+import ctypes, os, sys, time
+if os.fork() == 0:
+    rt = ctypes.CDLL("{}")
+    p = ctypes.c_void_p()
+    assert rt.cudaMalloc(ctypes.byref(p), 8192) == 0
+    time.sleep(0.5)
+    if sys.argv[1] == "clean":
+        assert rt.cudaFree(p) == 0
+    os._exit(0)
+"#,
+        path_str(&fakes().libcudart())
+    );
+    for (mode, status) in [("clean", 0), ("leak", 23)] {
+        let dir = scratch_dir("check-straggler");
+        let out = check(&dir, &[], &["python3", "-c", &script, mode]);
+        assert_eq!(code(&out), status, "{mode}: {}", show(&out));
+        let err = stderr_of(&out);
+        assert!(err.contains("waiting up to 10 s for processes of the run still running"), "{mode}: {err}");
+        assert!(err.contains("cupool: 1 process(es) checked\n"), "{mode}: {err}");
+        assert!(!err.contains("no end record"), "{mode}: {err}");
+    }
+}
+
 #[test]
 fn the_programs_failure_wins_then_the_options_decide() {
     let prog = path_str(check_loop());

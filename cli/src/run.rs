@@ -238,6 +238,50 @@ impl Launched {
 pub const NOT_LOADED: &str = "the shim was not loaded in any process of the program (a statically linked \
     program, or one that drops LD_PRELOAD from its environment)";
 
+/// How long the run waits for processes of its own that outlive the
+/// program (a child left running in the background): a log ends when its
+/// process does, and one read before that has no end, or is not yet written.
+const STRAGGLERS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits, up to [`STRAGGLERS_WAIT`], for the program's descendants that
+/// outlived it: as the run's subreaper ([`adopt_orphans`]), this process
+/// inherits them, and reaps them here.
+fn wait_for_stragglers(who: &str) {
+    let reap = || loop {
+        let mut status = 0;
+        // SAFETY: `waitpid` writes one `int` into `status`, a live local.
+        match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
+            0 => return true, // some still run
+            pid if pid > 0 => continue,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => return false, // none left (ECHILD)
+        }
+    };
+    if !reap() {
+        return;
+    }
+    eprintln!(
+        "{who}: waiting up to {} s for processes of the run still running after the program",
+        STRAGGLERS_WAIT.as_secs()
+    );
+    let deadline = std::time::Instant::now() + STRAGGLERS_WAIT;
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if !reap() {
+            return;
+        }
+    }
+    eprintln!("{who}: processes of the run still run; their logs are read as they stand");
+}
+
+/// Makes this process the subreaper of the program's descendants: one the
+/// program leaves running is reparented here rather than to init, so the
+/// run can wait for it ([`wait_for_stragglers`]).
+fn adopt_orphans() {
+    // SAFETY: `prctl` with `PR_SET_CHILD_SUBREAPER` takes integers only and changes only this process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
 /// How many processes left the pid file of `ran_without_cuda_file` in
 /// `log_dir` (read, then removed: it served this run alone).
 fn ran_without_cuda(log_dir: &Path, run_id: &str) -> usize {
@@ -320,6 +364,7 @@ pub fn launch(args: &LaunchArgs, mut opts: Options, who: &str, env: &[(String, S
         _ => absolute(&shim).display().to_string(),
     };
 
+    adopt_orphans();
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("CUPOOL_OPTIONS", options::format(&opts));
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
@@ -390,6 +435,7 @@ pub fn launch(args: &LaunchArgs, mut opts: Options, who: &str, env: &[(String, S
         }
     };
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    wait_for_stragglers(who);
     // Read before the run's directory is tidied: the file may be all it holds.
     let ran_without_cuda = ran_without_cuda(&log_dir, &opts.run_id);
     tidy();
