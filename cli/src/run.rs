@@ -412,7 +412,7 @@ pub fn launch(args: &LaunchArgs, mut opts: Options, who: &str, env: &[(String, S
     }
     // SAFETY: `pthread_sigmask` reads `forwarded`, a live local, and writes nothing (null).
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &forwarded, std::ptr::null_mut()) };
-    let mut child = match spawned {
+    let child = match spawned {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cupool: cannot run {}: {e}", args.command[0]);
@@ -424,12 +424,18 @@ pub fn launch(args: &LaunchArgs, mut opts: Options, who: &str, env: &[(String, S
             }));
         }
     };
+    // As the subreaper, orphans the program leaves behind while it runs are
+    // reaped as they end, as init would (none is left a zombie for the run).
+    let main = child.id() as libc::pid_t;
     let status = loop {
-        match child.wait() {
-            Ok(s) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                eprintln!("cupool: waiting for the child failed: {e}");
+        let mut raw = 0;
+        // SAFETY: `waitpid` writes one `int` into `raw`, a live local.
+        match unsafe { libc::waitpid(-1, &mut raw, 0) } {
+            pid if pid == main => break std::process::ExitStatus::from_raw(raw),
+            pid if pid > 0 => continue,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => {
+                eprintln!("cupool: waiting for the child failed: {}", std::io::Error::last_os_error());
                 return Err(ExitCode::from(exit::CUPOOL));
             }
         }
