@@ -247,14 +247,12 @@ const STRAGGLERS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// outlived it: as the run's subreaper ([`adopt_orphans`]), this process
 /// inherits them, and reaps them here.
 fn wait_for_stragglers(who: &str) {
+    // Whether some still run, once those that ended are reaped.
     let reap = || loop {
-        let mut status = 0;
-        // SAFETY: `waitpid` writes one `int` into `status`, a live local.
-        match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
-            0 => return true, // some still run
-            pid if pid > 0 => continue,
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => continue,
-            _ => return false, // none left (ECHILD)
+        match wait_any(libc::WNOHANG) {
+            Ok((0, _)) => return true,
+            Ok(_) => continue,
+            Err(_) => return false, // none left (ECHILD)
         }
     };
     if !reap() {
@@ -272,6 +270,23 @@ fn wait_for_stragglers(who: &str) {
         }
     }
     eprintln!("{who}: processes of the run still run; their logs are read as they stand");
+}
+
+/// `waitpid(-1, options)`, again when a signal interrupts it: the child
+/// reaped and its raw status (pid 0 under `WNOHANG`: none has ended yet).
+fn wait_any(options: libc::c_int) -> std::io::Result<(libc::pid_t, libc::c_int)> {
+    loop {
+        let mut raw = 0;
+        // SAFETY: `waitpid` writes one `int` into `raw`, a live local.
+        let pid = unsafe { libc::waitpid(-1, &mut raw, options) };
+        if pid >= 0 {
+            return Ok((pid, raw));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 /// Makes this process the subreaper of the program's descendants: one the
@@ -428,14 +443,11 @@ pub fn launch(args: &LaunchArgs, mut opts: Options, who: &str, env: &[(String, S
     // reaped as they end, as init would (none is left a zombie for the run).
     let main = child.id() as libc::pid_t;
     let status = loop {
-        let mut raw = 0;
-        // SAFETY: `waitpid` writes one `int` into `raw`, a live local.
-        match unsafe { libc::waitpid(-1, &mut raw, 0) } {
-            pid if pid == main => break std::process::ExitStatus::from_raw(raw),
-            pid if pid > 0 => continue,
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => continue,
-            _ => {
-                eprintln!("cupool: waiting for the child failed: {}", std::io::Error::last_os_error());
+        match wait_any(0) {
+            Ok((pid, raw)) if pid == main => break std::process::ExitStatus::from_raw(raw),
+            Ok(_) => continue,
+            Err(e) => {
+                eprintln!("cupool: waiting for the child failed: {e}");
                 return Err(ExitCode::from(exit::CUPOOL));
             }
         }
