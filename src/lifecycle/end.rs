@@ -23,9 +23,9 @@ pub fn write(how: ExitInfo) -> bool {
     let (live, complete) = observe::live_snapshot();
     observe::flush_batches();
     let (checkpoint_leaks, ooms) = incidents::take();
-    // With the trace off, a clean process has queued no event: its end
-    // record is then the only sign that it used CUDA memory and was checked.
-    if !sink::is_open() && live.is_empty() && checkpoint_leaks.is_empty() && !counters::any_activity() {
+    // Open by now in a process that allocated: at its first event, or, with
+    // the trace off, when its session started.
+    if !sink::is_open() && live.is_empty() && checkpoint_leaks.is_empty() {
         return false; // nothing was allocated: write nothing at all
     }
     if !sink::ensure_open() {

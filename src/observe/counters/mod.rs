@@ -190,23 +190,13 @@ pub fn host() -> &'static Counters {
     &HOST
 }
 
-/// Did the process allocate (or fail to) any CUDA memory, device or host?
-/// Readers add every book's batch first (`observe::flush_batches`).
-pub fn any_activity() -> bool {
-    devices().next().is_some() || active(&HOST)
-}
-
-fn active(c: &Counters) -> bool {
-    c.allocs.load(Ordering::Relaxed) + c.failures.load(Ordering::Relaxed) > 0
-}
-
 /// (device ordinal or -1, counters) for every device that saw any activity:
 /// readers add every book's batch first (`observe::flush_batches`).
 pub fn devices() -> impl Iterator<Item = (i32, &'static Counters)> {
     DEVICES
         .iter()
         .enumerate()
-        .filter(|(_, c)| active(c))
+        .filter(|(_, c)| c.allocs.load(Ordering::Relaxed) + c.failures.load(Ordering::Relaxed) > 0)
         .map(|(i, c)| (if i == MAX_DEVICES { -1 } else { i as i32 }, c))
 }
 
