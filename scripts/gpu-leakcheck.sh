@@ -5,6 +5,11 @@
 # program whose exit leaks must equal compute-sanitizer's; the trace off,
 # exec, os._exit and subprocess children); and the overhead
 # of `cupool check` on the transformer workload beside compute-sanitizer's.
+# SECTIONS picks among "core unseen overhead" (all three by default;
+# SKIP_OVERHEAD=1 leaves out the last; ONLY=REGEX runs the rows whose name
+# matches): "unseen" runs generation, training
+# and array programs of shapes the rules were not built around, clean and
+# with a planted leak.
 # Same setup as scripts/gpu-check.sh (.gpu/ holds the shim and the CLI;
 # .gpu/pywheels pytest and pytest-xdist for a machine without them).
 set -u
@@ -22,17 +27,23 @@ nvcc -O2 -arch=native -cudart shared -o $work/cublas_clean $src/cublas_clean.cu 
 # CHECK_FLAGS: more options of cupool check, such as --baseline FILE)
 check() {
   local name=$1 expect=$2; shift 3
+  [[ $name =~ ${ONLY:-.} ]] || return 0
   timeout 300 $bin/cupool check ${CHECK_FLAGS:-} --log-dir $work/$name --json $work/$name.json -- "$@" > $work/$name.out 2> $work/$name.err
   local rc=$?
   rows+=("$(python3 $src/check_verdict.py $name $rc $work/$name.json $expect)")
   echo "${rows[-1]}"  # as it comes: a run cut short keeps what it checked
+  [[ ${rows[-1]} == *"| FAIL |"* ]] && tail -n 5 $work/$name.err | sed 's/^/    /'
 }
+line() { grep -n "# ALLOCATED$" $src/$1 | cut -d: -f1; }
+sections=${SECTIONS:-core unseen overhead}
+[ -n "${SKIP_OVERHEAD:-}" ] && sections=${sections/overhead/}
+has() { [[ " $sections " == *" $1 "* ]]; }
+if has core; then
 check torch-clean-cache clean -- python3 $src/train_loop.py
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-clean-nocache clean -- python3 $src/train_loop.py
 check cupy-clean clean -- python3 $src/cupy_clean.py
 check jax-clean clean -- python3 $src/jax_step.py
 check cublas-clean clean -- $work/cublas_clean
-line() { grep -n "# ALLOCATED$" $src/$1 | cut -d: -f1; }
 # Programs the rules were not built around: arenas that grow while they warm
 # up, a generation's cache replaced by larger tensors every token, short loops.
 XLA_PYTHON_CLIENT_PREALLOCATE=false check jax-loop-clean clean -- python3 $src/jax_loop.py
@@ -79,8 +90,25 @@ for v in shared static; do
 done
 # What a user sees for one of them.
 sed -n 1,40p $work/torch-leak-nocache.err
+fi
 
-if [ -z "${SKIP_OVERHEAD:-}" ]; then
+if has unseen; then
+for s in llama beam sample t5 repeat; do SHAPE=$s check hf-$s-clean clean -- python3 $src/hf_shapes.py; done
+SHAPE=repeat LEAK=1 check hf-repeat-leak growth:hf_shapes.py:$(line hf_shapes.py) -- python3 $src/hf_shapes.py
+for s in compile amp eval empty loader; do SHAPE=$s check torch-$s-clean clean -- python3 $src/torch_shapes.py; done
+SHAPE=eval LEAK=1 check torch-eval-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
+SHAPE=compile LEAK=1 check torch-compile-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
+for s in scan shapes donate; do
+  XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=$s check jax-$s-clean clean -- python3 $src/jax_shapes.py
+done
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=shapes LEAK=1 check jax-shapes-leak growth:jax_shapes.py:$(line jax_shapes.py) -- python3 $src/jax_shapes.py
+for s in fft kernel mixed; do SHAPE=$s check cupy-$s-clean clean -- python3 $src/cupy_shapes.py; done
+SHAPE=mixed LEAK=1 check cupy-mixed-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
+THREAD=1 SHAPE=mixed check cupy-thread-clean clean -- python3 $src/cupy_shapes.py
+THREAD=1 SHAPE=mixed LEAK=1 check cupy-thread-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
+fi
+
+if has overhead; then
 echo "== overhead: transformer workload (10 timed iterations), plain / cupool check / compute-sanitizer"
 T=$work/t.py; sed 's/N = 60/N = 10/' $src/torch_transformer.py > $T
 for round in 1 2; do
