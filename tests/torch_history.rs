@@ -256,37 +256,17 @@ fn histories(dir: &Path) -> Vec<Value> {
     names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
 }
 
-fn failing(doc: &Value) -> Vec<&Value> {
-    doc["findings"]
-        .as_array()
-        .map(|a| a.iter().filter(|f| f.get("suppressed_by").is_none()).collect())
-        .unwrap_or_default()
-}
-
-/// `file:line` of every frame of a finding.
-fn places(f: &Value) -> Vec<String> {
-    f["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|fr| {
-            let file = fr["file"].as_str().unwrap_or("?");
-            format!("{}:{}", file.rsplit('/').next().unwrap(), fr["line"])
-        })
-        .collect()
-}
-
 #[test]
 fn a_tensor_kept_per_step_is_found_at_its_line() {
     let dir = project("torch-leak");
     let (out, doc) = check(&dir, "train.py", &[], &[("LEAK", "1")]);
     assert_eq!(out.status.code(), Some(23), "{}", show(&out));
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 history=True\n", "the program's output is its own");
-    let failing = failing(&doc);
+    let failing = failing_findings(&doc);
     assert_eq!(failing.len(), 1, "{}", show(&out));
     let f = failing[0];
     assert_eq!((f["kind"].as_str(), f["what"].as_str()), (Some("growth"), Some("PyTorch (tensor)")), "{f}");
-    assert_eq!(places(f), [format!("train.py:{}", planted_line())], "{f}");
+    assert_eq!(finding_places(f), [format!("train.py:{}", planted_line())], "{f}");
     assert_eq!(f["growth"]["bytes_per_phase"], 16384, "{f}");
     assert_eq!(f["growth"]["phases_from"], "repetition", "{f}");
     let err = stderr_of(&out);
@@ -319,7 +299,7 @@ fn a_clean_loop_passes_with_the_cache_on() {
     let (out, doc) = check(&dir, "train.py", &[], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=True\n");
-    assert!(failing(&doc).is_empty(), "{}", show(&out));
+    assert!(failing_findings(&doc).is_empty(), "{}", show(&out));
     assert_eq!(histories(&dir).len(), 1);
 }
 
@@ -330,10 +310,10 @@ fn without_the_history_the_finding_is_where_the_cache_grew() {
     assert_eq!(out.status.code(), Some(23), "{}", show(&out));
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 history=False\n", "not recorded");
     assert!(histories(&dir).is_empty());
-    let failing = failing(&doc);
+    let failing = failing_findings(&doc);
     assert_eq!(failing.len(), 1, "{}", show(&out));
     assert_eq!(failing[0]["what"], "cudaMalloc (device)", "the segments, at the cache's cudaMalloc");
-    assert!(places(failing[0])[0].starts_with("__init__.py:"), "{}", failing[0]);
+    assert!(finding_places(failing[0])[0].starts_with("__init__.py:"), "{}", failing[0]);
     // PyTorch without its cache sees every tensor itself: nothing recorded either.
     let dir = project("torch-nocache");
     let (out, _) = check(&dir, "train.py", &[], &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")]);
@@ -417,7 +397,7 @@ fn the_environments_own_sitecustomize_still_runs() {
             "{}",
             show(&out)
         );
-        let f = failing(&doc);
+        let f = failing_findings(&doc);
         assert_eq!(f.len(), 1, "{}", show(&out));
     }
     // One that fails is reported by Python as before, and the program runs on.
@@ -437,4 +417,30 @@ fn the_environments_own_sitecustomize_still_runs() {
     let line = "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nValueError: broken on purpose\n";
     assert!(stderr_of(&plain).contains(line), "{}", stderr_of(&plain));
     assert!(stderr_of(&under).starts_with(line), "{}", stderr_of(&under));
+}
+
+/// `cupool.torch_history.trim`, which both recorders cut stacks with: a
+/// stack deeper than `python_depth` through libraries (a compiled model's)
+/// keeps the program's own line last; a short one is kept whole.
+#[test]
+fn a_deep_stack_keeps_the_programs_line() {
+    let code = r#"
+from cupool.torch_history import trim
+lib = [("f%d" % i, "/v/lib/python3.12/site-packages/torch/x.py", i) for i in range(30)]
+own = [("<module>", "/repo/train.py", 42), ("main", "/repo/run.py", 7)]
+gen = [("call", "/tmp/torchinductor_root/ab/c.py", 3)]
+print(trim(gen + lib + own, 16)[-1], len(trim(gen + lib + own, 16)))
+print(trim(own + lib, 16)[-1])
+print(trim(lib, 16)[-1], trim(lib[:5] + own, 16) == tuple(lib[:5] + own))
+"#;
+    let python_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let out = std::process::Command::new(python()).args(["-c", code]).env("PYTHONPATH", python_dir).output().unwrap();
+    assert_eq!(
+        stdout_of(&out),
+        "('<module>', '/repo/train.py', 42) 16\n\
+         ('f13', '/v/lib/python3.12/site-packages/torch/x.py', 13)\n\
+         ('f15', '/v/lib/python3.12/site-packages/torch/x.py', 15) True\n",
+        "{}",
+        stderr_of(&out)
+    );
 }

@@ -139,7 +139,8 @@ impl ShownFrame {
             if runner.iter().any(|r| file.contains(r)) || file.ends_with("/pytest") {
                 return Origin::TestRunner;
             }
-            let library = ["site-packages/", "dist-packages/", "/lib/python3", "/lib64/python3"];
+            // Code generated at run time counts as the library's: PyTorch's compiled graphs.
+            let library = ["site-packages/", "dist-packages/", "/lib/python3", "/lib64/python3", "/torchinductor_"];
             if file.starts_with('<') || library.iter().any(|l| file.contains(l)) {
                 return Origin::Library;
             }
@@ -396,6 +397,17 @@ mod tests {
         assert_eq!(at(Some("tests/test_models.py")), Some("test_keeps"));
         assert_eq!(at(None), Some("make_buffer"), "other leaks: the innermost frame the user wrote");
         assert_eq!(at(Some("tests/elsewhere.py")), Some("make_buffer"));
+    }
+
+    #[test]
+    fn a_compiled_models_generated_code_is_not_the_users() {
+        let frames = vec![
+            py("call", "/tmp/torchinductor_root/cq/cqej3uo5q5ilu4twmcfxkdptyxz4z4zep4vw4v7d7jbmheh5scmj.py", 127),
+            py("run", "/venv/lib/python3.12/site-packages/torch/_inductor/utils.py", 3401),
+            py("<module>", "/repo/train.py", 42),
+        ];
+        assert_eq!(frames[0].origin(), Origin::Library);
+        assert_eq!(user_frame(&frames, None).and_then(|f| f.line), Some(42));
     }
 
     #[test]

@@ -375,6 +375,10 @@ options! {
     jax_history_ms: u64 = "100", Rule::Range(0, 60_000, "a number of milliseconds, 0..60000"),
         "cupool check: milliseconds between looks at JAX's live arrays in each Python process that uses JAX, for \
          growth inside its arena by array (0..60000); 0 = not recorded";
+    #[serde(skip)]
+    cupy_history: bool = "1", Rule::Flag,
+        "cupool check: 1 | 0: record the arrays CuPy's allocator hands out, with their Python lines, in each Python \
+         process that uses CuPy, for growth inside its memory pool by array";
 }
 
 /// The kinds of leak `fail_on` can name, in the order it writes them.
@@ -796,6 +800,7 @@ mod tests {
             ("growth_phases", "a number of phases, 3..1000"),
             ("torch_history", "a number of events, 0..10000000"),
             ("jax_history_ms", "a number of milliseconds, 0..60000"),
+            ("cupy_history", "1 or 0"),
         ];
         let keys: Vec<&str> = OPTION_HELP.iter().map(|(k, _, _)| *k).filter(|k| *k != "run_id").collect();
         assert_eq!(expected.map(|(k, _)| k), keys[..], "every option but run_id, which takes any text");
@@ -869,9 +874,9 @@ mod tests {
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
             budgets in (any::<u64>(), 0u32..=1000, any::<u64>()),
-            histories in (0u64..=10_000_000, 0u64..=60_000),
+            histories in (0u64..=10_000_000, 0u64..=60_000, any::<bool>()),
         ) {
-            let (torch_history, jax_history_ms) = histories;
+            let (torch_history, jax_history_ms, cupy_history) = histories;
             let (exitcode, max_leak_bytes, kinds, growth_phases) = check;
             let (max_peak_bytes, baseline_growth, baseline_slack) = budgets;
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
@@ -879,7 +884,7 @@ mod tests {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
                 log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, direct_min, magazines, nvtx,
                 stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, max_peak_bytes, baseline_growth,
-                baseline_slack, growth_phases, torch_history, jax_history_ms,
+                baseline_slack, growth_phases, torch_history, jax_history_ms, cupy_history,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

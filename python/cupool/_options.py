@@ -1,6 +1,6 @@
 """``CUPOOL_OPTIONS``, read as the shim reads it (core/src/options.rs ``entries``).
 
-Shared by the pytest plugin and the PyTorch and JAX history recorders; imports
+Shared by the pytest plugin and the PyTorch, JAX and CuPy history recorders; imports
 nothing, so that reading the options costs nothing where they are read.
 """
 
@@ -12,6 +12,7 @@ DEFAULTS = {
     "python_depth": "16",
     "run_id": "",
     "jax_history_ms": "100",
+    "cupy_history": "1",
     "torch_history": "200000",
     "verbosity": "1",
 }

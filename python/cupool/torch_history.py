@@ -191,12 +191,40 @@ def _snapshot_without_inductor(torch):
             torch.__getattr__ = lazy
 
 
+# Where Python code that the program's authors did not write lies: installed
+# packages, the standard library, code generated at run time (PyTorch's
+# compiled graphs in its inductor cache). As cupool check tells frames apart
+# (cli/src/sites.rs).
+_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "/lib64/python3", "/torchinductor_")
+
+
+def _is_library(file):
+    return file.startswith("<") or any(part in file for part in _LIBRARY)
+
+
+def trim(frames, depth):
+    """``frames`` (``(function, file, line)``, innermost first) cut to
+    ``depth`` as a tuple. A stack deeper than that through libraries (a
+    compiled model's call passes some thirty frames of PyTorch's before the
+    tensor is made) keeps its innermost ``depth - 1`` frames and, last, the
+    first frame of the program's own beyond them: the line a finding names."""
+    if len(frames) <= depth:
+        return tuple(frames)
+    kept = list(frames[: depth - 1])
+    if not any(not _is_library(f[1]) for f in kept):
+        own = next((f for f in frames[depth - 1 :] if not _is_library(f[1])), None)
+        kept.append(own if own is not None else frames[depth - 1])
+    else:
+        kept.append(frames[depth - 1])
+    return tuple(kept)
+
+
 def reduce(snapshot, depth, entries):
     """What the check needs of ``torch.cuda.memory._snapshot()``: per device,
     events ``[action, addr, size, time_us, stack]`` (``stack`` an index into
     ``stacks``, or None), each distinct Python stack once as
     ``[[function, file, line], ...]`` (innermost first, at most ``depth``
-    frames), and the segments the cache held at the end."""
+    frames, see `trim`), and the segments the cache held at the end."""
     stacks = []
     by_frames = {}
     by_list = {}
@@ -213,9 +241,9 @@ def reduce(snapshot, depth, entries):
                 # Identical stacks often share one list object: look it up by identity first.
                 stack = by_list.get(id(frames))
                 if stack is None:
-                    key = tuple(
-                        (str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line", 0) or 0))
-                        for f in frames[:depth]
+                    key = trim(
+                        [(str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line", 0) or 0)) for f in frames],
+                        depth,
                     )
                     stack = by_frames.get(key)
                     if stack is None:

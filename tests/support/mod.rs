@@ -1071,3 +1071,24 @@ pub fn compile_runtime_program(name: &str, file: &str) -> PathBuf {
 pub fn compile_driver_program(name: &str, file: &str) -> PathBuf {
     compile_fake_program(name, file, &link_fake_cuda())
 }
+
+/// The findings of `cupool check --json` output that fail the check (not suppressed).
+pub fn failing_findings(doc: &Value) -> Vec<&Value> {
+    doc["findings"]
+        .as_array()
+        .map(|a| a.iter().filter(|f| f.get("suppressed_by").is_none()).collect())
+        .unwrap_or_default()
+}
+
+/// `file:line` of every frame of a finding, the file by its name alone.
+pub fn finding_places(f: &Value) -> Vec<String> {
+    f["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|fr| {
+            let file = fr["file"].as_str().unwrap_or("?");
+            format!("{}:{}", file.rsplit('/').next().unwrap(), fr["line"])
+        })
+        .collect()
+}

@@ -131,6 +131,7 @@ fn growth_leaks(
                     ));
                 }
                 addresses.extend(h.segment_addresses());
+                addresses.extend(h.holders(p));
                 arena_stacks.extend(namer.stacks_in(&|m| h.framework.arena(m)));
                 objects_judged = true;
             }
@@ -249,6 +250,7 @@ fn arena_objects(arena: &str) -> &'static str {
     match arena {
         a if a.starts_with("PyTorch") => "tensors in PyTorch's allocation history (torch_history)",
         a if a.starts_with("JAX") => "arrays JAX keeps, sampled (jax_history_ms)",
+        a if a.starts_with("CuPy") => "arrays CuPy's allocator handed out (cupy_history)",
         _ => "framework's own objects",
     }
 }

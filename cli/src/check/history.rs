@@ -1,8 +1,10 @@
 //! A framework's own record of its objects beside the logs
 //! (docs/log-schema.md), written at exit by the Python processes of a
 //! `cupool check` run: PyTorch's allocation history of its tensors
-//! (`cupool-torch.<pid>.json`, `python/cupool/torch_history.py`), and JAX's
-//! live arrays, sampled (`cupool-jax.<pid>.json`, `python/cupool/jax_history.py`).
+//! (`cupool-torch.<pid>.json`, `python/cupool/torch_history.py`), JAX's
+//! live arrays, sampled (`cupool-jax.<pid>.json`, `python/cupool/jax_history.py`),
+//! and CuPy's arrays, from its allocator (`cupool-cupy.<pid>.json`,
+//! `python/cupool/cupy_history.py`).
 //!
 //! Inside a framework's cache or arena cupool sees the arena, not the
 //! objects: the arena grows while the program warms up, and it grows the
@@ -30,16 +32,18 @@ pub enum Framework {
     #[default]
     Torch,
     Jax,
+    Cupy,
 }
 
 impl Framework {
-    const ALL: [Framework; 2] = [Framework::Torch, Framework::Jax];
+    const ALL: [Framework; 3] = [Framework::Torch, Framework::Jax, Framework::Cupy];
 
     /// The `schema` of its files, and their names' stem.
     pub fn schema(self) -> &'static str {
         match self {
             Framework::Torch => "cupool-torch",
             Framework::Jax => "cupool-jax",
+            Framework::Cupy => "cupool-cupy",
         }
     }
 
@@ -49,25 +53,36 @@ impl Framework {
         match self {
             Framework::Torch => "PyTorch",
             Framework::Jax => "JAX",
+            Framework::Cupy => "CuPy",
         }
     }
 
     pub fn kind(self) -> &'static str {
         match self {
             Framework::Torch => "tensor",
-            Framework::Jax => "array",
+            Framework::Jax | Framework::Cupy => "array",
         }
     }
 
     /// Whether a module (a file name) is the framework's cache or arena,
-    /// whose growth its objects explain.
+    /// whose growth its objects explain. None for CuPy: the modules of its
+    /// pool also make the allocations of a program that turned the pool
+    /// off, which no array in its record explains; its pool is known by the
+    /// arrays inside ([`History::holders`]).
     pub fn arena(self, module: &str) -> bool {
         match self {
             Framework::Torch => module.starts_with("libc10_cuda"),
             Framework::Jax => {
                 ["xla_cuda", "jaxlib", "libxla", "xla_extension", "_jax."].iter().any(|m| module.contains(m))
             }
+            Framework::Cupy => false,
         }
+    }
+
+    /// Whether the record's objects are at their device addresses (JAX's
+    /// are keys: its arrays do not say where they lie).
+    fn at_addresses(self) -> bool {
+        self != Framework::Jax
     }
 
     /// Whether the record is sampled: its times are those of the samples,
@@ -150,7 +165,8 @@ pub fn read(path: &Path) -> Result<History, String> {
     let mut h: History = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let Some(framework) = Framework::of_schema(&h.schema) else {
         return Err(format!(
-            "{}: not a cupool framework history (schema {:?}, expected \"cupool-torch\" or \"cupool-jax\")",
+            "{}: not a cupool framework history (schema {:?}, expected \"cupool-torch\", \"cupool-jax\" or \
+             \"cupool-cupy\")",
             path.display(),
             h.schema
         ));
@@ -189,6 +205,23 @@ impl History {
             set.extend(d.events.iter().filter(|e| e.0 == "segment_alloc" || e.0 == "segment_map").map(|e| e.1));
         }
         set
+    }
+
+    /// Addresses of the allocations of `p`'s log that some object of the
+    /// record lay in: the framework's pool, whose growth the objects explain.
+    pub fn holders(&self, p: &Process) -> HashSet<u64> {
+        if !self.framework.at_addresses() {
+            return HashSet::new();
+        }
+        let mut objects: Vec<u64> =
+            self.devices.iter().flat_map(|d| d.events.iter().filter(|e| e.0 == "alloc").map(|e| e.1)).collect();
+        objects.sort_unstable();
+        objects.dedup();
+        let holds = |addr: u64, size: u64| {
+            let first = objects.partition_point(|&o| o < addr);
+            objects.get(first).is_some_and(|&o| o - addr < size.max(1))
+        };
+        p.allocations.iter().filter(|a| holds(a.addr, a.size)).map(|a| a.addr).collect()
     }
 
     /// The frames of stack `id`, as the report shows Python frames.

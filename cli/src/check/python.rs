@@ -2,8 +2,8 @@
 //! binary, so that every pytest run under `cupool check` loads the plugin
 //! even where the package is not installed, and loads the copy that
 //! matches this cupool; and the `sitecustomize.py` that has every Python
-//! process of the run record PyTorch's allocation history (`torch_history`)
-//! and JAX's live arrays (`jax_history_ms`).
+//! process of the run record PyTorch's allocation history (`torch_history`),
+//! JAX's live arrays (`jax_history_ms`) and CuPy's arrays (`cupy_history`).
 
 /// `(path inside the carried directory, text)`: the package under `pkg/`.
 const PACKAGE: &[(&str, &str)] = &[
@@ -13,6 +13,7 @@ const PACKAGE: &[(&str, &str)] = &[
     ("pkg/cupool/pytest_plugin.py", include_str!("../../../python/cupool/pytest_plugin.py")),
     ("pkg/cupool/torch_history.py", include_str!("../../../python/cupool/torch_history.py")),
     ("pkg/cupool/jax_history.py", include_str!("../../../python/cupool/jax_history.py")),
+    ("pkg/cupool/cupy_history.py", include_str!("../../../python/cupool/cupy_history.py")),
     ("site/sitecustomize.py", include_str!("sitecustomize.py")),
 ];
 
@@ -21,8 +22,8 @@ pub const PLUGIN: &str = "cupool.pytest_plugin";
 
 /// The variables that make Python processes load the plugin: `PYTHONPATH`
 /// with the cached package first (what was there stays, after it), and
-/// `PYTEST_PLUGINS` with the plugin added; with `histories` (of PyTorch or
-/// JAX), the directory of the carried `sitecustomize.py` before the
+/// `PYTEST_PLUGINS` with the plugin added; with `histories` (of PyTorch,
+/// JAX or CuPy), the directory of the carried `sitecustomize.py` before the
 /// package. Or why the files could not be written.
 pub fn environment(histories: bool) -> Result<Vec<(String, String)>, String> {
     let bytes: Vec<&[u8]> = PACKAGE.iter().flat_map(|(p, t)| [p.as_bytes(), t.as_bytes()]).collect();

@@ -4,11 +4,13 @@ so that every Python process of the run loads it at startup.
 
 It does two things, and nothing else:
 
-1. When the program imports ``torch`` (or ``jax``), it hands the module to
-   ``cupool.torch_history`` (``cupool.jax_history``) right after its
-   ``__init__`` has run, which has PyTorch record its tensor allocations
-   once CUDA starts (JAX's live arrays sampled once it has a backend), so
-   that growth inside their caches is judged by tensor or array (docs/check.md). Until then it costs one finder on ``sys.meta_path``
+1. When the program imports ``torch`` (or ``jax``, ``cupy``), it hands the
+   module to ``cupool.torch_history`` (``cupool.jax_history``,
+   ``cupool.cupy_history``) right after its ``__init__`` has run, which has
+   PyTorch record its tensor allocations once CUDA starts (JAX's live arrays
+   sampled once it has a backend, CuPy's allocations recorded by its
+   allocator), so that growth inside their caches is judged by tensor or
+   array (docs/check.md). Until then it costs one finder on ``sys.meta_path``
    that answers no other import.
 2. It runs the ``sitecustomize`` it shadows, if there is one further along
    ``sys.path`` (a distribution's, a virtualenv's, the user's), exactly as
@@ -22,7 +24,11 @@ import sys
 
 
 # The modules watched, and the recorder each is handed to once imported.
-_CUPOOL_WATCHED = {"torch": ("torch_history", "torch_imported"), "jax": ("jax_history", "jax_imported")}
+_CUPOOL_WATCHED = {
+    "torch": ("torch_history", "torch_imported"),
+    "jax": ("jax_history", "jax_imported"),
+    "cupy": ("cupy_history", "cupy_imported"),
+}
 
 
 def _cupool_hook(watched):

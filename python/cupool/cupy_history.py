@@ -1,0 +1,185 @@
+"""CuPy's arrays, for ``cupool check``.
+
+CuPy carves its arrays from a memory pool (on by default) that takes
+memory from the device in chunks and keeps them: cupool sees the chunks,
+not the arrays, so a growth leak found there names whichever line made
+the pool grow, often not the one that keeps arrays. Under ``cupool check``
+(the carried ``sitecustomize``) this module wraps CuPy's current allocator
+(``cupy.cuda.set_allocator``, process-wide) in every Python process that
+imports CuPy: each allocation is recorded with its Python stack, and its
+free when the program lets go of the memory (the last reference to it
+goes, in whichever thread), stamped with Unix time as PyTorch's history
+is. At exit the record is written beside the process's cupool log:
+``<log_dir>/cupool-cupy.<pid>.json`` (schema ``cupool-cupy``, the shape of
+``cupool-torch``: docs/log-schema.md). ``cupool check`` then judges growth
+inside the pool from the arrays and names the line that made those kept.
+
+The wrapper hands the program memory of the same pool, at the same address
+and on the same device; only the object that owns it is another
+(``cupy.cuda.UnownedMemory`` holding the pool's own). A program that sets
+an allocator of its own replaces the wrapper; then nothing is written, and
+the check judges the log as without the record. Nothing here raises into
+the program or prints, except notes on stderr with ``verbosity=2``.
+"""
+
+import os
+import sys
+import threading
+import time
+
+from cupool._options import DEFAULTS, flag, integer, option, parse_options
+from cupool.torch_history import trim as _trim
+from cupool.torch_history import write as _write
+
+SCHEMA = "cupool-cupy"
+VERSION = 1
+DEFAULT_DEPTH = int(DEFAULTS["python_depth"])
+# Frames looked at for the program's own line past the ones kept (see
+# `cupool.torch_history.trim`).
+_DEEPEST = 256
+
+_state = {"started": False}
+_lock = threading.Lock()
+
+
+def _note(text):
+    if _state.get("verbose"):
+        try:
+            sys.stderr.write("cupool: CuPy history: %s\n" % text)
+        except Exception:
+            pass
+
+
+def cupy_imported(cupy):
+    """Called once ``cupy/__init__`` has run. Never raises."""
+    try:
+        _prepare(cupy)
+    except Exception as e:
+        _note("not recorded: %r" % (e,))
+
+
+def _prepare(cupy):
+    if _state["started"]:
+        return
+    opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
+    _state["verbose"] = integer(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
+    depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
+    if not option(opts, "run_id") or not flag(option(opts, "log"), True):
+        return
+    if not flag(option(opts, "cupy_history"), True):
+        return
+    import cupool
+
+    if not cupool.available():
+        return
+    if depth <= 0:
+        _note("python_depth=0: no stacks to name arrays by, not recorded")
+        return
+    from cupy.cuda import memory
+
+    inner = memory.get_allocator()
+    if inner is None:
+        return
+    _state.update(
+        started=True,
+        pid=os.getpid(),
+        depth=depth,
+        log_dir=os.path.abspath(option(opts, "log_dir")),
+        run_id=option(opts, "run_id"),
+        cupy=cupy,
+        memory=memory,
+        inner=inner,
+        stacks=[],
+        by_frames={},
+        events={},  # device -> [[action, address, size, time_us, stack], ...]
+        allocations=0,
+    )
+    memory.set_allocator(_allocate)
+    import atexit
+
+    atexit.register(_at_exit)
+
+
+class _Release(object):
+    """Owns the pool's memory for the program: when the program lets go of
+    the memory, this goes, the free is recorded, and the pool's own memory
+    object goes back to the pool as it would have."""
+
+    __slots__ = ("pooled", "events", "address", "size")
+
+    def __init__(self, pooled, events, address, size):
+        self.pooled, self.events, self.address, self.size = pooled, events, address, size
+
+    def __del__(self):
+        try:
+            self.events.append(["free_requested", self.address, self.size, time.time_ns() // 1000, None])
+        except Exception:
+            pass
+
+
+def _allocate(size):
+    pooled = _state["inner"](size)
+    if _state.get("pid") != os.getpid() or _state.get("done"):
+        return pooled
+    try:
+        address, device = int(pooled.ptr), int(pooled.device_id)
+        if address == 0:
+            return pooled  # a zero-byte allocation: no memory to follow
+        memory = _state["memory"]
+        with _lock:
+            events = _state["events"].get(device)
+            if events is None:
+                events = _state["events"][device] = []
+            stack = _stack(sys._getframe(1))
+            events.append(["alloc", address, int(size), time.time_ns() // 1000, stack])
+            _state["allocations"] += 1
+        owner = _Release(pooled, events, address, int(size))
+        return memory.MemoryPointer(memory.UnownedMemory(address, size, owner, device), 0)
+    except Exception as e:
+        _note("an allocation not recorded: %r" % (e,))
+        return pooled
+
+
+def _stack(frame):
+    frames = []
+    while frame is not None and len(frames) < _DEEPEST:
+        code = frame.f_code
+        frames.append((code.co_name, code.co_filename, frame.f_lineno or 0))
+        frame = frame.f_back
+    key = _trim(frames, _state["depth"])
+    stack = _state["by_frames"].get(key)
+    if stack is None:
+        stack = _state["by_frames"][key] = len(_state["stacks"])
+        _state["stacks"].append([list(f) for f in key])
+    return stack
+
+
+def _at_exit():
+    if _state.get("pid") != os.getpid():
+        return
+    try:
+        _state["done"] = True
+        if not _state["allocations"]:
+            return  # CuPy allocated nothing here
+        if _state["memory"].get_allocator() is not _allocate:
+            # The program chose its allocator after the record began: what it
+            # allocated since is in cupool's log alone, which is then judged
+            # whole rather than in part from a record that stopped.
+            _note("the program set its own allocator: not written")
+            return
+        doc = {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "pid": os.getpid(),
+            "run_id": _state["run_id"],
+            "cupy": str(getattr(_state["cupy"], "__version__", "")),
+            "stacks": _state["stacks"],
+            "devices": [
+                {"device": d, "events": list(e), "full": False} for d, e in sorted(_state["events"].items())
+            ],
+            "segments": [],
+        }
+        path = _write(_state["log_dir"], os.getpid(), doc, stem="cupool-cupy")
+        _note("wrote %s" % path)
+    except Exception as e:
+        _note("not written: %r" % (e,))

@@ -1,0 +1,275 @@
+//! `cupool check` and CuPy's arrays, on the CPU: a stand-in `cupy` package
+//! (below) with a memory pool of its own that takes its chunks from the
+//! fake CUDA runtime through the shim, and the allocator functions the
+//! recorder uses, as CuPy has them (`cupy.cuda.memory.get_allocator`,
+//! `set_allocator`, `UnownedMemory`, `MemoryPointer`). Through the carried
+//! `sitecustomize.py` and `cupool.cupy_history`, the real code path: an
+//! array kept per step is found at the line that makes it, where the pool
+//! grew at another; a clean loop passes; `cupy_history=0` and a program
+//! that sets its own allocator leave the log to judge alone.
+//! `cargo test --test cupy_history`
+mod support;
+
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use support::*;
+
+/// `cupy/__init__.py`: `cupy.empty(nbytes)` is an array from the current
+/// allocator, the pool's unless the program set another (as CuPy's
+/// `__init__` sets its default pool's).
+const CUPY_INIT: &str = r#"
+from . import cuda
+
+__version__ = "0.0+stub"
+
+
+class ndarray(object):
+    __slots__ = ("data", "nbytes")
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+        self.data = cuda.memory.get_allocator()(nbytes)
+
+
+def empty(nbytes):
+    return ndarray(nbytes)
+
+
+cuda.set_allocator(cuda.memory.MemoryPool().malloc)
+"#;
+
+const CUPY_CUDA: &str = r#"
+from . import memory
+from .memory import get_allocator, set_allocator
+"#;
+
+/// `cupy/cuda/memory.py`: a pool that bump-allocates in 64 KiB chunks from
+/// the fake runtime and keeps freed blocks by size, and the direct
+/// allocator `set_allocator(None)` restores.
+const CUPY_MEMORY: &str = r#"
+import ctypes
+import os
+
+CHUNK = 64 * 1024
+_lib = []
+
+
+def _runtime():
+    if not _lib:
+        ctypes.CDLL(os.environ["FAKE_CUDART"], mode=os.RTLD_GLOBAL)
+        process = ctypes.CDLL(None)
+        process.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        process.cudaFree.argtypes = [ctypes.c_void_p]
+        _lib.append(process)
+    return _lib[0]
+
+
+def _device_malloc(size):
+    p = ctypes.c_void_p()
+    assert _runtime().cudaMalloc(ctypes.byref(p), size) == 0
+    return p.value
+
+
+class UnownedMemory(object):
+    def __init__(self, ptr, size, owner, device_id=-1):
+        self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+
+
+class MemoryPointer(object):
+    def __init__(self, mem, offset):
+        self.mem, self.ptr, self.device_id = mem, mem.ptr + offset, mem.device_id
+
+
+class Memory(object):
+    def __init__(self, size):
+        self.ptr, self.size, self.device_id = _device_malloc(size), size, 0
+
+    def __del__(self):
+        try:
+            _runtime().cudaFree(self.ptr)
+        except Exception:
+            pass
+
+
+class PooledMemory(object):
+    def __init__(self, pool, ptr, size):
+        self.pool, self.ptr, self.size, self.device_id = pool, ptr, size, 0
+
+    def __del__(self):
+        self.pool.free.setdefault(self.size, []).append(self.ptr)
+
+
+class MemoryPool(object):
+    def __init__(self):
+        self.free, self.chunk = {}, [0, 0]
+
+    def malloc(self, size):
+        size = (size + 511) // 512 * 512
+        kept = self.free.get(size)
+        if kept:
+            ptr = kept.pop()
+        else:
+            if self.chunk[0] + size > self.chunk[1]:
+                base = _device_malloc(max(CHUNK, size))
+                self.chunk[:] = [base, base + max(CHUNK, size)]
+            ptr = self.chunk[0]
+            self.chunk[0] += size
+        return MemoryPointer(PooledMemory(self, ptr, size), 0)
+
+
+def _malloc(size):
+    return MemoryPointer(Memory(size), 0)
+
+
+_current = [_malloc]
+
+
+def get_allocator():
+    return _current[0]
+
+
+def set_allocator(allocator=None):
+    _current[0] = _malloc if allocator is None else allocator
+"#;
+
+/// The loop: a temporary of a size that changes each step comes first, so
+/// that the pool grows at its line as often as at the kept one's; with
+/// `LEAK=1` every step's output is kept. With `OWN=1` the program turns
+/// the pool off after importing CuPy, as scripts do with
+/// `cupy.cuda.set_allocator(None)`. A step takes 50 ms, as real ones do.
+const TRAIN: &str = r#"import os
+import time
+
+import cupy
+
+if os.environ.get("OWN") == "1":
+    cupy.cuda.set_allocator(None)
+kept = []
+for step in range(40):
+    time.sleep(0.05)
+    x = cupy.empty(4096 + 512 * step)
+    out = cupy.empty(16384)  # ALLOCATED
+    if os.environ.get("LEAK") == "1":
+        kept.append(out)
+    del x
+print("result: ok steps=40 kept=%d memory=%s" % (len(kept), type(out.data.mem).__name__))
+"#;
+
+/// The line of `TRAIN` marked ALLOCATED.
+fn planted_line() -> u64 {
+    TRAIN.lines().position(|l| l.contains("# ALLOCATED")).unwrap() as u64 + 1
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+}
+
+/// A directory with the stand-in cupy and the script.
+fn project(name: &str) -> PathBuf {
+    let dir = scratch_dir(name);
+    fs::create_dir_all(dir.join("stub/cupy/cuda")).unwrap();
+    fs::write(dir.join("stub/cupy/__init__.py"), CUPY_INIT).unwrap();
+    fs::write(dir.join("stub/cupy/cuda/__init__.py"), CUPY_CUDA).unwrap();
+    fs::write(dir.join("stub/cupy/cuda/memory.py"), CUPY_MEMORY).unwrap();
+    fs::write(dir.join("train.py"), TRAIN).unwrap();
+    dir
+}
+
+/// `cupool check --json` of `python3 train.py` in `dir`, with `env` and `flags`.
+fn check(dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
+    let findings = dir.join("findings.json");
+    let logs = dir.join("logs");
+    let mut args: Vec<&str> = vec!["check", "--log-dir", path_str(&logs), "--json", path_str(&findings)];
+    args.extend_from_slice(flags);
+    let python = python();
+    args.extend_from_slice(&["--", &python, "train.py"]);
+    let mut cmd = cupool_command(&args, &dir.join("stats"));
+    cmd.current_dir(dir).env("PYTHONPATH", dir.join("stub")).env("FAKE_CUDART", fakes().libcudart());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run cupool check");
+    let doc = fs::read_to_string(&findings).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null);
+    (out, doc)
+}
+
+fn show(out: &Output) -> String {
+    format!("status {:?}\n{}{}", out.status.code(), stdout_of(out), stderr_of(out))
+}
+
+/// The `cupool-cupy.*.json` files in the run's own directory.
+fn histories(dir: &Path) -> Vec<Value> {
+    let mut names: Vec<PathBuf> =
+        fs::read_dir(run_dir(&dir.join("logs"))).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+    names.retain(|p| p.file_name().unwrap().to_string_lossy().starts_with("cupool-cupy."));
+    names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
+}
+
+#[test]
+fn an_array_kept_per_step_is_found_at_its_line() {
+    let dir = project("cupy-leak");
+    let (out, doc) = check(&dir, &[], &[("LEAK", "1")]);
+    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=UnownedMemory\n", "the program's output");
+    let failing = failing_findings(&doc);
+    assert_eq!(failing.len(), 1, "{}", show(&out));
+    let f = failing[0];
+    assert_eq!((f["kind"].as_str(), f["what"].as_str()), (Some("growth"), Some("CuPy (array)")), "{f}");
+    // The stand-in's own Python frames first (CuPy's are as real), then the program's line.
+    assert_eq!(finding_places(f).last(), Some(&format!("train.py:{}", planted_line())), "{f}");
+    assert_eq!(f["growth"]["bytes_per_phase"], 16384, "{f}");
+    let err = stderr_of(&out);
+    let frame = format!(" <module> {}:{} [python]\n", dir.join("train.py").display(), planted_line());
+    assert!(err.contains(&frame), "{err}");
+    assert!(!err.contains("CuPy history:"), "the recorder is silent: {err}");
+    let h = histories(&dir);
+    assert_eq!(h.len(), 1, "{}", show(&out));
+    assert_eq!(
+        (&h[0]["schema"], &h[0]["version"], &h[0]["complete"]),
+        (&"cupool-cupy".into(), &1.into(), &true.into())
+    );
+    // Every array made, and every one let go of, at its own address.
+    let events = h[0]["devices"][0]["events"].as_array().unwrap();
+    let count = |action: &str| events.iter().filter(|e| e[0] == action).count();
+    assert_eq!((count("alloc"), count("free_requested")), (80, 40), "{}", h[0]);
+    // cupool merge of the log directory reads the record beside the log.
+    let merged = run_cupool(&["merge", path_str(&dir.join("logs"))], &dir.join("stats"));
+    assert_eq!(merged.status.code(), Some(23), "{}", show(&merged));
+    assert!(stderr_of(&merged).contains(&frame), "{}", show(&merged));
+}
+
+#[test]
+fn a_clean_loop_passes_with_the_pool_on() {
+    let dir = project("cupy-clean");
+    let (out, doc) = check(&dir, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 memory=UnownedMemory\n");
+    assert!(failing_findings(&doc).is_empty(), "{}", show(&out));
+    assert_eq!(histories(&dir).len(), 1);
+}
+
+#[test]
+fn without_the_record_the_log_is_judged_alone() {
+    // Not recorded: the pool's chunks, at whichever line made the pool grow.
+    let dir = project("cupy-off");
+    let (out, doc) = check(&dir, &["-o", "cupy_history=0"], &[("LEAK", "1")]);
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=PooledMemory\n", "{}", show(&out));
+    assert!(histories(&dir).is_empty());
+    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    let failing = failing_findings(&doc);
+    assert_eq!(failing[0]["what"], "cudaMalloc (device)", "{}", show(&out));
+    // The program sets its own allocator after the record began: the record
+    // is not written, and the log, every array's own cudaMalloc now, finds
+    // the kept ones at their line.
+    let dir = project("cupy-own");
+    let (out, doc) = check(&dir, &[], &[("LEAK", "1"), ("OWN", "1")]);
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=Memory\n", "{}", show(&out));
+    assert!(histories(&dir).is_empty());
+    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    let failing = failing_findings(&doc);
+    assert_eq!(failing.len(), 1, "{}", show(&out));
+    assert_eq!(failing[0]["what"], "cudaMalloc (device)", "{}", show(&out));
+    assert!(finding_places(failing[0]).contains(&format!("train.py:{}", planted_line())), "{}", failing[0]);
+}
