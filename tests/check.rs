@@ -594,7 +594,7 @@ fn python_processes_load_the_pytest_plugin() {
     assert!(Path::new(site).join("sitecustomize.py").is_file(), "{site}: PyTorch's history (torch_history)");
     assert!(Path::new(first).join("cupool/pytest_plugin.py").is_file(), "{first}");
     assert!(Path::new(first).join("cupool/__init__.py").is_file(), "{first}");
-    // Without either framework's history, no sitecustomize: the package alone goes first.
+    // Without any framework's history, no sitecustomize: the package alone goes first.
     let mut cmd = cupool_command(
         &[
             "check",
@@ -604,6 +604,8 @@ fn python_processes_load_the_pytest_plugin() {
             "torch_history=0",
             "-o",
             "jax_history_ms=0",
+            "-o",
+            "cupy_history=0",
             "--",
             "sh",
             "-c",

@@ -5,8 +5,9 @@
 //! `set_allocator`, `UnownedMemory`, `MemoryPointer`). Through the carried
 //! `sitecustomize.py` and `cupool.cupy_history`, the real code path: an
 //! array kept per step is found at the line that makes it, where the pool
-//! grew at another; a clean loop passes; `cupy_history=0` and a program
-//! that sets its own allocator leave the log to judge alone.
+//! grew at another; a clean loop passes; `cupy_history=0`, a program
+//! that sets its own allocator and a CuPy the recorder cannot wrap leave
+//! the log to judge alone.
 //! `cargo test --test cupy_history`
 mod support;
 
@@ -74,6 +75,8 @@ def _device_malloc(size):
 
 class UnownedMemory(object):
     def __init__(self, ptr, size, owner, device_id=-1):
+        if os.environ.get("BROKEN") == "1":
+            raise TypeError("a CuPy whose UnownedMemory takes other arguments")
         self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
 
 
@@ -134,9 +137,8 @@ def set_allocator(allocator=None):
     _current[0] = _malloc if allocator is None else allocator
 "#;
 
-/// The loop: a temporary of a size that changes each step comes first, so
-/// that the pool grows at its line as often as at the kept one's; with
-/// `LEAK=1` every step's output is kept. With `OWN=1` the program turns
+/// The loop: a temporary of one of four sizes comes first, so that the pool
+/// also grows at its line; with `LEAK=1` every step's output is kept. With `OWN=1` the program turns
 /// the pool off after importing CuPy, as scripts do with
 /// `cupy.cuda.set_allocator(None)`. A step takes 50 ms, as real ones do.
 const TRAIN: &str = r#"import os
@@ -149,12 +151,13 @@ if os.environ.get("OWN") == "1":
 kept = []
 for step in range(40):
     time.sleep(0.05)
-    x = cupy.empty(4096 + 512 * step)
+    x = cupy.empty(4096 + 512 * (step % 4))
     out = cupy.empty(16384)  # ALLOCATED
     if os.environ.get("LEAK") == "1":
         kept.append(out)
     del x
-print("result: ok steps=40 kept=%d memory=%s" % (len(kept), type(out.data.mem).__name__))
+mem = out.data.mem
+print("result: ok steps=40 kept=%d memory=%s pool=%s" % (len(kept), type(mem).__name__, hasattr(mem, "pool")))
 "#;
 
 /// The line of `TRAIN` marked ALLOCATED.
@@ -212,7 +215,11 @@ fn an_array_kept_per_step_is_found_at_its_line() {
     let dir = project("cupy-leak");
     let (out, doc) = check(&dir, &[], &[("LEAK", "1")]);
     assert_eq!(out.status.code(), Some(23), "{}", show(&out));
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=UnownedMemory\n", "the program's output");
+    assert_eq!(
+        stdout_of(&out),
+        "result: ok steps=40 kept=40 memory=RecordedMemory pool=True\n",
+        "the program's output"
+    );
     let failing = failing_findings(&doc);
     assert_eq!(failing.len(), 1, "{}", show(&out));
     let f = failing[0];
@@ -245,7 +252,7 @@ fn a_clean_loop_passes_with_the_pool_on() {
     let dir = project("cupy-clean");
     let (out, doc) = check(&dir, &[], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 memory=UnownedMemory\n");
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 memory=RecordedMemory pool=True\n");
     assert!(failing_findings(&doc).is_empty(), "{}", show(&out));
     assert_eq!(histories(&dir).len(), 1);
 }
@@ -255,7 +262,7 @@ fn without_the_record_the_log_is_judged_alone() {
     // Not recorded: the pool's chunks, at whichever line made the pool grow.
     let dir = project("cupy-off");
     let (out, doc) = check(&dir, &["-o", "cupy_history=0"], &[("LEAK", "1")]);
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=PooledMemory\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=PooledMemory pool=True\n", "{}", show(&out));
     assert!(histories(&dir).is_empty());
     assert_eq!(out.status.code(), Some(23), "{}", show(&out));
     let failing = failing_findings(&doc);
@@ -265,11 +272,29 @@ fn without_the_record_the_log_is_judged_alone() {
     // the kept ones at their line.
     let dir = project("cupy-own");
     let (out, doc) = check(&dir, &[], &[("LEAK", "1"), ("OWN", "1")]);
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=Memory\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=Memory pool=False\n", "{}", show(&out));
     assert!(histories(&dir).is_empty());
     assert_eq!(out.status.code(), Some(23), "{}", show(&out));
     let failing = failing_findings(&doc);
     assert_eq!(failing.len(), 1, "{}", show(&out));
     assert_eq!(failing[0]["what"], "cudaMalloc (device)", "{}", show(&out));
     assert!(finding_places(failing[0]).contains(&format!("train.py:{}", planted_line())), "{}", failing[0]);
+}
+
+#[test]
+fn a_cupy_the_recorder_cannot_wrap_is_left_as_it_is() {
+    // Every allocation fails to be wrapped: the program gets the pool's
+    // memory as without the recorder, nothing is written, and the clean
+    // loop passes (its arrays' frees, never seen, must not look kept).
+    let dir = project("cupy-broken");
+    let (out, doc) = check(&dir, &["-o", "verbosity=2"], &[("BROKEN", "1")]);
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 memory=PooledMemory pool=True\n", "{}", show(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(failing_findings(&doc).is_empty(), "{}", show(&out));
+    assert!(histories(&dir).is_empty());
+    assert!(
+        stderr_of(&out).contains("CuPy history: an allocation could not be recorded (TypeError("),
+        "{}",
+        show(&out)
+    );
 }

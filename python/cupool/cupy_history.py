@@ -81,6 +81,7 @@ def _prepare(cupy):
     if inner is None:
         return
     _state.update(
+        recorded_memory=_memory_class(memory),
         started=True,
         pid=os.getpid(),
         depth=depth,
@@ -105,39 +106,78 @@ class _Release(object):
     the memory, this goes, the free is recorded, and the pool's own memory
     object goes back to the pool as it would have."""
 
-    __slots__ = ("pooled", "events", "address", "size")
+    __slots__ = ("pooled", "events", "address", "size", "recorded")
 
     def __init__(self, pooled, events, address, size):
         self.pooled, self.events, self.address, self.size = pooled, events, address, size
+        self.recorded = False
+
+    def freed(self):
+        if self.recorded:
+            self.recorded = False
+            self.events.append(["free_requested", self.address, self.size, time.time_ns() // 1000, None])
 
     def __del__(self):
         try:
-            self.events.append(["free_requested", self.address, self.size, time.time_ns() // 1000, None])
+            self.freed()
         except Exception:
             pass
 
 
+def _memory_class(memory):
+    class RecordedMemory(memory.UnownedMemory):
+        """The pool's memory as the program sees it: CuPy's ``UnownedMemory``
+        over the same bytes, with the attributes of the pool's own memory
+        object (``pool``, ``identity``, ...) read through to it, and its
+        ``free`` recorded."""
+
+        def __getattr__(self, name):
+            release = self.__dict__.get("_release")
+            if release is None:
+                raise AttributeError(name)
+            return getattr(release.pooled.mem, name)
+
+        def free(self):
+            release = self.__dict__["_release"]
+            release.freed()
+            release.pooled.mem.free()
+
+    return RecordedMemory
+
+
+_inside = threading.local()
+
+
 def _allocate(size):
     pooled = _state["inner"](size)
-    if _state.get("pid") != os.getpid() or _state.get("done"):
+    if _state.get("pid") != os.getpid() or _state.get("done") or getattr(_inside, "busy", False):
+        # A forked child, the end, or an allocation made while one is being
+        # recorded (a finalizer or a signal handler run meanwhile): not recorded.
         return pooled
+    _inside.busy = True
     try:
         address, device = int(pooled.ptr), int(pooled.device_id)
         if address == 0:
             return pooled  # a zero-byte allocation: no memory to follow
-        memory = _state["memory"]
-        with _lock:
-            events = _state["events"].get(device)
-            if events is None:
-                events = _state["events"][device] = []
-            stack = _stack(sys._getframe(1))
-            events.append(["alloc", address, int(size), time.time_ns() // 1000, stack])
-            _state["allocations"] += 1
+        events = _state["events"].get(device)
+        if events is None:
+            events = _state["events"].setdefault(device, [])
         owner = _Release(pooled, events, address, int(size))
-        return memory.MemoryPointer(memory.UnownedMemory(address, size, owner, device), 0)
+        mem = _state["recorded_memory"](address, pooled.mem.size, owner, device)
+        mem._release = owner
+        wrapped = _state["memory"].MemoryPointer(mem, 0)
+        stack = _stack(sys._getframe(1))
+        owner.recorded = True
+        events.append(["alloc", address, int(size), time.time_ns() // 1000, stack])
+        _state["allocations"] += 1
+        return wrapped
     except Exception as e:
-        _note("an allocation not recorded: %r" % (e,))
+        # What was recorded stays true; the record is not written, lest an
+        # array handed out unwrapped, whose free it cannot see, look kept.
+        _state["broken"] = repr(e)
         return pooled
+    finally:
+        _inside.busy = False
 
 
 def _stack(frame):
@@ -149,8 +189,14 @@ def _stack(frame):
     key = _trim(frames, _state["depth"])
     stack = _state["by_frames"].get(key)
     if stack is None:
-        stack = _state["by_frames"][key] = len(_state["stacks"])
-        _state["stacks"].append([list(f) for f in key])
+        listed = [list(f) for f in key]
+        # Only dictionary and list operations under the lock: nothing there
+        # makes Python objects that could run a finalizer or a handler.
+        with _lock:
+            stack = _state["by_frames"].get(key)
+            if stack is None:
+                _state["stacks"].append(listed)
+                stack = _state["by_frames"][key] = len(_state["stacks"]) - 1
     return stack
 
 
@@ -159,6 +205,9 @@ def _at_exit():
         return
     try:
         _state["done"] = True
+        if _state.get("broken"):
+            _note("an allocation could not be recorded (%s): not written" % _state["broken"])
+            return
         if not _state["allocations"]:
             return  # CuPy allocated nothing here
         if _state["memory"].get_allocator() is not _allocate:

@@ -35,6 +35,7 @@ import time
 import weakref
 
 from cupool._options import DEFAULTS, flag, integer, option, parse_options
+from cupool.torch_history import trim
 
 SCHEMA = "cupool-jax"
 VERSION = 1
@@ -123,9 +124,7 @@ def _stack_of(array):
     frames = getattr(tb, "frames", None) if tb is not None else None
     if not frames:
         return None
-    key = tuple(
-        (str(f.function_name), str(f.file_name), int(f.line_num or 0)) for f in list(frames)[: _state["depth"]]
-    )
+    key = trim([(str(f.function_name), str(f.file_name), int(f.line_num or 0)) for f in frames], _state["depth"])
     stack = _state["by_frames"].get(key)
     if stack is None:
         stack = _state["by_frames"][key] = len(_state["stacks"])

@@ -193,13 +193,27 @@ def _snapshot_without_inductor(torch):
 
 # Where Python code that the program's authors did not write lies: installed
 # packages, the standard library, code generated at run time (PyTorch's
-# compiled graphs in its inductor cache). As cupool check tells frames apart
-# (cli/src/sites.rs).
-_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "/lib64/python3", "/torchinductor_")
+# compiled graphs in its inductor cache), test runners and cupool. As
+# cupool check tells frames apart (cli/src/sites.rs, `ShownFrame::origin`).
+_LIBRARY = (
+    "site-packages/",
+    "dist-packages/",
+    "/lib/python3",
+    "/lib64/python3",
+    "/torchinductor_",
+    "/_pytest/",
+    "/pluggy/",
+    "/pytest/",
+    "/unittest/",
+    "/xdist/",
+    "/execnet/",
+)
 
 
 def _is_library(file):
-    return file.startswith("<") or any(part in file for part in _LIBRARY)
+    if file.startswith("<") or file.endswith("/pytest") or os.path.basename(os.path.dirname(file)) == "cupool":
+        return True
+    return any(part in file for part in _LIBRARY)
 
 
 def trim(frames, depth):
@@ -208,6 +222,8 @@ def trim(frames, depth):
     compiled model's call passes some thirty frames of PyTorch's before the
     tensor is made) keeps its innermost ``depth - 1`` frames and, last, the
     first frame of the program's own beyond them: the line a finding names."""
+    if depth <= 0:
+        return ()
     if len(frames) <= depth:
         return tuple(frames)
     kept = list(frames[: depth - 1])

@@ -99,6 +99,7 @@ fn growth_leaks(
     let skip = &super::per_test::is_plugin_phase;
     let mut addresses: HashSet<u64> = HashSet::new();
     let mut arena_stacks: HashSet<u32> = HashSet::new();
+    let mut holders: HashSet<usize> = HashSet::new();
     let mut objects_judged = false;
     for &(at, h) in histories {
         let (api, kind) = (h.framework.api(), h.framework.kind());
@@ -131,7 +132,7 @@ fn growth_leaks(
                     ));
                 }
                 addresses.extend(h.segment_addresses());
-                addresses.extend(h.holders(p));
+                holders.extend(h.holders(p));
                 arena_stacks.extend(namer.stacks_in(&|m| h.framework.arena(m)));
                 objects_judged = true;
             }
@@ -153,7 +154,9 @@ fn growth_leaks(
             notes.extend(batches_note(&who, h, &grown_stacks, (min + 1).max(8), p.log.header.options.jax_history_ms));
         }
     }
-    let left_out = |a: &Allocation| addresses.contains(&a.addr) || a.stack.is_some_and(|s| arena_stacks.contains(&s));
+    let left_out = |a: &Allocation| {
+        addresses.contains(&a.addr) || holders.contains(&a.event) || a.stack.is_some_and(|s| arena_stacks.contains(&s))
+    };
     match growth::analyse_leaving_out(p, min, skip, &left_out) {
         Ok(grown) => {
             for g in grown {

@@ -17,7 +17,7 @@
 
 use crate::sites::ShownFrame;
 use cupool_core::log::{EventKind, EventRecord, Log, Named};
-use cupool_core::model::{Process, What};
+use cupool_core::model::{Allocation, Process, What};
 use cupool_core::options::Mode;
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
@@ -79,10 +79,12 @@ impl Framework {
         }
     }
 
-    /// Whether the record's objects are at their device addresses (JAX's
-    /// are keys: its arrays do not say where they lie).
-    fn at_addresses(self) -> bool {
-        self != Framework::Jax
+    /// Whether the log's allocations that held the record's objects are
+    /// the arena ([`History::holders`]): CuPy's alone, whose pool's modules
+    /// also make a pool-off program's allocations. PyTorch's cache is known
+    /// by its segments and module; JAX's arrays do not say where they lie.
+    fn arena_by_holders(self) -> bool {
+        self == Framework::Cupy
     }
 
     /// Whether the record is sampled: its times are those of the samples,
@@ -207,21 +209,34 @@ impl History {
         set
     }
 
-    /// Addresses of the allocations of `p`'s log that some object of the
-    /// record lay in: the framework's pool, whose growth the objects explain.
-    pub fn holders(&self, p: &Process) -> HashSet<u64> {
-        if !self.framework.at_addresses() {
+    /// The allocations of `p`'s log (by event) that some object of the
+    /// record was made in while they were live: the framework's pool,
+    /// whose growth the objects explain. An allocation made later at an
+    /// address an object once had is not the pool's for that.
+    pub fn holders(&self, p: &Process) -> HashSet<usize> {
+        if !self.framework.arena_by_holders() {
             return HashSet::new();
         }
-        let mut objects: Vec<u64> =
-            self.devices.iter().flat_map(|d| d.events.iter().filter(|e| e.0 == "alloc").map(|e| e.1)).collect();
+        let offset = self.offset_ns(p);
+        let mut objects: Vec<(u64, i128)> = self
+            .devices
+            .iter()
+            .flat_map(|d| d.events.iter().filter(|e| e.0 == "alloc").map(|e| (e.1, i128::from(e.3) * 1000 + offset)))
+            .collect();
         objects.sort_unstable();
-        objects.dedup();
-        let holds = |addr: u64, size: u64| {
-            let first = objects.partition_point(|&o| o < addr);
-            objects.get(first).is_some_and(|&o| o - addr < size.max(1))
+        // The record's clock is placed within about a millisecond of the
+        // log's (`offset_ns`): an object handed out from a chunk made for it
+        // may seem that much older than the chunk.
+        const SLACK_NS: i128 = 2_000_000;
+        let holds = |a: &Allocation| {
+            let (born, gone) = (i128::from(a.t_ns) - SLACK_NS, a.end.map_or(i128::MAX, |e| i128::from(e.t_ns)));
+            let first = objects.partition_point(|&(addr, _)| addr < a.addr);
+            objects[first..]
+                .iter()
+                .take_while(|&&(addr, _)| addr - a.addr < a.size.max(1))
+                .any(|&(_, t)| born <= t && t <= gone)
         };
-        p.allocations.iter().filter(|a| holds(a.addr, a.size)).map(|a| a.addr).collect()
+        p.allocations.iter().filter(|a| holds(a)).map(|a| a.event).collect()
     }
 
     /// The frames of stack `id`, as the report shows Python frames.

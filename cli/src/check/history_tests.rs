@@ -413,3 +413,34 @@ fn marks_in_a_sampled_record_place_a_fast_loops_arrays_in_their_steps() {
     assert_eq!(f.failing().count(), 0, "{:#?}", f.findings);
     assert!(f.notes.iter().any(|n| n.contains("first saw 19 arrays")), "{:?}", f.notes);
 }
+
+/// CuPy's pool is known by the arrays made in it: a log allocation is the
+/// pool's when an array of the record was made in it while it was live,
+/// not when an array once lay at its address before it was made (after the
+/// pool gave its chunks back, a later allocation may land there).
+#[test]
+fn cupy_pool_chunks_are_the_allocations_arrays_were_made_in() {
+    let pid = 44;
+    let mut b = LogBuilder::new(pid, "python cupy_train.py");
+    let chunk = b.alloc(64 * KIB, Some(1));
+    let made = sample_us(pid, &mut b);
+    b.free(chunk); // free_all_blocks()
+    b.idle(10_000_000);
+    let later = b.alloc(4 * KIB, Some(0));
+    let log = b.exit(0);
+    let events = vec![
+        TraceEvent("alloc".into(), chunk + 512, 1024, made, Some(0)),
+        TraceEvent("free_requested".into(), chunk + 512, 1024, made, None),
+        TraceEvent("alloc".into(), later, 1024, made, Some(0)),
+    ];
+    let mut h = jax_record(pid, "/src/cupy_train.py", &[12], events, vec![]);
+    h.framework = Framework::Cupy;
+    h.schema = Framework::Cupy.schema().into();
+    let p = Process::new(log);
+    let event_of = |ptr: u64| p.allocations.iter().find(|a| a.addr == ptr).unwrap().event;
+    let held = h.holders(&p);
+    assert_eq!(held, HashSet::from([event_of(chunk)]), "the chunk, not the later allocation at an old address");
+    // JAX's keys are no addresses: its record holds nothing of the log's.
+    h.framework = Framework::Jax;
+    assert!(h.holders(&p).is_empty());
+}

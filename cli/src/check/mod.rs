@@ -255,7 +255,7 @@ pub fn check(args: CheckArgs) -> ExitCode {
         .unwrap_or_else(|e| {
             eprintln!(
                 "{CHECK}: note: the Python package cannot be set up ({e}); test leaks are not checked, nor growth \
-             inside PyTorch's cache by tensor"
+             inside PyTorch's cache, JAX's arena or CuPy's pool by object"
             );
             Vec::new()
         });
