@@ -182,46 +182,28 @@ fn project(name: &str) -> PathBuf {
 
 /// `cupool check --json` of `python3 train.py` in `dir`, with `env` and `flags`.
 fn check(dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
-    let findings = dir.join("findings.json");
-    let logs = dir.join("logs");
-    let mut args: Vec<&str> = vec!["check", "--log-dir", path_str(&logs), "--json", path_str(&findings)];
-    args.extend_from_slice(flags);
-    let python = python();
-    args.extend_from_slice(&["--", &python, "train.py"]);
-    let mut cmd = cupool_command(&args, &dir.join("stats"));
-    cmd.current_dir(dir).env("PYTHONPATH", dir.join("stub")).env("FAKE_CUDART", fakes().libcudart());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run cupool check");
-    let doc = fs::read_to_string(&findings).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null);
-    (out, doc)
-}
-
-fn show(out: &Output) -> String {
-    format!("status {:?}\n{}{}", out.status.code(), stdout_of(out), stderr_of(out))
+    check_python(dir, flags, &[&python(), "train.py"], |cmd| {
+        cmd.envs(env.iter().copied());
+    })
 }
 
 /// The `cupool-cupy.*.json` files in the run's own directory.
 fn histories(dir: &Path) -> Vec<Value> {
-    let mut names: Vec<PathBuf> =
-        fs::read_dir(run_dir(&dir.join("logs"))).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
-    names.retain(|p| p.file_name().unwrap().to_string_lossy().starts_with("cupool-cupy."));
-    names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
+    sidecar_docs(&dir.join("logs"), "cupool-cupy")
 }
 
 #[test]
 fn an_array_kept_per_step_is_found_at_its_line() {
     let dir = project("cupy-leak");
     let (out, doc) = check(&dir, &[], &[("LEAK", "1")]);
-    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
     assert_eq!(
         stdout_of(&out),
         "result: ok steps=40 kept=40 memory=RecordedMemory pool=True\n",
         "the program's output"
     );
     let failing = failing_findings(&doc);
-    assert_eq!(failing.len(), 1, "{}", show(&out));
+    assert_eq!(failing.len(), 1, "{}", show_run(&out));
     let f = failing[0];
     assert_eq!((f["kind"].as_str(), f["what"].as_str()), (Some("growth"), Some("CuPy (array)")), "{f}");
     // The stand-in's own Python frames first (CuPy's are as real), then the program's line.
@@ -232,7 +214,7 @@ fn an_array_kept_per_step_is_found_at_its_line() {
     assert!(err.contains(&frame), "{err}");
     assert!(!err.contains("CuPy history:"), "the recorder is silent: {err}");
     let h = histories(&dir);
-    assert_eq!(h.len(), 1, "{}", show(&out));
+    assert_eq!(h.len(), 1, "{}", show_run(&out));
     assert_eq!(
         (&h[0]["schema"], &h[0]["version"], &h[0]["complete"]),
         (&"cupool-cupy".into(), &1.into(), &true.into())
@@ -243,17 +225,17 @@ fn an_array_kept_per_step_is_found_at_its_line() {
     assert_eq!((count("alloc"), count("free_requested")), (80, 40), "{}", h[0]);
     // cupool merge of the log directory reads the record beside the log.
     let merged = run_cupool(&["merge", path_str(&dir.join("logs"))], &dir.join("stats"));
-    assert_eq!(merged.status.code(), Some(23), "{}", show(&merged));
-    assert!(stderr_of(&merged).contains(&frame), "{}", show(&merged));
+    assert_eq!(merged.status.code(), Some(23), "{}", show_run(&merged));
+    assert!(stderr_of(&merged).contains(&frame), "{}", show_run(&merged));
 }
 
 #[test]
 fn a_clean_loop_passes_with_the_pool_on() {
     let dir = project("cupy-clean");
     let (out, doc) = check(&dir, &[], &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", show_run(&out));
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 memory=RecordedMemory pool=True\n");
-    assert!(failing_findings(&doc).is_empty(), "{}", show(&out));
+    assert!(failing_findings(&doc).is_empty(), "{}", show_run(&out));
     assert_eq!(histories(&dir).len(), 1);
 }
 
@@ -262,22 +244,22 @@ fn without_the_record_the_log_is_judged_alone() {
     // Not recorded: the pool's chunks, at whichever line made the pool grow.
     let dir = project("cupy-off");
     let (out, doc) = check(&dir, &["-o", "cupy_history=0"], &[("LEAK", "1")]);
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=PooledMemory pool=True\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=PooledMemory pool=True\n", "{}", show_run(&out));
     assert!(histories(&dir).is_empty());
-    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
     let failing = failing_findings(&doc);
-    assert_eq!(failing[0]["what"], "cudaMalloc (device)", "{}", show(&out));
+    assert_eq!(failing[0]["what"], "cudaMalloc (device)", "{}", show_run(&out));
     // The program sets its own allocator after the record began: the record
     // is not written, and the log, every array's own cudaMalloc now, finds
     // the kept ones at their line.
     let dir = project("cupy-own");
     let (out, doc) = check(&dir, &[], &[("LEAK", "1"), ("OWN", "1")]);
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=Memory pool=False\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 memory=Memory pool=False\n", "{}", show_run(&out));
     assert!(histories(&dir).is_empty());
-    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
     let failing = failing_findings(&doc);
-    assert_eq!(failing.len(), 1, "{}", show(&out));
-    assert_eq!(failing[0]["what"], "cudaMalloc (device)", "{}", show(&out));
+    assert_eq!(failing.len(), 1, "{}", show_run(&out));
+    assert_eq!(failing[0]["what"], "cudaMalloc (device)", "{}", show_run(&out));
     assert!(finding_places(failing[0]).contains(&format!("train.py:{}", planted_line())), "{}", failing[0]);
 }
 
@@ -288,13 +270,13 @@ fn a_cupy_the_recorder_cannot_wrap_is_left_as_it_is() {
     // loop passes (its arrays' frees, never seen, must not look kept).
     let dir = project("cupy-broken");
     let (out, doc) = check(&dir, &["-o", "verbosity=2"], &[("BROKEN", "1")]);
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 memory=PooledMemory pool=True\n", "{}", show(&out));
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    assert!(failing_findings(&doc).is_empty(), "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 memory=PooledMemory pool=True\n", "{}", show_run(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", show_run(&out));
+    assert!(failing_findings(&doc).is_empty(), "{}", show_run(&out));
     assert!(histories(&dir).is_empty());
     assert!(
         stderr_of(&out).contains("CuPy history: an allocation could not be recorded (TypeError("),
         "{}",
-        show(&out)
+        show_run(&out)
     );
 }

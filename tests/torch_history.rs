@@ -222,48 +222,28 @@ fn project(name: &str) -> PathBuf {
 
 /// `cupool check --json` of `python3 <script>` in `dir`, with `env` and `flags`.
 fn check(dir: &Path, script: &str, flags: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
-    let findings = dir.join("findings.json");
-    let logs = dir.join("logs");
-    let mut args: Vec<&str> = vec!["check", "--log-dir", logs.to_str().unwrap(), "--json", findings.to_str().unwrap()];
-    args.extend_from_slice(flags);
-    let python = python();
-    args.extend_from_slice(&["--", &python, script]);
-    let mut cmd = cupool_command(&args, &dir.join("stats"));
-    cmd.current_dir(dir)
-        .env("PYTHONPATH", dir.join("stub"))
-        .env("FAKE_CUDART", fakes().libcudart())
-        .env("STUB_OUT", dir.join("out"))
-        .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
-        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
-        .env_remove("PYTORCH_ALLOC_CONF");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run cupool check");
-    let doc = fs::read_to_string(&findings).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null);
-    (out, doc)
-}
-
-fn show(out: &Output) -> String {
-    format!("status {:?}\n{}{}", out.status.code(), stdout_of(out), stderr_of(out))
+    check_python(dir, flags, &[&python(), script], |cmd| {
+        cmd.env("STUB_OUT", dir.join("out"))
+            .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+            .env_remove("PYTORCH_ALLOC_CONF")
+            .envs(env.iter().copied());
+    })
 }
 
 /// The `cupool-torch.*.json` files in the run's own directory.
 fn histories(dir: &Path) -> Vec<Value> {
-    let mut names: Vec<PathBuf> =
-        fs::read_dir(run_dir(&dir.join("logs"))).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
-    names.retain(|p| p.file_name().unwrap().to_string_lossy().starts_with("cupool-torch."));
-    names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
+    sidecar_docs(&dir.join("logs"), "cupool-torch")
 }
 
 #[test]
 fn a_tensor_kept_per_step_is_found_at_its_line() {
     let dir = project("torch-leak");
     let (out, doc) = check(&dir, "train.py", &[], &[("LEAK", "1")]);
-    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 history=True\n", "the program's output is its own");
     let failing = failing_findings(&doc);
-    assert_eq!(failing.len(), 1, "{}", show(&out));
+    assert_eq!(failing.len(), 1, "{}", show_run(&out));
     let f = failing[0];
     assert_eq!((f["kind"].as_str(), f["what"].as_str()), (Some("growth"), Some("PyTorch (tensor)")), "{f}");
     assert_eq!(finding_places(f), [format!("train.py:{}", planted_line())], "{f}");
@@ -275,7 +255,7 @@ fn a_tensor_kept_per_step_is_found_at_its_line() {
     assert!(!err.contains("PyTorch history:"), "the recorder is silent: {err}");
     // The history: one file of this process, the recorder's settings as asked.
     let h = histories(&dir);
-    assert_eq!(h.len(), 1, "{}", show(&out));
+    assert_eq!(h.len(), 1, "{}", show_run(&out));
     assert_eq!(
         (&h[0]["schema"], &h[0]["version"], &h[0]["complete"]),
         (&"cupool-torch".into(), &1.into(), &true.into())
@@ -284,8 +264,8 @@ fn a_tensor_kept_per_step_is_found_at_its_line() {
     let pid = h[0]["pid"].as_u64().unwrap();
     // cupool merge of the log directory reads the history beside the log.
     let merged = run_cupool(&["merge", dir.join("logs").to_str().unwrap()], &dir.join("stats"));
-    assert_eq!(merged.status.code(), Some(23), "{}", show(&merged));
-    assert!(stderr_of(&merged).contains(&frame), "{}", show(&merged));
+    assert_eq!(merged.status.code(), Some(23), "{}", show_run(&merged));
+    assert!(stderr_of(&merged).contains(&frame), "{}", show_run(&merged));
     let asked = fs::read_to_string(dir.join("out").join(format!("history.{pid}"))).unwrap();
     assert_eq!(
         asked, "[('context', 'alloc'), ('enabled', 'all'), ('max_entries', 200000), ('stacks', 'python')]",
@@ -297,9 +277,9 @@ fn a_tensor_kept_per_step_is_found_at_its_line() {
 fn a_clean_loop_passes_with_the_cache_on() {
     let dir = project("torch-clean");
     let (out, doc) = check(&dir, "train.py", &[], &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", show_run(&out));
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=True\n");
-    assert!(failing_findings(&doc).is_empty(), "{}", show(&out));
+    assert!(failing_findings(&doc).is_empty(), "{}", show_run(&out));
     assert_eq!(histories(&dir).len(), 1);
 }
 
@@ -307,27 +287,27 @@ fn a_clean_loop_passes_with_the_cache_on() {
 fn without_the_history_the_finding_is_where_the_cache_grew() {
     let dir = project("torch-off");
     let (out, doc) = check(&dir, "train.py", &["-o", "torch_history=0"], &[("LEAK", "1")]);
-    assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
     assert_eq!(stdout_of(&out), "result: ok steps=40 kept=40 history=False\n", "not recorded");
     assert!(histories(&dir).is_empty());
     let failing = failing_findings(&doc);
-    assert_eq!(failing.len(), 1, "{}", show(&out));
+    assert_eq!(failing.len(), 1, "{}", show_run(&out));
     assert_eq!(failing[0]["what"], "cudaMalloc (device)", "the segments, at the cache's cudaMalloc");
     assert!(finding_places(failing[0])[0].starts_with("__init__.py:"), "{}", failing[0]);
     // PyTorch without its cache sees every tensor itself: nothing recorded either.
     let dir = project("torch-nocache");
     let (out, _) = check(&dir, "train.py", &[], &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")]);
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=False\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=False\n", "{}", show_run(&out));
     // Nor when the program turns the cache off after it imported torch, before CUDA starts.
     let dir = project("torch-late");
     let late = "import os\nimport torch\nos.environ['PYTORCH_NO_CUDA_MEMORY_CACHING'] = '1'\nx = torch.empty(4096)\n\
                 print('history:', torch.cuda.memory._history is not None)\n";
     fs::write(dir.join("late.py"), late).unwrap();
     let (out, _) = check(&dir, "late.py", &[], &[]);
-    assert_eq!(stdout_of(&out), "history: False\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "history: False\n", "{}", show_run(&out));
     let dir = project("torch-async");
     let (out, _) = check(&dir, "train.py", &[], &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")]);
-    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=False\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "result: ok steps=40 kept=0 history=False\n", "{}", show_run(&out));
 }
 
 /// What the snapshot at exit saw of `torch._inductor`, per process.
@@ -353,9 +333,9 @@ fn the_history_at_exit_imports_nothing_the_program_did_not() {
         print('before exit:', 'torch._inductor' in sys.modules)\n";
     fs::write(dir.join("lazy.py"), script).unwrap();
     let (out, _) = check(&dir, "lazy.py", &[], &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    assert_eq!(stdout_of(&out), "before exit: False\nat exit: True True\n", "{}", show(&out));
-    assert_eq!(histories(&dir).len(), 1, "{}", show(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", show_run(&out));
+    assert_eq!(stdout_of(&out), "before exit: False\nat exit: True True\n", "{}", show_run(&out));
+    assert_eq!(histories(&dir).len(), 1, "{}", show_run(&out));
     assert_eq!(snapshots_saw_inductor(&dir), ["False"], "the snapshot did not import torch._inductor");
 
     // A program that uses inductor has its compiled frames named, as PyTorch does.
@@ -363,7 +343,7 @@ fn the_history_at_exit_imports_nothing_the_program_did_not() {
     fs::create_dir_all(dir.join("out")).unwrap();
     fs::write(dir.join("eager.py"), script.replace("sys.argv) > 1", "sys.argv) > 0")).unwrap();
     let (out, _) = check(&dir, "eager.py", &[], &[]);
-    assert_eq!(stdout_of(&out), "before exit: True\nat exit: True True\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "before exit: True\nat exit: True True\n", "{}", show_run(&out));
     assert_eq!(snapshots_saw_inductor(&dir), ["True"]);
 }
 
@@ -372,7 +352,7 @@ fn recording_waits_for_cuda_to_start() {
     let dir = project("torch-nocuda");
     fs::write(dir.join("cpu.py"), "import torch\nprint('cuda started:', torch.cuda.is_initialized())\n").unwrap();
     let (out, _) = check(&dir, "cpu.py", &["-o", "verbosity=2"], &[]);
-    assert_eq!(stdout_of(&out), "cuda started: False\n", "{}", show(&out));
+    assert_eq!(stdout_of(&out), "cuda started: False\n", "{}", show_run(&out));
     assert!(histories(&dir).is_empty());
     assert_eq!(fs::read_dir(dir.join("out")).unwrap().count(), 0, "_record_memory_history was not called");
 }
@@ -389,16 +369,16 @@ fn the_environments_own_sitecustomize_still_runs() {
     let pythonpath = format!("{}:{}", dir.join("stub").display(), dir.join("site").display());
     for flags in [&[][..], &["-o", "torch_history=0"][..]] {
         let (out, doc) = check(&dir, "train.py", flags, &[("LEAK", "1"), ("PYTHONPATH", &pythonpath)]);
-        assert_eq!(out.status.code(), Some(23), "{}", show(&out));
+        assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
         let history = if flags.is_empty() { "True" } else { "False" };
         assert_eq!(
             stdout_of(&out),
             format!("user sitecustomize ran as sitecustomize False\nresult: ok steps=40 kept=40 history={history}\n"),
             "{}",
-            show(&out)
+            show_run(&out)
         );
         let f = failing_findings(&doc);
-        assert_eq!(f.len(), 1, "{}", show(&out));
+        assert_eq!(f.len(), 1, "{}", show_run(&out));
     }
     // One that fails is reported by Python as before, and the program runs on.
     fs::write(dir.join("site/sitecustomize.py"), "raise ValueError('broken on purpose')\n").unwrap();

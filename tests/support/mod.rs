@@ -1092,3 +1092,41 @@ pub fn finding_places(f: &Value) -> Vec<String> {
         })
         .collect()
 }
+
+/// `cupool check --log-dir DIR/logs --json DIR/findings.json FLAGS -- PROGRAM...`
+/// in `dir`, with the Python stand-ins of `dir/stub` first on `PYTHONPATH`
+/// and the fake runtime in `FAKE_CUDART`, and `configure` for the rest:
+/// its output and its findings (`Null` when none were written).
+pub fn check_python(
+    dir: &Path,
+    flags: &[&str],
+    program: &[&str],
+    configure: impl FnOnce(&mut Command),
+) -> (Output, Value) {
+    let (findings, logs) = (dir.join("findings.json"), dir.join("logs"));
+    let mut args: Vec<&str> = vec!["check", "--log-dir", path_str(&logs), "--json", path_str(&findings)];
+    args.extend_from_slice(flags);
+    args.push("--");
+    args.extend_from_slice(program);
+    let mut cmd = cupool_command(&args, &dir.join("stats"));
+    cmd.current_dir(dir).env("PYTHONPATH", dir.join("stub")).env("FAKE_CUDART", fakes().libcudart());
+    configure(&mut cmd);
+    let out = cmd.output().expect("run cupool check");
+    let doc = fs::read_to_string(&findings).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null);
+    (out, doc)
+}
+
+/// How a run ended, for assertion messages: its status and what it printed.
+pub fn show_run(out: &Output) -> String {
+    format!("status {:?}\n{}{}", out.status.code(), stdout_of(out), stderr_of(out))
+}
+
+/// The `<stem>.*.json` files beside the logs of the newest run in `logs`, parsed.
+pub fn sidecar_docs(logs: &Path, stem: &str) -> Vec<Value> {
+    let prefix = format!("{stem}.");
+    let mut names: Vec<PathBuf> =
+        fs::read_dir(run_dir(logs)).map(|rd| rd.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+    names.retain(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix));
+    names.sort();
+    names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
+}
