@@ -42,8 +42,20 @@ cuda.set_allocator(cuda.memory.MemoryPool().malloc)
 "#;
 
 const CUPY_CUDA: &str = r#"
-from . import memory
+from . import cufft, memory
 from .memory import get_allocator, set_allocator
+"#;
+
+/// `cupy/cuda/cufft.py`: a plan takes its work area from the allocator
+/// when it is made and holds it, as CuPy's do.
+const CUPY_CUFFT: &str = r#"
+from . import memory
+
+
+class Plan1d(object):
+    def __init__(self, nx):
+        self.nx = nx
+        self.work_area = memory.get_allocator()(8 * nx)
 "#;
 
 /// `cupy/cuda/memory.py`: a pool that bump-allocates in 64 KiB chunks from
@@ -138,7 +150,8 @@ def set_allocator(allocator=None):
 "#;
 
 /// The loop: a temporary of one of four sizes comes first, so that the pool
-/// also grows at its line; with `LEAK=1` every step's output is kept. With `OWN=1` the program turns
+/// also grows at its line; with `LEAK=1` every step's output is kept; with
+/// `FFT=1` a plan cache of 32 gets a new plan every step. With `OWN=1` the program turns
 /// the pool off after importing CuPy, as scripts do with
 /// `cupy.cuda.set_allocator(None)`. A step takes 50 ms, as real ones do.
 const TRAIN: &str = r#"import os
@@ -148,9 +161,13 @@ import cupy
 
 if os.environ.get("OWN") == "1":
     cupy.cuda.set_allocator(None)
-kept = []
+kept, plans = [], {}
 for step in range(40):
     time.sleep(0.05)
+    if os.environ.get("FFT") == "1":
+        # A plan cache of 32 and a new FFT length every step: the cache fills.
+        plans[step] = cupy.cuda.cufft.Plan1d(1024 + step)
+        plans.pop(step - 32, None)
     x = cupy.empty(4096 + 512 * (step % 4))
     out = cupy.empty(16384)  # ALLOCATED
     if os.environ.get("LEAK") == "1":
@@ -176,6 +193,7 @@ fn project(name: &str) -> PathBuf {
     fs::write(dir.join("stub/cupy/__init__.py"), CUPY_INIT).unwrap();
     fs::write(dir.join("stub/cupy/cuda/__init__.py"), CUPY_CUDA).unwrap();
     fs::write(dir.join("stub/cupy/cuda/memory.py"), CUPY_MEMORY).unwrap();
+    fs::write(dir.join("stub/cupy/cuda/cufft.py"), CUPY_CUFFT).unwrap();
     fs::write(dir.join("train.py"), TRAIN).unwrap();
     dir
 }
@@ -279,4 +297,18 @@ fn a_cupy_the_recorder_cannot_wrap_is_left_as_it_is() {
         "{}",
         show_run(&out)
     );
+}
+
+#[test]
+fn work_areas_of_fft_plans_held_at_exit_are_a_cache_not_growth() {
+    // A new FFT length every step fills a plan cache of 32, each plan with
+    // its work area from the allocator: the record marks the 32 still held
+    // at exit `cached`, and the clean loop passes.
+    let dir = project("cupy-fft");
+    let (out, doc) = check(&dir, &[], &[("FFT", "1")]);
+    assert_eq!(out.status.code(), Some(0), "{}", show_run(&out));
+    assert!(failing_findings(&doc).is_empty(), "{}", show_run(&out));
+    let h = histories(&dir);
+    let events = h[0]["devices"][0]["events"].as_array().unwrap();
+    assert_eq!(events.iter().filter(|e| e[0] == "cached").count(), 32, "{}", h[0]);
 }

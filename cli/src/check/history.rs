@@ -221,7 +221,11 @@ impl History {
         let mut objects: Vec<(u64, i128)> = self
             .devices
             .iter()
-            .flat_map(|d| d.events.iter().filter(|e| e.0 == "alloc").map(|e| (e.1, i128::from(e.3) * 1000 + offset)))
+            .flat_map(|d| {
+                // `cached`: an array a known cache held at exit (CuPy's cuFFT plans), in the pool all the same.
+                let made = d.events.iter().filter(|e| e.0 == "alloc" || e.0 == "cached");
+                made.map(|e| (e.1, i128::from(e.3) * 1000 + offset))
+            })
             .collect();
         objects.sort_unstable();
         // The record's clock is placed within about a millisecond of the
