@@ -41,6 +41,44 @@ def empty(nbytes):
 cuda.set_allocator(cuda.memory.MemoryPool().malloc)
 "#;
 
+/// `cupy/fft/_cache.py`: a plan cache of 32 entries (CuPy's keeps 16 by
+/// default) made at the first FFT, which empties itself in a weakref
+/// finalizer at exit, as CuPy's does.
+const CUPY_FFT_CACHE: &str = r#"
+import weakref
+
+
+class _Node(object):
+    def __init__(self, key, plan=None):
+        self.key, self.plan = key, plan
+
+
+def _clear(nodes):
+    for n in nodes.values():
+        n.plan = None
+    nodes.clear()
+
+
+class PlanCache(object):
+    def __init__(self, size):
+        self.size, self.nodes = size, {}
+        weakref.finalize(self, _clear, self.nodes)
+
+    def add(self, key, plan):
+        self.nodes[key] = _Node(key, plan)
+        for old in sorted(self.nodes)[: -self.size]:
+            self.nodes.pop(old).plan = None
+
+
+_caches = []
+
+
+def get_plan_cache():
+    if not _caches:
+        _caches.append(PlanCache(32))
+    return _caches[0]
+"#;
+
 const CUPY_CUDA: &str = r#"
 from . import cufft, memory
 from .memory import get_allocator, set_allocator
@@ -151,9 +189,10 @@ def set_allocator(allocator=None):
 
 /// The loop: a temporary of one of four sizes comes first, so that the pool
 /// also grows at its line; with `LEAK=1` every step's output is kept; with
-/// `FFT=1` a plan cache of 32 gets a new plan every step. With `OWN=1` the program turns
-/// the pool off after importing CuPy, as scripts do with
-/// `cupy.cuda.set_allocator(None)`. A step takes 50 ms, as real ones do.
+/// `FFT=1` the plan cache gets a new plan every step, with `FFT=kept` the
+/// program keeps one itself. With `OWN=1` the program turns the pool off
+/// after importing CuPy, as scripts do with `cupy.cuda.set_allocator(None)`.
+/// A step takes 50 ms, as real ones do.
 const TRAIN: &str = r#"import os
 import time
 
@@ -165,9 +204,12 @@ kept, plans = [], {}
 for step in range(40):
     time.sleep(0.05)
     if os.environ.get("FFT") == "1":
-        # A plan cache of 32 and a new FFT length every step: the cache fills.
-        plans[step] = cupy.cuda.cufft.Plan1d(1024 + step)
-        plans.pop(step - 32, None)
+        # A new FFT length every step: the plan cache fills.
+        import cupy.fft
+
+        cupy.fft.get_plan_cache().add(step, cupy.cuda.cufft.Plan1d(1024 + step))
+    if os.environ.get("FFT") == "kept":
+        plans[step] = cupy.cuda.cufft.Plan1d(1024 + step)  # PLAN
     x = cupy.empty(4096 + 512 * (step % 4))
     out = cupy.empty(16384)  # ALLOCATED
     if os.environ.get("LEAK") == "1":
@@ -194,6 +236,9 @@ fn project(name: &str) -> PathBuf {
     fs::write(dir.join("stub/cupy/cuda/__init__.py"), CUPY_CUDA).unwrap();
     fs::write(dir.join("stub/cupy/cuda/memory.py"), CUPY_MEMORY).unwrap();
     fs::write(dir.join("stub/cupy/cuda/cufft.py"), CUPY_CUFFT).unwrap();
+    fs::create_dir_all(dir.join("stub/cupy/fft")).unwrap();
+    fs::write(dir.join("stub/cupy/fft/__init__.py"), "from ._cache import get_plan_cache\n").unwrap();
+    fs::write(dir.join("stub/cupy/fft/_cache.py"), CUPY_FFT_CACHE).unwrap();
     fs::write(dir.join("train.py"), TRAIN).unwrap();
     dir
 }
@@ -302,8 +347,9 @@ fn a_cupy_the_recorder_cannot_wrap_is_left_as_it_is() {
 #[test]
 fn work_areas_of_fft_plans_held_at_exit_are_a_cache_not_growth() {
     // A new FFT length every step fills a plan cache of 32, each plan with
-    // its work area from the allocator: the record marks the 32 still held
-    // at exit `cached`, and the clean loop passes.
+    // its work area from the allocator: the record marks the 32 the cache
+    // still holds at exit `cached` (the cache empties itself at exit, after
+    // the record looked), and the clean loop passes.
     let dir = project("cupy-fft");
     let (out, doc) = check(&dir, &[], &[("FFT", "1")]);
     assert_eq!(out.status.code(), Some(0), "{}", show_run(&out));
@@ -311,4 +357,17 @@ fn work_areas_of_fft_plans_held_at_exit_are_a_cache_not_growth() {
     let h = histories(&dir);
     let events = h[0]["devices"][0]["events"].as_array().unwrap();
     assert_eq!(events.iter().filter(|e| e[0] == "cached").count(), 32, "{}", h[0]);
+}
+
+#[test]
+fn fft_plans_the_program_keeps_are_its_own() {
+    // Plans kept by the program, not by CuPy's cache: a growth leak at the
+    // line that makes them.
+    let dir = project("cupy-plans");
+    let (out, doc) = check(&dir, &[], &[("FFT", "kept")]);
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
+    let failing = failing_findings(&doc);
+    assert_eq!(failing.len(), 1, "{}", show_run(&out));
+    let line = TRAIN.lines().position(|l| l.contains("# PLAN")).unwrap() + 1;
+    assert_eq!(finding_places(failing[0]).last(), Some(&format!("train.py:{line}")), "{}", failing[0]);
 }

@@ -97,7 +97,13 @@ def _prepare(cupy):
     )
     memory.set_allocator(_allocate)
     import atexit
+    import weakref
 
+    # CuPy empties its FFT plan cache in a weakref finalizer at exit. The
+    # first finalizer made registers all of theirs with atexit, whose hooks
+    # run last registered first: one made now, before this module's hook,
+    # has the cache emptied after the record looked at it (`_held_by_plans`).
+    weakref.finalize(_at_exit, int)
     atexit.register(_at_exit)
 
 
@@ -201,24 +207,22 @@ def _stack(frame):
 
 
 def _held_by_plans():
-    """Addresses of the work areas that cuFFT plans still hold at exit.
+    """Addresses of the work areas that CuPy's FFT plan cache holds at exit.
 
-    CuPy's FFT plan cache keeps its last plans (16 by default), each with a
-    work area taken from the allocator when the plan was made: memory of a
-    cache, which a loop over new FFT shapes fills step by step as a leak
-    would. Plans the program holds itself are plans all the same."""
-    cufft = sys.modules.get("cupy.cuda.cufft")
-    if cufft is None:
-        return set()
-    kinds = tuple(k for k in (getattr(cufft, n, None) for n in ("Plan1d", "PlanNd", "XtPlanNd")) if isinstance(k, type))
-    if not kinds:
+    The cache keeps its last plans (16 by default), each with a work area
+    taken from the allocator when the plan was made: memory of a cache,
+    which a loop over new FFT shapes fills step by step as a leak would.
+    Plans the program keeps itself are not the cache's, and stay judged."""
+    cache = sys.modules.get("cupy.fft._cache")
+    node = getattr(cache, "_Node", None)
+    if not isinstance(node, type):
         return set()
     import gc
 
     held = set()
-    for plan in gc.get_objects():
-        if isinstance(plan, kinds):
-            area = getattr(plan, "work_area", None)
+    for entry in gc.get_objects():
+        if isinstance(entry, node):
+            area = getattr(getattr(entry, "plan", None), "work_area", None)
             for pointer in area if isinstance(area, list) else [area]:
                 if pointer is not None:
                     held.add(int(pointer.ptr))

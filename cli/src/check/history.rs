@@ -230,10 +230,12 @@ impl History {
         objects.sort_unstable();
         // The record's clock is placed within about a millisecond of the
         // log's (`offset_ns`): an object handed out from a chunk made for it
-        // may seem that much older than the chunk.
+        // may seem that much older than the chunk, one made just before the
+        // chunk went back that much younger.
         const SLACK_NS: i128 = 2_000_000;
         let holds = |a: &Allocation| {
-            let (born, gone) = (i128::from(a.t_ns) - SLACK_NS, a.end.map_or(i128::MAX, |e| i128::from(e.t_ns)));
+            let (born, gone) =
+                (i128::from(a.t_ns) - SLACK_NS, a.end.map_or(i128::MAX, |e| i128::from(e.t_ns) + SLACK_NS));
             let first = objects.partition_point(|&(addr, _)| addr < a.addr);
             objects[first..]
                 .iter()
