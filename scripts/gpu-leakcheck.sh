@@ -4,7 +4,8 @@
 # and off; under torchrun with the rank; one leaking pytest test; an nvcc
 # program whose exit leaks must equal compute-sanitizer's; the trace off,
 # exec, os._exit and subprocess children); and the overhead
-# of `cupool check` on the transformer workload beside compute-sanitizer's.
+# of `cupool check` on the transformer workload beside compute-sanitizer's,
+# and on CuPy allocations with CuPy's record on and off.
 # SECTIONS picks among "core unseen overhead" (all three by default;
 # SKIP_OVERHEAD=1 leaves out the last; ONLY=REGEX runs the rows whose name
 # matches): "unseen" runs generation, training
@@ -118,9 +119,15 @@ for round in 1 2; do
   MODE=cupool-check-nocache-pool PYTORCH_NO_CUDA_MEMORY_CACHING=1 $bin/cupool check --mode pool --log-dir $work/overp-$round -- python3 $T 2>/dev/null
 done
 MODE=compute-sanitizer compute-sanitizer --leak-check full python3 $T 2>&1 | grep mode=
+echo "== overhead: CuPy arrays made and dropped, plain / cupool check (CuPy's record on, off), 3 rounds"
+for round in 1 2 3; do
+  MODE=plain python3 $src/cupy_alloc_cost.py
+  MODE=check-record $bin/cupool check --log-dir $work/cc-$round -- python3 $src/cupy_alloc_cost.py 2>/dev/null
+  MODE=check-no-record $bin/cupool check -o cupy_history=0 --log-dir $work/cn-$round -- python3 $src/cupy_alloc_cost.py 2>/dev/null
+done
 fi
 # The verdicts and reports; the logs stay behind (each run's are large).
 tar czf ${OUT:-$work}/gpu-leakcheck.tgz -C $work --exclude='cupool.*.json' --exclude='cupool-torch.*' \
-  --exclude='cupool-jax.*' --exclude='py' . 2>/dev/null
+  --exclude='cupool-jax.*' --exclude='cupool-cupy.*' --exclude='py' . 2>/dev/null
 echo
 printf '%s\n' "${rows[@]}"
