@@ -92,7 +92,9 @@ def _prepare(cupy):
         inner=inner,
         stacks=[],
         by_frames={},
-        events={},  # device -> [[action, address, size, time_us, stack], ...]
+        # device -> [(action, address, size, time_us, stack), ...]: tuples of
+        # numbers and text, which the garbage collector stops tracking.
+        events={},
         allocations=0,
     )
     memory.set_allocator(_allocate)
@@ -121,7 +123,7 @@ class _Release(object):
     def freed(self):
         if self.recorded:
             self.recorded = False
-            self.events.append(["free_requested", self.address, self.size, time.time_ns() // 1000, None])
+            self.events.append(("free_requested", self.address, self.size, time.time_ns() // 1000, None))
 
     def __del__(self):
         try:
@@ -174,7 +176,7 @@ def _allocate(size):
         wrapped = _state["memory"].MemoryPointer(mem, 0)
         stack = _stack(sys._getframe(1))
         owner.recorded = True
-        events.append(["alloc", address, int(size), time.time_ns() // 1000, stack])
+        events.append(("alloc", address, int(size), time.time_ns() // 1000, stack))
         _state["allocations"] += 1
         return wrapped
     except Exception as e:
@@ -241,7 +243,7 @@ def _cached(events, addresses):
             live.pop(e[1], None)
     for address, i in live.items():
         if address in addresses:
-            events[i] = ["cached"] + events[i][1:]
+            events[i] = ("cached",) + events[i][1:]
     return events
 
 
