@@ -399,9 +399,10 @@ fn the_environments_own_sitecustomize_still_runs() {
     assert!(stderr_of(&under).starts_with(line), "{}", stderr_of(&under));
 }
 
-/// `cupool.torch_history.trim`, which both recorders cut stacks with: a
+/// `cupool.torch_history.trim`, which the recorders cut stacks with: a
 /// stack deeper than `python_depth` through libraries (a compiled model's)
-/// keeps the program's own line last; a short one is kept whole.
+/// keeps the program's own line last, read from the frames past the list
+/// only when needed; a short one is kept whole.
 #[test]
 fn a_deep_stack_keeps_the_programs_line() {
     let code = r#"
@@ -412,6 +413,7 @@ gen = [("call", "/tmp/torchinductor_root/ab/c.py", 3)]
 print(trim(gen + lib + own, 16)[-1], len(trim(gen + lib + own, 16)))
 print(trim(own + lib, 16)[-1])
 print(trim(lib, 16)[-1], trim(lib[:5] + own, 16) == tuple(lib[:5] + own))
+print(trim(lib[:16], 16, iter(own))[-1], trim(own[:1] + lib[:15], 16, iter(own))[-1][0])
 "#;
     let python_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
     let out = std::process::Command::new(python()).args(["-c", code]).env("PYTHONPATH", python_dir).output().unwrap();
@@ -419,7 +421,8 @@ print(trim(lib, 16)[-1], trim(lib[:5] + own, 16) == tuple(lib[:5] + own))
         stdout_of(&out),
         "('<module>', '/repo/train.py', 42) 16\n\
          ('f13', '/v/lib/python3.12/site-packages/torch/x.py', 13)\n\
-         ('f15', '/v/lib/python3.12/site-packages/torch/x.py', 15) True\n",
+         ('f15', '/v/lib/python3.12/site-packages/torch/x.py', 15) True\n\
+         ('<module>', '/repo/train.py', 42) f14\n",
         "{}",
         stderr_of(&out)
     );

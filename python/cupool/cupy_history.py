@@ -188,13 +188,25 @@ def _allocate(size):
         _inside.busy = False
 
 
+def _frames(frame):
+    """The stack from ``frame`` out, as ``(function, file, line)``, read as asked."""
+    for _ in range(_DEEPEST):
+        if frame is None:
+            return
+        code = frame.f_code
+        yield (code.co_name, code.co_filename, frame.f_lineno or 0)
+        frame = frame.f_back
+
+
 def _stack(frame):
-    frames = []
-    while frame is not None and len(frames) < _DEEPEST:
+    # Walking Python's frames is most of what a record costs: only as far
+    # as the frames kept, and past them only to find the program's own.
+    depth, frames = _state["depth"], []
+    while frame is not None and len(frames) < depth:
         code = frame.f_code
         frames.append((code.co_name, code.co_filename, frame.f_lineno or 0))
         frame = frame.f_back
-    key = _trim(frames, _state["depth"])
+    key = _trim(frames, depth, () if frame is None else _frames(frame))
     stack = _state["by_frames"].get(key)
     if stack is None:
         listed = [list(f) for f in key]

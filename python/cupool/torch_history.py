@@ -23,6 +23,7 @@ never use it. Nothing here raises into the program or prints, except notes
 on stderr with ``verbosity=2``.
 """
 
+import itertools
 import os
 import sys
 import threading
@@ -210,29 +211,33 @@ _LIBRARY = (
 )
 
 
+_library_files = {}
+
+
 def _is_library(file):
-    if file.startswith("<") or file.endswith("/pytest") or os.path.basename(os.path.dirname(file)) == "cupool":
-        return True
-    return any(part in file for part in _LIBRARY)
+    known = _library_files.get(file)
+    if known is None:
+        known = file.startswith("<") or file.endswith("/pytest") or os.path.basename(os.path.dirname(file)) == "cupool"
+        known = _library_files[file] = known or any(part in file for part in _LIBRARY)
+    return known
 
 
-def trim(frames, depth):
-    """``frames`` (``(function, file, line)``, innermost first) cut to
-    ``depth`` as a tuple. A stack deeper than that through libraries (a
+def trim(frames, depth, beyond=()):
+    """``frames`` (a list of ``(function, file, line)``, innermost first,
+    then those of the iterable ``beyond``, read no further than needed) cut
+    to ``depth`` as a tuple. A stack deeper than that through libraries (a
     compiled model's call passes some thirty frames of PyTorch's before the
     tensor is made) keeps its innermost ``depth - 1`` frames and, last, the
     first frame of the program's own beyond them: the line a finding names."""
     if depth <= 0:
         return ()
-    if len(frames) <= depth:
+    if len(frames) < depth:
         return tuple(frames)
-    kept = list(frames[: depth - 1])
-    if not any(not _is_library(f[1]) for f in kept):
-        own = next((f for f in frames[depth - 1 :] if not _is_library(f[1])), None)
-        kept.append(own if own is not None else frames[depth - 1])
-    else:
-        kept.append(frames[depth - 1])
-    return tuple(kept)
+    head, last = tuple(frames[: depth - 1]), frames[depth - 1]
+    if _is_library(last[1]) and all(_is_library(f[1]) for f in head):
+        rest = itertools.chain(frames[depth:], beyond)
+        last = next((f for f in rest if not _is_library(f[1])), last)
+    return head + (last,)
 
 
 def reduce(snapshot, depth, entries):
