@@ -95,8 +95,10 @@ fi
 
 if has unseen; then
 for s in llama beam sample t5 repeat; do SHAPE=$s check hf-$s-clean clean -- python3 $src/hf_shapes.py; done
+check hf-trainer-clean clean -- python3 $src/hf_trainer.py
+LEAK=1 check hf-trainer-leak growth:hf_trainer.py:$(line hf_trainer.py) -- python3 $src/hf_trainer.py
 SHAPE=repeat LEAK=1 check hf-repeat-leak growth:hf_shapes.py:$(line hf_shapes.py) -- python3 $src/hf_shapes.py
-for s in compile amp eval empty loader; do SHAPE=$s check torch-$s-clean clean -- python3 $src/torch_shapes.py; done
+for s in compile graphs amp eval empty loader; do SHAPE=$s check torch-$s-clean clean -- python3 $src/torch_shapes.py; done
 SHAPE=eval LEAK=1 check torch-eval-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
 SHAPE=compile LEAK=1 check torch-compile-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
 for s in scan shapes donate; do

@@ -1,5 +1,7 @@
 # GPU check of `cupool check` on training loops the rules were not built
-# around. SHAPE: compile (torch.compile'd model), amp (autocast, GradScaler,
+# around. SHAPE: compile (torch.compile'd model), graphs (compiled with
+# mode="reduce-overhead": CUDA graphs, a pool of their own, and a new
+# graph for the smaller last batch), amp (autocast, GradScaler,
 # a convolution net with cudnn.benchmark), eval (an evaluation pass every
 # fifth step, a smaller last batch), empty (torch.cuda.empty_cache() every
 # step), loader (a DataLoader with two workers and pinned memory). Clean,
@@ -21,7 +23,12 @@ if shape == "amp":
 else:
     model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 10)).cuda()
     make = lambda n: (torch.randn(n, 512, device="cuda"), torch.randn(n, 10, device="cuda"))
-run = torch.compile(model) if shape == "compile" else model
+if shape == "compile":
+    run = torch.compile(model)
+elif shape == "graphs":
+    run = torch.compile(model, mode="reduce-overhead")
+else:
+    run = model
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler("cuda", enabled=shape == "amp")
 
@@ -33,7 +40,7 @@ def batches(steps):
             yield x.cuda(non_blocking=True), y.cuda(non_blocking=True)
     else:
         for i in range(steps):
-            yield make(37 if (shape == "eval" and i == steps - 1) else 64)
+            yield make(37 if (shape in ("eval", "graphs") and i == steps - 1) else 64)
 
 
 total, kept = 0.0, []
