@@ -371,3 +371,18 @@ fn fft_plans_the_program_keeps_are_its_own() {
     let line = TRAIN.lines().position(|l| l.contains("# PLAN")).unwrap() + 1;
     assert_eq!(finding_places(failing[0]).last(), Some(&format!("train.py:{line}")), "{}", failing[0]);
 }
+
+#[test]
+fn the_record_keeps_its_last_events_in_bounded_memory() {
+    // 160 events of a clean loop in a ring of 50: the record says it wrapped,
+    // the check says it judged the last 50, and the loop passes.
+    let dir = project("cupy-ring");
+    let (out, doc) = check(&dir, &["-o", "cupy_history=50"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", show_run(&out));
+    assert!(failing_findings(&doc).is_empty(), "{}", show_run(&out));
+    let h = histories(&dir);
+    assert_eq!((&h[0]["max_entries"], &h[0]["devices"][0]["full"]), (&50.into(), &true.into()), "{}", h[0]);
+    assert_eq!(h[0]["devices"][0]["events"].as_array().unwrap().len(), 50);
+    let note = "CuPy's record kept only its last 50 events per device (cupy_history)";
+    assert!(stderr_of(&out).contains(note), "{}", show_run(&out));
+}

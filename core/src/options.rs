@@ -376,9 +376,9 @@ options! {
         "cupool check: milliseconds between looks at JAX's live arrays in each Python process that uses JAX, for \
          growth inside its arena by array (0..60000); 0 = not recorded";
     #[serde(skip)]
-    cupy_history: bool = "1", Rule::Flag,
-        "cupool check: 1 | 0: record the arrays CuPy's allocator hands out, with their Python lines, in each Python \
-         process that uses CuPy, for growth inside its memory pool by array";
+    cupy_history: u64 = "200000", Rule::Range(0, 10_000_000, "a number of events, 0..10000000"),
+        "cupool check: events of CuPy's arrays (made and let go, with their Python lines) each Python process \
+         keeps per device, for growth inside its memory pool by array (0..10000000); 0 = not recorded";
 }
 
 /// The kinds of leak `fail_on` can name, in the order it writes them.
@@ -800,7 +800,7 @@ mod tests {
             ("growth_phases", "a number of phases, 3..1000"),
             ("torch_history", "a number of events, 0..10000000"),
             ("jax_history_ms", "a number of milliseconds, 0..60000"),
-            ("cupy_history", "1 or 0"),
+            ("cupy_history", "a number of events, 0..10000000"),
         ];
         let keys: Vec<&str> = OPTION_HELP.iter().map(|(k, _, _)| *k).filter(|k| *k != "run_id").collect();
         assert_eq!(expected.map(|(k, _)| k), keys[..], "every option but run_id, which takes any text");
@@ -829,6 +829,7 @@ mod tests {
             ("baseline_growth", 0, 1000),
             ("torch_history", 0, 10_000_000),
             ("jax_history_ms", 0, 60_000),
+            ("cupy_history", 0, 10_000_000),
         ] {
             for (n, ok) in
                 [(lo, true), (hi, true), (hi + 1, false)].into_iter().chain((lo > 0).then_some((lo - 1, false)))
@@ -874,7 +875,7 @@ mod tests {
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
             budgets in (any::<u64>(), 0u32..=1000, any::<u64>()),
-            histories in (0u64..=10_000_000, 0u64..=60_000, any::<bool>()),
+            histories in (0u64..=10_000_000, 0u64..=60_000, 0u64..=10_000_000),
         ) {
             let (torch_history, jax_history_ms, cupy_history) = histories;
             let (exitcode, max_leak_bytes, kinds, growth_phases) = check;

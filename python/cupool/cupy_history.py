@@ -22,6 +22,7 @@ the check judges the log as without the record. Nothing here raises into
 the program or prints, except notes on stderr with ``verbosity=2``.
 """
 
+import collections
 import os
 import sys
 import threading
@@ -66,7 +67,8 @@ def _prepare(cupy):
     depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
     if not option(opts, "run_id") or not flag(option(opts, "log"), True):
         return
-    if not flag(option(opts, "cupy_history"), True):
+    entries = integer(opts.get("cupy_history"), int(DEFAULTS["cupy_history"]))
+    if entries <= 0:
         return
     import cupool
 
@@ -82,6 +84,7 @@ def _prepare(cupy):
         return
     _state.update(
         recorded_memory=_memory_class(memory),
+        entries=entries,
         started=True,
         pid=os.getpid(),
         depth=depth,
@@ -169,7 +172,8 @@ def _allocate(size):
             return pooled  # a zero-byte allocation: no memory to follow
         events = _state["events"].get(device)
         if events is None:
-            events = _state["events"].setdefault(device, [])
+            # A ring: a long run keeps its last events, in bounded memory.
+            events = _state["events"].setdefault(device, collections.deque(maxlen=_state["entries"]))
         owner = _Release(pooled, events, address, int(size))
         mem = _state["recorded_memory"](address, pooled.mem.size, owner, device)
         mem._release = owner
@@ -287,8 +291,9 @@ def _at_exit():
             "run_id": _state["run_id"],
             "cupy": str(getattr(_state["cupy"], "__version__", "")),
             "stacks": _state["stacks"],
+            "max_entries": _state["entries"],
             "devices": [
-                {"device": d, "events": _cached(list(e), plans), "full": False}
+                {"device": d, "events": _cached(list(e), plans), "full": len(e) == e.maxlen}
                 for d, e in sorted(_state["events"].items())
             ],
             "segments": [],

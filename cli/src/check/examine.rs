@@ -126,9 +126,10 @@ fn growth_leaks(
                 }
                 if h.wrapped() {
                     notes.push(format!(
-                        "{who}: {api}'s record kept only its last {} events per device (torch_history): growth \
-                         inside its cache was judged over them",
-                        h.max_entries
+                        "{who}: {api}'s record kept only its last {} events per device ({}): growth inside its \
+                         cache was judged over them",
+                        h.max_entries,
+                        h.framework.size_option()
                     ));
                 }
                 addresses.extend(h.segment_addresses());

@@ -87,6 +87,15 @@ impl Framework {
         self == Framework::Cupy
     }
 
+    /// The option that bounds the record's events per device.
+    pub fn size_option(self) -> &'static str {
+        match self {
+            Framework::Torch => "torch_history",
+            Framework::Jax => "jax_history_ms",
+            Framework::Cupy => "cupy_history",
+        }
+    }
+
     /// Whether the record is sampled: its times are those of the samples,
     /// not of the allocations, so phase edges cannot be placed among its
     /// events and its growth is judged by its own repetition alone.

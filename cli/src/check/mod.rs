@@ -251,7 +251,7 @@ pub fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(exit::COULD_NOT_CHECK);
         }
     };
-    let env = python::environment(opts.torch_history > 0 || opts.jax_history_ms > 0 || opts.cupy_history)
+    let env = python::environment(opts.torch_history > 0 || opts.jax_history_ms > 0 || opts.cupy_history > 0)
         .unwrap_or_else(|e| {
             eprintln!(
                 "{CHECK}: note: the Python package cannot be set up ({e}); test leaks are not checked, nor growth \
