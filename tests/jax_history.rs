@@ -155,3 +155,22 @@ fn a_loop_faster_than_the_sampling_is_judged_at_its_marks_and_never_guessed() {
         }
     }
 }
+
+/// A record bounded by `jax_history`: a clean loop's record wraps in a ring
+/// of 20 events, says so, and the check passes and names the option.
+#[test]
+fn the_record_keeps_its_last_events_in_bounded_memory() {
+    let python = python_with("jax-tools", REQUIREMENTS);
+    let dir = scratch_dir("jax-ring");
+    fs::write(dir.join("prog.py"), PROGRAM).unwrap();
+    let flags = ["-o", "jax_history_ms=5", "-o", "jax_history=20"];
+    let (out, err, growth) = check_jax(&python, &dir, "prog.py", "ring", &flags, &[]);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(growth.is_empty(), "{err}");
+    let records = sidecar_docs(&dir.join("ring"), "cupool-jax");
+    assert_eq!(records.len(), 1, "{err}");
+    let device = &records[0]["devices"][0];
+    assert_eq!((&records[0]["max_entries"], &device["full"]), (&20.into(), &true.into()), "{}", records[0]);
+    assert_eq!(device["events"].as_array().unwrap().len(), 20);
+    assert!(err.contains("JAX's record kept only its last 20 events per device (jax_history)"), "{err}");
+}

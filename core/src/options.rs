@@ -376,6 +376,10 @@ options! {
         "cupool check: milliseconds between looks at JAX's live arrays in each Python process that uses JAX, for \
          growth inside its arena by array (0..60000); 0 = not recorded";
     #[serde(skip)]
+    jax_history: u64 = "200000", Rule::Range(0, 10_000_000, "a number of events, 0..10000000"),
+        "cupool check: events of JAX's record (arrays seen to appear and go) each Python process keeps per \
+         device, for growth inside its arena by array (0..10000000); 0 = not recorded";
+    #[serde(skip)]
     cupy_history: u64 = "200000", Rule::Range(0, 10_000_000, "a number of events, 0..10000000"),
         "cupool check: events of CuPy's arrays (made and let go, with their Python lines) each Python process \
          keeps per device, for growth inside its memory pool by array (0..10000000); 0 = not recorded";
@@ -800,6 +804,7 @@ mod tests {
             ("growth_phases", "a number of phases, 3..1000"),
             ("torch_history", "a number of events, 0..10000000"),
             ("jax_history_ms", "a number of milliseconds, 0..60000"),
+            ("jax_history", "a number of events, 0..10000000"),
             ("cupy_history", "a number of events, 0..10000000"),
         ];
         let keys: Vec<&str> = OPTION_HELP.iter().map(|(k, _, _)| *k).filter(|k| *k != "run_id").collect();
@@ -829,6 +834,7 @@ mod tests {
             ("baseline_growth", 0, 1000),
             ("torch_history", 0, 10_000_000),
             ("jax_history_ms", 0, 60_000),
+            ("jax_history", 0, 10_000_000),
             ("cupy_history", 0, 10_000_000),
         ] {
             for (n, ok) in
@@ -875,9 +881,9 @@ mod tests {
             python_depth in 0u32..=64,
             check in (any::<u8>(), any::<u64>(), proptest::sample::subsequence(LEAK_KINDS.to_vec(), 0..=3), 3u32..=1000),
             budgets in (any::<u64>(), 0u32..=1000, any::<u64>()),
-            histories in (0u64..=10_000_000, 0u64..=60_000, 0u64..=10_000_000),
+            histories in (0u64..=10_000_000, 0u64..=60_000, 0u64..=10_000_000, 0u64..=10_000_000),
         ) {
-            let (torch_history, jax_history_ms, cupy_history) = histories;
+            let (torch_history, jax_history_ms, jax_history, cupy_history) = histories;
             let (exitcode, max_leak_bytes, kinds, growth_phases) = check;
             let (max_peak_bytes, baseline_growth, baseline_slack) = budgets;
             let fail_on = if kinds.is_empty() { "none".to_string() } else { kinds.join(",") };
@@ -885,7 +891,8 @@ mod tests {
                 mode: if pool { Mode::Pool } else { Mode::Passthrough },
                 log_dir, log, trace, run_id, flush_ms, limit, verbosity, fence_us, give_back, backing, direct_min, magazines, nvtx,
                 stack_depth, python_depth, exitcode, max_leak_bytes, fail_on, max_peak_bytes, baseline_growth,
-                baseline_slack, growth_phases, torch_history, jax_history_ms, cupy_history,
+                baseline_slack, growth_phases, torch_history, jax_history_ms, jax_history,
+                cupy_history,
             };
             let spec = format(&o);
             let (back, errors) = parse(&spec);

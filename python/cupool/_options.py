@@ -12,6 +12,7 @@ DEFAULTS = {
     "python_depth": "16",
     "run_id": "",
     "jax_history_ms": "100",
+    "jax_history": "200000",
     "cupy_history": "200000",
     "torch_history": "200000",
     "verbosity": "1",

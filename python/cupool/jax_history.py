@@ -28,6 +28,7 @@ Nothing here raises into the program or prints, except notes on stderr
 with ``verbosity=2``.
 """
 
+import collections
 import os
 import sys
 import threading
@@ -67,8 +68,9 @@ def _prepare(jax):
     opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
     _state["verbose"] = integer(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
     period_ms = integer(opts.get("jax_history_ms"), int(DEFAULTS["jax_history_ms"]))
+    entries = integer(opts.get("jax_history"), int(DEFAULTS["jax_history"]))
     depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
-    if not option(opts, "run_id") or not flag(option(opts, "log"), True) or period_ms <= 0:
+    if not option(opts, "run_id") or not flag(option(opts, "log"), True) or min(period_ms, entries) <= 0:
         return
     import cupool
 
@@ -89,7 +91,10 @@ def _prepare(jax):
         next_key=1,
         stacks=[],
         by_frames={},
-        events={},  # device -> [[action, key, size, time_us, stack], ...]
+        entries=entries,
+        # device -> a ring of [action, key, size, time_us, stack]: a long run
+        # keeps its last events, in bounded memory.
+        events={},
         edges=[],  # [[edge, name, time_us], ...]: phases made with cupool's API
         samples=0,
     )
@@ -205,7 +210,7 @@ def _same(ref, array):
 
 def _event(action, entry, now_us):
     key, nbytes, device, stack, _ = entry
-    _state["events"].setdefault(device, []).append(
+    _state["events"].setdefault(device, collections.deque(maxlen=_state["entries"])).append(
         [action, key, nbytes, now_us, stack if action == "alloc" else None]
     )
 
@@ -228,9 +233,11 @@ def _at_exit():
             "run_id": _state["run_id"],
             "jax": str(getattr(jax, "__version__", "")),
             "period_ms": int(_state["period"] * 1000),
+            "max_entries": _state["entries"],
             "stacks": _state["stacks"],
             "devices": [
-                {"device": d, "events": e, "full": False} for d, e in sorted(_state["events"].items())
+                {"device": d, "events": list(e), "full": len(e) == e.maxlen}
+                for d, e in sorted(_state["events"].items())
             ],
             "segments": [],
             "phases": _state["edges"],

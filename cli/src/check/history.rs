@@ -91,7 +91,7 @@ impl Framework {
     pub fn size_option(self) -> &'static str {
         match self {
             Framework::Torch => "torch_history",
-            Framework::Jax => "jax_history_ms",
+            Framework::Jax => "jax_history",
             Framework::Cupy => "cupy_history",
         }
     }

@@ -97,7 +97,7 @@ pub struct MergeArgs {
 const CHECK_OPTIONS: [&str; 7] =
     ["exitcode", "max_leak_bytes", "fail_on", "growth_phases", "max_peak_bytes", "baseline_growth", "baseline_slack"];
 /// The options of `cupool check` that concern how the program is run (not `merge`'s).
-const RUN_CHECK_OPTIONS: [&str; 3] = ["torch_history", "jax_history_ms", "cupy_history"];
+const RUN_CHECK_OPTIONS: [&str; 4] = ["torch_history", "jax_history_ms", "jax_history", "cupy_history"];
 
 /// The end of `check --help` (`merge --help` when not `run`).
 pub fn help(run: bool) -> String {
@@ -251,14 +251,16 @@ pub fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(exit::COULD_NOT_CHECK);
         }
     };
-    let env = python::environment(opts.torch_history > 0 || opts.jax_history_ms > 0 || opts.cupy_history > 0)
-        .unwrap_or_else(|e| {
-            eprintln!(
-                "{CHECK}: note: the Python package cannot be set up ({e}); test leaks are not checked, nor growth \
+    let env = python::environment(
+        opts.torch_history > 0 || (opts.jax_history_ms > 0 && opts.jax_history > 0) || opts.cupy_history > 0,
+    )
+    .unwrap_or_else(|e| {
+        eprintln!(
+            "{CHECK}: note: the Python package cannot be set up ({e}); test leaks are not checked, nor growth \
              inside PyTorch's cache, JAX's arena or CuPy's pool by object"
-            );
-            Vec::new()
-        });
+        );
+        Vec::new()
+    });
     let launched = match run::launch(&args.launch, opts, CHECK, &env) {
         Ok(l) => l,
         Err(code) => return code,
