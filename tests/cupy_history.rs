@@ -221,11 +221,7 @@ print("result: ok steps=40 kept=%d memory=%s pool=%s" % (len(kept), type(mem).__
 
 /// The line of `TRAIN` marked ALLOCATED.
 fn planted_line() -> u64 {
-    TRAIN.lines().position(|l| l.contains("# ALLOCATED")).unwrap() as u64 + 1
-}
-
-fn python() -> String {
-    std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+    line_of(TRAIN, "# ALLOCATED")
 }
 
 /// A directory with the stand-in cupy and the script.
@@ -245,7 +241,7 @@ fn project(name: &str) -> PathBuf {
 
 /// `cupool check --json` of `python3 train.py` in `dir`, with `env` and `flags`.
 fn check(dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
-    check_python(dir, flags, &[&python(), "train.py"], |cmd| {
+    check_python(dir, flags, &[&python_program(), "train.py"], |cmd| {
         cmd.envs(env.iter().copied());
     })
 }
@@ -368,7 +364,7 @@ fn fft_plans_the_program_keeps_are_its_own() {
     assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
     let failing = failing_findings(&doc);
     assert_eq!(failing.len(), 1, "{}", show_run(&out));
-    let line = TRAIN.lines().position(|l| l.contains("# PLAN")).unwrap() + 1;
+    let line = line_of(TRAIN, "# PLAN");
     assert_eq!(finding_places(failing[0]).last(), Some(&format!("train.py:{line}")), "{}", failing[0]);
 }
 

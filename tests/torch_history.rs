@@ -199,11 +199,7 @@ print("result: ok steps=40 kept=%d history=%s" % (len(kept), torch.cuda.memory._
 
 /// The line of `TRAIN` marked ALLOCATED.
 fn planted_line() -> u64 {
-    TRAIN.lines().position(|l| l.contains("# ALLOCATED")).unwrap() as u64 + 1
-}
-
-fn python() -> String {
-    std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+    line_of(TRAIN, "# ALLOCATED")
 }
 
 /// A directory with the stand-in torch, the script and an output directory for the stub.
@@ -222,7 +218,7 @@ fn project(name: &str) -> PathBuf {
 
 /// `cupool check --json` of `python3 <script>` in `dir`, with `env` and `flags`.
 fn check(dir: &Path, script: &str, flags: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
-    check_python(dir, flags, &[&python(), script], |cmd| {
+    check_python(dir, flags, &[&python_program(), script], |cmd| {
         cmd.env("STUB_OUT", dir.join("out"))
             .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
             .env_remove("PYTORCH_CUDA_ALLOC_CONF")
@@ -382,14 +378,14 @@ fn the_environments_own_sitecustomize_still_runs() {
     }
     // One that fails is reported by Python as before, and the program runs on.
     fs::write(dir.join("site/sitecustomize.py"), "raise ValueError('broken on purpose')\n").unwrap();
-    let plain = std::process::Command::new(python())
+    let plain = std::process::Command::new(python_program())
         .current_dir(&dir)
         .args(["-c", "print('ran')"])
         .env("PYTHONPATH", &pythonpath)
         .output()
         .unwrap();
     let mut cmd = cupool_command(
-        &["check", "--log-dir", dir.join("logs2").to_str().unwrap(), "--", &python(), "-c", "print('ran')"],
+        &["check", "--log-dir", dir.join("logs2").to_str().unwrap(), "--", &python_program(), "-c", "print('ran')"],
         &dir.join("stats"),
     );
     let under = cmd.current_dir(&dir).env("PYTHONPATH", &pythonpath).output().unwrap();
@@ -416,7 +412,8 @@ print(trim(lib, 16)[-1], trim(lib[:5] + own, 16) == tuple(lib[:5] + own))
 print(trim(lib[:16], 16, iter(own))[-1], trim(own[:1] + lib[:15], 16, iter(own))[-1][0])
 "#;
     let python_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
-    let out = std::process::Command::new(python()).args(["-c", code]).env("PYTHONPATH", python_dir).output().unwrap();
+    let out =
+        std::process::Command::new(python_program()).args(["-c", code]).env("PYTHONPATH", python_dir).output().unwrap();
     assert_eq!(
         stdout_of(&out),
         "('<module>', '/repo/train.py', 42) 16\n\

@@ -1130,3 +1130,13 @@ pub fn sidecar_docs(logs: &Path, stem: &str) -> Vec<Value> {
     names.sort();
     names.iter().map(|p| serde_json::from_str(&fs::read_to_string(p).unwrap()).expect("one JSON document")).collect()
 }
+
+/// The Python the tests run: `$PYTHON`, else `python3`.
+pub fn python_program() -> String {
+    std::env::var("PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+}
+
+/// The number (from 1) of the first line of `text` that holds `marker`.
+pub fn line_of(text: &str, marker: &str) -> u64 {
+    text.lines().position(|l| l.contains(marker)).expect("the marker is in the text") as u64 + 1
+}
