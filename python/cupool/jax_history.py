@@ -95,7 +95,9 @@ def _prepare(jax):
         # device -> a ring of [action, key, size, time_us, stack]: a long run
         # keeps its last events, in bounded memory.
         events={},
-        edges=[],  # [[edge, name, time_us], ...]: phases made with cupool's API
+        # [[edge, name, time_us], ...]: phases made with cupool's API, the
+        # last ones as the events are.
+        edges=collections.deque(maxlen=entries),
         samples=0,
     )
     cupool._edge_hooks.append(_at_edge)
@@ -240,7 +242,7 @@ def _at_exit():
                 for d, e in sorted(_state["events"].items())
             ],
             "segments": [],
-            "phases": _state["edges"],
+            "phases": list(_state["edges"]),
         }
         path = write(_state["log_dir"], os.getpid(), doc, stem="cupool-jax")
         _note("wrote %s" % path)
