@@ -87,21 +87,25 @@ fn run(finish: FinishOnSignal) {
         let still = ready > 0 && WAKE_RD.get() == Some(rd);
         // SAFETY: `read` writes at most one byte into `byte`, a live local; `rd` is the pipe's read end (checked
         // just now), owned by this thread, non-blocking.
-        if still && unsafe { libc::read(rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0 {
-            if byte == EXEC && options::get().trace {
-                if let Some(file) = LOG.lock().as_mut() {
-                    file.drain(Duration::from_millis(10));
-                }
-                acknowledge(byte);
-                continue;
-            }
+        let asked = still && unsafe { libc::read(rd, (&mut byte as *mut u8).cast(), 1) } == 1 && byte != 0;
+        // A traced `exec` asks only for what is queued, the period's own work.
+        if asked && !(byte == EXEC && options::get().trace) {
             finish(byte as i32);
             acknowledge(byte);
             return;
         }
-        match LOG.lock().as_mut() {
-            Some(file) => file.drain(Duration::from_millis(10)),
-            None => return, // finished
+        let open = match LOG.lock().as_mut() {
+            Some(file) => {
+                file.drain(Duration::from_millis(10));
+                true
+            }
+            None => false, // finished
+        };
+        if asked {
+            acknowledge(byte);
+        }
+        if !open {
+            return;
         }
     }
 }
