@@ -395,14 +395,14 @@ fn the_environments_own_sitecustomize_still_runs() {
     assert!(stderr_of(&under).starts_with(line), "{}", stderr_of(&under));
 }
 
-/// `cupool.torch_history.trim`, which the recorders cut stacks with: a
+/// `cupool._record.trim`, which the recorders cut stacks with: a
 /// stack deeper than `python_depth` through libraries (a compiled model's)
 /// keeps the program's own line last, read from the frames past the list
 /// only when needed; a short one is kept whole.
 #[test]
 fn a_deep_stack_keeps_the_programs_line() {
     let code = r#"
-from cupool.torch_history import trim
+from cupool._record import trim
 lib = [("f%d" % i, "/v/lib/python3.12/site-packages/torch/x.py", i) for i in range(30)]
 own = [("<module>", "/repo/train.py", 42), ("main", "/repo/run.py", 7)]
 gen = [("call", "/tmp/torchinductor_root/ab/c.py", 3)]

@@ -28,19 +28,17 @@ import sys
 import threading
 import time
 
-from cupool._options import DEFAULTS, flag, integer, option, parse_options
-from cupool.torch_history import trim as _trim
-from cupool.torch_history import write as _write
+from cupool._options import DEFAULTS, integer, option
+from cupool._record import Stacks, check_options, trim, write
 
 SCHEMA = "cupool-cupy"
 VERSION = 1
 DEFAULT_DEPTH = int(DEFAULTS["python_depth"])
 # Frames looked at for the program's own line past the ones kept (see
-# `cupool.torch_history.trim`).
+# `cupool._record.trim`).
 _DEEPEST = 256
 
 _state = {"started": False}
-_lock = threading.Lock()
 
 
 def _note(text):
@@ -62,11 +60,11 @@ def cupy_imported(cupy):
 def _prepare(cupy):
     if _state["started"]:
         return
-    opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
+    opts = check_options()
+    if opts is None:
+        return
     _state["verbose"] = integer(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
     depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
-    if not option(opts, "run_id") or not flag(option(opts, "log"), True):
-        return
     entries = integer(opts.get("cupy_history"), int(DEFAULTS["cupy_history"]))
     if entries <= 0:
         return
@@ -93,8 +91,7 @@ def _prepare(cupy):
         cupy=cupy,
         memory=memory,
         inner=inner,
-        stacks=[],
-        by_frames={},
+        stacks=Stacks(),
         # device -> [(action, address, size, time_us, stack), ...]: tuples of
         # numbers and text, which the garbage collector stops tracking.
         events={},
@@ -210,18 +207,7 @@ def _stack(frame):
         code = frame.f_code
         frames.append((code.co_name, code.co_filename, frame.f_lineno or 0))
         frame = frame.f_back
-    key = _trim(frames, depth, () if frame is None else _frames(frame))
-    stack = _state["by_frames"].get(key)
-    if stack is None:
-        listed = [list(f) for f in key]
-        # Only dictionary and list operations under the lock: nothing there
-        # makes Python objects that could run a finalizer or a handler.
-        with _lock:
-            stack = _state["by_frames"].get(key)
-            if stack is None:
-                _state["stacks"].append(listed)
-                stack = _state["by_frames"][key] = len(_state["stacks"]) - 1
-    return stack
+    return _state["stacks"].id_of(trim(frames, depth, () if frame is None else _frames(frame)))
 
 
 def _held_by_plans():
@@ -290,7 +276,7 @@ def _at_exit():
             "pid": os.getpid(),
             "run_id": _state["run_id"],
             "cupy": str(getattr(_state["cupy"], "__version__", "")),
-            "stacks": _state["stacks"],
+            "stacks": _state["stacks"].listed,
             "max_entries": _state["entries"],
             "devices": [
                 {"device": d, "events": _cached(list(e), plans), "full": len(e) == e.maxlen}
@@ -298,7 +284,7 @@ def _at_exit():
             ],
             "segments": [],
         }
-        path = _write(_state["log_dir"], os.getpid(), doc, stem="cupool-cupy")
+        path = write(_state["log_dir"], os.getpid(), doc, stem=SCHEMA)
         _note("wrote %s" % path)
     except Exception as e:
         _note("not written: %r" % (e,))

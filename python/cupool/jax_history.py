@@ -35,8 +35,8 @@ import threading
 import time
 import weakref
 
-from cupool._options import DEFAULTS, flag, integer, option, parse_options
-from cupool.torch_history import trim
+from cupool._options import DEFAULTS, integer, option
+from cupool._record import Stacks, check_options, trim, write
 
 SCHEMA = "cupool-jax"
 VERSION = 1
@@ -65,12 +65,14 @@ def jax_imported(jax):
 def _prepare(jax):
     if _state["started"]:
         return
-    opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
+    opts = check_options()
+    if opts is None:
+        return
     _state["verbose"] = integer(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
     period_ms = integer(opts.get("jax_history_ms"), int(DEFAULTS["jax_history_ms"]))
     entries = integer(opts.get("jax_history"), int(DEFAULTS["jax_history"]))
     depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
-    if not option(opts, "run_id") or not flag(option(opts, "log"), True) or min(period_ms, entries) <= 0:
+    if min(period_ms, entries) <= 0:
         return
     import cupool
 
@@ -89,8 +91,7 @@ def _prepare(jax):
         run_id=option(opts, "run_id"),
         live={},  # id(array) -> (key, nbytes, device, stack, weak reference)
         next_key=1,
-        stacks=[],
-        by_frames={},
+        stacks=Stacks(),
         entries=entries,
         # device -> a ring of [action, key, size, time_us, stack]: a long run
         # keeps its last events, in bounded memory.
@@ -132,11 +133,7 @@ def _stack_of(array):
     if not frames:
         return None
     key = trim([(str(f.function_name), str(f.file_name), int(f.line_num or 0)) for f in frames], _state["depth"])
-    stack = _state["by_frames"].get(key)
-    if stack is None:
-        stack = _state["by_frames"][key] = len(_state["stacks"])
-        _state["stacks"].append([list(f) for f in key])
-    return stack
+    return _state["stacks"].id_of(key)
 
 
 def _device_of(array):
@@ -225,8 +222,6 @@ def _at_exit():
         _state["done"] = True
         if not _state["samples"]:
             return  # JAX never used a device here
-        from cupool.torch_history import write
-
         jax = _state["jax"]
         doc = {
             "schema": SCHEMA,
@@ -236,7 +231,7 @@ def _at_exit():
             "jax": str(getattr(jax, "__version__", "")),
             "period_ms": int(_state["period"] * 1000),
             "max_entries": _state["entries"],
-            "stacks": _state["stacks"],
+            "stacks": _state["stacks"].listed,
             "devices": [
                 {"device": d, "events": list(e), "full": len(e) == e.maxlen}
                 for d, e in sorted(_state["events"].items())
@@ -244,7 +239,7 @@ def _at_exit():
             "segments": [],
             "phases": list(_state["edges"]),
         }
-        path = write(_state["log_dir"], os.getpid(), doc, stem="cupool-jax")
+        path = write(_state["log_dir"], os.getpid(), doc, stem=SCHEMA)
         _note("wrote %s" % path)
     except Exception as e:
         _note("not written: %r" % (e,))

@@ -23,12 +23,12 @@ never use it. Nothing here raises into the program or prints, except notes
 on stderr with ``verbosity=2``.
 """
 
-import itertools
 import os
 import sys
 import threading
 
-from cupool._options import DEFAULTS, flag, integer, option, parse_options
+from cupool._options import DEFAULTS, integer, option
+from cupool._record import Stacks, check_options, trim, write
 
 SCHEMA = "cupool-torch"
 VERSION = 1
@@ -89,12 +89,14 @@ def torch_imported(torch):
 def _prepare(torch):
     if _state["started"]:
         return
-    opts = parse_options(os.environ.get("CUPOOL_OPTIONS", ""))
+    opts = check_options()
+    if opts is None:
+        return  # not started by cupool check (which tags its runs), or no log to sit beside
     _state["verbose"] = integer(opts.get("verbosity"), int(DEFAULTS["verbosity"])) >= 2
     entries = integer(opts.get("torch_history"), DEFAULT_ENTRIES)
     depth = integer(opts.get("python_depth"), DEFAULT_DEPTH)
-    if not option(opts, "run_id") or not flag(option(opts, "log"), True) or entries <= 0:
-        return  # not started by cupool check (which tags its runs), or no log to sit beside
+    if entries <= 0:
+        return
     import cupool
 
     if not cupool.available():
@@ -158,7 +160,7 @@ def _at_exit():
             torch=str(getattr(torch, "__version__", "")),
             max_entries=_state["entries"],
         )
-        path = write(_state["log_dir"], os.getpid(), doc)
+        path = write(_state["log_dir"], os.getpid(), doc, stem=SCHEMA)
         _note("wrote %s" % path)
     except Exception as e:
         _note("not written: %r" % (e,))
@@ -192,62 +194,13 @@ def _snapshot_without_inductor(torch):
             torch.__getattr__ = lazy
 
 
-# Where Python code that the program's authors did not write lies: installed
-# packages, the standard library, code generated at run time (PyTorch's
-# compiled graphs in its inductor cache), test runners and cupool. As
-# cupool check tells frames apart (cli/src/sites.rs, `ShownFrame::origin`).
-_LIBRARY = (
-    "site-packages/",
-    "dist-packages/",
-    "/lib/python3",
-    "/lib64/python3",
-    "/torchinductor_",
-    "/_pytest/",
-    "/pluggy/",
-    "/pytest/",
-    "/unittest/",
-    "/xdist/",
-    "/execnet/",
-)
-
-
-_library_files = {}
-
-
-def _is_library(file):
-    known = _library_files.get(file)
-    if known is None:
-        known = file.startswith("<") or file.endswith("/pytest") or os.path.basename(os.path.dirname(file)) == "cupool"
-        known = _library_files[file] = known or any(part in file for part in _LIBRARY)
-    return known
-
-
-def trim(frames, depth, beyond=()):
-    """``frames`` (a list of ``(function, file, line)``, innermost first,
-    then those of the iterable ``beyond``, read no further than needed) cut
-    to ``depth`` as a tuple. A stack deeper than that through libraries (a
-    compiled model's call passes some thirty frames of PyTorch's before the
-    tensor is made) keeps its innermost ``depth - 1`` frames and, last, the
-    first frame of the program's own beyond them: the line a finding names."""
-    if depth <= 0:
-        return ()
-    if len(frames) < depth:
-        return tuple(frames)
-    head, last = tuple(frames[: depth - 1]), frames[depth - 1]
-    if _is_library(last[1]) and all(_is_library(f[1]) for f in head):
-        rest = itertools.chain(frames[depth:], beyond)
-        last = next((f for f in rest if not _is_library(f[1])), last)
-    return head + (last,)
-
-
 def reduce(snapshot, depth, entries):
     """What the check needs of ``torch.cuda.memory._snapshot()``: per device,
     events ``[action, addr, size, time_us, stack]`` (``stack`` an index into
     ``stacks``, or None), each distinct Python stack once as
     ``[[function, file, line], ...]`` (innermost first, at most ``depth``
     frames, see `trim`), and the segments the cache held at the end."""
-    stacks = []
-    by_frames = {}
+    stacks = Stacks()
     by_list = {}
     devices = []
     for device, trace in enumerate(snapshot.get("device_traces") or ()):
@@ -266,50 +219,13 @@ def reduce(snapshot, depth, entries):
                         [(str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line", 0) or 0)) for f in frames],
                         depth,
                     )
-                    stack = by_frames.get(key)
-                    if stack is None:
-                        stack = by_frames[key] = len(stacks)
-                        stacks.append([list(f) for f in key])
-                    by_list[id(frames)] = stack
+                    stack = by_list[id(frames)] = stacks.id_of(key)
             events.append([action, int(e.get("addr", 0)), int(e.get("size", 0)), int(e.get("time_us", 0)), stack])
         devices.append({"device": device, "events": events, "full": len(trace) >= entries})
     segments = [
         [int(s.get("device", 0)), int(s.get("address", 0)), int(s.get("total_size", 0))]
         for s in snapshot.get("segments") or ()
     ]
-    return {"schema": SCHEMA, "version": VERSION, "stacks": stacks, "devices": devices, "segments": segments}
+    return {"schema": SCHEMA, "version": VERSION, "stacks": stacks.listed, "devices": devices, "segments": segments}
 
 
-def write(log_dir, pid, doc, stem="cupool-torch"):
-    """Writes ``doc`` as ``<log_dir>/<stem>.<pid>.json`` (``.<n>.json`` when
-    that name is taken): to a temporary file first, then linked into place,
-    so a reader never sees half a file. Returns the path."""
-    import json
-
-    doc = dict(doc)
-    doc["complete"] = True
-    text = json.dumps(doc, separators=(",", ":"))
-    os.makedirs(log_dir, exist_ok=True)
-    tmp = os.path.join(log_dir, ".%s.%d.json.tmp" % (stem, pid))
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.write("\n")
-    try:
-        for n in range(1000):
-            name = "%s.%d.json" % (stem, pid) if n == 0 else "%s.%d.%d.json" % (stem, pid, n)
-            path = os.path.join(log_dir, name)
-            try:
-                os.link(tmp, path)
-                return path
-            except FileExistsError:
-                continue
-            except OSError:
-                # No hard links here: a rename, unless the name is taken.
-                if os.path.exists(path):
-                    continue
-                os.replace(tmp, path)
-                return path
-        raise OSError("no free name for %s.%d.json in %s" % (stem, pid, log_dir))
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -10,6 +10,7 @@ const PACKAGE: &[(&str, &str)] = &[
     ("pkg/cupool/__init__.py", include_str!("../../../python/cupool/__init__.py")),
     ("pkg/cupool/__main__.py", include_str!("../../../python/cupool/__main__.py")),
     ("pkg/cupool/_options.py", include_str!("../../../python/cupool/_options.py")),
+    ("pkg/cupool/_record.py", include_str!("../../../python/cupool/_record.py")),
     ("pkg/cupool/pytest_plugin.py", include_str!("../../../python/cupool/pytest_plugin.py")),
     ("pkg/cupool/torch_history.py", include_str!("../../../python/cupool/torch_history.py")),
     ("pkg/cupool/jax_history.py", include_str!("../../../python/cupool/jax_history.py")),
