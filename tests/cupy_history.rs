@@ -192,7 +192,9 @@ def set_allocator(allocator=None):
 /// `FFT=1` the plan cache gets a new plan every step, with `FFT=kept` the
 /// program keeps one itself. With `OWN=1` the program turns the pool off
 /// after importing CuPy, as scripts do with `cupy.cuda.set_allocator(None)`.
-/// A step takes 50 ms, as real ones do.
+/// With `DEEP=1` both arrays come from the same call chain of a library
+/// (`deeplib`), deeper than a small `python_depth`. A step takes 50 ms, as
+/// real ones do.
 const TRAIN: &str = r#"import os
 import time
 
@@ -210,8 +212,14 @@ for step in range(40):
         cupy.fft.get_plan_cache().add(step, cupy.cuda.cufft.Plan1d(1024 + step))
     if os.environ.get("FFT") == "kept":
         plans[step] = cupy.cuda.cufft.Plan1d(1024 + step)  # PLAN
-    x = cupy.empty(4096 + 512 * (step % 4))
-    out = cupy.empty(16384)  # ALLOCATED
+    if os.environ.get("DEEP") == "1":
+        import deeplib
+
+        x = deeplib.nest(6, 4096 + 512 * (step % 4))
+        out = deeplib.nest(6, 16384)  # DEEP
+    else:
+        x = cupy.empty(4096 + 512 * (step % 4))
+        out = cupy.empty(16384)  # ALLOCATED
     if os.environ.get("LEAK") == "1":
         kept.append(out)
     del x
@@ -227,16 +235,21 @@ fn planted_line() -> u64 {
 /// A directory with the stand-in cupy and the script.
 fn project(name: &str) -> PathBuf {
     let dir = scratch_dir(name);
-    fs::create_dir_all(dir.join("stub/cupy/cuda")).unwrap();
-    fs::write(dir.join("stub/cupy/__init__.py"), CUPY_INIT).unwrap();
-    fs::write(dir.join("stub/cupy/cuda/__init__.py"), CUPY_CUDA).unwrap();
-    fs::write(dir.join("stub/cupy/cuda/memory.py"), CUPY_MEMORY).unwrap();
-    fs::write(dir.join("stub/cupy/cuda/cufft.py"), CUPY_CUFFT).unwrap();
-    fs::create_dir_all(dir.join("stub/cupy/fft")).unwrap();
-    fs::write(dir.join("stub/cupy/fft/__init__.py"), "from ._cache import get_plan_cache\n").unwrap();
-    fs::write(dir.join("stub/cupy/fft/_cache.py"), CUPY_FFT_CACHE).unwrap();
+    stand_in(&dir.join("stub"));
     fs::write(dir.join("train.py"), TRAIN).unwrap();
     dir
+}
+
+/// The stand-in cupy in `root`.
+fn stand_in(root: &Path) {
+    fs::create_dir_all(root.join("cupy/cuda")).unwrap();
+    fs::write(root.join("cupy/__init__.py"), CUPY_INIT).unwrap();
+    fs::write(root.join("cupy/cuda/__init__.py"), CUPY_CUDA).unwrap();
+    fs::write(root.join("cupy/cuda/memory.py"), CUPY_MEMORY).unwrap();
+    fs::write(root.join("cupy/cuda/cufft.py"), CUPY_CUFFT).unwrap();
+    fs::create_dir_all(root.join("cupy/fft")).unwrap();
+    fs::write(root.join("cupy/fft/__init__.py"), "from ._cache import get_plan_cache\n").unwrap();
+    fs::write(root.join("cupy/fft/_cache.py"), CUPY_FFT_CACHE).unwrap();
 }
 
 /// `cupool check --json` of `python3 train.py` in `dir`, with `env` and `flags`.
@@ -381,4 +394,25 @@ fn the_record_keeps_its_last_events_in_bounded_memory() {
     assert_eq!(h[0]["devices"][0]["events"].as_array().unwrap().len(), 50);
     let note = "CuPy's record kept only its last 50 events per device (cupy_history)";
     assert!(stderr_of(&out).contains(note), "{}", show_run(&out));
+}
+
+#[test]
+fn stacks_alike_through_libraries_are_told_apart_by_the_program_past_them() {
+    // Both arrays of a step come through the same library frames, deeper
+    // than python_depth, from two lines of the program: each is named by its
+    // own line, however the recorder keeps the stacks it has seen.
+    let dir = project("cupy-deep");
+    let lib = dir.join("lib/site-packages");
+    stand_in(&lib);
+    fs::write(lib.join("deeplib.py"), "import cupy\n\n\ndef nest(k, n):\n    return nest(k - 1, n) if k else cupy.empty(n)\n")
+        .unwrap();
+    let (out, doc) = check_python(&dir, &["-o", "python_depth=4"], &[&python_program(), "train.py"], |cmd| {
+        cmd.envs([("LEAK", "1"), ("DEEP", "1")]).env("PYTHONPATH", &lib);
+    });
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
+    let failing = failing_findings(&doc);
+    assert_eq!(failing.len(), 1, "{}", show_run(&out));
+    let deep = format!("train.py:{}", line_of(TRAIN, "# DEEP"));
+    assert_eq!(finding_places(failing[0]).last(), Some(&deep), "{}", failing[0]);
+    assert_eq!(failing[0]["growth"]["bytes_per_phase"], 16384, "{}", failing[0]);
 }

@@ -29,7 +29,7 @@ import threading
 import time
 
 from cupool._options import DEFAULTS, integer, option
-from cupool._record import Stacks, check_options, trim, write
+from cupool._record import Stacks, _is_library, check_options, trim, write
 
 SCHEMA = "cupool-cupy"
 VERSION = 1
@@ -92,6 +92,12 @@ def _prepare(cupy):
         memory=memory,
         inner=inner,
         stacks=Stacks(),
+        # (code id, instruction, ...) of a stack's frames -> its stack's id,
+        # or -1 where its id depends on frames past them (`_stack`).
+        known_stacks={},
+        # The code objects of those keys, kept alive so that no other code
+        # object takes one's id while it names a stack.
+        known_code=set(),
         # device -> [(action, address, size, time_us, stack), ...]: tuples of
         # numbers and text, which the garbage collector stops tracking.
         events={},
@@ -100,6 +106,10 @@ def _prepare(cupy):
     memory.set_allocator(_allocate)
     import atexit
     import weakref
+
+    # A forked child records nothing (its parent writes the record): said
+    # once at the fork, not asked of every allocation.
+    os.register_at_fork(after_in_child=lambda: _state.update(done=True))
 
     # CuPy empties its FFT plan cache in a weakref finalizer at exit. The
     # first finalizer made registers all of theirs with atexit, whose hooks
@@ -158,7 +168,7 @@ _inside = threading.local()
 
 def _allocate(size):
     pooled = _state["inner"](size)
-    if _state.get("pid") != os.getpid() or _state.get("done") or getattr(_inside, "busy", False):
+    if _state.get("done") or getattr(_inside, "busy", False):
         # A forked child, the end, or an allocation made while one is being
         # recorded (a finalizer or a signal handler run meanwhile): not recorded.
         return pooled
@@ -200,14 +210,46 @@ def _frames(frame):
 
 
 def _stack(frame):
-    # Walking Python's frames is most of what a record costs: only as far
-    # as the frames kept, and past them only to find the program's own.
-    depth, frames = _state["depth"], []
-    while frame is not None and len(frames) < depth:
-        code = frame.f_code
-        frames.append((code.co_name, code.co_filename, frame.f_lineno or 0))
+    # Walking Python's frames is most of what a record costs. A stack seen
+    # before is known by its frames' code objects and the instruction each
+    # is at (its lines follow from those), which cost less to read than
+    # names and lines.
+    depth, known = _state["depth"], _state["known_stacks"]
+    key, f = [], frame
+    for _ in range(depth):
+        if f is None:
+            break
+        key.append(id(f.f_code))
+        key.append(f.f_lasti)
+        f = f.f_back
+    key.append(f is None)
+    key = tuple(key)
+    at = known.get(key, -1)
+    if at >= 0:
+        return at
+    # Read only as far as the frames kept, and past them only to find the
+    # program's own.
+    frames, f = [], frame
+    while f is not None and len(frames) < depth:
+        code = f.f_code
+        frames.append((code.co_name, code.co_filename, f.f_lineno or 0))
+        f = f.f_back
+    at = _state["stacks"].id_of(trim(frames, depth, () if f is None else _frames(f)))
+    if key not in known:
+        # A stack all through libraries is named by a frame past the key's
+        # (`trim`): its id is not the key's to keep (-1).
+        past = f is not None and all(_is_library(fr[1]) for fr in frames)
+        _state["known_code"].update(fr.f_code for fr in _walk(frame, depth))
+        known[key] = -1 if past else at
+    return at
+
+
+def _walk(frame, depth):
+    for _ in range(depth):
+        if frame is None:
+            return
+        yield frame
         frame = frame.f_back
-    return _state["stacks"].id_of(trim(frames, depth, () if frame is None else _frames(frame)))
 
 
 def _held_by_plans():
