@@ -149,14 +149,18 @@ def _memory_class(memory):
         object (``pool``, ``identity``, ...) read through to it, and its
         ``free`` recorded."""
 
+        # No instance dictionary: one object fewer for each array.
+        __slots__ = ("_release",)
+
         def __getattr__(self, name):
-            release = self.__dict__.get("_release")
-            if release is None:
+            # Only for names found nowhere else; `_release` unset is not the
+            # pool's to answer.
+            if name == "_release":
                 raise AttributeError(name)
-            return getattr(release.pooled.mem, name)
+            return getattr(self._release.pooled.mem, name)
 
         def free(self):
-            release = self.__dict__["_release"]
+            release = self._release
             release.freed()
             release.pooled.mem.free()
 
