@@ -37,6 +37,9 @@ DEFAULT_DEPTH = int(DEFAULTS["python_depth"])
 # Frames looked at for the program's own line past the ones kept (see
 # `cupool._record.trim`).
 _DEEPEST = 256
+# Stacks known by their code and instructions (`_stack`) before all are
+# forgotten: a program that compiles code as it runs makes new ones.
+_KNOWN_STACKS = 1 << 16
 
 _state = {"started": False}
 
@@ -92,12 +95,10 @@ def _prepare(cupy):
         memory=memory,
         inner=inner,
         stacks=Stacks(),
-        # (code id, instruction, ...) of a stack's frames -> its stack's id,
-        # or -1 where its id depends on frames past them (`_stack`).
+        # (code id, instruction, ..., whole) of a stack's frames -> (its
+        # stack's id, or -1 where frames past them name it; their code
+        # objects): see `_stack`.
         known_stacks={},
-        # The code objects of those keys, kept alive so that no other code
-        # object takes one's id while it names a stack.
-        known_code=set(),
         # device -> [(action, address, size, time_us, stack), ...]: tuples of
         # numbers and text, which the garbage collector stops tracking.
         events={},
@@ -149,8 +150,9 @@ def _memory_class(memory):
         object (``pool``, ``identity``, ...) read through to it, and its
         ``free`` recorded."""
 
-        # No instance dictionary: one object fewer for each array.
-        __slots__ = ("_release",)
+        # No instance dictionary: one object fewer for each array (weak
+        # references to it still work, as to CuPy's own).
+        __slots__ = ("_release",) + (() if memory.UnownedMemory.__weakrefoffset__ else ("__weakref__",))
 
         def __getattr__(self, name):
             # Only for names found nowhere else; `_release` unset is not the
@@ -219,18 +221,29 @@ def _stack(frame):
     # is at (its lines follow from those), which cost less to read than
     # names and lines.
     depth, known = _state["depth"], _state["known_stacks"]
-    key, f = [], frame
+    key, codes, f = [], [], frame
     for _ in range(depth):
         if f is None:
             break
+        codes.append(f.f_code)
         key.append(id(f.f_code))
         key.append(f.f_lasti)
         f = f.f_back
     key.append(f is None)
     key = tuple(key)
-    at = known.get(key, -1)
-    if at >= 0:
-        return at
+    entry = known.get(key)
+    if entry is not None and entry[0] >= 0:
+        return entry[0]
+    if entry is not None:
+        # Every frame of the key in libraries: the program's first frame
+        # past them names the stack (`trim`), and completes the key.
+        program = _program_frame(f)
+        if program is not None:
+            codes.append(program.f_code)
+        key = key + ((id(program.f_code), program.f_lasti) if program is not None else None,)
+        entry = known.get(key)
+        if entry is not None:
+            return entry[0]
     # Read only as far as the frames kept, and past them only to find the
     # program's own.
     frames, f = [], frame
@@ -239,21 +252,25 @@ def _stack(frame):
         frames.append((code.co_name, code.co_filename, f.f_lineno or 0))
         f = f.f_back
     at = _state["stacks"].id_of(trim(frames, depth, () if f is None else _frames(f)))
-    if key not in known:
-        # A stack all through libraries is named by a frame past the key's
-        # (`trim`): its id is not the key's to keep (-1).
-        past = f is not None and all(_is_library(fr[1]) for fr in frames)
-        _state["known_code"].update(fr.f_code for fr in _walk(frame, depth))
-        known[key] = -1 if past else at
+    if len(known) >= _KNOWN_STACKS:
+        known.clear()  # programs that make code as they run: bounded
+    if f is not None and len(key) == 2 * depth + 1 and all(_is_library(fr[1]) for fr in frames):
+        known[key] = (-1, codes)  # completed by the program's frame, above
+    else:
+        # The entry keeps its code objects alive: while it is known, no other
+        # code object can take one's id.
+        known[key] = (at, codes)
     return at
 
 
-def _walk(frame, depth):
-    for _ in range(depth):
-        if frame is None:
-            return
-        yield frame
+def _program_frame(frame):
+    """The first frame from ``frame`` out, of those ``trim`` reads, that is
+    not in a library; None when there is none."""
+    for _ in range(_DEEPEST):
+        if frame is None or not _is_library(frame.f_code.co_filename):
+            return frame
         frame = frame.f_back
+    return None
 
 
 def _held_by_plans():
