@@ -20,9 +20,16 @@ rows=()
 python3 -m pytest --version >/dev/null 2>&1 || {
   python3 -m pip install -q --no-index --target $work/py $bin/pywheels/*.whl && export PYTHONPATH=$work/py${PYTHONPATH:+:$PYTHONPATH}
 }
-nvcc -g -O2 -arch=native -cudart shared -o $work/leaks_shared $src/leaks.cu -lcuda
-nvcc -g -O2 -arch=native -o $work/leaks_static $src/leaks.cu -lcuda
-nvcc -O2 -arch=native -cudart shared -o $work/cublas_clean $src/cublas_clean.cu -lcublas
+sections=${SECTIONS:-core unseen overhead}
+[ -n "${SKIP_OVERHEAD:-}" ] && sections=${sections/overhead/}
+has() { [[ " $sections " == *" $1 "* ]]; }
+# Whether ONLY keeps any of the rows named.
+wanted() { local n; for n in "$@"; do [[ $n =~ ${ONLY:-.} ]] && return 0; done; return 1; }
+if has core && wanted leaks-shared leaks-static cublas-clean cublas-clean-untraced; then
+  nvcc -g -O2 -arch=native -cudart shared -o $work/leaks_shared $src/leaks.cu -lcuda
+  nvcc -g -O2 -arch=native -o $work/leaks_static $src/leaks.cu -lcuda
+  nvcc -O2 -arch=native -cudart shared -o $work/cublas_clean $src/cublas_clean.cu -lcublas
+fi
 
 # check NAME EXPECT -- CMD...   (EXPECT as scripts/gpu/check_verdict.py takes it;
 # CHECK_FLAGS: more options of cupool check, such as --baseline FILE)
@@ -36,9 +43,6 @@ check() {
   [[ ${rows[-1]} == *"| FAIL |"* ]] && tail -n 5 $work/$name.err | sed 's/^/    /'
 }
 line() { grep -n "# ALLOCATED$" $src/$1 | cut -d: -f1; }
-sections=${SECTIONS:-core unseen overhead}
-[ -n "${SKIP_OVERHEAD:-}" ] && sections=${sections/overhead/}
-has() { [[ " $sections " == *" $1 "* ]]; }
 if has core; then
 check torch-clean-cache clean -- python3 $src/train_loop.py
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-clean-nocache clean -- python3 $src/train_loop.py
@@ -86,29 +90,39 @@ LEAK=1 check ddp-leak growth:ddp_loop.py:$(grep -n '# ALLOCATED' $src/ddp_loop.p
 check pytest-one-leak test:test_leaks_a_buffer:test_cuda_suite.py:$(grep -n "_kept.append" $src/pytest_suite/test_cuda_suite.py | cut -d: -f1) -- python3 -m pytest -q -p no:cacheprovider $src/pytest_suite
 check pytest-xdist-one-leak test:test_leaks_a_buffer -- python3 -m pytest -q -p no:cacheprovider -n 2 $src/pytest_suite
 for v in shared static; do
+  wanted leaks-$v || continue
   compute-sanitizer --leak-check full $work/leaks_$v > $work/sanitizer-$v.txt 2>&1
   check leaks-$v sanitizer:$work/sanitizer-$v.txt -- $work/leaks_$v
 done
 # What a user sees for one of them.
-sed -n 1,40p $work/torch-leak-nocache.err
+[ -f $work/torch-leak-nocache.err ] && sed -n 1,40p $work/torch-leak-nocache.err
 fi
 
 if has unseen; then
-for s in llama beam sample t5 repeat; do SHAPE=$s check hf-$s-clean clean -- python3 $src/hf_shapes.py; done
+for s in llama beam sample t5 repeat static assisted bert; do SHAPE=$s check hf-$s-clean clean -- python3 $src/hf_shapes.py; done
 check hf-trainer-clean clean -- python3 $src/hf_trainer.py
 LEAK=1 check hf-trainer-leak growth:hf_trainer.py:$(line hf_trainer.py) -- python3 $src/hf_trainer.py
 SHAPE=repeat LEAK=1 check hf-repeat-leak growth:hf_shapes.py:$(line hf_shapes.py) -- python3 $src/hf_shapes.py
-for s in compile graphs amp eval empty loader; do SHAPE=$s check torch-$s-clean clean -- python3 $src/torch_shapes.py; done
+SHAPE=bert LEAK=1 check hf-bert-leak growth:hf_shapes.py:$(line hf_shapes.py) -- python3 $src/hf_shapes.py
+for s in compile graphs amp eval empty loader accum streams sizes ema; do SHAPE=$s check torch-$s-clean clean -- python3 $src/torch_shapes.py; done
 SHAPE=eval LEAK=1 check torch-eval-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
 SHAPE=compile LEAK=1 check torch-compile-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
-for s in scan shapes donate; do
+SHAPE=accum LEAK=1 check torch-accum-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
+SHAPE=ema LEAK=1 LEAK_EVERY=5 check torch-ema-sparse-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 SHAPE=sizes check torch-sizes-nocache-clean clean -- python3 $src/torch_shapes.py
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 SHAPE=sizes LEAK=1 check torch-sizes-nocache-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
+for s in scan shapes donate adam host remat; do
   XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=$s check jax-$s-clean clean -- python3 $src/jax_shapes.py
 done
 XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=shapes LEAK=1 check jax-shapes-leak growth:jax_shapes.py:$(line jax_shapes.py) -- python3 $src/jax_shapes.py
-for s in fft kernel mixed; do SHAPE=$s check cupy-$s-clean clean -- python3 $src/cupy_shapes.py; done
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=host LEAK=1 check jax-host-leak growth:jax_shapes.py:$(line jax_shapes.py) -- python3 $src/jax_shapes.py
+for s in fft kernel mixed linalg streams; do SHAPE=$s check cupy-$s-clean clean -- python3 $src/cupy_shapes.py; done
 SHAPE=mixed LEAK=1 check cupy-mixed-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
 THREAD=1 SHAPE=mixed check cupy-thread-clean clean -- python3 $src/cupy_shapes.py
 THREAD=1 SHAPE=mixed LEAK=1 check cupy-thread-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
+SHAPE=streams LEAK=1 check cupy-streams-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
+for s in defer streams many; do SHAPE=$s check numba-$s-clean clean -- python3 $src/numba_shapes.py; done
+for s in defer many; do SHAPE=$s LEAK=1 check numba-$s-leak growth:numba_shapes.py:$(line numba_shapes.py) -- python3 $src/numba_shapes.py; done
 fi
 
 if has overhead; then

@@ -3,22 +3,9 @@
 import os
 import numpy as np
 
-if not hasattr(np, "row_stack"):
-    # numba-cuda's compiler still calls np.row_stack, which NumPy 2.5
-    # removed; its replacement is the same function.
-    np.row_stack = np.vstack
-from numba import cuda  # noqa: E402
+from numba_common import cuda, scale
 
 leak = os.environ.get("LEAK") == "1"
-
-
-@cuda.jit
-def scale(a, s):
-    i = cuda.grid(1)
-    if i < a.size:
-        a[i] *= s
-
-
 host = np.ones(1 << 20, dtype=np.float32)
 kept = []
 for step in range(30):
