@@ -38,8 +38,10 @@ DEFAULT_DEPTH = int(DEFAULTS["python_depth"])
 # `cupool._record.trim`).
 _DEEPEST = 256
 # Stacks known by their code and instructions (`_stack`) before all are
-# forgotten: a program that compiles code as it runs makes new ones.
-_KNOWN_STACKS = 1 << 16
+# forgotten: a program that compiles code as it runs makes new ones. An
+# entry takes about 1.5 KB at the default depth; real programs allocate
+# from hundreds of stacks.
+_KNOWN_STACKS = 1 << 12
 
 _state = {"started": False}
 
