@@ -404,8 +404,11 @@ fn stacks_alike_through_libraries_are_told_apart_by_the_program_past_them() {
     let dir = project("cupy-deep");
     let lib = dir.join("lib/site-packages");
     stand_in(&lib);
-    fs::write(lib.join("deeplib.py"), "import cupy\n\n\ndef nest(k, n):\n    return nest(k - 1, n) if k else cupy.empty(n)\n")
-        .unwrap();
+    fs::write(
+        lib.join("deeplib.py"),
+        "import cupy\n\n\ndef nest(k, n):\n    return nest(k - 1, n) if k else cupy.empty(n)\n",
+    )
+    .unwrap();
     let (out, doc) = check_python(&dir, &["-o", "python_depth=4"], &[&python_program(), "train.py"], |cmd| {
         cmd.envs([("LEAK", "1"), ("DEEP", "1")]).env("PYTHONPATH", &lib);
     });
