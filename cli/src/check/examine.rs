@@ -9,7 +9,7 @@ use super::history::{self, History};
 use super::site::{frame_texts, Namer, Site};
 use super::suppress::Suppressions;
 use crate::units::human_bytes;
-use cupool_core::model::{Allocation, Process};
+use cupool_core::model::{Allocation, EndedBy, Process};
 use cupool_core::options::Options;
 use std::collections::{HashMap, HashSet};
 
@@ -122,7 +122,8 @@ fn growth_leaks(
                         continue;
                     }
                     let held = |id| Held::Object { process: index, history: at, id };
-                    groups.add(LeakKind::Growth, &site, holdings(&objects, &g, held), process, Some(g.growth));
+                    let freed = freed_later(&objects, &g);
+                    groups.add(LeakKind::Growth, &site, holdings(&objects, &g, held), process, Some(g.growth), freed);
                 }
                 if h.wrapped() {
                     notes.push(format!(
@@ -181,7 +182,8 @@ fn growth_leaks(
                     continue;
                 }
                 let held = |id| Held::Allocation { process: index, id };
-                groups.add(LeakKind::Growth, &site, holdings(p, &g, held), process, Some(g.growth));
+                let freed = freed_later(p, &g);
+                groups.add(LeakKind::Growth, &site, holdings(p, &g, held), process, Some(g.growth), freed);
             }
         }
         // The framework's objects were judged: that the log, without its arena, repeats nothing is no news.
@@ -260,6 +262,12 @@ fn arena_objects(arena: &str) -> &'static str {
 }
 
 /// What a growing site holds at its last sample.
+/// Whether all that a grown site held at the last phase was freed later.
+fn freed_later(p: &Process, g: &Grown) -> bool {
+    !g.held.is_empty()
+        && g.held.iter().all(|&id| p.allocations[id].end.as_ref().is_some_and(|e| e.by != EndedBy::ContextDestroyed))
+}
+
 fn holdings(p: &Process, g: &Grown, held: impl Fn(usize) -> Held) -> Vec<Holding> {
     g.held.iter().map(|&id| Holding { what: held(id), bytes: p.allocations[id].size, allocations: 1 }).collect()
 }
@@ -301,7 +309,7 @@ fn exit_leaks(p: &Process, index: usize, process: &ProcessRef, namer: &mut Namer
             None => Held::ExitLeak { process: index, index: i },
         };
         let held = vec![Holding { what, bytes: leak.size, allocations: 1 }];
-        groups.add(LeakKind::Exit, &site, held, process, None);
+        groups.add(LeakKind::Exit, &site, held, process, None, false);
     }
 }
 
@@ -320,8 +328,17 @@ struct Entry {
 }
 
 impl Groups {
-    fn add(&mut self, kind: LeakKind, site: &Site, held: Vec<Holding>, process: &ProcessRef, growth: Option<Growth>) {
+    fn add(
+        &mut self,
+        kind: LeakKind,
+        site: &Site,
+        held: Vec<Holding>,
+        process: &ProcessRef,
+        growth: Option<Growth>,
+        freed_later: bool,
+    ) {
         let id = (kind, site.key.clone(), None);
+        let new = !self.index.contains_key(&id);
         let i = *self.index.entry(id).or_insert_with(|| {
             self.entries.push(Entry {
                 finding: Finding {
@@ -337,6 +354,7 @@ impl Groups {
             self.entries.len() - 1
         });
         let f = &mut self.entries[i].finding;
+        f.freed_later = freed_later && (new || f.freed_later);
         for h in held {
             f.hold(h);
         }

@@ -168,6 +168,12 @@ pub struct Finding {
     pub test: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub growth: Option<Growth>,
+    /// A growth leak whose memory, held at the last phase, was all freed
+    /// later, before the process ended (in every process it was found in):
+    /// a list kept for the loop's end, frees deferred over the whole loop.
+    /// The loop's memory still grows with its length.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub freed_later: bool,
     /// The suppression pattern that matched it, if one did: a suppressed
     /// finding is reported in a line, not as a failure.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -123,8 +123,9 @@ pub fn summary_markdown(findings: &Findings, root: &Path) -> String {
                 None => cell(&processes(f)),
             };
             s.push_str(&format!(
-                "| {} | {} | {} | {place} | {who} |\n",
+                "| {}{} | {} | {} | {place} | {who} |\n",
                 kind_name(f.kind),
+                if f.freed_later { " (freed later)" } else { "" },
                 human_bytes(f.bytes),
                 if f.count > 0 { f.count.to_string() } else { "?".into() }
             ));

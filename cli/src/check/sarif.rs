@@ -277,7 +277,8 @@ pub fn message(f: &Finding) -> String {
             f.test.as_deref().unwrap_or("?")
         ),
     };
-    let mut s = format!("{what}, in {}", processes(f));
+    let freed = if f.freed_later { format!(" ({})", super::text::FREED_LATER) } else { String::new() };
+    let mut s = format!("{what}{freed}, in {}", processes(f));
     if let Some(p) = &f.suppressed_by {
         s.push_str(&format!(" (suppressed by {p})"));
     }

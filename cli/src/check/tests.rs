@@ -275,3 +275,36 @@ fn a_finding_names_at_most_four_processes() {
     assert!(text.contains("  in pid 203 (rank 3): python ddp.py\n  and 2 more process(es)\n"), "{text}");
     assert_eq!(f.findings[0].processes.len(), 6);
 }
+
+#[test]
+fn growth_freed_only_after_the_loop_is_growth_and_says_so() {
+    // A list kept for the loop's end, freed after it: the loop's memory grows
+    // with its length, and the report says that it was all freed later.
+    for marked in [true, false] {
+        let mut b = LogBuilder::new(7, "python loop.py").python_site(1, &[("/src/loop.py", "step", 4)]);
+        let mut kept = Vec::new();
+        for step in 0..40 {
+            if marked {
+                b.mark(&format!("step {step}"));
+            }
+            let t = b.alloc(8192, None);
+            kept.push(b.alloc(1000, Some(1)));
+            b.free(t);
+        }
+        b.idle(1_000_000);
+        for p in kept {
+            b.free(p);
+        }
+        let f = examine(&[b.exit(0)], &[], vec![], &defaults(), &Options::default(), vec![]);
+        assert_eq!(f.findings.len(), 1, "{}", report(&f));
+        let g = &f.findings[0];
+        assert_eq!((g.kind, g.freed_later), (LeakKind::Growth, true), "{}", report(&f));
+        assert!(report(&f).contains(&format!("\n  {}\n", text::FREED_LATER)), "{}", report(&f));
+        assert!(super::sarif::message(g).contains(&format!("({}), in pid 7", text::FREED_LATER)));
+        assert!(f.verdict.fails, "still a leak a longer run dies of");
+    }
+    // Kept to the end: not freed later.
+    let f = examine(&[leaky_loop(5)], &[], vec![], &defaults(), &Options::default(), vec![]);
+    assert!(!f.findings.iter().any(|g| g.freed_later), "{}", report(&f));
+    assert!(!report(&f).contains(text::FREED_LATER));
+}

@@ -8,6 +8,11 @@ use crate::summary::short_cmdline;
 use crate::units::human_bytes;
 use std::io::{self, Write};
 
+/// What a growth leak whose memory was all freed before the process ended
+/// is told by, in every format.
+pub const FREED_LATER: &str =
+    "all of it was freed later, before the process ended: held while the loop ran, more the longer it runs";
+
 /// Frames shown per finding.
 const FRAMES: usize = 16;
 /// Processes named per finding.
@@ -64,14 +69,15 @@ pub fn write(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
 fn write_finding(f: &Finding, fail_on: &[LeakKind], out: &mut dyn Write) -> io::Result<()> {
     match (f.kind, &f.growth) {
         (LeakKind::Growth, Some(g)) => {
+            let (plural, when) = (g.sites > 1, if f.freed_later { "at the last phase" } else { "now" });
             writeln!(
                 out,
-                "Growing leak of {} byte(s) per phase over {} phases (site{} now hold{} {} byte(s) in {} allocation(s)) \
-                 allocated from:",
+                "Growing leak of {} byte(s) per phase over {} phases (site{} {when} hold{} {} byte(s) in {} \
+                 allocation(s)) allocated from:",
                 g.bytes_per_phase,
                 g.phases,
-                if g.sites > 1 { "s" } else { "" },
-                if g.sites > 1 { "" } else { "s" },
+                if plural { "s" } else { "" },
+                if plural { "" } else { "s" },
                 f.bytes,
                 f.count
             )?;
@@ -93,6 +99,9 @@ fn write_finding(f: &Finding, fail_on: &[LeakKind], out: &mut dyn Write) -> io::
             }
             if g.sites > 1 {
                 writeln!(out, "  the process's memory grew at {} sites; shown: the one that gained most", g.sites)?;
+            }
+            if f.freed_later {
+                writeln!(out, "  {FREED_LATER}")?;
             }
         }
         (LeakKind::Test, _) => {
