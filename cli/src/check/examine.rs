@@ -261,13 +261,13 @@ fn arena_objects(arena: &str) -> &'static str {
     }
 }
 
-/// What a growing site holds at its last sample.
 /// Whether all that a grown site held at the last phase was freed later.
 fn freed_later(p: &Process, g: &Grown) -> bool {
     !g.held.is_empty()
         && g.held.iter().all(|&id| p.allocations[id].end.as_ref().is_some_and(|e| e.by != EndedBy::ContextDestroyed))
 }
 
+/// What a growing site holds at its last sample.
 fn holdings(p: &Process, g: &Grown, held: impl Fn(usize) -> Held) -> Vec<Holding> {
     g.held.iter().map(|&id| Holding { what: held(id), bytes: p.allocations[id].size, allocations: 1 }).collect()
 }

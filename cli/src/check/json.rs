@@ -286,9 +286,12 @@ pub(crate) mod tests {
         let mut kind = good.clone();
         kind["findings"][1]["kind"] = "leakish".into();
         assert!(!v.is_valid(&kind));
-        let mut rule = good;
+        let mut rule = good.clone();
         rule["findings"][0]["rule"] = "cupool/test-leak".into(); // an exit finding
         assert!(!v.is_valid(&rule));
+        let mut freed = good;
+        freed["findings"][0]["freed_later"] = true.into(); // only growth leaks are freed later
+        assert!(!v.is_valid(&freed));
     }
 
     #[test]

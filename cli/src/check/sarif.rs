@@ -163,6 +163,9 @@ fn result(f: &Finding, root: &Path) -> Value {
     if let Some(g) = &f.growth {
         props["growth"] = json!(g);
     }
+    if f.freed_later {
+        props["freed_later"] = json!(true);
+    }
     r["properties"] = props;
     r
 }
@@ -262,8 +265,9 @@ pub fn message(f: &Finding) -> String {
         LeakKind::Exit => format!("{} in {} allocation(s) still allocated at exit", human_bytes(f.bytes), f.count),
         LeakKind::Growth => match &f.growth {
             Some(g) => format!(
-                "{} live from one site that grew by {} per phase over {} phases ({})",
+                "{} live{} from one site that grew by {} per phase over {} phases ({})",
                 human_bytes(f.bytes),
+                if f.freed_later { " at the last phase" } else { "" },
                 human_bytes(g.bytes_per_phase),
                 g.phases,
                 g.phases_from
@@ -277,8 +281,10 @@ pub fn message(f: &Finding) -> String {
             f.test.as_deref().unwrap_or("?")
         ),
     };
-    let freed = if f.freed_later { format!(" ({})", super::text::FREED_LATER) } else { String::new() };
-    let mut s = format!("{what}{freed}, in {}", processes(f));
+    let mut s = format!("{what}, in {}", processes(f));
+    if f.freed_later {
+        s.push_str(&format!("; {}", super::text::FREED_LATER));
+    }
     if let Some(p) = &f.suppressed_by {
         s.push_str(&format!(" (suppressed by {p})"));
     }

@@ -300,11 +300,16 @@ fn growth_freed_only_after_the_loop_is_growth_and_says_so() {
         let g = &f.findings[0];
         assert_eq!((g.kind, g.freed_later), (LeakKind::Growth, true), "{}", report(&f));
         assert!(report(&f).contains(&format!("\n  {}\n", text::FREED_LATER)), "{}", report(&f));
-        assert!(super::sarif::message(g).contains(&format!("({}), in pid 7", text::FREED_LATER)));
+        let message = super::sarif::message(g);
+        assert!(message.contains("live at the last phase from one site"), "{message}");
+        assert!(message.ends_with(&format!("in pid 7 (python loop.py); {}", text::FREED_LATER)), "{message}");
         assert!(f.verdict.fails, "still a leak a longer run dies of");
     }
     // Kept to the end: not freed later.
     let f = examine(&[leaky_loop(5)], &[], vec![], &defaults(), &Options::default(), vec![]);
     assert!(!f.findings.iter().any(|g| g.freed_later), "{}", report(&f));
     assert!(!report(&f).contains(text::FREED_LATER));
+    let growth = f.findings.iter().find(|g| g.kind == LeakKind::Growth).unwrap();
+    let message = super::sarif::message(growth);
+    assert!(message.starts_with("8.8 KiB live from one site") && message.ends_with("(python loop.py)"), "{message}");
 }

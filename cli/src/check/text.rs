@@ -69,17 +69,18 @@ pub fn write(f: &Findings, out: &mut dyn Write) -> io::Result<()> {
 fn write_finding(f: &Finding, fail_on: &[LeakKind], out: &mut dyn Write) -> io::Result<()> {
     match (f.kind, &f.growth) {
         (LeakKind::Growth, Some(g)) => {
-            let (plural, when) = (g.sites > 1, if f.freed_later { "at the last phase" } else { "now" });
+            let plural = g.sites > 1;
+            let holds = match (f.freed_later, plural) {
+                (true, _) => format!("held {} byte(s) in {} allocation(s) at the last phase", f.bytes, f.count),
+                (false, true) => format!("now hold {} byte(s) in {} allocation(s)", f.bytes, f.count),
+                (false, false) => format!("now holds {} byte(s) in {} allocation(s)", f.bytes, f.count),
+            };
             writeln!(
                 out,
-                "Growing leak of {} byte(s) per phase over {} phases (site{} {when} hold{} {} byte(s) in {} \
-                 allocation(s)) allocated from:",
+                "Growing leak of {} byte(s) per phase over {} phases (site{} {holds}) allocated from:",
                 g.bytes_per_phase,
                 g.phases,
                 if plural { "s" } else { "" },
-                if plural { "" } else { "s" },
-                f.bytes,
-                f.count
             )?;
             write_frames(f, out)?;
             match g.phases_from.as_str() {
