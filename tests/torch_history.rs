@@ -175,7 +175,8 @@ def _snapshot(device=None, augment_with_fx_traces=False):
     return {"segments": segments, "device_traces": [list(_traces)], "allocator_settings": {}}
 "#;
 
-/// The training loop: with `LEAK=1` every step's output is kept. A step
+/// The training loop: with `LEAK=1` every step's output is kept, with
+/// `LEAK=later` until the loop ends. A step
 /// takes 50 ms, as real ones take time: a loop over before the program ends
 /// by more than its own span and a second is set-up to the check, and a
 /// loop of 40 bare steps (a few milliseconds) was that whenever a busy host
@@ -191,9 +192,11 @@ for step in range(40):
     time.sleep(0.05)
     x = torch.empty(4096)
     out = torch.empty(16384)  # ALLOCATED
-    if os.environ.get("LEAK") == "1":
+    if os.environ.get("LEAK") in ("1", "later"):
         kept.append(out)
     del x
+if os.environ.get("LEAK") == "later":
+    kept.clear()  # kept for the loop's end only
 print("result: ok steps=40 kept=%d history=%s" % (len(kept), torch.cuda.memory._history is not None))
 "#;
 
@@ -245,6 +248,7 @@ fn a_tensor_kept_per_step_is_found_at_its_line() {
     assert_eq!(finding_places(f), [format!("train.py:{}", planted_line())], "{f}");
     assert_eq!(f["growth"]["bytes_per_phase"], 16384, "{f}");
     assert_eq!(f["growth"]["phases_from"], "repetition", "{f}");
+    assert!(f.get("freed_later").is_none(), "kept to the end: {f}");
     let err = stderr_of(&out);
     let frame = format!("    #0 <module> {}:{} [python]\n", dir.join("train.py").display(), planted_line());
     assert!(err.contains("Growing leak of 16384 byte(s) per phase") && err.contains(&frame), "{err}");
@@ -267,6 +271,20 @@ fn a_tensor_kept_per_step_is_found_at_its_line() {
         asked, "[('context', 'alloc'), ('enabled', 'all'), ('max_entries', 200000), ('stacks', 'python')]",
         "what _record_memory_history was asked"
     );
+}
+
+#[test]
+fn tensors_kept_for_the_loops_end_are_growth_freed_later() {
+    let dir = project("torch-later");
+    let (out, doc) = check(&dir, "train.py", &[], &[("LEAK", "later")]);
+    assert_eq!(out.status.code(), Some(23), "{}", show_run(&out));
+    let failing = failing_findings(&doc);
+    assert_eq!(failing.len(), 1, "{}", show_run(&out));
+    let f = failing[0];
+    assert_eq!((f["kind"].as_str(), f["what"].as_str()), (Some("growth"), Some("PyTorch (tensor)")), "{f}");
+    assert_eq!(finding_places(f), [format!("train.py:{}", planted_line())], "{f}");
+    assert_eq!(f["freed_later"], true, "{f}");
+    assert!(stderr_of(&out).contains("\n  all of it was freed later, before the process ended"), "{}", show_run(&out));
 }
 
 #[test]
