@@ -223,11 +223,11 @@ def _stack(frame):
     # is at (its lines follow from those), which cost less to read than
     # names and lines.
     depth, known = _state["depth"], _state["known_stacks"]
-    key, codes, f = [], [], frame
+    key, kept, f = [], [], frame
     for _ in range(depth):
         if f is None:
             break
-        codes.append(f.f_code)
+        kept.append(f)
         key.append(id(f.f_code))
         key.append(f.f_lasti)
         f = f.f_back
@@ -236,31 +236,28 @@ def _stack(frame):
     entry = known.get(key)
     if entry is not None and entry[0] >= 0:
         return entry[0]
-    if entry is not None:
+    program = None
+    completed = entry is not None
+    if completed:
         # Every frame of the key in libraries: the program's first frame
         # past them names the stack (`trim`), and completes the key.
         program = _program_frame(f)
-        if program is not None:
-            codes.append(program.f_code)
         key = key + ((id(program.f_code), program.f_lasti) if program is not None else None,)
         entry = known.get(key)
         if entry is not None:
             return entry[0]
-    # Read only as far as the frames kept, and past them only to find the
-    # program's own.
-    frames, f = [], frame
-    while f is not None and len(frames) < depth:
-        code = f.f_code
-        frames.append((code.co_name, code.co_filename, f.f_lineno or 0))
-        f = f.f_back
+    # Names and lines only for a stack not known, and past the frames kept
+    # only to find the program's own.
+    frames = [(fr.f_code.co_name, fr.f_code.co_filename, fr.f_lineno or 0) for fr in kept]
     at = _state["stacks"].id_of(trim(frames, depth, () if f is None else _frames(f)))
+    # The entry keeps its code objects alive: while it is known, no other
+    # code object can take one's id.
+    codes = [fr.f_code for fr in kept] + ([program.f_code] if program is not None else [])
     if len(known) >= _KNOWN_STACKS:
         known.clear()  # programs that make code as they run: bounded
-    if f is not None and len(key) == 2 * depth + 1 and all(_is_library(fr[1]) for fr in frames):
-        known[key] = (-1, codes)  # completed by the program's frame, above
+    if not completed and f is not None and all(_is_library(fr[1]) for fr in frames):
+        known[key] = (-1, codes)  # to be completed by the program's frame, above
     else:
-        # The entry keeps its code objects alive: while it is known, no other
-        # code object can take one's id.
         known[key] = (at, codes)
     return at
 
