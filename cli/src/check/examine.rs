@@ -9,7 +9,7 @@ use super::history::{self, History};
 use super::site::{frame_texts, Namer, Site};
 use super::suppress::Suppressions;
 use crate::units::human_bytes;
-use cupool_core::model::{Allocation, EndedBy, Process};
+use cupool_core::model::{Allocation, EndedBy, Process, What};
 use cupool_core::options::Options;
 use std::collections::{HashMap, HashSet};
 
@@ -101,13 +101,18 @@ fn growth_leaks(
     let mut arena_stacks: HashSet<u32> = HashSet::new();
     let mut holders: HashSet<usize> = HashSet::new();
     let mut objects_judged = false;
+    // The last object a framework's record saw made: the process went on
+    // allocating until then, whatever the log saw.
+    let mut allocating_until = 0;
     for &(at, h) in histories {
         let (api, kind) = (h.framework.api(), h.framework.kind());
         let objects = h.process(p);
+        let last_made = objects.changes.iter().rev().find(|c| matches!(c.what, What::Alloc(_)));
+        allocating_until = allocating_until.max(last_made.map_or(0, |c| c.t_ns));
         let judged = if objects.allocations.is_empty() {
             Err(growth::NotChecked::NoObjects(kind))
         } else {
-            growth::analyse_process(&objects, min, skip, &|_| false)
+            growth::analyse_process(&objects, min, skip, &|_| false, 0)
         };
         let mut grown_stacks: HashSet<u32> = HashSet::new();
         match judged {
@@ -159,7 +164,7 @@ fn growth_leaks(
     let left_out = |a: &Allocation| {
         addresses.contains(&a.addr) || holders.contains(&a.event) || a.stack.is_some_and(|s| arena_stacks.contains(&s))
     };
-    match growth::analyse_leaving_out(p, min, skip, &left_out) {
+    match growth::analyse_leaving_out(p, min, skip, &left_out, allocating_until) {
         Ok(grown) => {
             for g in grown {
                 let site = match &g.key {

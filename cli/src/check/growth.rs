@@ -101,17 +101,21 @@ pub fn analyse(
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<Grown>, NotChecked> {
-    analyse_leaving_out(&Process::new(log.clone()), min_phases, skip_phase, &|_| false)
+    analyse_leaving_out(&Process::new(log.clone()), min_phases, skip_phase, &|_| false, 0)
 }
 
 /// The growing sites of process `p` without the allocations `left_out`
 /// names: memory whose growth is judged elsewhere, such as the segments of
-/// PyTorch's cache when its tensors were recorded.
+/// PyTorch's cache when its tensors were recorded. `allocating_until`: the
+/// time (in the log's clock) of the last allocation the process made that
+/// another record holds (a framework's objects; 0 if none), for finding
+/// the loop (see [`clock`]).
 pub fn analyse_leaving_out(
     p: &Process,
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
     left_out: &dyn Fn(&Allocation) -> bool,
+    allocating_until: u64,
 ) -> Result<Vec<Grown>, NotChecked> {
     if !p.log.header.options.trace {
         return Err(NotChecked::TraceOff);
@@ -119,17 +123,19 @@ pub fn analyse_leaving_out(
     if let Some(n) = p.log.end.as_ref().map(|e| e.dropped_events).filter(|&n| n > 0) {
         return Err(NotChecked::LostEvents(n));
     }
-    analyse_process(p, min_phases, skip_phase, left_out)
+    analyse_process(p, min_phases, skip_phase, left_out, allocating_until)
 }
 
 /// The growing sites of a timeline of allocations, frees and phases (a
 /// log's, or one made from another record of the same process's memory,
-/// such as PyTorch's allocation history).
+/// such as PyTorch's allocation history), `allocating_until` as
+/// [`analyse_leaving_out`] takes it.
 pub fn analyse_process(
     p: &Process,
     min_phases: usize,
     skip_phase: &dyn Fn(&str) -> bool,
     left_out: &dyn Fn(&Allocation) -> bool,
+    allocating_until: u64,
 ) -> Result<Vec<Grown>, NotChecked> {
     let replay = Replay::new(p, left_out);
     let mut found: Vec<Grown> = Vec::new();
@@ -141,7 +147,7 @@ pub fn analyse_process(
     }
     if groups.is_empty() {
         let min_count = (min_phases + 1).max(8);
-        let Some(clock) = clock(&replay, min_count) else {
+        let Some(clock) = clock(&replay, min_count, allocating_until) else {
             if replay.allocs.len() >= 4 * min_phases {
                 return Err(NotChecked::NoRepetition);
             }
@@ -327,19 +333,25 @@ fn every_nth(items: &[usize], max: usize) -> Thinned {
 /// allocates a multiple of it); of the sites with that count, the first to
 /// allocate is the clock. A candidate's allocations must also span at least
 /// half of the time from its first one to the timeline's last event, and
-/// of the time over which other sites go on allocating after it:
+/// of the time over which other sites go on allocating after it (those of
+/// the timeline, and up to `allocating_until`, what the process allocated
+/// that only another record holds: a short run's last steps may allocate
+/// nothing the log sees, where the framework's objects show the loop going
+/// on):
 /// allocations that repeat in a burst and then stop (a library setting up a
 /// buffer per channel, a model's weights layer by layer) are set-up, not the
 /// loop the program spends its time in (what they keep is an exit leak if it
 /// is never freed, judged there). Allocations at one instant (those a
 /// sampled record first saw together) are one occurrence: things made at
 /// once are not made one per step.
-fn clock(replay: &Replay, min_count: usize) -> Option<usize> {
+fn clock(replay: &Replay, min_count: usize, allocating_until: u64) -> Option<usize> {
     let positions = replay.occurrences();
-    let end = replay.p.changes.last().map_or(0, |c| c.t_ns);
+    let end = replay.p.changes.last().map_or(0, |c| c.t_ns).max(allocating_until);
     let time_of = |ordinal: usize| replay.p.changes[replay.allocs[ordinal].0].t_ns;
-    let last_alloc_by_other =
-        |k: usize| replay.allocs.iter().rev().find(|a| a.1 != k).map_or(0, |a| replay.p.changes[a.0].t_ns);
+    let last_alloc_by_other = |k: usize| {
+        let in_timeline = replay.allocs.iter().rev().find(|a| a.1 != k).map_or(0, |a| replay.p.changes[a.0].t_ns);
+        in_timeline.max(allocating_until)
+    };
     let lasts = |k: usize| {
         let (from, to) = (time_of(positions[k][0]), time_of(*positions[k].last().unwrap_or(&positions[k][0])));
         let span = to.saturating_sub(from);

@@ -446,3 +446,29 @@ fn a_short_loop_that_keeps_a_buffer_per_step_grows() {
     b.idle(300_000_000); // exit work as long as the loop
     assert_eq!(check(&b.exit(0)).len(), 1);
 }
+
+/// A short run whose log sees only a host cache filling in two bursts (the
+/// weights copied out every tenth step, the second copy made while the
+/// first is still held), while the loop's own memory is in a framework's
+/// cache, whose record of its objects shows the loop going on after them.
+#[test]
+fn bursts_are_no_loop_while_the_framework_goes_on_allocating() {
+    let mut b = LogBuilder::new(22, "python train.py");
+    let mut objects_until = 0;
+    for step in 0..40 {
+        if step == 9 || step == 19 {
+            for _ in 0..6 {
+                b.alloc(2 * MIB, Some(7));
+                b.idle(200_000);
+            }
+        }
+        b.idle(5_000_000);
+        objects_until = b.now_ns();
+    }
+    b.idle(300_000_000);
+    let p = Process::new(b.exit(0));
+    // The log alone cannot tell the bursts from a short loop keeping a buffer a step.
+    assert_eq!(analyse_leaving_out(&p, 4, &|_| false, &|_| false, 0).unwrap().len(), 1);
+    let found = analyse_leaving_out(&p, 4, &|_| false, &|_| false, objects_until);
+    assert!(found.as_ref().is_ok_and(Vec::is_empty) || found == Err(NotChecked::NoRepetition), "{found:#?}");
+}

@@ -100,7 +100,7 @@ fn check(logs: &[Log], histories: &[History]) -> Findings {
 
 /// The growing tensors of `h`, the history of `log`'s process.
 fn tensors_grown(log: &Log, h: &History) -> Vec<growth::Grown> {
-    growth::analyse_process(&h.process(&Process::new(log.clone())), 4, &|_| false, &|_| false).unwrap()
+    growth::analyse_process(&h.process(&Process::new(log.clone())), 4, &|_| false, &|_| false, 0).unwrap()
 }
 
 const LIBC10: &str = "/site-packages/torch/lib/libc10_cuda.so";
