@@ -123,6 +123,7 @@ THREAD=1 SHAPE=mixed LEAK=1 check cupy-thread-leak growth:cupy_shapes.py:$(line 
 SHAPE=streams LEAK=1 check cupy-streams-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
 for s in defer streams many; do SHAPE=$s check numba-$s-clean clean -- python3 $src/numba_shapes.py; done
 for s in defer many; do SHAPE=$s LEAK=1 check numba-$s-leak growth:numba_shapes.py:$(line numba_shapes.py) -- python3 $src/numba_shapes.py; done
+SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(grep -n "# DEFERRED$" $src/numba_shapes.py | cut -d: -f1) -- python3 $src/numba_shapes.py
 fi
 
 if has overhead; then
