@@ -139,7 +139,8 @@ pub fn analyse_process(
 ) -> Result<Vec<Grown>, NotChecked> {
     let replay = Replay::new(p, left_out);
     let mut found: Vec<Grown> = Vec::new();
-    let (groups, skipped) = repeated(&p.spans, min_phases, skip_phase);
+    let (mut groups, skipped) = repeated(&p.spans, min_phases, skip_phase);
+    groups.retain(|g| !compiler_phase(&g.name));
     if groups.is_empty() && skipped {
         // A test session: one test is not a repetition of the one before,
         // and what each leaves behind is the per-test check's.
@@ -175,6 +176,18 @@ pub fn analyse_process(
     }
     found.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.key.cmp(&b.key)));
     Ok(found)
+}
+
+/// Whether phases of this name are a compiler's work, not steps of the
+/// program: XLA (under JAX, TensorFlow or PyTorch/XLA) marks each compile
+/// with NVTX ranges, `XlaCompile:#module=…#` and inside it
+/// `XlaPassPipeline:…` and `XlaPass:…`, one per pass and per fusion it
+/// compiles on its own while it autotunes: many of one name, digits aside.
+/// What a compile sets up (a math library's workspace for each stream it
+/// tunes on) grows from one compile to the next, and not with the loop.
+/// Without other phases, the loop is found from the allocations.
+fn compiler_phase(name: &str) -> bool {
+    ["XlaCompile", "XlaPass"].iter().any(|prefix| name.starts_with(prefix))
 }
 
 /// Keeps one finding per site: the one seen over the most phases.

@@ -472,3 +472,36 @@ fn bursts_are_no_loop_while_the_framework_goes_on_allocating() {
     let found = analyse_leaving_out(&p, 4, &|_| false, &|_| false, objects_until);
     assert!(found.as_ref().is_ok_and(Vec::is_empty) || found == Err(NotChecked::NoRepetition), "{found:#?}");
 }
+
+/// A JAX program's compiles, each marked by XLA's NVTX ranges of one name
+/// (digits aside), with a math library's workspace set up at every other
+/// one; then a clean loop that allocates and frees a buffer a step.
+fn compiles_then_a_loop(range: &str) -> Log {
+    let mut b = LogBuilder::new(23, "python jax_step.py");
+    for compile in 0..6 {
+        b.nvtx(&format!("{range}{compile}#"), |b| b.idle(1_000_000));
+        if compile % 2 == 1 {
+            b.alloc(16 * MIB, Some(7));
+        }
+    }
+    for _ in 0..40 {
+        let t = b.alloc(MIB, Some(2));
+        b.idle(1_000_000);
+        b.free(t);
+    }
+    b.idle(300_000_000);
+    b.exit(0)
+}
+
+#[test]
+fn a_compilers_ranges_are_not_the_programs_loop() {
+    // The same ranges named as steps would make the set-up a growth leak.
+    let as_steps = check(&compiles_then_a_loop("step "));
+    assert_eq!(as_steps.iter().map(|g| g.key.clone()).collect::<Vec<_>>(), vec![SiteKey::Stack(7)]);
+    for range in [
+        "XlaPass:#name=fusion-wrapper,module=loop_multiply_fusion,program_id=",
+        "XlaCompile:#module=jit_step,program_id=",
+    ] {
+        assert_eq!(check(&compiles_then_a_loop(range)), vec![], "{range}");
+    }
+}
