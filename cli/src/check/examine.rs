@@ -102,13 +102,17 @@ fn growth_leaks(
     let mut holders: HashSet<usize> = HashSet::new();
     let mut objects_judged = false;
     // The last object a framework's record saw made: the process went on
-    // allocating until then, whatever the log saw.
+    // allocating until then, whatever the log saw (see `growth::clock`).
     let mut allocating_until = 0;
     for &(at, h) in histories {
         let (api, kind) = (h.framework.api(), h.framework.kind());
         let objects = h.process(p);
-        let last_made = objects.changes.iter().rev().find(|c| matches!(c.what, What::Alloc(_)));
-        allocating_until = allocating_until.max(last_made.map_or(0, |c| c.t_ns));
+        // Not a sampled record's: its times are the samples' that saw an
+        // object first, the one at exit among them.
+        if !h.framework.sampled() {
+            let last_made = objects.changes.iter().rev().find(|c| matches!(c.what, What::Alloc(_)));
+            allocating_until = allocating_until.max(last_made.map_or(0, |c| c.t_ns));
+        }
         let judged = if objects.allocations.is_empty() {
             Err(growth::NotChecked::NoObjects(kind))
         } else {

@@ -139,8 +139,7 @@ pub fn analyse_process(
 ) -> Result<Vec<Grown>, NotChecked> {
     let replay = Replay::new(p, left_out);
     let mut found: Vec<Grown> = Vec::new();
-    let (mut groups, skipped) = repeated(&p.spans, min_phases, skip_phase);
-    groups.retain(|g| !compiler_phase(&g.name));
+    let (groups, skipped) = repeated(&p.spans, min_phases, skip_phase);
     if groups.is_empty() && skipped {
         // A test session: one test is not a repetition of the one before,
         // and what each leaves behind is the per-test check's.
@@ -176,18 +175,6 @@ pub fn analyse_process(
     }
     found.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.key.cmp(&b.key)));
     Ok(found)
-}
-
-/// Whether phases of this name are a compiler's work, not steps of the
-/// program: XLA (under JAX, TensorFlow or PyTorch/XLA) marks each compile
-/// with NVTX ranges, `XlaCompile:#module=…#` and inside it
-/// `XlaPassPipeline:…` and `XlaPass:…`, one per pass and per fusion it
-/// compiles on its own while it autotunes: many of one name, digits aside.
-/// What a compile sets up (a math library's workspace for each stream it
-/// tunes on) grows from one compile to the next, and not with the loop.
-/// Without other phases, the loop is found from the allocations.
-fn compiler_phase(name: &str) -> bool {
-    ["XlaCompile", "XlaPass"].iter().any(|prefix| name.starts_with(prefix))
 }
 
 /// Keeps one finding per site: the one seen over the most phases.
@@ -346,24 +333,31 @@ fn every_nth(items: &[usize], max: usize) -> Thinned {
 /// allocates a multiple of it); of the sites with that count, the first to
 /// allocate is the clock. A candidate's allocations must also span at least
 /// half of the time from its first one to the timeline's last event, and
-/// of the time over which other sites go on allocating after it (those of
-/// the timeline, and up to `allocating_until`, what the process allocated
-/// that only another record holds: a short run's last steps may allocate
-/// nothing the log sees, where the framework's objects show the loop going
-/// on):
+/// of the time over which other sites go on allocating after it:
 /// allocations that repeat in a burst and then stop (a library setting up a
 /// buffer per channel, a model's weights layer by layer) are set-up, not the
 /// loop the program spends its time in (what they keep is an exit leak if it
-/// is never freed, judged there). Allocations at one instant (those a
-/// sampled record first saw together) are one occurrence: things made at
-/// once are not made one per step.
+/// is never freed, judged there). For a candidate whose allocations come in
+/// bursts ([`bursty`]), other allocations include, up to `allocating_until`,
+/// those only another record holds: a short run's cache filled in a few
+/// bursts may be all the log sees, where the framework's objects show the
+/// loop going on past them. (Not for one allocating at the loop's pace: a
+/// short loop that keeps a buffer a step and is followed by a longer pass
+/// of the framework's work is still the loop.) Allocations at one instant
+/// (those a sampled record first saw together) are one occurrence: things
+/// made at once are not made one per step.
 fn clock(replay: &Replay, min_count: usize, allocating_until: u64) -> Option<usize> {
     let positions = replay.occurrences();
-    let end = replay.p.changes.last().map_or(0, |c| c.t_ns).max(allocating_until);
+    let end = replay.p.changes.last().map_or(0, |c| c.t_ns);
     let time_of = |ordinal: usize| replay.p.changes[replay.allocs[ordinal].0].t_ns;
     let last_alloc_by_other = |k: usize| {
         let in_timeline = replay.allocs.iter().rev().find(|a| a.1 != k).map_or(0, |a| replay.p.changes[a.0].t_ns);
-        in_timeline.max(allocating_until)
+        let times: Vec<u64> = positions[k].iter().map(|&o| time_of(o)).collect();
+        if bursty(&times) {
+            in_timeline.max(allocating_until)
+        } else {
+            in_timeline
+        }
     };
     let lasts = |k: usize| {
         let (from, to) = (time_of(positions[k][0]), time_of(*positions[k].last().unwrap_or(&positions[k][0])));
@@ -391,6 +385,22 @@ fn clock(replay: &Replay, min_count: usize, allocating_until: u64) -> Option<usi
     }
     let (_, sites) = by_count.into_iter().max_by_key(|(count, sites)| (sites.len(), *count))?;
     sites.into_iter().min_by_key(|&k| positions[k][0])
+}
+
+/// Whether allocations at `times` (in order) come in bursts: a few long
+/// pauses make most of the time between them, the mean gap over four times
+/// the median. A loop's site allocates at the loop's pace (an evaluation
+/// every fifth step makes the mean under twice the median); a cache that
+/// fills when something happens every so often does not.
+fn bursty(times: &[u64]) -> bool {
+    let mut gaps: Vec<u64> = times.windows(2).map(|w| w[1].saturating_sub(w[0])).collect();
+    if gaps.is_empty() {
+        return false;
+    }
+    gaps.sort_unstable();
+    let median = u128::from(gaps[gaps.len() / 2]);
+    let total: u128 = gaps.iter().map(|&g| u128::from(g)).sum();
+    total > 4 * median * gaps.len() as u128
 }
 
 /// The allocations of one process, by site.

@@ -473,6 +473,34 @@ fn bursts_are_no_loop_while_the_framework_goes_on_allocating() {
     assert!(found.as_ref().is_ok_and(Vec::is_empty) || found == Err(NotChecked::NoRepetition), "{found:#?}");
 }
 
+/// A short loop that keeps a buffer a step at its own pace, then a longer
+/// pass of the framework's work (an evaluation) that the log does not see:
+/// still the loop, and its leak is found.
+#[test]
+fn a_short_loop_at_its_own_pace_stays_the_loop_while_the_framework_works_on() {
+    let mut b = LogBuilder::new(24, "python train.py");
+    for _ in 0..16 {
+        b.alloc(4 * MIB, Some(7));
+        b.idle(5_000_000);
+    }
+    b.idle(100_000_000);
+    let objects_until = b.now_ns();
+    b.idle(50_000_000);
+    let p = Process::new(b.exit(0));
+    assert_eq!(analyse_leaving_out(&p, 4, &|_| false, &|_| false, objects_until).unwrap().len(), 1);
+}
+
+#[test]
+fn bursts_are_told_from_a_loops_pace() {
+    assert!(bursty(&[0, 1, 2, 3, 4, 5, 100, 101, 102, 103, 104]));
+    assert!(!bursty(&(0..20).map(|i| i * 10).collect::<Vec<_>>()));
+    // An evaluation every fifth step, five steps long: still the loop's pace.
+    let eval_every_fifth: Vec<u64> =
+        (0..40).scan(0, |t, i| Some(std::mem::replace(t, *t + if i % 5 == 4 { 50 } else { 10 }))).collect();
+    assert!(!bursty(&eval_every_fifth));
+    assert!(!bursty(&[7]));
+}
+
 /// A JAX program's compiles, each marked by XLA's NVTX ranges of one name
 /// (digits aside), with a math library's workspace set up at every other
 /// one; then a clean loop that allocates and frees a buffer a step.

@@ -198,13 +198,27 @@ pub struct Repeated {
     pub ends: Vec<usize>,
 }
 
-/// The repeated phases of `spans`, and whether `skip` left any phase out
-/// (phases that are not repetitions of the program's work, such as the
-/// pytest plugin's one per test).
+/// Whether phases of this name are a compiler's work, not steps of the
+/// program: XLA (under JAX, TensorFlow or PyTorch/XLA) marks each compile
+/// with NVTX ranges, `XlaCompile:#module=…#` and inside it
+/// `XlaPassPipeline:…` and `XlaPass:…`, one per pass and per fusion it
+/// compiles on its own while it autotunes, and `XlaAutotuner…` while it
+/// measures: many of one name, digits aside. What a compile sets up (a math
+/// library's workspace for each stream it tunes on) grows from one compile
+/// to the next, and not with the loop. (`XlaModule:…`, one per run of a
+/// compiled program, is the program's work.)
+pub fn compiler_phase(name: &str) -> bool {
+    ["XlaCompile", "XlaPass", "XlaAutotuner"].iter().any(|prefix| name.starts_with(prefix))
+}
+
+/// The repeated phases of `spans`, but for a compiler's
+/// ([`compiler_phase`]), and whether `skip` left any phase out (phases that
+/// are not repetitions of the program's work, such as the pytest plugin's
+/// one per test).
 pub fn repeated(spans: &[PhaseSpan], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<Repeated>, bool) {
     let mut skipped = false;
     let mut out: Vec<Repeated> = Vec::new();
-    let mut ended: Vec<&PhaseSpan> = spans.iter().filter(|s| s.end.is_some()).collect();
+    let mut ended: Vec<&PhaseSpan> = spans.iter().filter(|s| s.end.is_some() && !compiler_phase(&s.name)).collect();
     ended.sort_by_key(|s| s.end);
     for span in ended {
         if skip(&span.name) {
