@@ -207,7 +207,7 @@ pub struct Repeated {
 /// library's workspace for each stream it tunes on) grows from one compile
 /// to the next, and not with the loop. (`XlaModule:…`, one per run of a
 /// compiled program, is the program's work.)
-pub fn compiler_phase(name: &str) -> bool {
+fn compiler_phase(name: &str) -> bool {
     ["XlaCompile", "XlaPass", "XlaAutotuner"].iter().any(|prefix| name.starts_with(prefix))
 }
 
