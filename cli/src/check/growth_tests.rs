@@ -533,3 +533,35 @@ fn a_compilers_ranges_are_not_the_programs_loop() {
         assert_eq!(check(&compiles_then_a_loop(range)), vec![], "{range}");
     }
 }
+
+/// XLA's autotuner runs each candidate it compiled, an `XlaModule` range
+/// of one name each time, inside its measurement's range; a workspace is
+/// set up now and then. Then a clean loop.
+fn autotuning_then_a_loop(measured: bool) -> Log {
+    let mut b = LogBuilder::new(25, "python jax_step.py");
+    for candidate in 0..6 {
+        let name = format!("XlaModule:#hlo_module=gemm_fusion_dot,program_id={candidate}#");
+        let run = |b: &mut LogBuilder| b.nvtx(&name, |b| b.idle(100_000));
+        if measured {
+            b.nvtx("XlaAutotunerMeasurement:#hlo_op=dot.1#", run);
+        } else {
+            run(&mut b);
+        }
+        if candidate % 2 == 1 {
+            b.alloc(16 * MIB, Some(7));
+        }
+    }
+    for _ in 0..40 {
+        let t = b.alloc(MIB, Some(2));
+        b.idle(1_000_000);
+        b.free(t);
+    }
+    b.idle(300_000_000);
+    b.exit(0)
+}
+
+#[test]
+fn programs_run_inside_a_compilers_ranges_are_not_the_programs_loop() {
+    assert_eq!(check(&autotuning_then_a_loop(false)).len(), 1, "runs of a program outside a compile are phases");
+    assert_eq!(check(&autotuning_then_a_loop(true)), vec![]);
+}

@@ -206,19 +206,36 @@ pub struct Repeated {
 /// measures: many of one name, digits aside. What a compile sets up (a math
 /// library's workspace for each stream it tunes on) grows from one compile
 /// to the next, and not with the loop. (`XlaModule:…`, one per run of a
-/// compiled program, is the program's work.)
+/// compiled program, is the program's work, but while the autotuner runs
+/// its candidates: see [`in_compiler`].)
 fn compiler_phase(name: &str) -> bool {
     ["XlaCompile", "XlaPass", "XlaAutotuner"].iter().any(|prefix| name.starts_with(prefix))
 }
 
-/// The repeated phases of `spans`, but for a compiler's
-/// ([`compiler_phase`]), and whether `skip` left any phase out (phases that
-/// are not repetitions of the program's work, such as the pytest plugin's
-/// one per test).
+/// Whether `span` is a compiler's phase or lies inside one on its thread:
+/// XLA's autotuner runs the candidates it compiled, each an `XlaModule:…`
+/// range inside its `XlaAutotunerMeasurement:…`.
+fn in_compiler(spans: &[PhaseSpan], span: &PhaseSpan) -> bool {
+    let mut at = Some(span);
+    // Deeper nesting than this is no compile's.
+    for _ in 0..64 {
+        let Some(s) = at else { return false };
+        if compiler_phase(&s.name) {
+            return true;
+        }
+        at = s.parent.and_then(|p| spans.get(p)).filter(|p| p.tid == span.tid);
+    }
+    false
+}
+
+/// The repeated phases of `spans`, but for a compiler's and those inside
+/// them ([`compiler_phase`]), and whether `skip` left any phase out (phases
+/// that are not repetitions of the program's work, such as the pytest
+/// plugin's one per test).
 pub fn repeated(spans: &[PhaseSpan], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<Repeated>, bool) {
     let mut skipped = false;
     let mut out: Vec<Repeated> = Vec::new();
-    let mut ended: Vec<&PhaseSpan> = spans.iter().filter(|s| s.end.is_some() && !compiler_phase(&s.name)).collect();
+    let mut ended: Vec<&PhaseSpan> = spans.iter().filter(|s| s.end.is_some() && !in_compiler(spans, s)).collect();
     ended.sort_by_key(|s| s.end);
     for span in ended {
         if skip(&span.name) {
