@@ -338,7 +338,7 @@ fn every_nth(items: &[usize], max: usize) -> Thinned {
 /// buffer per channel, a model's weights layer by layer) are set-up, not the
 /// loop the program spends its time in (what they keep is an exit leak if it
 /// is never freed, judged there). For a candidate whose allocations come in
-/// bursts ([`bursty`]), other allocations include, up to `allocating_until`,
+/// a few bursts ([`bursty`]), other allocations include, up to `allocating_until`,
 /// those only another record holds: a short run's cache filled in a few
 /// bursts may be all the log sees, where the framework's objects show the
 /// loop going on past them. (Not for one allocating at the loop's pace: a
@@ -353,7 +353,7 @@ fn clock(replay: &Replay, min_count: usize, allocating_until: u64) -> Option<usi
     let last_alloc_by_other = |k: usize| {
         let in_timeline = replay.allocs.iter().rev().find(|a| a.1 != k).map_or(0, |a| replay.p.changes[a.0].t_ns);
         let times: Vec<u64> = positions[k].iter().map(|&o| time_of(o)).collect();
-        if bursty(&times) {
+        if bursty(&times, min_count) {
             in_timeline.max(allocating_until)
         } else {
             in_timeline
@@ -387,20 +387,22 @@ fn clock(replay: &Replay, min_count: usize, allocating_until: u64) -> Option<usi
     sites.into_iter().min_by_key(|&k| positions[k][0])
 }
 
-/// Whether allocations at `times` (in order) come in bursts: a few long
-/// pauses make most of the time between them, the mean gap over four times
-/// the median. A loop's site allocates at the loop's pace (an evaluation
-/// every fifth step makes the mean under twice the median); a cache that
-/// fills when something happens every so often does not.
-fn bursty(times: &[u64]) -> bool {
-    let mut gaps: Vec<u64> = times.windows(2).map(|w| w[1].saturating_sub(w[0])).collect();
+/// Whether allocations at `times` (in order) come in fewer bursts than a
+/// loop of `min_count` steps has: a burst ends at a pause over four times
+/// the median gap (the first gap left out: a first step may be slow). A
+/// loop's site allocates every step, several buffers back to back or one;
+/// a cache that fills when something happens every so often comes in a
+/// few bursts.
+fn bursty(times: &[u64], min_count: usize) -> bool {
+    let gaps: Vec<u64> = times.windows(2).skip(1).map(|w| w[1].saturating_sub(w[0])).collect();
     if gaps.is_empty() {
         return false;
     }
-    gaps.sort_unstable();
-    let median = u128::from(gaps[gaps.len() / 2]);
-    let total: u128 = gaps.iter().map(|&g| u128::from(g)).sum();
-    total > 4 * median * gaps.len() as u128
+    let mut sorted = gaps.clone();
+    sorted.sort_unstable();
+    let pause = 4 * sorted[sorted.len() / 2].max(1);
+    let pauses = gaps.iter().filter(|&&g| g > pause).count();
+    pauses > 0 && pauses + 1 < min_count
 }
 
 /// The allocations of one process, by site.

@@ -492,13 +492,40 @@ fn a_short_loop_at_its_own_pace_stays_the_loop_while_the_framework_works_on() {
 
 #[test]
 fn bursts_are_told_from_a_loops_pace() {
-    assert!(bursty(&[0, 1, 2, 3, 4, 5, 100, 101, 102, 103, 104]));
-    assert!(!bursty(&(0..20).map(|i| i * 10).collect::<Vec<_>>()));
-    // An evaluation every fifth step, five steps long: still the loop's pace.
+    // Two bursts of six, as a host cache fills.
+    assert!(bursty(&[0, 1, 2, 3, 4, 5, 100, 101, 102, 103, 104, 105], 8));
+    assert!(!bursty(&(0..20).map(|i| i * 10).collect::<Vec<_>>(), 8));
+    // An evaluation every fifth step, five steps long: a pause each time, but as many as the loop has steps.
     let eval_every_fifth: Vec<u64> =
         (0..40).scan(0, |t, i| Some(std::mem::replace(t, *t + if i % 5 == 4 { 50 } else { 10 }))).collect();
-    assert!(!bursty(&eval_every_fifth));
-    assert!(!bursty(&[7]));
+    assert!(!bursty(&eval_every_fifth, 8));
+    // Twelve buffers back to back each step, sixteen steps.
+    let per_layer: Vec<u64> = (0..16u64).flat_map(|step| (0..12).map(move |l| step * 5_000 + l)).collect();
+    assert!(!bursty(&per_layer, 8));
+    // A slow first step, then a steady loop.
+    let slow_first: Vec<u64> = std::iter::once(0).chain((0..9).map(|i| 2_000 + 50 * i)).collect();
+    assert!(!bursty(&slow_first, 8));
+    assert!(!bursty(&[7], 8));
+    assert!(!bursty(&[7, 9], 8));
+}
+
+/// A short loop that keeps a buffer per layer each step, back to back,
+/// then a longer pass of the framework's work: still the loop.
+#[test]
+fn a_short_loop_allocating_per_layer_stays_the_loop_while_the_framework_works_on() {
+    let mut b = LogBuilder::new(26, "python train.py");
+    for _ in 0..16 {
+        for _ in 0..12 {
+            b.alloc(64 * KIB, Some(7));
+            b.idle(10_000);
+        }
+        b.idle(5_000_000);
+    }
+    b.idle(100_000_000);
+    let objects_until = b.now_ns();
+    b.idle(50_000_000);
+    let p = Process::new(b.exit(0));
+    assert_eq!(analyse_leaving_out(&p, 4, &|_| false, &|_| false, objects_until).unwrap().len(), 1);
 }
 
 /// A JAX program's compiles, each marked by XLA's NVTX ranges of one name
@@ -564,4 +591,36 @@ fn autotuning_then_a_loop(measured: bool) -> Log {
 fn programs_run_inside_a_compilers_ranges_are_not_the_programs_loop() {
     assert_eq!(check(&autotuning_then_a_loop(false)).len(), 1, "runs of a program outside a compile are phases");
     assert_eq!(check(&autotuning_then_a_loop(true)), vec![]);
+}
+
+/// The same autotuning while another thread opens a range of its own
+/// between each measurement's range and the run inside it: the run's
+/// parent is the other thread's range, the measurement behind it.
+#[test]
+fn a_compilers_ranges_enclose_across_another_threads_ranges() {
+    let mut b = LogBuilder::new(27, "python jax_step.py");
+    for (candidate, other) in ["a", "b", "c", "d", "e", "f"].into_iter().enumerate() {
+        let measurement = "XlaAutotunerMeasurement:#hlo_op=dot.1#";
+        let run = format!("XlaModule:#hlo_module=gemm_fusion_dot,program_id={candidate}#");
+        let loading = format!("loading {other}");
+        b.nvtx_push(measurement);
+        b.thread(2);
+        b.nvtx_push(&loading);
+        b.thread(1);
+        b.nvtx(&run, |b| b.idle(100_000));
+        b.nvtx_pop(measurement);
+        b.thread(2);
+        b.nvtx_pop(&loading);
+        b.thread(1);
+        if candidate % 2 == 1 {
+            b.alloc(16 * MIB, Some(7));
+        }
+    }
+    for _ in 0..40 {
+        let t = b.alloc(MIB, Some(2));
+        b.idle(1_000_000);
+        b.free(t);
+    }
+    b.idle(300_000_000);
+    assert_eq!(check(&b.exit(0)), vec![]);
 }

@@ -19,6 +19,8 @@ pub struct LogBuilder {
     mark: Option<String>,
     /// Time spent outside events (see `idle`).
     idle_ns: u64,
+    /// The thread of the events to come (see `thread`).
+    tid: u32,
 }
 
 impl LogBuilder {
@@ -51,6 +53,7 @@ impl LogBuilder {
             live: BTreeMap::new(),
             mark: None,
             idle_ns: 0,
+            tid: 1,
         }
     }
 
@@ -97,7 +100,7 @@ impl LogBuilder {
 
     fn event(&mut self, ev: EventKind) -> EventRecord {
         let mut e = EventRecord::new(self.seq, self.seq * 1000 + self.idle_ns, ev);
-        e.tid = Some(1);
+        e.tid = Some(self.tid);
         self.seq += 1;
         e
     }
@@ -165,6 +168,21 @@ impl LogBuilder {
             self.edge(EventKind::PhaseEnd, "cupool_mark", &prev);
         }
         self.edge(EventKind::PhaseBegin, "cupool_mark", name);
+    }
+
+    /// The events to come are made on thread `tid` (1 at first).
+    pub fn thread(&mut self, tid: u32) {
+        self.tid = tid;
+    }
+
+    /// An NVTX push on the current thread, for ranges that interleave with
+    /// another thread's (see `nvtx` otherwise).
+    pub fn nvtx_push(&mut self, name: &str) {
+        self.edge(EventKind::PhaseBegin, "nvtxRangePushA", name);
+    }
+
+    pub fn nvtx_pop(&mut self, name: &str) {
+        self.edge(EventKind::PhaseEnd, "nvtxRangePop", name);
     }
 
     /// An NVTX push/pop range around `body`.

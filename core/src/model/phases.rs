@@ -212,18 +212,22 @@ fn compiler_phase(name: &str) -> bool {
     ["XlaCompile", "XlaPass", "XlaAutotuner"].iter().any(|prefix| name.starts_with(prefix))
 }
 
-/// Whether `span` is a compiler's phase or lies inside one on its thread:
-/// XLA's autotuner runs the candidates it compiled, each an `XlaModule:…`
-/// range inside its `XlaAutotunerMeasurement:…`.
-fn in_compiler(spans: &[PhaseSpan], span: &PhaseSpan) -> bool {
-    let mut at = Some(span);
-    // Deeper nesting than this is no compile's.
-    for _ in 0..64 {
-        let Some(s) = at else { return false };
-        if compiler_phase(&s.name) {
+/// Whether span `id` is a compiler's phase or lies inside one on its
+/// thread: XLA's autotuner runs the candidates it compiled, each an
+/// `XlaModule:…` range inside its `XlaAutotunerMeasurement:…`. A span's
+/// parent is the innermost phase open in the process when it began, on
+/// any thread; following parents reaches every phase still open then, so
+/// those of other threads are passed through.
+fn in_compiler(spans: &[PhaseSpan], id: SpanId) -> bool {
+    let tid = spans[id].tid;
+    let mut at = Some(id);
+    while let Some(i) = at {
+        let s = &spans[i];
+        if s.tid == tid && compiler_phase(&s.name) {
             return true;
         }
-        at = s.parent.and_then(|p| spans.get(p)).filter(|p| p.tid == span.tid);
+        // A parent began before its child: the walk ends.
+        at = s.parent.filter(|&p| p < i);
     }
     false
 }
@@ -235,7 +239,12 @@ fn in_compiler(spans: &[PhaseSpan], span: &PhaseSpan) -> bool {
 pub fn repeated(spans: &[PhaseSpan], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<Repeated>, bool) {
     let mut skipped = false;
     let mut out: Vec<Repeated> = Vec::new();
-    let mut ended: Vec<&PhaseSpan> = spans.iter().filter(|s| s.end.is_some() && !in_compiler(spans, s)).collect();
+    let mut ended: Vec<&PhaseSpan> = spans
+        .iter()
+        .enumerate()
+        .filter(|&(id, s)| s.end.is_some() && !in_compiler(spans, id))
+        .map(|(_, s)| s)
+        .collect();
     ended.sort_by_key(|s| s.end);
     for span in ended {
         if skip(&span.name) {
