@@ -624,3 +624,30 @@ fn a_compilers_ranges_enclose_across_another_threads_ranges() {
     b.idle(300_000_000);
     assert_eq!(check(&b.exit(0)), vec![]);
 }
+
+/// Another thread opens a range while a compile runs and keeps it open
+/// while the program's steps run: the steps' parent is that range, and the
+/// compile behind it had ended before they began. They are phases.
+#[test]
+fn steps_after_a_compile_are_phases_across_another_threads_range() {
+    let mut b = LogBuilder::new(28, "python jax_step.py");
+    let compile = "XlaCompile:#module=jit_step,program_id=1#";
+    b.nvtx_push(compile);
+    b.thread(2);
+    b.nvtx_push("prefetching");
+    b.thread(1);
+    b.nvtx_pop(compile);
+    for step in 0..20 {
+        b.nvtx(&format!("step {step}"), |b| {
+            let t = b.alloc(MIB, Some(2));
+            b.alloc(1000, Some(3));
+            b.free(t);
+        });
+    }
+    b.thread(2);
+    b.nvtx_pop("prefetching");
+    b.thread(1);
+    let found = check(&b.exit(0));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!((found[0].key.clone(), found[0].growth.phases_from.as_str()), (SiteKey::Stack(3), "nvtx"));
+}

@@ -207,29 +207,29 @@ pub struct Repeated {
 /// library's workspace for each stream it tunes on) grows from one compile
 /// to the next, and not with the loop. (`XlaModule:…`, one per run of a
 /// compiled program, is the program's work, but while the autotuner runs
-/// its candidates: see [`in_compiler`].)
+/// its candidates: see [`repeated`].)
 fn compiler_phase(name: &str) -> bool {
     ["XlaCompile", "XlaPass", "XlaAutotuner"].iter().any(|prefix| name.starts_with(prefix))
 }
 
-/// Whether span `id` is a compiler's phase or lies inside one on its
-/// thread: XLA's autotuner runs the candidates it compiled, each an
-/// `XlaModule:…` range inside its `XlaAutotunerMeasurement:…`. A span's
-/// parent is the innermost phase open in the process when it began, on
-/// any thread; following parents reaches every phase still open then, so
-/// those of other threads are passed through.
-fn in_compiler(spans: &[PhaseSpan], id: SpanId) -> bool {
-    let tid = spans[id].tid;
-    let mut at = Some(id);
-    while let Some(i) = at {
-        let s = &spans[i];
-        if s.tid == tid && compiler_phase(&s.name) {
-            return true;
+/// For each span, the compiler's phases ([`compiler_phase`]) open when it
+/// began, itself included if it is one, found through its parents: a
+/// span's parent is the innermost phase open in the process when it began,
+/// on any thread, so following parents reaches every phase still open then
+/// (and some closed since, left out). Computed in order, each from its
+/// parent's (a parent began before its child).
+fn compilers_open(spans: &[PhaseSpan]) -> Vec<Vec<SpanId>> {
+    let mut open: Vec<Vec<SpanId>> = Vec::with_capacity(spans.len());
+    for (id, s) in spans.iter().enumerate() {
+        let inherited = s.parent.filter(|&p| p < id).map(|p| open[p].as_slice()).unwrap_or_default();
+        let mut mine: Vec<SpanId> =
+            inherited.iter().copied().filter(|&c| spans[c].end_ns.is_none_or(|end| end >= s.begin_ns)).collect();
+        if compiler_phase(&s.name) {
+            mine.push(id);
         }
-        // A parent began before its child: the walk ends.
-        at = s.parent.filter(|&p| p < i);
+        open.push(mine);
     }
-    false
+    open
 }
 
 /// The repeated phases of `spans`, but for a compiler's and those inside
@@ -239,12 +239,13 @@ fn in_compiler(spans: &[PhaseSpan], id: SpanId) -> bool {
 pub fn repeated(spans: &[PhaseSpan], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<Repeated>, bool) {
     let mut skipped = false;
     let mut out: Vec<Repeated> = Vec::new();
-    let mut ended: Vec<&PhaseSpan> = spans
-        .iter()
-        .enumerate()
-        .filter(|&(id, s)| s.end.is_some() && !in_compiler(spans, id))
-        .map(|(_, s)| s)
-        .collect();
+    // A compiler's phases, and phases inside one on its thread: XLA's
+    // autotuner runs each candidate it compiled, an `XlaModule:…` range
+    // inside its `XlaAutotunerMeasurement:…`.
+    let compilers = compilers_open(spans);
+    let in_compiler = |id: SpanId| compilers[id].iter().any(|&c| spans[c].tid == spans[id].tid);
+    let mut ended: Vec<&PhaseSpan> =
+        spans.iter().enumerate().filter(|&(id, s)| s.end.is_some() && !in_compiler(id)).map(|(_, s)| s).collect();
     ended.sort_by_key(|s| s.end);
     for span in ended {
         if skip(&span.name) {
