@@ -9,8 +9,8 @@
 # SECTIONS picks among "core unseen overhead" (all three by default;
 # SKIP_OVERHEAD=1 leaves out the last; ONLY=REGEX runs the rows whose name
 # matches): "unseen" runs generation, training
-# and array programs of shapes the rules were not built around, clean and
-# with a planted leak.
+# and array programs of shapes the rules were not built around, and loops
+# of other libraries, clean and with a planted leak.
 # Same setup as scripts/gpu-check.sh (.gpu/ holds the shim and the CLI;
 # .gpu/pywheels pytest and pytest-xdist for a machine without them).
 set -u
@@ -123,6 +123,13 @@ THREAD=1 SHAPE=mixed LEAK=1 check cupy-thread-leak growth:cupy_shapes.py:$(line 
 SHAPE=streams LEAK=1 check cupy-streams-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
 for s in defer streams many; do SHAPE=$s check numba-$s-clean clean -- python3 $src/numba_shapes.py; done
 for s in defer many; do SHAPE=$s LEAK=1 check numba-$s-leak growth:numba_shapes.py:$(line numba_shapes.py) -- python3 $src/numba_shapes.py; done
+# Libraries' loops: Lightning, PyTorch Geometric, GPyTorch, Triton, a graph
+# captured by hand, NumPyro's NUTS on JAX.
+for s in lightning geometric gpytorch triton graph; do SHAPE=$s check lib-$s-clean clean -- python3 $src/lib_shapes.py; done
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=numpyro check lib-numpyro-clean clean -- python3 $src/lib_shapes.py
+for s in lightning geometric gpytorch triton graph; do
+  SHAPE=$s LEAK=1 check lib-$s-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
+done
 SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(grep -n "# DEFERRED$" $src/numba_shapes.py | cut -d: -f1) -- python3 $src/numba_shapes.py
 fi
 
