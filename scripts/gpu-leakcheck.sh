@@ -124,10 +124,12 @@ SHAPE=streams LEAK=1 check cupy-streams-leak growth:cupy_shapes.py:$(line cupy_s
 for s in defer streams many; do SHAPE=$s check numba-$s-clean clean -- python3 $src/numba_shapes.py; done
 for s in defer many; do SHAPE=$s LEAK=1 check numba-$s-leak growth:numba_shapes.py:$(line numba_shapes.py) -- python3 $src/numba_shapes.py; done
 # Libraries' loops: Lightning, PyTorch Geometric, GPyTorch, Triton, a graph
-# captured by hand, NumPyro's NUTS on JAX.
-for s in lightning geometric gpytorch triton graph; do SHAPE=$s check lib-$s-clean clean -- python3 $src/lib_shapes.py; done
+# captured by hand, NumPyro's NUTS on JAX, BoTorch, TorchMetrics.
+for s in lightning geometric gpytorch triton graph botorch metrics; do
+  SHAPE=$s check lib-$s-clean clean -- python3 $src/lib_shapes.py
+done
 XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=numpyro check lib-numpyro-clean clean -- python3 $src/lib_shapes.py
-for s in lightning geometric gpytorch triton graph; do
+for s in lightning geometric gpytorch triton graph metrics; do
   SHAPE=$s LEAK=1 check lib-$s-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
 done
 SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(grep -n "# DEFERRED$" $src/numba_shapes.py | cut -d: -f1) -- python3 $src/numba_shapes.py

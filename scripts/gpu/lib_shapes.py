@@ -5,7 +5,10 @@
 # Adam, then a prediction), triton (a Triton kernel on arrays of changing
 # sizes), graph (a model captured by hand with torch.cuda.graph and
 # replayed every step), numpyro (NUTS sampling a regression: JAX compiling
-# and running a loop of its own). Clean, each must pass; LEAK=1 keeps a copy
+# and running a loop of its own), botorch (Bayesian optimisation: a GP
+# fitted again to one more point each round), metrics (TorchMetrics'
+# AUROC, which keeps every batch's predictions until each epoch's reset,
+# over three epochs). Clean, each must pass; LEAK=1 keeps a copy
 # of one tensor a step (the line marked ALLOCATED) in the PyTorch shapes,
 # where the leak is to be found.
 import os
@@ -173,6 +176,51 @@ def numpyro_nuts():
     return float(mcmc.get_samples()["b"].mean())
 
 
+def botorch_loop():
+    import torch
+    from botorch.acquisition.logei import qLogExpectedImprovement
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.optim import optimize_acqf
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    torch.manual_seed(0)
+    kw = {"device": "cuda", "dtype": torch.float64}
+    f = lambda x: -((x - 0.3) ** 2).sum(-1, keepdim=True)
+    x = torch.rand(8, 4, **kw)
+    y = f(x)
+    bounds = torch.stack([torch.zeros(4, **kw), torch.ones(4, **kw)])
+    for _ in range(12):
+        model = SingleTaskGP(x, y)
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+        acq = qLogExpectedImprovement(model, best_f=y.max())
+        candidate, _ = optimize_acqf(acq, bounds=bounds, q=1, num_restarts=4, raw_samples=64)
+        keep(candidate)
+        x, y = torch.cat([x, candidate]), torch.cat([y, f(candidate)])
+    return y.max().item()
+
+
+def metrics():
+    import torch
+    import torchmetrics
+
+    torch.manual_seed(0)
+    auroc = torchmetrics.AUROC(task="binary").cuda()
+    model = torch.nn.Linear(32, 1).cuda()
+    total = 0.0
+    for _ in range(3):
+        for _ in range(20):
+            x = torch.randn(256, 32, device="cuda")
+            target = (x[:, 0] > 0).long()
+            with torch.no_grad():
+                scores = model(x).squeeze(1).sigmoid()
+            auroc.update(scores, target)
+            keep(scores)
+        total += auroc.compute().item()
+        auroc.reset()
+    return total
+
+
 run = {"lightning": lightning, "geometric": geometric, "gpytorch": gpytorch_fit, "triton": triton_loop,
-       "graph": graph, "numpyro": numpyro_nuts}[shape]
+       "graph": graph, "numpyro": numpyro_nuts, "botorch": botorch_loop, "metrics": metrics}[shape]
 print(f"result: ok {run():.4f}")
