@@ -528,14 +528,15 @@ fn a_short_loop_allocating_per_layer_stays_the_loop_while_the_framework_works_on
     assert_eq!(analyse_leaving_out(&p, 4, &|_| false, &|_| false, objects_until).unwrap().len(), 1);
 }
 
-/// A JAX program's compiles, each marked by XLA's NVTX ranges of one name
-/// (digits aside), with a math library's workspace set up at every other
-/// one; then a clean loop that allocates and frees a buffer a step.
-fn compiles_then_a_loop(range: &str) -> Log {
-    let mut b = LogBuilder::new(23, "python jax_step.py");
-    for compile in 0..6 {
-        b.nvtx(&format!("{range}{compile}#"), |b| b.idle(1_000_000));
-        if compile % 2 == 1 {
+/// A JAX program's set-up: six times, XLA's NVTX ranges of one kind
+/// (`ranges`, given the time's number), with a math library's workspace
+/// set up after every other; then a clean loop that allocates and frees a
+/// buffer a step.
+fn set_up_then_a_clean_loop(pid: u32, mut ranges: impl FnMut(&mut LogBuilder, usize)) -> Log {
+    let mut b = LogBuilder::new(pid, "python jax_step.py");
+    for time in 0..6 {
+        ranges(&mut b, time);
+        if time % 2 == 1 {
             b.alloc(16 * MIB, Some(7));
         }
     }
@@ -546,6 +547,11 @@ fn compiles_then_a_loop(range: &str) -> Log {
     }
     b.idle(300_000_000);
     b.exit(0)
+}
+
+/// The set-up's ranges are compiles, each named `range` and its number.
+fn compiles_then_a_loop(range: &str) -> Log {
+    set_up_then_a_clean_loop(23, |b, compile| b.nvtx(&format!("{range}{compile}#"), |b| b.idle(1_000_000)))
 }
 
 #[test]
@@ -562,29 +568,18 @@ fn a_compilers_ranges_are_not_the_programs_loop() {
 }
 
 /// XLA's autotuner runs each candidate it compiled, an `XlaModule` range
-/// of one name each time, inside its measurement's range; a workspace is
-/// set up now and then. Then a clean loop.
+/// of one name each time, inside its measurement's range (or, not
+/// `measured`, the same runs alone).
 fn autotuning_then_a_loop(measured: bool) -> Log {
-    let mut b = LogBuilder::new(25, "python jax_step.py");
-    for candidate in 0..6 {
+    set_up_then_a_clean_loop(25, |b, candidate| {
         let name = format!("XlaModule:#hlo_module=gemm_fusion_dot,program_id={candidate}#");
         let run = |b: &mut LogBuilder| b.nvtx(&name, |b| b.idle(100_000));
         if measured {
             b.nvtx("XlaAutotunerMeasurement:#hlo_op=dot.1#", run);
         } else {
-            run(&mut b);
+            run(b);
         }
-        if candidate % 2 == 1 {
-            b.alloc(16 * MIB, Some(7));
-        }
-    }
-    for _ in 0..40 {
-        let t = b.alloc(MIB, Some(2));
-        b.idle(1_000_000);
-        b.free(t);
-    }
-    b.idle(300_000_000);
-    b.exit(0)
+    })
 }
 
 #[test]
@@ -598,11 +593,11 @@ fn programs_run_inside_a_compilers_ranges_are_not_the_programs_loop() {
 /// parent is the other thread's range, the measurement behind it.
 #[test]
 fn a_compilers_ranges_enclose_across_another_threads_ranges() {
-    let mut b = LogBuilder::new(27, "python jax_step.py");
-    for (candidate, other) in ["a", "b", "c", "d", "e", "f"].into_iter().enumerate() {
+    let log = set_up_then_a_clean_loop(27, |b, candidate| {
         let measurement = "XlaAutotunerMeasurement:#hlo_op=dot.1#";
         let run = format!("XlaModule:#hlo_module=gemm_fusion_dot,program_id={candidate}#");
-        let loading = format!("loading {other}");
+        // Names without digits: one range each, no repeated phase of their own.
+        let loading = format!("loading {}", ["a", "b", "c", "d", "e", "f"][candidate]);
         b.nvtx_push(measurement);
         b.thread(2);
         b.nvtx_push(&loading);
@@ -612,17 +607,8 @@ fn a_compilers_ranges_enclose_across_another_threads_ranges() {
         b.thread(2);
         b.nvtx_pop(&loading);
         b.thread(1);
-        if candidate % 2 == 1 {
-            b.alloc(16 * MIB, Some(7));
-        }
-    }
-    for _ in 0..40 {
-        let t = b.alloc(MIB, Some(2));
-        b.idle(1_000_000);
-        b.free(t);
-    }
-    b.idle(300_000_000);
-    assert_eq!(check(&b.exit(0)), vec![]);
+    });
+    assert_eq!(check(&log), vec![]);
 }
 
 /// Another thread opens a range while a compile runs and keeps it open
