@@ -70,17 +70,20 @@ fn write_finding(f: &Finding, fail_on: &[LeakKind], out: &mut dyn Write) -> io::
     match (f.kind, &f.growth) {
         (LeakKind::Growth, Some(g)) => {
             let plural = g.sites > 1;
-            let holds = match (f.freed_later, plural) {
-                (true, _) => format!("held {} byte(s) in {} allocation(s) at the last phase", f.bytes, f.count),
-                (false, true) => format!("now hold {} byte(s) in {} allocation(s)", f.bytes, f.count),
-                (false, false) => format!("now holds {} byte(s) in {} allocation(s)", f.bytes, f.count),
+            let (holds, when) = match (f.freed_later, plural) {
+                (true, _) => ("held", " at the last phase"),
+                (false, true) => ("now hold", ""),
+                (false, false) => ("now holds", ""),
             };
             writeln!(
                 out,
-                "Growing leak of {} byte(s) per phase over {} phases (site{} {holds}) allocated from:",
+                "Growing leak of {} byte(s) per phase over {} phases (site{} {holds} {} byte(s) in {} allocation(s){when}) \
+                 allocated from:",
                 g.bytes_per_phase,
                 g.phases,
                 if plural { "s" } else { "" },
+                f.bytes,
+                f.count,
             )?;
             write_frames(f, out)?;
             match g.phases_from.as_str() {
