@@ -42,7 +42,8 @@ check() {
   echo "${rows[-1]}"  # as it comes: a run cut short keeps what it checked
   [[ ${rows[-1]} == *"| FAIL |"* ]] && tail -n 5 $work/$name.err | sed 's/^/    /'
 }
-line() { grep -n "# ALLOCATED$" $src/$1 | cut -d: -f1; }
+# line FILE [MARK]: the line of FILE that ends with "# MARK" (ALLOCATED).
+line() { grep -n "# ${2:-ALLOCATED}$" $src/$1 | cut -d: -f1; }
 if has core; then
 check torch-clean-cache clean -- python3 $src/train_loop.py
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 check torch-clean-nocache clean -- python3 $src/train_loop.py
@@ -132,7 +133,7 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=numpyro check lib-numpyro-clean clean 
 for s in lightning geometric gpytorch triton graph metrics; do
   SHAPE=$s LEAK=1 check lib-$s-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
 done
-SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(grep -n "# DEFERRED$" $src/numba_shapes.py | cut -d: -f1) -- python3 $src/numba_shapes.py
+SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(line numba_shapes.py DEFERRED) -- python3 $src/numba_shapes.py
 fi
 
 if has overhead; then
