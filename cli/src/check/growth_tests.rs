@@ -567,6 +567,21 @@ fn a_compilers_ranges_are_not_the_programs_loop() {
     }
 }
 
+/// A program compiled with its loop inside (a `while`, a `scan`) runs as
+/// one program: the runtime's range per operation repeats, and an
+/// operation reached for the first time late in the run sets up a buffer
+/// it keeps (XLA's conditional, its pinned host buffer).
+#[test]
+fn a_compiled_programs_operations_are_not_the_programs_loop() {
+    let operations_then_a_loop = |range: &str| {
+        set_up_then_a_clean_loop(29, |b, op| {
+            b.nvtx(&format!("{range}{op},unique_hlo_op_id={op}#"), |b| b.idle(1_000_000))
+        })
+    };
+    assert_eq!(check(&operations_then_a_loop("step #hlo_op=copy.")).len(), 1, "the same ranges as steps");
+    assert_eq!(check(&operations_then_a_loop("Thunk:#hlo_op=copy.")), vec![]);
+}
+
 /// XLA's autotuner runs each candidate it compiled, an `XlaModule` range
 /// of one name each time, inside its measurement's range (or, not
 /// `measured`, the same runs alone).

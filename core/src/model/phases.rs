@@ -198,33 +198,39 @@ pub struct Repeated {
     pub ends: Vec<usize>,
 }
 
-/// Whether phases of this name are a compiler's work, not steps of the
-/// program: XLA (under JAX, TensorFlow or PyTorch/XLA) marks each compile
-/// with NVTX ranges, `XlaCompile:#module=…#` and inside it
-/// `XlaPassPipeline:…` and `XlaPass:…`, one per pass and per fusion it
-/// compiles on its own while it autotunes, and `XlaAutotuner…` while it
-/// measures: many of one name, digits aside. What a compile sets up (a math
-/// library's workspace for each stream it tunes on) grows from one compile
-/// to the next, and not with the loop. (`XlaModule:…`, one per run of a
-/// compiled program, is the program's work, but while the autotuner runs
-/// its candidates: see [`repeated`].)
-fn compiler_phase(name: &str) -> bool {
-    ["XlaCompile", "XlaPass", "XlaAutotuner"].iter().any(|prefix| name.starts_with(prefix))
+/// Whether phases of this name are a library's own work, not steps of the
+/// program. XLA (under JAX, TensorFlow or PyTorch/XLA) marks:
+/// - each compile with NVTX ranges, `XlaCompile:#module=…#` and inside it
+///   `XlaPassPipeline:…` and `XlaPass:…`, one per pass and per fusion it
+///   compiles on its own while it autotunes, and `XlaAutotuner…` while it
+///   measures: many of one name, digits aside. What a compile sets up (a
+///   math library's workspace for each stream it tunes on) grows from one
+///   compile to the next, and not with the loop;
+/// - each operation of a compiled program it runs, `Thunk:#hlo_op=…#`: a
+///   loop compiled into the program (a `while`, a `scan`) repeats them
+///   thousands of times inside one run, and what an operation sets up the
+///   first time it runs (a conditional's pinned host buffer) grows with the
+///   operations reached, not with the program's loop.
+///
+/// (`XlaModule:…`, one per run of a compiled program, is the program's
+/// work, but while the autotuner runs its candidates: see [`repeated`].)
+fn library_phase(name: &str) -> bool {
+    ["XlaCompile", "XlaPass", "XlaAutotuner", "Thunk:#"].iter().any(|prefix| name.starts_with(prefix))
 }
 
-/// For each span, the compiler's phases ([`compiler_phase`]) open when it
+/// For each span, the library's phases ([`library_phase`]) open when it
 /// began, itself included if it is one, found through its parents: a
 /// span's parent is the innermost phase open in the process when it began,
 /// on any thread, so following parents reaches every phase still open then
 /// (and some closed since, left out). Computed in order, each from its
 /// parent's (a parent began before its child).
-fn compilers_open(spans: &[PhaseSpan]) -> Vec<Vec<SpanId>> {
+fn libraries_open(spans: &[PhaseSpan]) -> Vec<Vec<SpanId>> {
     let mut open: Vec<Vec<SpanId>> = Vec::with_capacity(spans.len());
     for (id, s) in spans.iter().enumerate() {
         let inherited = s.parent.filter(|&p| p < id).map(|p| open[p].as_slice()).unwrap_or_default();
         let mut mine: Vec<SpanId> =
             inherited.iter().copied().filter(|&c| spans[c].end_ns.is_none_or(|end| end >= s.begin_ns)).collect();
-        if compiler_phase(&s.name) {
+        if library_phase(&s.name) {
             mine.push(id);
         }
         open.push(mine);
@@ -232,20 +238,20 @@ fn compilers_open(spans: &[PhaseSpan]) -> Vec<Vec<SpanId>> {
     open
 }
 
-/// The repeated phases of `spans`, but for a compiler's and those inside
-/// them ([`compiler_phase`]), and whether `skip` left any phase out (phases
+/// The repeated phases of `spans`, but for a library's and those inside
+/// them ([`library_phase`]), and whether `skip` left any phase out (phases
 /// that are not repetitions of the program's work, such as the pytest
 /// plugin's one per test).
 pub fn repeated(spans: &[PhaseSpan], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<Repeated>, bool) {
     let mut skipped = false;
     let mut out: Vec<Repeated> = Vec::new();
-    // A compiler's phases, and phases inside one on its thread: XLA's
+    // A library's phases, and phases inside one on its thread: XLA's
     // autotuner runs each candidate it compiled, an `XlaModule:…` range
     // inside its `XlaAutotunerMeasurement:…`.
-    let compilers = compilers_open(spans);
-    let in_compiler = |id: SpanId| compilers[id].iter().any(|&c| spans[c].tid == spans[id].tid);
+    let libraries = libraries_open(spans);
+    let in_library = |id: SpanId| libraries[id].iter().any(|&c| spans[c].tid == spans[id].tid);
     let mut ended: Vec<&PhaseSpan> =
-        spans.iter().enumerate().filter(|&(id, s)| s.end.is_some() && !in_compiler(id)).map(|(_, s)| s).collect();
+        spans.iter().enumerate().filter(|&(id, s)| s.end.is_some() && !in_library(id)).map(|(_, s)| s).collect();
     ended.sort_by_key(|s| s.end);
     for span in ended {
         if skip(&span.name) {
