@@ -112,11 +112,12 @@ SHAPE=accum LEAK=1 check torch-accum-leak growth:torch_shapes.py:$(line torch_sh
 SHAPE=ema LEAK=1 LEAK_EVERY=5 check torch-ema-sparse-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 SHAPE=sizes check torch-sizes-nocache-clean clean -- python3 $src/torch_shapes.py
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 SHAPE=sizes LEAK=1 check torch-sizes-nocache-leak growth:torch_shapes.py:$(line torch_shapes.py) -- python3 $src/torch_shapes.py
-for s in scan shapes donate adam host remat; do
+for s in scan shapes donate adam host remat cond; do
   XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=$s check jax-$s-clean clean -- python3 $src/jax_shapes.py
 done
 XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=shapes LEAK=1 check jax-shapes-leak growth:jax_shapes.py:$(line jax_shapes.py) -- python3 $src/jax_shapes.py
 XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=host LEAK=1 check jax-host-leak growth:jax_shapes.py:$(line jax_shapes.py) -- python3 $src/jax_shapes.py
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=cond LEAK=1 check jax-cond-leak growth:jax_shapes.py:$(line jax_shapes.py) -- python3 $src/jax_shapes.py
 for s in fft kernel mixed linalg streams; do SHAPE=$s check cupy-$s-clean clean -- python3 $src/cupy_shapes.py; done
 SHAPE=mixed LEAK=1 check cupy-mixed-leak growth:cupy_shapes.py:$(line cupy_shapes.py) -- python3 $src/cupy_shapes.py
 THREAD=1 SHAPE=mixed check cupy-thread-clean clean -- python3 $src/cupy_shapes.py

@@ -4,7 +4,10 @@
 # each time), donate (the weights donated to each step), adam (a tree of
 # layers with Adam's moments, all donated), host (each batch put from host
 # memory, steps dispatched ahead and waited for every tenth), remat
-# (rematerialised layers, vmapped over four models). Clean, each must
+# (rematerialised layers, vmapped over four models), cond (each step one
+# compiled program with loops and branches inside: ten inner updates by a
+# fori_loop, each a lax.cond on the step, then a while_loop whose trip
+# count changes with the step). Clean, each must
 # pass; LEAK=1 keeps every step's weights (the line marked ALLOCATED) and
 # marks its steps, found at that line.
 import os
@@ -65,6 +68,15 @@ elif shape == "remat":
     jitted = jax.jit(lambda w, x: w - 0.1 * jax.grad(lambda w: many(w, x).sum())(w))
     w = jnp.stack([w] * 4)
     step = lambda w, i: jitted(w, jax.random.normal(jax.random.fold_in(key, i), (256, 512)))
+elif shape == "cond":
+
+    def inner(w, x, i):
+        body = lambda k, w: jax.lax.cond((i + k) % 3 == 0, lambda w: update(w, x), lambda w: 0.99 * w, w)
+        w = jax.lax.fori_loop(0, 10, body, w)
+        return jax.lax.while_loop(lambda c: c[1] < i % 4, lambda c: (update(c[0], x), c[1] + 1), (w, 0))[0]
+
+    jitted = jax.jit(inner)
+    step = lambda w, i: jitted(w, jax.random.normal(jax.random.fold_in(key, i), (256, 512)), i)
 else:
     jitted = jax.jit(update)
     step = lambda w, i: jitted(w, jax.random.normal(jax.random.fold_in(key, i), (128 * (1 + i // 8), 512)))
