@@ -199,23 +199,26 @@ pub struct Repeated {
 }
 
 /// Whether phases of this name are a library's own work, not steps of the
-/// program. XLA (under JAX, TensorFlow or PyTorch/XLA) marks:
-/// - each compile with NVTX ranges, `XlaCompile:#module=…#` and inside it
-///   `XlaPassPipeline:…` and `XlaPass:…`, one per pass and per fusion it
-///   compiles on its own while it autotunes, and `XlaAutotuner…` while it
-///   measures: many of one name, digits aside. What a compile sets up (a
-///   math library's workspace for each stream it tunes on) grows from one
-///   compile to the next, and not with the loop;
-/// - each operation of a compiled program it runs, `Thunk:#hlo_op=…#`: a
-///   loop compiled into the program (a `while`, a `scan`) repeats them
+/// program. XLA (under JAX, TensorFlow or PyTorch/XLA) marks with NVTX
+/// ranges:
+/// - each compile and its stages, on the compiling thread and on the
+///   threads it compiles fusions on while it autotunes: `XlaCompile:…`,
+///   `XlaPassPipeline:…` and `XlaPass:…` (one per pass and per fusion),
+///   `XlaAutotuner…` while it measures, `XlaBufferAssignment:…`,
+///   `XlaEmitGpuAsm:…` and others, all named `Xla…`: hundreds of one name,
+///   digits aside. What a compile sets up (a math library's workspace for
+///   each stream it tunes on) grows from one compile to the next, and not
+///   with the loop;
+/// - each operation of a compiled program it runs, `Thunk:#…#`: a loop
+///   compiled into the program (a `while`, a `scan`) repeats them
 ///   thousands of times inside one run, and what an operation sets up the
 ///   first time it runs (a conditional's pinned host buffer) grows with the
 ///   operations reached, not with the program's loop.
 ///
-/// (`XlaModule:…`, one per run of a compiled program, is the program's
-/// work, but while the autotuner runs its candidates: see [`repeated`].)
+/// `XlaModule:…`, one per run of a compiled program, is the program's work,
+/// but while the autotuner runs its candidates (see [`repeated`]).
 fn library_phase(name: &str) -> bool {
-    ["XlaCompile", "XlaPass", "XlaAutotuner", "Thunk:#"].iter().any(|prefix| name.starts_with(prefix))
+    (name.starts_with("Xla") && !name.starts_with("XlaModule")) || name.starts_with("Thunk:#")
 }
 
 /// For each span, the library's phases ([`library_phase`]) open when it
