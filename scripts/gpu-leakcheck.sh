@@ -134,6 +134,17 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=numpyro check lib-numpyro-clean clean 
 for s in lightning geometric gpytorch triton graph metrics; do
   SHAPE=$s LEAK=1 check lib-$s-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
 done
+# More libraries' loops: Flax NNX with Optax, Equinox (JAX's arena
+# preallocated), timm, PEFT's LoRA, Accelerate; JAX's leaks marked.
+for s in timm peft accelerate; do SHAPE=$s check lib-$s-clean clean -- python3 $src/lib_shapes.py; done
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=flax check lib-flax-clean clean -- python3 $src/lib_shapes.py
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=flax MARK=1 check lib-flax-marked-clean clean -- python3 $src/lib_shapes.py
+SHAPE=equinox check lib-equinox-clean clean -- python3 $src/lib_shapes.py
+for s in timm peft accelerate; do
+  SHAPE=$s LEAK=1 check lib-$s-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
+done
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=flax LEAK=1 MARK=1 check lib-flax-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
+SHAPE=equinox LEAK=1 MARK=1 check lib-equinox-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
 SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(line numba_shapes.py DEFERRED) -- python3 $src/numba_shapes.py
 fi
 

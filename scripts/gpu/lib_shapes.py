@@ -8,9 +8,16 @@
 # and running a loop of its own), botorch (Bayesian optimisation: a GP
 # fitted again to one more point each round), metrics (TorchMetrics'
 # AUROC, which keeps every batch's predictions until each epoch's reset,
-# over three epochs). Clean, each must pass; LEAK=1 keeps a copy
-# of one tensor a step (the line marked ALLOCATED) in the PyTorch shapes,
-# where the leak is to be found.
+# over three epochs), flax (Flax NNX with Optax's AdamW, batch norm and
+# dropout, evaluated every tenth step), equinox (an Equinox MLP, gradients
+# clipped, batches of three sizes), timm (timm's ViT in bfloat16 autocast
+# with an EMA of its weights), peft (LoRA on a GPT-2 built from its config,
+# gradient checkpointing, sequences of four lengths), accelerate (Hugging
+# Face Accelerate: bfloat16, accumulation over four batches, a pinned
+# loader, a one-cycle schedule). Clean, each must pass; LEAK=1 keeps a
+# copy of one tensor or array a step (the line marked ALLOCATED), where the
+# leak is to be found; MARK=1 marks the JAX shapes' steps with
+# cupool.mark().
 import os
 
 shape = os.environ.get("SHAPE", "lightning")
@@ -20,7 +27,14 @@ kept = []
 
 def keep(t):
     if leak:
-        kept.append(t.detach().clone())  # ALLOCATED
+        kept.append(t.detach().clone() if hasattr(t, "detach") else t + 0)  # ALLOCATED
+
+
+def mark(i):
+    if os.environ.get("MARK") == "1":
+        import cupool
+
+        cupool.mark("step %d" % i)
 
 
 def lightning():
@@ -221,6 +235,142 @@ def metrics():
     return total
 
 
+def flax_loop():
+    import jax
+    import optax
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.a, self.b = nnx.Linear(64, 256, rngs=rngs), nnx.Linear(256, 10, rngs=rngs)
+            self.norm, self.drop = nnx.BatchNorm(256, rngs=rngs), nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.b(self.drop(nnx.relu(self.norm(self.a(x)))))
+
+    model = Net(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt, x, y):
+        loss_of = lambda m: optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+        loss, grads = nnx.value_and_grad(loss_of)(model)
+        opt.update(model, grads)
+        return loss
+
+    evaluate = nnx.jit(lambda m, x: m(x).argmax(-1))
+    key, accuracy = jax.random.PRNGKey(0), 0.0
+    for i in range(40):
+        mark(i)
+        x = jax.random.normal(jax.random.fold_in(key, i), (128, 64))
+        y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32")
+        loss = step(model, opt, x, y)
+        keep(x)
+        if i % 10 == 9:
+            model.eval()
+            accuracy = float((evaluate(model, x) == y).mean())
+            model.train()
+    return float(loss) + accuracy
+
+
+def equinox_loop():
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    key = jax.random.PRNGKey(0)
+    model = eqx.nn.MLP(32, 1, 128, 3, key=key)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+    state = opt.init(eqx.filter(model, eqx.is_array))
+
+    @eqx.filter_jit
+    def step(model, state, x, y):
+        loss_of = lambda m: jnp.mean((jax.vmap(m)(x) - y) ** 2)
+        loss, grads = eqx.filter_value_and_grad(loss_of)(model)
+        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), state, loss
+
+    for i in range(40):
+        mark(i)
+        x = jax.random.normal(jax.random.fold_in(key, i), ((64, 96, 128)[i % 3], 32))
+        model, state, loss = step(model, state, x, jnp.sin(x[:, :1]))
+        keep(x)
+    return float(loss)
+
+
+def timm_loop():
+    import timm
+    import timm.utils
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=64, num_classes=10).cuda()
+    ema = timm.utils.ModelEmaV3(model, decay=0.99)
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    for _ in range(30):
+        x, y = torch.randn(32, 3, 64, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        ema.update(model)
+        keep(loss)
+    with torch.no_grad():
+        return ema.module(x).float().mean().item()
+
+
+def peft_lora():
+    import torch
+    import transformers as tf
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=4000, n_layer=4, n_embd=256, n_head=4, use_cache=False))
+    model.gradient_checkpointing_enable()
+    model.enable_input_require_grads()
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora).cuda()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 1e-3)
+    for i in range(30):
+        ids = torch.randint(0, 4000, (8, 64 + 32 * (i % 4)), device="cuda")
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        keep(out.logits[:, -1])
+    return out.loss.item()
+
+
+def accelerate_loop():
+    import torch
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    acc = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=4)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    data = TensorDataset(torch.randn(2048, 128), torch.randint(0, 10, (2048,)))
+    loader = DataLoader(data, batch_size=32, shuffle=True, pin_memory=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=2 * len(loader))
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    for _ in range(2):
+        for x, y in loader:
+            with acc.accumulate(model):
+                loss = F.cross_entropy(model(x), y)
+                acc.backward(loss)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            keep(loss)
+    return loss.item()
+
+
 run = {"lightning": lightning, "geometric": geometric, "gpytorch": gpytorch_fit, "triton": triton_loop,
-       "graph": graph, "numpyro": numpyro_nuts, "botorch": botorch_loop, "metrics": metrics}[shape]
+       "graph": graph, "numpyro": numpyro_nuts, "botorch": botorch_loop, "metrics": metrics, "flax": flax_loop,
+       "equinox": equinox_loop, "timm": timm_loop, "peft": peft_lora, "accelerate": accelerate_loop}[shape]
 print(f"result: ok {run():.4f}")
