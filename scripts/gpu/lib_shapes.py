@@ -27,7 +27,7 @@ kept = []
 
 def keep(t):
     if leak:
-        kept.append(t.detach().clone() if hasattr(t, "detach") else t + 0)  # ALLOCATED
+        kept.append(t.detach().clone() if hasattr(t, "detach") else t + 1)  # ALLOCATED
 
 
 def mark(i):

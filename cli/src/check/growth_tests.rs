@@ -562,11 +562,14 @@ fn a_compilers_ranges_are_not_the_programs_loop() {
     for range in [
         "XlaPass:#name=fusion-wrapper,module=loop_multiply_fusion,program_id=",
         "XlaCompile:#module=jit_step,program_id=",
-        // On the threads a compile spreads its fusions over, outside its range.
+        // A stage of a compile named otherwise, as on the threads a compile
+        // spreads parts of a module over, where no compile range encloses it.
         "XlaEmitGpuAsm:#module=LLVMDialectModule,program_id=",
     ] {
         assert_eq!(check(&compiles_then_a_loop(range)), vec![], "{range}");
     }
+    // Named alike but not in XLA's form (TensorFlow labels an op named after its type so).
+    assert_eq!(check(&compiles_then_a_loop("XlaLaunch:XlaLaunch ")).len(), 1);
 }
 
 /// A program compiled with its loop inside (a `while`, a `scan`) runs as
@@ -580,8 +583,25 @@ fn a_compiled_programs_operations_are_not_the_programs_loop() {
             b.nvtx(&format!("{range}{op},unique_hlo_op_id={op}#"), |b| b.idle(1_000_000))
         })
     };
-    assert_eq!(check(&operations_then_a_loop("step #hlo_op=copy.")).len(), 1, "the same ranges as steps");
+    let as_steps = check(&operations_then_a_loop("step #hlo_op=copy."));
+    assert_eq!(as_steps.iter().map(|g| g.key.clone()).collect::<Vec<_>>(), vec![SiteKey::Stack(7)]);
     assert_eq!(check(&operations_then_a_loop("Thunk:#hlo_op=copy.")), vec![]);
+}
+
+/// A host callback, run inside one of the program's operations, marks the
+/// steps of a loop compiled into the program: the marks are the program's.
+#[test]
+fn marks_made_inside_a_compiled_programs_operation_are_the_programs() {
+    let mut b = LogBuilder::new(31, "python jax_callback.py");
+    for step in 0..20 {
+        b.nvtx("Thunk:#hlo_op=custom-call.1,unique_hlo_op_id=12#", |b| b.mark(&format!("step {step}")));
+        b.alloc(1000, Some(3));
+        b.idle(1_000_000);
+    }
+    let found = check(&b.exit(0));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].key, SiteKey::Stack(3));
+    assert_eq!((found[0].growth.phases_from.as_str(), found[0].growth.phase.as_str()), ("mark", "step #"));
 }
 
 /// XLA's autotuner runs each candidate it compiled, an `XlaModule` range

@@ -198,42 +198,50 @@ pub struct Repeated {
     pub ends: Vec<usize>,
 }
 
-/// Whether phases of this name are a library's own work, not steps of the
-/// program. XLA (under JAX, TensorFlow or PyTorch/XLA) marks with NVTX
-/// ranges:
-/// - each compile and its stages, on the compiling thread and on the
-///   threads it compiles fusions on while it autotunes: `XlaCompile:…`,
-///   `XlaPassPipeline:…` and `XlaPass:…` (one per pass and per fusion),
-///   `XlaAutotuner…` while it measures, `XlaBufferAssignment:…`,
-///   `XlaEmitGpuAsm:…` and others, all named `Xla…`: hundreds of one name,
-///   digits aside. What a compile sets up (a math library's workspace for
-///   each stream it tunes on) grows from one compile to the next, and not
-///   with the loop;
-/// - each operation of a compiled program it runs, `Thunk:#…#`: a loop
-///   compiled into the program (a `while`, a `scan`) repeats them
-///   thousands of times inside one run, and what an operation sets up the
-///   first time it runs (a conditional's pinned host buffer) grows with the
-///   operations reached, not with the program's loop.
-///
-/// `XlaModule:…`, one per run of a compiled program, is the program's work,
-/// but while the autotuner runs its candidates (see [`repeated`]).
-fn library_phase(name: &str) -> bool {
-    (name.starts_with("Xla") && !name.starts_with("XlaModule")) || name.starts_with("Thunk:#")
+/// Whether phases of this name are a compiler's work, not steps of the
+/// program. XLA (under JAX, TensorFlow or PyTorch/XLA) marks each compile
+/// and its stages with NVTX ranges named `Xla<Stage>:#…#`: `XlaCompile`,
+/// `XlaPassPipeline` and `XlaPass` (one per pass and per fusion compiled on
+/// its own), `XlaBufferAssignment`, `XlaEmitGpuAsm` and others, on the
+/// compiling thread and on the threads it compiles parts of a module on,
+/// and `XlaAutotuner…` while it measures: up to hundreds of one name,
+/// digits aside. What a compile sets up (a math library's workspace for
+/// each stream it tunes on) grows from one compile to the next, and not
+/// with the loop. `XlaModule:…`, one per run of a compiled program, is the
+/// program's work, but while the autotuner runs its candidates (see
+/// [`repeated`]).
+fn compiler_phase(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("Xla") else { return false };
+    let stage = rest.split_once(":#").map(|(stage, _)| stage);
+    !rest.starts_with("Module")
+        && (rest.starts_with("Autotuner")
+            || stage.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric())))
 }
 
-/// For each span, the library's phases ([`library_phase`]) open when it
+/// Whether phases of this name are operations of a compiled program, not
+/// steps of the program: XLA marks each operation it runs, `Thunk:#…#`. A
+/// loop compiled into the program (a `while`, a `scan`) repeats them
+/// thousands of times inside one run, and what an operation sets up the
+/// first time it runs (a conditional's pinned host buffer) grows with the
+/// operations reached, not with the program's loop. What runs inside one
+/// (a host callback's marks) is the program's.
+fn operation_phase(name: &str) -> bool {
+    name.starts_with("Thunk:#")
+}
+
+/// For each span, the compiler's phases ([`compiler_phase`]) open when it
 /// began, itself included if it is one, found through its parents: a
 /// span's parent is the innermost phase open in the process when it began,
 /// on any thread, so following parents reaches every phase still open then
 /// (and some closed since, left out). Computed in order, each from its
 /// parent's (a parent began before its child).
-fn libraries_open(spans: &[PhaseSpan]) -> Vec<Vec<SpanId>> {
+fn compilers_open(spans: &[PhaseSpan]) -> Vec<Vec<SpanId>> {
     let mut open: Vec<Vec<SpanId>> = Vec::with_capacity(spans.len());
     for (id, s) in spans.iter().enumerate() {
         let inherited = s.parent.filter(|&p| p < id).map(|p| open[p].as_slice()).unwrap_or_default();
         let mut mine: Vec<SpanId> =
             inherited.iter().copied().filter(|&c| spans[c].end_ns.is_none_or(|end| end >= s.begin_ns)).collect();
-        if library_phase(&s.name) {
+        if compiler_phase(&s.name) {
             mine.push(id);
         }
         open.push(mine);
@@ -241,20 +249,22 @@ fn libraries_open(spans: &[PhaseSpan]) -> Vec<Vec<SpanId>> {
     open
 }
 
-/// The repeated phases of `spans`, but for a library's and those inside
-/// them ([`library_phase`]), and whether `skip` left any phase out (phases
+/// The repeated phases of `spans`, but for a compiler's and those inside
+/// them on their thread ([`compiler_phase`]) and a compiled program's
+/// operations ([`operation_phase`]), and whether `skip` left any phase out (phases
 /// that are not repetitions of the program's work, such as the pytest
 /// plugin's one per test).
 pub fn repeated(spans: &[PhaseSpan], min: usize, skip: &dyn Fn(&str) -> bool) -> (Vec<Repeated>, bool) {
     let mut skipped = false;
     let mut out: Vec<Repeated> = Vec::new();
-    // A library's phases, and phases inside one on its thread: XLA's
+    // A compiler's phases, and phases inside one on its thread: XLA's
     // autotuner runs each candidate it compiled, an `XlaModule:…` range
     // inside its `XlaAutotunerMeasurement:…`.
-    let libraries = libraries_open(spans);
-    let in_library = |id: SpanId| libraries[id].iter().any(|&c| spans[c].tid == spans[id].tid);
+    let compilers = compilers_open(spans);
+    let in_compiler = |id: SpanId| compilers[id].iter().any(|&c| spans[c].tid == spans[id].tid);
+    let program_step = |id: SpanId, s: &PhaseSpan| !in_compiler(id) && !operation_phase(&s.name);
     let mut ended: Vec<&PhaseSpan> =
-        spans.iter().enumerate().filter(|&(id, s)| s.end.is_some() && !in_library(id)).map(|(_, s)| s).collect();
+        spans.iter().enumerate().filter(|&(id, s)| s.end.is_some() && program_step(id, s)).map(|(_, s)| s).collect();
     ended.sort_by_key(|s| s.end);
     for span in ended {
         if skip(&span.name) {
