@@ -1060,6 +1060,8 @@ fn nvtx_ranges_are_phases() {
     let depths = ["attached", "d_outer", "d_inner", "pop_inner", "pop_outer"].map(|k| stdout_value(&stdout, k));
     assert_eq!(depths, [Some(1), Some(0), Some(1), Some(1), Some(0)], "{stdout}");
     assert!(stdout.contains("pop_extra=-1"), "{stdout}");
+    let operation = ["d_op", "d_callback", "pop_op"].map(|k| stdout_value(&stdout, k));
+    assert_eq!(operation, [Some(0), Some(0), Some(0)], "an operation's range still nests: {stdout}");
     let logs = read_logs(&dir);
     assert_eq!(logs.len(), 1, "{:?}", log_files(&dir));
     let phases: Vec<(String, String, String, u64)> = logs[0]["events"]
@@ -1078,6 +1080,8 @@ fn nvtx_ranges_are_phases() {
         ("phase_end", "async", "nvtxRangeEnd", MIB),
         ("phase_begin", "registered", "nvtxDomainRangePushEx", MIB),
         ("phase_end", "registered", "nvtxDomainRangePop", MIB),
+        ("phase_begin", "callback", "nvtxRangePushA", MIB),
+        ("phase_end", "callback", "nvtxRangePop", MIB),
         ("phase_begin", "wide \u{2713}", "nvtxRangePushW", MIB),
         ("phase_end", "wide \u{2713}", "nvtxRangePop", MIB),
         ("phase_begin", "thread", "nvtxRangePushA", MIB),
@@ -1085,6 +1089,8 @@ fn nvtx_ranges_are_phases() {
     ]
     .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), d));
     assert_eq!(phases, want);
+    let notes = logs[0]["end"]["notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("(Thunk:#...#) were not written")), "{notes:?}");
     assert_valid_log(&logs[0], "nvtx_client");
 
     // nvtx=0: the shim declines to attach, and no range reaches the log.

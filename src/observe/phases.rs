@@ -10,13 +10,15 @@
 //! recording started is not written (nor is its end).
 
 use super::{counters, timeline};
+use crate::runtime::diag;
 use crate::runtime::SESSION;
 use crate::sink;
 use cupool_core::log::{Api, EventKind};
+use cupool_core::model::operation_phase;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 struct Phases {
     /// (name id, the call that began it), innermost last.
@@ -80,12 +82,32 @@ thread_local! {
 static STARTED: Mutex<Option<HashMap<u64, (u32, bool)>>> = Mutex::new(None);
 static NEXT_RANGE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Whether an NVTX range of this name is written: not one of a compiled
+/// program's operations (XLA's `Thunk:#…#`, see `operation_phase`), two
+/// events for every operation run, which never name the program's phases.
+/// Said once in the end record.
+fn written_as_phase(name: &str) -> bool {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !operation_phase(name) {
+        return true;
+    }
+    if !SAID.load(Ordering::Relaxed) && !SAID.swap(true, Ordering::Relaxed) {
+        diag::remark(
+            "XLA's NVTX ranges of the operations it runs (Thunk:#...#) were not written: they are a compiled \
+             program's operations, not the program's phases",
+        );
+    }
+    false
+}
+
 /// An NVTX push on this thread in `domain` (0: the default domain); returns
 /// the range's depth in that domain (0 outermost), as NVTX does.
 pub fn push_thread(api: Api, domain: usize, name: &str) -> i32 {
-    let id = sink::intern(name);
-    let written = SESSION.is_on();
-    write(EventKind::PhaseBegin, api, id);
+    let written = written_as_phase(name) && SESSION.is_on();
+    let id = if written { sink::intern(name) } else { 0 };
+    if written {
+        write(EventKind::PhaseBegin, api, id);
+    }
     THREAD_RANGES.with(|r| {
         let mut r = r.borrow_mut();
         r.push((domain, id, written));
@@ -110,9 +132,11 @@ pub fn pop_thread(api: Api, domain: usize) -> i32 {
 /// An NVTX start range; returns its id (never 0).
 pub fn start_range(api: Api, name: &str) -> u64 {
     let id = NEXT_RANGE_ID.fetch_add(1, Ordering::Relaxed);
-    let name = sink::intern(name);
-    let written = SESSION.is_on();
-    write(EventKind::PhaseBegin, api, name);
+    let written = written_as_phase(name) && SESSION.is_on();
+    let name = if written { sink::intern(name) } else { 0 };
+    if written {
+        write(EventKind::PhaseBegin, api, name);
+    }
     STARTED.lock().get_or_insert_with(HashMap::new).insert(id, (name, written));
     id
 }

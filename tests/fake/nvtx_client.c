@@ -4,10 +4,12 @@
  * and then calls the slots as nvtxRangePushA & co. would. After a first
  * 1 MiB allocation (recording on): ranges "outer" (push A) holding "inner"
  * (push Ex, ascii) with 2 MiB allocated in it, "async" (start A / end),
- * "registered" (domain push Ex with a registered string), "wide ✓" (push W),
+ * "registered" (domain push Ex with a registered string), an operation's
+ * range as XLA names it (domain push Ex, not written) holding "callback"
+ * (push A), "wide ✓" (push W),
  * and "thread" pushed and popped on a second thread. Prints attached=, the
  * depths NVTX returns (d_outer=, d_inner=, pop_inner=, pop_outer=,
- * pop_extra=) and result: ok. Without the variable: injected=0. */
+ * pop_extra=, d_op=, d_callback=, pop_op=) and result: ok. Without the variable: injected=0. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -105,6 +107,11 @@ int main(void)
         struct attributes reg = {3, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 3, name};
         ((domain_push_fn)core2[4])(domain, &reg);
         ((domain_pop_fn)core2[5])(domain);
+        struct attributes op = {3, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 1, "Thunk:#hlo_op=fusion.3#"};
+        printf("d_op=%d\n", ((domain_push_fn)core2[4])(domain, &op));
+        printf("d_callback=%d\n", ((push_a_fn)core[9])("callback"));
+        ((pop_fn)core[11])();
+        printf("pop_op=%d\n", ((domain_pop_fn)core2[5])(domain));
         ((push_w_fn)core[10])(L"wide \u2713");
         ((pop_fn)core[11])();
         pthread_t t;

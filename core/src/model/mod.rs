@@ -28,7 +28,8 @@ mod tests;
 
 pub use follow::Following;
 pub use phases::{
-    group_name, groups as phase_groups, repeated, Family, PhaseDevice, PhaseGroup, PhaseSpan, Repeated, SpanId,
+    group_name, groups as phase_groups, operation_phase, repeated, Family, PhaseDevice, PhaseGroup, PhaseSpan,
+    Repeated, SpanId,
 };
 
 use crate::log::{Api, DeviceCounters, ExitRecord, Leak, Log, MemKind, Named, OomRecord};

@@ -224,8 +224,9 @@ fn compiler_phase(name: &str) -> bool {
 /// thousands of times inside one run, and what an operation sets up the
 /// first time it runs (a conditional's pinned host buffer) grows with the
 /// operations reached, not with the program's loop. What runs inside one
-/// (a host callback's marks) is the program's.
-fn operation_phase(name: &str) -> bool {
+/// (a host callback's marks) is the program's. The shim does not write
+/// them (two events for every operation run); a log from before it did.
+pub fn operation_phase(name: &str) -> bool {
     name.starts_with("Thunk:#")
 }
 
