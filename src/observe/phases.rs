@@ -82,16 +82,18 @@ thread_local! {
 static STARTED: Mutex<Option<HashMap<u64, (u32, bool)>>> = Mutex::new(None);
 static NEXT_RANGE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Whether the end record's notes say that operations' ranges were not written.
+static OPERATIONS_SAID: AtomicBool = AtomicBool::new(false);
+
 /// Whether an NVTX range of this name is written: not one of a compiled
 /// program's operations (XLA's `Thunk:#…#`, see `operation_phase`), two
 /// events for every operation run, which never name the program's phases.
 /// Said once in the end record.
 fn written_as_phase(name: &str) -> bool {
-    static SAID: AtomicBool = AtomicBool::new(false);
     if !operation_phase(name) {
         return true;
     }
-    if !SAID.load(Ordering::Relaxed) && !SAID.swap(true, Ordering::Relaxed) {
+    if !OPERATIONS_SAID.load(Ordering::Relaxed) && !OPERATIONS_SAID.swap(true, Ordering::Relaxed) {
         diag::remark(
             "XLA's NVTX ranges of the operations it runs (Thunk:#...#) were not written: they are a compiled \
              program's operations, not the program's phases",
@@ -191,7 +193,9 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
     STARTED.force_unlock();
     PHASES.force_unlock();
     if in_child {
-        // The child starts a session of its own: its open phases are written then.
+        // The child starts a session of its own: its open phases are written
+        // then, and its end record says what it left out.
         PHASES.lock().written = false;
+        OPERATIONS_SAID.store(false, Ordering::Relaxed);
     }
 }
