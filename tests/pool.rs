@@ -1060,8 +1060,8 @@ fn nvtx_ranges_are_phases() {
     let depths = ["attached", "d_outer", "d_inner", "pop_inner", "pop_outer"].map(|k| stdout_value(&stdout, k));
     assert_eq!(depths, [Some(1), Some(0), Some(1), Some(1), Some(0)], "{stdout}");
     assert!(stdout.contains("pop_extra=-1"), "{stdout}");
-    let operation = ["d_op", "d_callback", "pop_op"].map(|k| stdout_value(&stdout, k));
-    assert_eq!(operation, [Some(0), Some(0), Some(0)], "an operation's range still nests: {stdout}");
+    let operation = ["d_op", "d_callback", "pop_callback", "pop_op"].map(|k| stdout_value(&stdout, k));
+    assert_eq!(operation, [Some(0), Some(1), Some(1), Some(0)], "an operation's range still nests: {stdout}");
     let logs = read_logs(&dir);
     assert_eq!(logs.len(), 1, "{:?}", log_files(&dir));
     let phases: Vec<(String, String, String, u64)> = logs[0]["events"]
@@ -1080,8 +1080,8 @@ fn nvtx_ranges_are_phases() {
         ("phase_end", "async", "nvtxRangeEnd", MIB),
         ("phase_begin", "registered", "nvtxDomainRangePushEx", MIB),
         ("phase_end", "registered", "nvtxDomainRangePop", MIB),
-        ("phase_begin", "callback", "nvtxRangePushA", MIB),
-        ("phase_end", "callback", "nvtxRangePop", MIB),
+        ("phase_begin", "callback", "nvtxDomainRangePushEx", MIB),
+        ("phase_end", "callback", "nvtxDomainRangePop", MIB),
         ("phase_begin", "wide \u{2713}", "nvtxRangePushW", MIB),
         ("phase_end", "wide \u{2713}", "nvtxRangePop", MIB),
         ("phase_begin", "thread", "nvtxRangePushA", MIB),

@@ -6,10 +6,10 @@
  * (push Ex, ascii) with 2 MiB allocated in it, "async" (start A / end),
  * "registered" (domain push Ex with a registered string), an operation's
  * range as XLA names it (domain push Ex, not written) holding "callback"
- * (push A), "wide ✓" (push W),
+ * (the same), "wide ✓" (push W),
  * and "thread" pushed and popped on a second thread. Prints attached=, the
  * depths NVTX returns (d_outer=, d_inner=, pop_inner=, pop_outer=,
- * pop_extra=, d_op=, d_callback=, pop_op=) and result: ok. Without the variable: injected=0. */
+ * pop_extra=, d_op=, d_callback=, pop_callback=, pop_op=) and result: ok. Without the variable: injected=0. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -109,8 +109,9 @@ int main(void)
         ((domain_pop_fn)core2[5])(domain);
         struct attributes op = {3, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 1, "Thunk:#hlo_op=fusion.3#"};
         printf("d_op=%d\n", ((domain_push_fn)core2[4])(domain, &op));
-        printf("d_callback=%d\n", ((push_a_fn)core[9])("callback"));
-        ((pop_fn)core[11])();
+        struct attributes callback = {3, sizeof(struct attributes), 0, 0, 0, 0, 0, 0, 1, "callback"};
+        printf("d_callback=%d\n", ((domain_push_fn)core2[4])(domain, &callback));
+        printf("pop_callback=%d\n", ((domain_pop_fn)core2[5])(domain));
         printf("pop_op=%d\n", ((domain_pop_fn)core2[5])(domain));
         ((push_w_fn)core[10])(L"wide \u2713");
         ((pop_fn)core[11])();
