@@ -1063,14 +1063,22 @@ fn nvtx_ranges_are_phases() {
     let operation = ["d_op", "d_callback", "pop_callback", "pop_op"].map(|k| stdout_value(&stdout, k));
     assert_eq!(operation, [Some(0), Some(1), Some(1), Some(0)], "an operation's range still nests: {stdout}");
     let logs = read_logs(&dir);
-    assert_eq!(logs.len(), 1, "{:?}", log_files(&dir));
-    let phases: Vec<(String, String, String, u64)> = logs[0]["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ev"].as_str().is_some_and(|k| k.starts_with("phase_")))
-        .map(|e| (str_of(e, "ev").into(), str_of(e, "name").into(), str_of(e, "api").into(), u64_of(e, "live")))
-        .collect();
+    assert_eq!(logs.len(), 2, "{:?}", log_files(&dir));
+    let child = stdout_value(&stdout, "child_pid").expect("child_pid=");
+    let (children, parents): (Vec<&Value>, Vec<&Value>) = logs.iter().partition(|l| l["process"]["pid"] == child);
+    let (parent, child) = (parents[0], children[0]);
+    let phases_of = |log: &Value| -> Vec<(String, String, String, u64)> {
+        log["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ev"].as_str().is_some_and(|k| k.starts_with("phase_")))
+            .map(|e| (str_of(e, "ev").into(), str_of(e, "name").into(), str_of(e, "api").into(), u64_of(e, "live")))
+            .collect()
+    };
+    let phases = phases_of(parent);
+    // A range open at a fork began in the parent's log: the child writes no end of it.
+    assert_eq!(phases_of(child), vec![], "{}", child["events"]);
     let want = [
         ("phase_begin", "outer", "nvtxRangePushA", MIB),
         ("phase_begin", "inner", "nvtxRangePushEx", MIB),
@@ -1086,12 +1094,15 @@ fn nvtx_ranges_are_phases() {
         ("phase_end", "wide \u{2713}", "nvtxRangePop", MIB),
         ("phase_begin", "thread", "nvtxRangePushA", MIB),
         ("phase_end", "thread", "nvtxRangePop", MIB),
+        ("phase_begin", "forked", "nvtxRangePushA", MIB),
+        ("phase_end", "forked", "nvtxRangePop", MIB),
     ]
     .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), d));
     assert_eq!(phases, want);
-    let notes = logs[0]["end"]["notes"].as_array().unwrap();
+    let notes = parent["end"]["notes"].as_array().unwrap();
     assert!(notes.iter().any(|n| n.as_str().unwrap().contains("(Thunk:#...#) were not written")), "{notes:?}");
-    assert_valid_log(&logs[0], "nvtx_client");
+    assert_valid_log(parent, "nvtx_client");
+    assert_valid_log(child, "nvtx_client");
 
     // nvtx=0: the shim declines to attach, and no range reaches the log.
     let dir = scratch_dir("nvtx-client-off");

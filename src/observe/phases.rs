@@ -188,7 +188,7 @@ pub fn lock_for_fork() {
 
 /// # Safety
 /// Only after `lock_for_fork`, in the same thread or its forked child. The
-/// child is inside the same phases as its parent.
+/// child is inside the same phases and NVTX ranges as its parent.
 pub unsafe fn unlock_after_fork(in_child: bool) {
     STARTED.force_unlock();
     PHASES.force_unlock();
@@ -197,5 +197,15 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         // then, and its end record says what it left out.
         PHASES.lock().written = false;
         OPERATIONS_SAID.store(false, Ordering::Relaxed);
+        // NVTX ranges open at the fork began in the parent's log: to the
+        // child they are ranges begun before its recording, ends unwritten.
+        let _ = THREAD_RANGES.try_with(|ranges| {
+            if let Ok(mut ranges) = ranges.try_borrow_mut() {
+                ranges.iter_mut().for_each(|range| range.2 = false);
+            }
+        });
+        if let Some(started) = STARTED.lock().as_mut() {
+            started.values_mut().for_each(|range| range.1 = false);
+        }
     }
 }

@@ -7,13 +7,16 @@
  * "registered" (domain push Ex with a registered string), an operation's
  * range as XLA names it (domain push Ex, not written) holding "callback"
  * (the same), "wide ✓" (push W),
- * and "thread" pushed and popped on a second thread. Prints attached=, the
+ * "thread" pushed and popped on a second thread, and "forked", open across a
+ * fork: the child allocates, pops it, frees and exits. Prints attached=, the
  * depths NVTX returns (d_outer=, d_inner=, pop_inner=, pop_outer=,
- * pop_extra=, d_op=, d_callback=, pop_callback=, pop_op=) and result: ok. Without the variable: injected=0. */
+ * pop_extra=, d_op=, d_callback=, pop_callback=, pop_op=), child_pid= and result: ok. Without the variable: injected=0. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <wchar.h>
 
 #include "fake_cuda_api.h"
@@ -118,6 +121,22 @@ int main(void)
         pthread_t t;
         pthread_create(&t, NULL, on_thread, NULL);
         pthread_join(t, NULL);
+        ((push_a_fn)core[9])("forked");
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            void *c = NULL;
+            CHECK(cudaMalloc(&c, 1u << 20));
+            ((pop_fn)core[11])();
+            CHECK(cudaFree(c));
+            exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            FAIL("child status %d", status);
+        printf("child_pid=%d\n", (int)child);
+        ((pop_fn)core[11])();
     } else {
         CHECK(cudaMalloc(&b, 2u << 20));
         CHECK(cudaFree(b));
