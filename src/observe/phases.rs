@@ -74,12 +74,12 @@ pub fn mark(api: Api, name: &str) {
 }
 
 thread_local! {
-    /// This thread's NVTX push/pop ranges: (domain, name id, whether its begin was written).
-    static THREAD_RANGES: RefCell<Vec<(usize, u32, bool)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's NVTX push/pop ranges: (domain, its name's id if its begin was written).
+    static THREAD_RANGES: RefCell<Vec<(usize, Option<u32>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// NVTX start/end ranges by id: (name id, whether its begin was written).
-static STARTED: Mutex<Option<HashMap<u64, (u32, bool)>>> = Mutex::new(None);
+/// NVTX start/end ranges by id: their name's id if their begin was written.
+static STARTED: Mutex<Option<HashMap<u64, Option<u32>>>> = Mutex::new(None);
 static NEXT_RANGE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Whether the end record's notes say that operations' ranges were not written.
@@ -102,17 +102,24 @@ fn written_as_phase(name: &str) -> bool {
     false
 }
 
+/// Begins an NVTX range named `name`: the name's id when its begin is
+/// written (while recording, and see `written_as_phase`), for its end.
+fn begin_range(api: Api, name: &str) -> Option<u32> {
+    if !(written_as_phase(name) && SESSION.is_on()) {
+        return None;
+    }
+    let id = sink::intern(name);
+    write(EventKind::PhaseBegin, api, id);
+    Some(id)
+}
+
 /// An NVTX push on this thread in `domain` (0: the default domain); returns
 /// the range's depth in that domain (0 outermost), as NVTX does.
 pub fn push_thread(api: Api, domain: usize, name: &str) -> i32 {
-    let written = written_as_phase(name) && SESSION.is_on();
-    let id = if written { sink::intern(name) } else { 0 };
-    if written {
-        write(EventKind::PhaseBegin, api, id);
-    }
+    let begun = begin_range(api, name);
     THREAD_RANGES.with(|r| {
         let mut r = r.borrow_mut();
-        r.push((domain, id, written));
+        r.push((domain, begun));
         r.iter().filter(|e| e.0 == domain).count() as i32 - 1
     })
 }
@@ -123,8 +130,7 @@ pub fn pop_thread(api: Api, domain: usize) -> i32 {
     THREAD_RANGES.with(|r| {
         let mut r = r.borrow_mut();
         let Some(i) = r.iter().rposition(|e| e.0 == domain) else { return -1 };
-        let (_, id, written) = r.remove(i);
-        if written {
+        if let (_, Some(id)) = r.remove(i) {
             write(EventKind::PhaseEnd, api, id);
         }
         r.iter().filter(|e| e.0 == domain).count() as i32
@@ -134,18 +140,14 @@ pub fn pop_thread(api: Api, domain: usize) -> i32 {
 /// An NVTX start range; returns its id (never 0).
 pub fn start_range(api: Api, name: &str) -> u64 {
     let id = NEXT_RANGE_ID.fetch_add(1, Ordering::Relaxed);
-    let written = written_as_phase(name) && SESSION.is_on();
-    let name = if written { sink::intern(name) } else { 0 };
-    if written {
-        write(EventKind::PhaseBegin, api, name);
-    }
-    STARTED.lock().get_or_insert_with(HashMap::new).insert(id, (name, written));
+    let begun = begin_range(api, name);
+    STARTED.lock().get_or_insert_with(HashMap::new).insert(id, begun);
     id
 }
 
 pub fn end_range(api: Api, id: u64) {
     let started = STARTED.lock().as_mut().and_then(|m| m.remove(&id));
-    if let Some((name, true)) = started {
+    if let Some(Some(name)) = started {
         write(EventKind::PhaseEnd, api, name);
     }
 }
@@ -201,11 +203,11 @@ pub unsafe fn unlock_after_fork(in_child: bool) {
         // child they are ranges begun before its recording, ends unwritten.
         let _ = THREAD_RANGES.try_with(|ranges| {
             if let Ok(mut ranges) = ranges.try_borrow_mut() {
-                ranges.iter_mut().for_each(|range| range.2 = false);
+                ranges.iter_mut().for_each(|range| range.1 = None);
             }
         });
         if let Some(started) = STARTED.lock().as_mut() {
-            started.values_mut().for_each(|range| range.1 = false);
+            started.values_mut().for_each(|begun| *begun = None);
         }
     }
 }
