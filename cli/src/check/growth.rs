@@ -352,9 +352,9 @@ fn clock(replay: &Replay, min_count: usize, allocating_until: u64) -> Option<usi
     let time_of = |ordinal: usize| replay.p.changes[replay.allocs[ordinal].0].t_ns;
     let last_alloc_by_other = |k: usize| {
         let in_timeline = replay.allocs.iter().rev().find(|a| a.1 != k).map_or(0, |a| replay.p.changes[a.0].t_ns);
-        let times: Vec<u64> = positions[k].iter().map(|&o| time_of(o)).collect();
-        if bursty(&times, min_count) {
-            in_timeline.max(allocating_until)
+        let times = || positions[k].iter().map(|&o| time_of(o)).collect::<Vec<u64>>();
+        if allocating_until > in_timeline && bursty(&times(), min_count) {
+            allocating_until
         } else {
             in_timeline
         }
@@ -372,9 +372,8 @@ fn clock(replay: &Replay, min_count: usize, allocating_until: u64) -> Option<usi
         .filter(|&k| positions[k].len() >= min_count)
         .filter(|&k| lasts(k))
         .filter(|&k| {
-            let mut gaps: Vec<usize> = positions[k].windows(2).map(|w| w[1] - w[0]).collect();
-            gaps.sort_unstable();
-            let median = gaps[gaps.len() / 2];
+            let gaps: Vec<usize> = positions[k].windows(2).map(|w| w[1] - w[0]).collect();
+            let median = median(&gaps);
             let near = gaps.iter().filter(|&&g| 2 * g >= median && g <= 2 * median).count();
             near * 5 >= gaps.len() * 4
         })
@@ -398,11 +397,16 @@ fn bursty(times: &[u64], min_count: usize) -> bool {
     if gaps.is_empty() {
         return false;
     }
-    let mut sorted = gaps.clone();
-    sorted.sort_unstable();
-    let pause = 4 * sorted[sorted.len() / 2].max(1);
+    let pause = 4 * median(&gaps).max(1);
     let pauses = gaps.iter().filter(|&&g| g > pause).count();
     pauses > 0 && pauses + 1 < min_count
+}
+
+/// The median of `values` (the upper one of an even count); not empty.
+fn median<T: Ord + Copy>(values: &[T]) -> T {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted[sorted.len() / 2]
 }
 
 /// The allocations of one process, by site.
