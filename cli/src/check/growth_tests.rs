@@ -434,15 +434,21 @@ fn a_short_run_whose_buffers_are_set_up_at_once_does_not_grow() {
     assert!(found.as_ref().is_ok_and(Vec::is_empty) || found == Err(NotChecked::NoRepetition), "{found:#?}");
 }
 
-/// The same short program, but each buffer is kept by a step of a loop
-/// that works between them: a leak, short run or not.
-#[test]
-fn a_short_loop_that_keeps_a_buffer_per_step_grows() {
-    let mut b = LogBuilder::new(21, "./solver");
+/// Sixteen steps of 5 ms, each keeping a 4 MiB buffer.
+fn short_loop_keeping_a_buffer_a_step(pid: u32, cmdline: &str) -> LogBuilder {
+    let mut b = LogBuilder::new(pid, cmdline);
     for _ in 0..16 {
         b.alloc(4 * MIB, Some(7));
         b.idle(5_000_000);
     }
+    b
+}
+
+/// The same short program, but each buffer is kept by a step of a loop
+/// that works between them: a leak, short run or not.
+#[test]
+fn a_short_loop_that_keeps_a_buffer_per_step_grows() {
+    let mut b = short_loop_keeping_a_buffer_a_step(21, "./solver");
     b.idle(300_000_000); // exit work as long as the loop
     assert_eq!(check(&b.exit(0)).len(), 1);
 }
@@ -478,11 +484,7 @@ fn bursts_are_no_loop_while_the_framework_goes_on_allocating() {
 /// still the loop, and its leak is found.
 #[test]
 fn a_short_loop_at_its_own_pace_stays_the_loop_while_the_framework_works_on() {
-    let mut b = LogBuilder::new(24, "python train.py");
-    for _ in 0..16 {
-        b.alloc(4 * MIB, Some(7));
-        b.idle(5_000_000);
-    }
+    let mut b = short_loop_keeping_a_buffer_a_step(24, "python train.py");
     b.idle(100_000_000);
     let objects_until = b.now_ns();
     b.idle(50_000_000);

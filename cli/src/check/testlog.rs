@@ -187,9 +187,9 @@ impl LogBuilder {
 
     /// An NVTX push/pop range around `body`.
     pub fn nvtx(&mut self, name: &str, body: impl FnOnce(&mut LogBuilder)) {
-        self.edge(EventKind::PhaseBegin, "nvtxRangePushA", name);
+        self.nvtx_push(name);
         body(self);
-        self.edge(EventKind::PhaseEnd, "nvtxRangePop", name);
+        self.nvtx_pop(name);
     }
 
     /// An NVTX push/pop range around `body`, its edges written once for each
