@@ -44,11 +44,14 @@ const MESSAGE_ASCII: i32 = 1;
 const MESSAGE_UNICODE: i32 = 2;
 const MESSAGE_REGISTERED: i32 = 3;
 
+/// The text is borrowed, not copied, when it is UTF-8 (XLA names every
+/// operation it runs): a message lives for the NVTX call that carries it,
+/// and its `Message` does not outlive the hook.
 unsafe fn ascii<'a>(s: *const c_char) -> Message<'a> {
     if s.is_null() {
         Message::None
     } else {
-        Message::Text(String::from_utf8_lossy(CStr::from_ptr(s).to_bytes()).into_owned().into())
+        Message::Text(String::from_utf8_lossy(CStr::from_ptr(s).to_bytes()))
     }
 }
 

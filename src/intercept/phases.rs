@@ -11,11 +11,11 @@ use std::ffi::{c_char, CStr};
 ///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string.
-unsafe fn text(name: *const c_char) -> std::borrow::Cow<'static, str> {
+unsafe fn text<'a>(name: *const c_char) -> std::borrow::Cow<'a, str> {
     if name.is_null() {
         return "".into();
     }
-    String::from_utf8_lossy(CStr::from_ptr(name).to_bytes()).into_owned().into()
+    String::from_utf8_lossy(CStr::from_ptr(name).to_bytes())
 }
 
 /// # Safety
