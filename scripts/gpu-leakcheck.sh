@@ -9,8 +9,9 @@
 # SECTIONS picks among "core unseen overhead" (all three by default;
 # SKIP_OVERHEAD=1 leaves out the last; ONLY=REGEX runs the rows whose name
 # matches): "unseen" runs generation, training
-# and array programs of shapes the rules were not built around, and loops
-# of other libraries, clean and with a planted leak.
+# and array programs of shapes the rules were not built around, loops
+# of other libraries and other model families, clean and with a planted
+# leak.
 # Same setup as scripts/gpu-check.sh (.gpu/ holds the shim and the CLI;
 # .gpu/pywheels pytest and pytest-xdist for a machine without them).
 set -u
@@ -146,6 +147,17 @@ done
 XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=flax LEAK=1 MARK=1 check lib-flax-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
 SHAPE=equinox LEAK=1 MARK=1 check lib-equinox-leak growth:lib_shapes.py:$(line lib_shapes.py) -- python3 $src/lib_shapes.py
 SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(line numba_shapes.py DEFERRED) -- python3 $src/numba_shapes.py
+# Model families and loop shapes: a GAN, Faster R-CNN, a mixture of
+# experts, PPO, a diffusion model, CuPy and PyTorch through DLPack, a JAX
+# recurrent net under lax.scan; the JAX leak marked.
+for s in gan detection moe ppo diffusion interop; do
+  SHAPE=$s check model-$s-clean clean -- python3 $src/model_shapes.py
+done
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=scan check model-scan-clean clean -- python3 $src/model_shapes.py
+for s in gan detection moe ppo diffusion interop; do
+  SHAPE=$s LEAK=1 check model-$s-leak growth:model_shapes.py:$(line model_shapes.py) -- python3 $src/model_shapes.py
+done
+XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=scan LEAK=1 MARK=1 check model-scan-leak growth:model_shapes.py:$(line model_shapes.py) -- python3 $src/model_shapes.py
 fi
 
 if has overhead; then
