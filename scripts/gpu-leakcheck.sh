@@ -149,12 +149,13 @@ SHAPE=equinox LEAK=1 MARK=1 check lib-equinox-leak growth:lib_shapes.py:$(line l
 SHAPE=deferred check numba-deferred-leak growth:numba_shapes.py:$(line numba_shapes.py DEFERRED) -- python3 $src/numba_shapes.py
 # Model families and loop shapes: a GAN, Faster R-CNN, a mixture of
 # experts, PPO, a diffusion model, CuPy and PyTorch through DLPack, a JAX
-# recurrent net under lax.scan; the JAX leak marked.
-for s in gan detection moe ppo diffusion interop; do
+# recurrent net under lax.scan, spectrograms of clips of many lengths; the
+# JAX leak marked.
+for s in gan detection moe ppo diffusion interop stft; do
   SHAPE=$s check model-$s-clean clean -- python3 $src/model_shapes.py
 done
 XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=scan check model-scan-clean clean -- python3 $src/model_shapes.py
-for s in gan detection moe ppo diffusion interop; do
+for s in gan detection moe ppo diffusion interop stft; do
   SHAPE=$s LEAK=1 check model-$s-leak growth:model_shapes.py:$(line model_shapes.py) -- python3 $src/model_shapes.py
 done
 XLA_PYTHON_CLIENT_PREALLOCATE=false SHAPE=scan LEAK=1 MARK=1 check model-scan-leak growth:model_shapes.py:$(line model_shapes.py) -- python3 $src/model_shapes.py

@@ -10,7 +10,9 @@
 # random noise levels, twenty denoising steps sampled every tenth step),
 # interop (CuPy arrays handed to PyTorch and back through DLPack, both
 # frameworks' pools in use), scan (a JAX recurrent net unrolled by
-# lax.scan under jax.checkpoint, its parameters donated to each step).
+# lax.scan under jax.checkpoint, its parameters donated to each step), stft
+# (a classifier of spectrograms of clips of forty lengths: a new FFT plan
+# for every new length, which PyTorch keeps in its plan cache).
 # Clean, each must pass; LEAK=1 keeps a copy of one tensor or array a step
 # (the line marked ALLOCATED), where the leak is to be found; MARK=1 marks
 # the JAX shape's steps with cupool.mark().
@@ -276,5 +278,27 @@ def scan():
     print("scan", float(loss))
 
 
+def stft():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    conv = nn.Conv1d(201, 64, 3, padding=1).cuda()
+    head = nn.Linear(64, 10).cuda()
+    opt = torch.optim.Adam([*conv.parameters(), *head.parameters()], 1e-3)
+    window = torch.hann_window(400, device="cuda")
+    for step in range(40):
+        wave = torch.randn(8, 8000 + 160 * (step * 37 % 50), device="cuda", requires_grad=True)
+        spec = torch.stft(wave, 400, 160, window=window, return_complex=True).abs().pow(2).add(1e-6).log()
+        logits = head(conv(spec).mean(-1))
+        loss = F.cross_entropy(logits, torch.randint(0, 10, (8,), device="cuda"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        keep(logits)
+    print("stft", loss.item())
+
+
 {"gan": gan, "detection": detection, "moe": moe, "ppo": ppo, "diffusion": diffusion,
- "interop": interop, "scan": scan}[shape]()
+ "interop": interop, "scan": scan, "stft": stft}[shape]()
