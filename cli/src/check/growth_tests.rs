@@ -627,6 +627,24 @@ fn programs_run_inside_a_compilers_ranges_are_not_the_programs_loop() {
     assert_eq!(check(&autotuning_then_a_loop(true)), vec![]);
 }
 
+/// XLA's autotuner (since the compile's ranges are spread over threads)
+/// runs its candidates, a module it built for a fusion each, with no range
+/// of the compile around them on their thread: their `XlaModule` ranges do
+/// not name a program.
+#[test]
+fn modules_xla_built_for_itself_are_not_the_programs_loop() {
+    let candidates_then_a_loop = |program_id: &str| {
+        set_up_then_a_clean_loop(26, |b, candidate| {
+            let run = format!("XlaModule:#hlo_module=gemm_fusion_dot_general.{candidate}{program_id}#");
+            b.thread(3);
+            b.nvtx(&run, |b| b.idle(100_000));
+            b.thread(1);
+        })
+    };
+    assert_eq!(check(&candidates_then_a_loop(",program_id=7")).len(), 1, "a program's runs are phases");
+    assert_eq!(check(&candidates_then_a_loop("")), vec![]);
+}
+
 /// The same autotuning while another thread opens a range of its own
 /// between each measurement's range and the run inside it: the run's
 /// parent is the other thread's range, the measurement behind it.

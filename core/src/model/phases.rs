@@ -208,14 +208,19 @@ pub struct Repeated {
 /// digits aside. What a compile sets up (a math library's workspace for
 /// each stream it tunes on) grows from one compile to the next, and not
 /// with the loop. `XlaModule:…`, one per run of a compiled program, is the
-/// program's work, but while the autotuner runs its candidates (see
-/// [`repeated`]).
+/// program's work when it names the program (`program_id=`), but while the
+/// autotuner runs its candidates (see [`repeated`]). One without is a
+/// module XLA built for itself: the autotuner's candidates, a fusion each,
+/// run on the threads it compiles on with no range of the compile around
+/// them.
 fn compiler_phase(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("Xla") else { return false };
-    let stage = rest.split_once(":#").map(|(stage, _)| stage);
-    !rest.starts_with("Module")
-        && (rest.starts_with("Autotuner")
-            || stage.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric())))
+    let stage = rest.split_once(":#");
+    if rest.starts_with("Module") {
+        return stage.is_some_and(|(stage, attributes)| stage == "Module" && !attributes.contains("program_id="));
+    }
+    rest.starts_with("Autotuner")
+        || stage.is_some_and(|(s, _)| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
 /// Whether phases of this name are operations of a compiled program, not
