@@ -67,9 +67,9 @@ def load(path):
     log = json.loads(raw)
     ops = []
     for e in log["events"]:
-        if e.get("ev") == "alloc" and e.get("kind") in ("device", "pitched", "async", "vmm"):
+        if e.get("ev") == "alloc" and e.get("kind", "device") in ("device", "pitched", "async", "vmm"):
             ops.append(("a", int(e["ptr"], 16), e["size"]))
-        elif e.get("ev") == "free" and e.get("kind") in ("device", "pitched", "async", "vmm"):
+        elif e.get("ev") == "free" and e.get("kind", "device") in ("device", "pitched", "async", "vmm"):
             ops.append(("f", int(e["ptr"], 16), 0))
     return ops
 

@@ -23,10 +23,10 @@ logs = [json.load(open(p)) for p in sorted(glob.glob(f"{logdir}/cupool.*.json"))
 allocs, by_api, frees, leaks, complete = 0, {}, 0, [], all("end" in l for l in logs)
 for log in logs:
     for e in log["events"]:
-        if e.get("ev") == "alloc" and e["kind"] not in ("host", "vmm"):  # programs count neither
+        if e.get("ev") == "alloc" and e.get("kind", "device") not in ("host", "vmm"):  # programs count neither
             allocs += 1
             by_api[e["api"]] = by_api.get(e["api"], 0) + 1
-        elif e.get("ev") == "free" and e["kind"] not in ("host", "vmm"):
+        elif e.get("ev") == "free" and e.get("kind", "device") not in ("host", "vmm"):
             frees += 1
     leaks += [l for l in log.get("end", {}).get("leaks", []) if l["kind"] != "host"]
 truth = result_line(plain_out)

@@ -157,6 +157,24 @@ impl EventKind {
     pub const fn has_api(self) -> bool {
         !matches!(self, EventKind::Start | EventKind::Reserve | EventKind::Release)
     }
+
+    /// Whether the event says which kind of memory it is about (`kind`).
+    pub const fn has_mem_kind(self) -> bool {
+        matches!(
+            self,
+            EventKind::Alloc
+                | EventKind::Free
+                | EventKind::Map
+                | EventKind::Unmap
+                | EventKind::AllocFailed
+                | EventKind::Oom
+        )
+    }
+
+    /// Whether the event says which device it is about (`device`).
+    pub const fn has_device(self) -> bool {
+        !matches!(self, EventKind::Start)
+    }
 }
 
 impl MemKind {

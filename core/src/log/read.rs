@@ -256,7 +256,7 @@ pub fn line_of(line: &str) -> Result<LogLine, (&'static str, serde_json::Error)>
     if body.starts_with("{\"def\"") {
         return serde_json::from_str::<Definition>(body).map(LogLine::Definition).map_err(|e| ("definition", e));
     }
-    serde_json::from_str::<EventRecord>(body).map(LogLine::Event).map_err(|e| ("event", e))
+    serde_json::from_str::<EventRecord>(body).map(|e| LogLine::Event(e.with_defaults())).map_err(|e| ("event", e))
 }
 
 /// Lines between two calls of a reader's progress function.
@@ -289,7 +289,9 @@ fn parse_document(text: &str) -> Result<Log, ParseError> {
             definitions
                 .push(serde_json::from_value(e).map_err(|err| invalid(None, format!("definition #{i}: {err}")))?);
         } else {
-            records.push(serde_json::from_value(e).map_err(|err| invalid(None, format!("event #{i}: {err}")))?);
+            let record: EventRecord =
+                serde_json::from_value(e).map_err(|err| invalid(None, format!("event #{i}: {err}")))?;
+            records.push(record.with_defaults());
         }
     }
     let events: Vec<EventRecord> = records;

@@ -17,10 +17,12 @@ pub const SCHEMA: &str = "cupool-log";
 /// The version this build writes. 2: `end.pools[].fences` became an object.
 /// 3: allocation sites (`stack` of alloc events and leaks, definition lines).
 /// 4: what the pool took from CUDA and gave back (`reserve`, `release`) and
-/// which allocations it served (`pooled`).
-pub const VERSION: u32 = 4;
+/// which allocations it served (`pooled`). 5: an event's `kind` is left out
+/// when it is `device`, and its `device` when it is 0 (a fifth of the bytes
+/// of an allocation's and a free's lines, which the writer thread copies).
+pub const VERSION: u32 = 5;
 /// The versions this build reads.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
 
 /// `process`: the process that wrote the log. A field missing from a log reads as 0 / empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,12 +58,14 @@ pub struct EventRecord {
     pub ev: Named<EventKind>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api: Option<Named<Api>>,
+    /// Absent from a line when it is `device` ([`EventRecord::with_defaults`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<Named<MemKind>>,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
     pub ptr: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
+    /// Absent from a line when it is 0 ([`EventRecord::with_defaults`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "hex_opt")]
@@ -120,6 +124,22 @@ impl EventRecord {
 }
 
 impl EventRecord {
+    /// The record as read from its line: the fields its kind of event
+    /// carries but the line leaves out at their defaults (`kind` device,
+    /// `device` 0, since version 5) filled in. Every reader of a line goes
+    /// through it; the record itself, serialized, writes them out.
+    pub fn with_defaults(mut self) -> EventRecord {
+        if let Some(ev) = self.ev.known() {
+            if ev.has_mem_kind() && self.kind.is_none() {
+                self.kind = Some(MemKind::Device.into());
+            }
+            if ev.has_device() && self.device.is_none() {
+                self.device = Some(0);
+            }
+        }
+        self
+    }
+
     /// The record `write_named_event` writes for `e` and `name`.
     pub fn named(e: &Event, name: &str) -> EventRecord {
         let mut r = EventRecord::from(e);

@@ -1,7 +1,7 @@
 //! Formatting of log lines. Pure functions over `String` so they can be golden-tested.
 
 use super::schema::{Definition, End, ProcessInfo, SCHEMA, VERSION};
-use super::{Event, EventKind};
+use super::{Event, EventKind, MemKind};
 use crate::options::Options;
 use std::fmt::Write as _;
 
@@ -23,8 +23,9 @@ pub fn write_header(out: &mut String, process: &ProcessInfo, options: &Options) 
     );
 }
 
-/// Appends one event as one line: exactly the JSON of `EventRecord::from(e)`,
-/// formatted by hand because it runs for every allocation (the writer thread
+/// Appends one event as one line: the JSON of `EventRecord::from(e)` but for
+/// `kind` and `device` at their defaults, which the line leaves out (a
+/// reader fills them in, `EventRecord::with_defaults`); formatted by hand because it runs for every allocation (the writer thread
 /// must keep up with millions a second; `write!` took three times as long).
 pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
     write_named_event(out, e, line, "");
@@ -54,8 +55,8 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
     match e.kind {
         EventKind::Start => {}
         EventKind::Alloc | EventKind::Free | EventKind::Map | EventKind::Unmap => {
-            o.text(",\"kind\":\"").text(e.mem.as_str()).text("\",\"ptr\":").hex(e.ptr);
-            o.text(",\"size\":").uint(e.size).text(",\"device\":").int(e.device.into());
+            o.kind(e.mem).text(",\"ptr\":").hex(e.ptr);
+            o.text(",\"size\":").uint(e.size).device(e.device);
             if e.aux != 0 {
                 let field =
                     if matches!(e.kind, EventKind::Map | EventKind::Unmap) { ",\"handle\":" } else { ",\"stream\":" };
@@ -69,22 +70,22 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
             }
         }
         EventKind::Reserve | EventKind::Release => {
-            o.text(",\"size\":").uint(e.size).text(",\"device\":").int(e.device.into());
+            o.text(",\"size\":").uint(e.size).device(e.device);
         }
         EventKind::AllocFailed | EventKind::Oom => {
-            o.text(",\"kind\":\"").text(e.mem.as_str()).text("\",\"size\":").uint(e.size);
-            o.text(",\"device\":").int(e.device.into()).text(",\"result\":").int(e.result.into());
+            o.kind(e.mem).text(",\"size\":").uint(e.size);
+            o.device(e.device).text(",\"result\":").int(e.result.into());
         }
         EventKind::InvalidFree => {
-            o.text(",\"ptr\":").hex(e.ptr).text(",\"device\":").int(e.device.into());
+            o.text(",\"ptr\":").hex(e.ptr).device(e.device);
             o.text(",\"result\":").int(e.result.into());
         }
         EventKind::Checkpoint => {
-            o.text(",\"device\":").int(e.device.into()).text(",\"leaked_bytes\":").uint(e.size);
+            o.device(e.device).text(",\"leaked_bytes\":").uint(e.size);
             o.text(",\"leaked_count\":").uint(e.aux);
         }
         EventKind::PhaseBegin | EventKind::PhaseEnd => {
-            o.text(",\"device\":").int(e.device.into()).text(",\"name\":").text(&name);
+            o.device(e.device).text(",\"name\":").text(&name);
             o.text(",\"live\":").uint(e.size).text(",\"reserved\":").uint(e.ptr);
         }
     }
@@ -152,6 +153,24 @@ impl<'a> Fields<'a> {
             }
             decimal(v.unsigned_abs(), at.add(sign), digits)
         })
+    }
+
+    /// `kind`, left out when it is `device` (version 5).
+    #[inline]
+    fn kind(&mut self, mem: MemKind) -> &mut Self {
+        if mem != MemKind::Device {
+            self.text(",\"kind\":\"").text(mem.as_str()).text("\"");
+        }
+        self
+    }
+
+    /// `device`, left out when it is 0 (version 5).
+    #[inline]
+    fn device(&mut self, device: i32) -> &mut Self {
+        if device != 0 {
+            self.text(",\"device\":").int(device.into());
+        }
+        self
     }
 
     #[inline]
@@ -321,14 +340,14 @@ mod tests {
         };
         write_end(&mut s, &end);
         let expected = concat!(
-            "{\"schema\":\"cupool-log\",\"version\":4,",
+            "{\"schema\":\"cupool-log\",\"version\":5,",
             "\"process\":{\"pid\":7,\"ppid\":1,\"cmdline\":[\"a\"],\"exe\":\"/a\",\"start_unix_ms\":5},",
             "\"options\":{\"mode\":\"pool\",\"log_dir\":\".\",\"log\":true,\"trace\":true,\"run_id\":\"\",",
             "\"flush_ms\":100,\"limit\":0,\"verbosity\":1,\"fence_us\":100,\"give_back\":\"auto\",\"backing\":\"vmm\",\"direct_min\":1073741824,\"magazines\":\"auto\",\"nvtx\":true,\"stack_depth\":32,\"python_depth\":16},\"events\":[\n",
             "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":0}\n",
-            ",{\"seq\":1,\"t_ns\":99,\"ev\":\"alloc\",\"api\":\"cudaMallocAsync\",\"kind\":\"async\",\"ptr\":\"0x7f0000000200\",\"size\":1000003,\"device\":0,\"stream\":\"0x55\",\"tid\":42}\n",
-            ",{\"seq\":3,\"t_ns\":0,\"ev\":\"reserve\",\"size\":2097152,\"device\":0,\"tid\":0}\n",
-            ",{\"seq\":4,\"t_ns\":0,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"kind\":\"device\",\"ptr\":\"0x7f0000100000\",\"size\":512,\"device\":0,\"pooled\":true,\"tid\":0}\n",
+            ",{\"seq\":1,\"t_ns\":99,\"ev\":\"alloc\",\"api\":\"cudaMallocAsync\",\"kind\":\"async\",\"ptr\":\"0x7f0000000200\",\"size\":1000003,\"stream\":\"0x55\",\"tid\":42}\n",
+            ",{\"seq\":3,\"t_ns\":0,\"ev\":\"reserve\",\"size\":2097152,\"tid\":0}\n",
+            ",{\"seq\":4,\"t_ns\":0,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"ptr\":\"0x7f0000100000\",\"size\":512,\"pooled\":true,\"tid\":0}\n",
             ",{\"seq\":2,\"t_ns\":0,\"ev\":\"checkpoint\",\"api\":\"cuCtxDestroy_v2\",\"device\":1,\"leaked_bytes\":5000011,\"leaked_count\":1,\"tid\":0}\n",
             "],\"end\":{\"end_unix_ms\":9,\"duration_ms\":4,\"exit\":{\"how\":\"exit\",\"status\":null},\"devices\":[],",
             "\"host\":{\"device\":-1,\"allocs\":0,\"frees\":0,\"failures\":0,\"current_bytes\":0,\"peak_bytes\":0,",
