@@ -25,7 +25,8 @@ for log in logs:
     for e in log["events"]:
         if e.get("ev") == "alloc" and e.get("kind", "device") not in ("host", "vmm"):  # programs count neither
             allocs += 1
-            by_api[e["api"]] = by_api.get(e["api"], 0) + 1
+            api = e.get("api", "cudaMalloc")  # left out at its default (log version 5)
+            by_api[api] = by_api.get(api, 0) + 1
         elif e.get("ev") == "free" and e.get("kind", "device") not in ("host", "vmm"):
             frees += 1
     leaks += [l for l in log.get("end", {}).get("leaks", []) if l["kind"] != "host"]

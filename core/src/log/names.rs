@@ -158,6 +158,17 @@ impl EventKind {
         !matches!(self, EventKind::Start | EventKind::Reserve | EventKind::Release)
     }
 
+    /// The API an event of this kind names when its line leaves `api` out
+    /// (version 5): the runtime's plain allocation and free, the most
+    /// common lines of most logs.
+    pub const fn default_api(self) -> Option<Api> {
+        match self {
+            EventKind::Alloc => Some(Api::CudaMalloc),
+            EventKind::Free => Some(Api::CudaFree),
+            _ => None,
+        }
+    }
+
     /// Whether the event says which kind of memory it is about (`kind`).
     pub const fn has_mem_kind(self) -> bool {
         matches!(

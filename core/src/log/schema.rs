@@ -17,9 +17,10 @@ pub const SCHEMA: &str = "cupool-log";
 /// The version this build writes. 2: `end.pools[].fences` became an object.
 /// 3: allocation sites (`stack` of alloc events and leaks, definition lines).
 /// 4: what the pool took from CUDA and gave back (`reserve`, `release`) and
-/// which allocations it served (`pooled`). 5: an event's `kind` is left out
-/// when it is `device`, and its `device` when it is 0 (a fifth of the bytes
-/// of an allocation's and a free's lines, which the writer thread copies).
+/// which allocations it served (`pooled`). 5: an event's `api` is left out
+/// when it is `cudaMalloc` (alloc) or `cudaFree` (free), its `kind` when it
+/// is `device`, and its `device` when it is 0 (a third of the bytes of an
+/// allocation's and a free's lines, which the writer thread copies).
 pub const VERSION: u32 = 5;
 /// The versions this build reads.
 pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
@@ -56,6 +57,8 @@ pub struct EventRecord {
     pub seq: u64,
     pub t_ns: u64,
     pub ev: Named<EventKind>,
+    /// Absent from an `alloc` line when it is `cudaMalloc`, from a `free`
+    /// line when `cudaFree` ([`EventRecord::with_defaults`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api: Option<Named<Api>>,
     /// Absent from a line when it is `device` ([`EventRecord::with_defaults`]).
@@ -125,11 +128,15 @@ impl EventRecord {
 
 impl EventRecord {
     /// The record as read from its line: the fields its kind of event
-    /// carries but the line leaves out at their defaults (`kind` device,
-    /// `device` 0, since version 5) filled in. Every reader of a line goes
+    /// carries but the line leaves out at their defaults (`api` the
+    /// runtime's `cudaMalloc` or `cudaFree`, `kind` device, `device` 0,
+    /// since version 5) filled in. Every reader of a line goes
     /// through it; the record itself, serialized, writes them out.
     pub fn with_defaults(mut self) -> EventRecord {
         if let Some(ev) = self.ev.known() {
+            if self.api.is_none() {
+                self.api = ev.default_api().map(Into::into);
+            }
             if ev.has_mem_kind() && self.kind.is_none() {
                 self.kind = Some(MemKind::Device.into());
             }

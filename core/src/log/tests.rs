@@ -23,9 +23,12 @@ fn event(kind: EventKind, aux: u64) -> Event {
     e
 }
 
-/// What serde writes for `r` with `kind` and `device` left out at their
-/// defaults, as a line leaves them out.
+/// What serde writes for `r` with `api`, `kind` and `device` left out at
+/// their defaults, as a line leaves them out.
 fn as_written(mut r: EventRecord) -> String {
+    if r.ev.known().and_then(EventKind::default_api).is_some_and(|api| r.api.as_ref().is_some_and(|a| *a == api)) {
+        r.api = None;
+    }
     if r.kind.as_ref().is_some_and(|k| *k == MemKind::Device) {
         r.kind = None;
     }

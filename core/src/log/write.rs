@@ -24,8 +24,8 @@ pub fn write_header(out: &mut String, process: &ProcessInfo, options: &Options) 
 }
 
 /// Appends one event as one line: the JSON of `EventRecord::from(e)` but for
-/// `kind` and `device` at their defaults, which the line leaves out (a
-/// reader fills them in, `EventRecord::with_defaults`); formatted by hand because it runs for every allocation (the writer thread
+/// `api`, `kind` and `device` at their defaults, which the line leaves out
+/// (a reader fills them in, `EventRecord::with_defaults`); formatted by hand because it runs for every allocation (the writer thread
 /// must keep up with millions a second; `write!` took three times as long).
 pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
     write_named_event(out, e, line, "");
@@ -49,7 +49,7 @@ pub fn write_named_event(out: &mut String, e: &Event, line: EventLine, name: &st
     }
     o.text("{\"seq\":").uint(e.seq).text(",\"t_ns\":").uint(e.t_ns);
     o.text(",\"ev\":\"").text(e.kind.as_str()).text("\"");
-    if e.kind.has_api() {
+    if e.kind.has_api() && e.kind.default_api() != Some(e.api) {
         o.text(",\"api\":\"").text(e.api.as_str()).text("\"");
     }
     match e.kind {
@@ -347,7 +347,7 @@ mod tests {
             "{\"seq\":0,\"t_ns\":0,\"ev\":\"start\",\"tid\":0}\n",
             ",{\"seq\":1,\"t_ns\":99,\"ev\":\"alloc\",\"api\":\"cudaMallocAsync\",\"kind\":\"async\",\"ptr\":\"0x7f0000000200\",\"size\":1000003,\"stream\":\"0x55\",\"tid\":42}\n",
             ",{\"seq\":3,\"t_ns\":0,\"ev\":\"reserve\",\"size\":2097152,\"tid\":0}\n",
-            ",{\"seq\":4,\"t_ns\":0,\"ev\":\"alloc\",\"api\":\"cudaMalloc\",\"ptr\":\"0x7f0000100000\",\"size\":512,\"pooled\":true,\"tid\":0}\n",
+            ",{\"seq\":4,\"t_ns\":0,\"ev\":\"alloc\",\"ptr\":\"0x7f0000100000\",\"size\":512,\"pooled\":true,\"tid\":0}\n",
             ",{\"seq\":2,\"t_ns\":0,\"ev\":\"checkpoint\",\"api\":\"cuCtxDestroy_v2\",\"device\":1,\"leaked_bytes\":5000011,\"leaked_count\":1,\"tid\":0}\n",
             "],\"end\":{\"end_unix_ms\":9,\"duration_ms\":4,\"exit\":{\"how\":\"exit\",\"status\":null},\"devices\":[],",
             "\"host\":{\"device\":-1,\"allocs\":0,\"frees\":0,\"failures\":0,\"current_bytes\":0,\"peak_bytes\":0,",
