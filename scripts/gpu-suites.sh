@@ -131,7 +131,9 @@ for path in sorted(glob.glob(sys.argv[1] + "/run-*/cupool.*.json")):
     log = json.load(open(path))
     for e in log["events"]:
         if e.get("ev") in ("alloc", "free", "alloc_failed", "oom") and e.get("size", 0) >= 1 << 30:
-            print(e["ev"], e["api"], e["kind"], f"{e['size'] / 2**30:.2f} GiB", "result=%s" % e.get("result", ""))
+            # api and kind are left out at their defaults (log version 5)
+            api = e.get("api", {"alloc": "cudaMalloc", "free": "cudaFree"}.get(e["ev"], ""))
+            print(e["ev"], api, e.get("kind", "device"), f"{e['size'] / 2**30:.2f} GiB", "result=%s" % e.get("result", ""))
 EOF
   fi
 }

@@ -356,6 +356,35 @@ mod tests {
         assert!(read(head).unwrap().events.is_empty());
     }
 
+    /// Version 5's lines leave `api`, `kind` and `device` out at their
+    /// defaults: read line by line or as one document, the log is the one
+    /// that spells them out, and a field written at another value stays.
+    #[test]
+    fn lines_that_leave_defaults_out_read_as_the_full_lines() {
+        let compact = COMPLETE
+            .replace("\"version\":2", "\"version\":5")
+            .replace("\"api\":\"cudaMalloc\",\"kind\":\"device\",", "")
+            .replace("\"api\":\"cudaFree\",\"kind\":\"device\",", "")
+            .replace(",\"size\":50,\"device\":0,\"tid\"", ",\"size\":50,\"tid\"")
+            .replace(",\"size\":100,\"device\":0,\"tid\"", ",\"size\":100,\"tid\"");
+        assert!(!compact.contains("\"api\":\"cudaFree\""), "{compact}");
+        let (full, lines) = (read(COMPLETE).unwrap(), read(&compact).unwrap());
+        assert_eq!(lines.events, full.events);
+        let v: Value = serde_json::from_str(&compact).unwrap();
+        let document = read(&serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        assert_eq!(document.events, full.events);
+        let host = compact.replacen(
+            "\"size\":50,",
+            "\"kind\":\"host\",\"api\":\"cuMemHostAlloc\",\"size\":50,\"device\":-1,",
+            1,
+        );
+        let e = &read(&host).unwrap().events[2];
+        assert_eq!(
+            (e.api.as_ref().unwrap().as_str(), e.kind.as_ref().unwrap().as_str(), e.device),
+            ("cuMemHostAlloc", "host", Some(-1))
+        );
+    }
+
     #[test]
     fn the_same_document_in_another_layout_reads_the_same() {
         let full = read(COMPLETE).unwrap();
