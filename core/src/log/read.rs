@@ -205,7 +205,7 @@ fn parse_lines(text: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Log, Pa
             progress(line.as_ptr() as u64 - text.as_ptr() as u64, total);
         }
         let is_last = lines.peek().is_none();
-        match line_of(line) {
+        match line_of(line, header.version) {
             Ok(LogLine::Event(e)) => events.push(e),
             Ok(LogLine::Definition(d)) => definitions.push(d),
             Ok(LogLine::End(e)) => {
@@ -240,7 +240,7 @@ pub fn header_line(line: &str) -> Result<Header, ReadErrorKind> {
 
 /// One whole line after the header; the error names what the line was
 /// taken for. A line cut short fails with a JSON error of category `Eof`.
-pub fn line_of(line: &str) -> Result<LogLine, (&'static str, serde_json::Error)> {
+pub fn line_of(line: &str, version: u32) -> Result<LogLine, (&'static str, serde_json::Error)> {
     let line = line.trim();
     if line.starts_with(']') {
         // `],"end":{...}}`, or `]}` from a writer that had no end record.
@@ -256,7 +256,9 @@ pub fn line_of(line: &str) -> Result<LogLine, (&'static str, serde_json::Error)>
     if body.starts_with("{\"def\"") {
         return serde_json::from_str::<Definition>(body).map(LogLine::Definition).map_err(|e| ("definition", e));
     }
-    serde_json::from_str::<EventRecord>(body).map(|e| LogLine::Event(e.with_defaults())).map_err(|e| ("event", e))
+    serde_json::from_str::<EventRecord>(body)
+        .map(|e| LogLine::Event(e.with_defaults(version)))
+        .map_err(|e| ("event", e))
 }
 
 /// Lines between two calls of a reader's progress function.
@@ -291,7 +293,7 @@ fn parse_document(text: &str) -> Result<Log, ParseError> {
         } else {
             let record: EventRecord =
                 serde_json::from_value(e).map_err(|err| invalid(None, format!("event #{i}: {err}")))?;
-            records.push(record.with_defaults());
+            records.push(record.with_defaults(header.version));
         }
     }
     let events: Vec<EventRecord> = records;
@@ -359,6 +361,7 @@ mod tests {
     /// Version 5's lines leave `api`, `kind` and `device` out at their
     /// defaults: read line by line or as one document, the log is the one
     /// that spells them out, and a field written at another value stays.
+    /// An older log's lines are read as written.
     #[test]
     fn lines_that_leave_defaults_out_read_as_the_full_lines() {
         let compact = COMPLETE
@@ -377,6 +380,12 @@ mod tests {
             "\"size\":50,",
             "\"kind\":\"host\",\"api\":\"cuMemHostAlloc\",\"size\":50,\"device\":-1,",
             1,
+        );
+        // Written before version 5, a line that lacks them lacks them.
+        let older = read(&compact.replace("\"version\":5", "\"version\":4")).unwrap();
+        assert_eq!(
+            (older.events[1].api.as_ref(), older.events[1].kind.as_ref(), older.events[1].device),
+            (None, None, None)
         );
         let e = &read(&host).unwrap().events[2];
         assert_eq!(

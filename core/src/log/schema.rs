@@ -22,6 +22,9 @@ pub const SCHEMA: &str = "cupool-log";
 /// is `device`, and its `device` when it is 0 (a third of the bytes of an
 /// allocation's and a free's lines, which the writer thread copies).
 pub const VERSION: u32 = 5;
+/// The version from which lines leave fields out at their defaults
+/// ([`EventRecord::with_defaults`]).
+pub const DEFAULTS_LEFT_OUT_SINCE: u32 = 5;
 /// The versions this build reads.
 pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
 
@@ -132,7 +135,12 @@ impl EventRecord {
     /// runtime's `cudaMalloc` or `cudaFree`, `kind` device, `device` 0,
     /// since version 5) filled in. Every reader of a line goes
     /// through it; the record itself, serialized, writes them out.
-    pub fn with_defaults(mut self) -> EventRecord {
+    /// A line of an older `version` is taken as written: its writer left
+    /// nothing out, and a field missing there is missing.
+    pub fn with_defaults(mut self, version: u32) -> EventRecord {
+        if version < DEFAULTS_LEFT_OUT_SINCE {
+            return self;
+        }
         if let Some(ev) = self.ev.known() {
             if self.api.is_none() {
                 self.api = ev.default_api().map(Into::into);

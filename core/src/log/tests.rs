@@ -57,7 +57,7 @@ fn every_event_kind_round_trips_through_event_record() {
                     let line = line_of(&e);
                     let read: EventRecord =
                         serde_json::from_str(&line).unwrap_or_else(|err| panic!("{kind:?}: {line}: {err}"));
-                    let read = read.with_defaults();
+                    let read = read.with_defaults(VERSION);
                     assert_eq!(read, EventRecord::from(&e), "{line}");
                     assert_eq!(read.ev, kind);
                     // Byte for byte what serde writes for the record, defaults left out.
@@ -85,7 +85,7 @@ fn numbers_are_formatted_as_serde_formats_them() {
             e.result = [0, -1, 2, 700, i32::MIN, i32::MAX][i % 6];
             let line = line_of(&e);
             let read: EventRecord = serde_json::from_str(&line).unwrap_or_else(|err| panic!("{kind:?}: {line}: {err}"));
-            let read = read.with_defaults();
+            let read = read.with_defaults(VERSION);
             assert_eq!(read, EventRecord::from(&e), "{line}");
             assert_eq!(as_written(read), line, "{kind:?}");
         }

@@ -286,9 +286,11 @@ fn a_followed_log_shows_what_the_whole_log_shows_and_stays_small() {
     let whole = l.model();
     let text = l.text();
     let mut lines = text.lines();
-    let mut f = Following::new(crate::log::header_line(lines.next().unwrap()).unwrap());
+    let header = crate::log::header_line(lines.next().unwrap()).unwrap();
+    let version = header.version;
+    let mut f = Following::new(header);
     for line in lines {
-        match crate::log::line_of(line).unwrap() {
+        match crate::log::line_of(line, version).unwrap() {
             crate::log::LogLine::Event(e) => f.event(&e),
             other => panic!("{other:?}"),
         }
