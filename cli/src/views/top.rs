@@ -75,8 +75,6 @@ struct Followed {
     /// The bytes after the last whole line read.
     partial: Vec<u8>,
     model: Option<Following>,
-    /// The log's version, from its header (what its lines leave out).
-    version: u32,
     resolver: Option<Resolver>,
     /// Frames of the sites shown, by stack id: a site's frames never change.
     frames: HashMap<u32, Vec<ShownFrame>>,
@@ -95,7 +93,6 @@ impl Followed {
             offset: 0,
             partial: Vec::new(),
             model: None,
-            version: 0,
             resolver: None,
             frames: HashMap::new(),
             history: BTreeMap::new(),
@@ -142,7 +139,6 @@ impl Followed {
                             definitions: Vec::new(),
                             end: None,
                         };
-                        self.version = header.version;
                         self.resolver = Some(Resolver::new(&log));
                         self.model = Some(Following::new(header));
                     }
@@ -153,7 +149,7 @@ impl Followed {
                 }
                 continue;
             };
-            match line_of(line, self.version) {
+            match line_of(line, model.header().version) {
                 Ok(LogLine::Event(e)) => events.push(e),
                 Ok(LogLine::Definition(d)) => {
                     if let Some(r) = &mut self.resolver {

@@ -29,7 +29,8 @@ pub use read::{
 pub use schema::{
     parse_hex, Definition, DeviceCounters, End, EventRecord, ExitRecord, FenceCounters, Header, Leak, LeakSummary,
     MagazineRecord, ModuleRecord, MultiStreamBecause, OomRecord, PageCosts, PagesAtPeak, PagesRecord, PoolRecord,
-    ProcessInfo, PyFrameRecord, StackRecord, Stat, StringRecord, READABLE_VERSIONS, SCHEMA, VERSION,
+    ProcessInfo, PyFrameRecord, StackRecord, Stat, StringRecord, DEFAULT_DEVICE, DEFAULT_MEM_KIND, READABLE_VERSIONS,
+    SCHEMA, VERSION,
 };
 pub use sites::Sites;
 pub use write::{write_definition, write_end, write_event, write_header, write_named_event, EventLine};

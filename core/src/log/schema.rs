@@ -23,8 +23,13 @@ pub const SCHEMA: &str = "cupool-log";
 /// allocation's and a free's lines, which the writer thread copies).
 pub const VERSION: u32 = 5;
 /// The version from which lines leave fields out at their defaults
-/// ([`EventRecord::with_defaults`]).
+/// ([`EventRecord::with_defaults`]): `api` at [`EventKind::default_api`],
+/// `kind` at [`DEFAULT_MEM_KIND`], `device` at [`DEFAULT_DEVICE`].
 pub const DEFAULTS_LEFT_OUT_SINCE: u32 = 5;
+/// The `kind` a line leaves out (version 5).
+pub const DEFAULT_MEM_KIND: MemKind = MemKind::Device;
+/// The `device` a line leaves out (version 5).
+pub const DEFAULT_DEVICE: i32 = 0;
 /// The versions this build reads.
 pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
 
@@ -146,10 +151,10 @@ impl EventRecord {
                 self.api = ev.default_api().map(Into::into);
             }
             if ev.has_mem_kind() && self.kind.is_none() {
-                self.kind = Some(MemKind::Device.into());
+                self.kind = Some(DEFAULT_MEM_KIND.into());
             }
             if ev.has_device() && self.device.is_none() {
-                self.device = Some(0);
+                self.device = Some(DEFAULT_DEVICE);
             }
         }
         self

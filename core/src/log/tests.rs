@@ -29,10 +29,10 @@ fn as_written(mut r: EventRecord) -> String {
     if r.ev.known().and_then(EventKind::default_api).is_some_and(|api| r.api.as_ref().is_some_and(|a| *a == api)) {
         r.api = None;
     }
-    if r.kind.as_ref().is_some_and(|k| *k == MemKind::Device) {
+    if r.kind.as_ref().is_some_and(|k| *k == DEFAULT_MEM_KIND) {
         r.kind = None;
     }
-    if r.device == Some(0) {
+    if r.device == Some(DEFAULT_DEVICE) {
         r.device = None;
     }
     serde_json::to_string(&r).unwrap()

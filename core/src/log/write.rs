@@ -1,6 +1,6 @@
 //! Formatting of log lines. Pure functions over `String` so they can be golden-tested.
 
-use super::schema::{Definition, End, ProcessInfo, SCHEMA, VERSION};
+use super::schema::{Definition, End, ProcessInfo, DEFAULT_DEVICE, DEFAULT_MEM_KIND, SCHEMA, VERSION};
 use super::{Event, EventKind, MemKind};
 use crate::options::Options;
 use std::fmt::Write as _;
@@ -25,8 +25,9 @@ pub fn write_header(out: &mut String, process: &ProcessInfo, options: &Options) 
 
 /// Appends one event as one line: the JSON of `EventRecord::from(e)` but for
 /// `api`, `kind` and `device` at their defaults, which the line leaves out
-/// (a reader fills them in, `EventRecord::with_defaults`); formatted by hand because it runs for every allocation (the writer thread
-/// must keep up with millions a second; `write!` took three times as long).
+/// (a reader fills them in, `EventRecord::with_defaults`). Formatted by
+/// hand because it runs for every allocation (the writer thread must keep
+/// up with millions a second; `write!` took three times as long).
 pub fn write_event(out: &mut String, e: &Event, line: EventLine) {
     write_named_event(out, e, line, "");
 }
@@ -155,19 +156,19 @@ impl<'a> Fields<'a> {
         })
     }
 
-    /// `kind`, left out when it is `device` (version 5).
+    /// `kind`, left out at its default (version 5).
     #[inline]
     fn kind(&mut self, mem: MemKind) -> &mut Self {
-        if mem != MemKind::Device {
+        if mem != DEFAULT_MEM_KIND {
             self.text(",\"kind\":\"").text(mem.as_str()).text("\"");
         }
         self
     }
 
-    /// `device`, left out when it is 0 (version 5).
+    /// `device`, left out at its default (version 5).
     #[inline]
     fn device(&mut self, device: i32) -> &mut Self {
-        if device != 0 {
+        if device != DEFAULT_DEVICE {
             self.text(",\"device\":").int(device.into());
         }
         self
